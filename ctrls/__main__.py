@@ -1,0 +1,3 @@
+from ctrls.cli import main
+
+main()

@@ -1,0 +1,141 @@
+"""Command line: ``ctrls reproduce`` (notebooks -> book) and the stages on their own.
+
+    ctrls reproduce [--profile demo] [--only STAGE ...] [--force STAGE ...] [-o key=value ...]
+    ctrls verify-references [--dataset gsm8k] [--split test]
+    ctrls profiles
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+BOOK = ROOT / "book"
+GENERATED = BOOK / "generated"
+
+# stage name -> notebook, in the order they run
+STAGES: dict[str, str] = {
+    "setup": "00_setup_check.ipynb",
+    "pretrain": "01_pretraining.ipynb",
+    "exploration": "02_exploration.ipynb",
+    "rl": "03_rl.ipynb",
+    "judge": "04_judge.ipynb",
+    "case_studies": "05_case_studies.ipynb",
+}
+
+
+class NotebookFailed(RuntimeError):
+    pass
+
+
+def run_notebook(stage: str, profile: str, run_dir: str, overrides: list[str], force: bool,
+                 log_output: bool = False) -> Path:
+    """Execute one stage's notebook with papermill into ``book/generated/``."""
+    import papermill as pm
+
+    src = NOTEBOOKS / STAGES[stage]
+    out = GENERATED / STAGES[stage]
+    GENERATED.mkdir(parents=True, exist_ok=True)
+    params = {"profile": profile, "run_dir": str(Path(run_dir).resolve()), "overrides": " ".join(overrides),
+              "force": force}
+    try:
+        pm.execute_notebook(str(src), str(out), parameters=params, kernel_name="python3",
+                            cwd=str(ROOT), progress_bar=True, log_output=log_output)
+    except pm.PapermillExecutionError as e:
+        raise NotebookFailed(f"stage {stage!r} failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
+                             f"see the executed notebook: {out}") from e
+    return out
+
+
+def build_book(strict: bool = False) -> Path:
+    exe = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(exe) if exe.exists() else (shutil.which("jupyter-book") or "jupyter-book"), "build", str(BOOK)]
+    if strict:
+        cmd += ["-W", "-n", "--keep-going"]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return BOOK / "_build" / "html" / "index.html"
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    stages = [s for s in STAGES if (NOTEBOOKS / STAGES[s]).exists()]
+    unknown = sorted((set(args.only or []) | set(args.force or [])) - set(STAGES))
+    if unknown:
+        print(f"unknown stage(s) {unknown}; stages: {', '.join(STAGES)}", file=sys.stderr)
+        return 2
+    if args.only:
+        stages = [s for s in stages if s in args.only]
+    from ctrls.config import load_config
+
+    load_config(args.profile, args.override)  # fail fast on a bad profile or override
+    t0 = time.time()
+    for i, stage in enumerate(stages, 1):
+        print(f"[{i}/{len(stages)}] {stage}: {STAGES[stage]} (profile {args.profile})", flush=True)
+        ts = time.time()
+        try:
+            run_notebook(stage, args.profile, args.run_dir, args.override, stage in (args.force or []))
+        except NotebookFailed as e:
+            print(f"\nERROR: {e}", file=sys.stderr)
+            return 1
+        print(f"[{i}/{len(stages)}] {stage} done in {time.time() - ts:.0f} s", flush=True)
+    if not args.no_book:
+        index = build_book(strict=args.strict)
+        print(f"book: {index}")
+    print(f"total {time.time() - t0:.0f} s")
+    return 0
+
+
+def cmd_verify_references(args: argparse.Namespace) -> int:
+    from ctrls.answers import reference_verify_report
+
+    rep = reference_verify_report(args.dataset, args.split, data_dir=args.data_dir)
+    for f in rep["failures"]:
+        print(f"FAIL {f}")
+    print(f"{args.dataset}/{args.split}: {rep['n'] - len(rep['failures'])}/{rep['n']} reference solutions "
+          f"verify against their gold answer ({100 * rep['rate']:.2f}%)")
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from ctrls.config import available_profiles
+
+    print("\n".join(available_profiles()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=os.environ.get("CTRLS_LOG", "INFO"), format="%(levelname)s %(name)s: %(message)s")
+    p = argparse.ArgumentParser(prog="ctrls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("reproduce", help="run the notebooks through papermill, then build the book")
+    r.add_argument("--profile", default="demo")
+    r.add_argument("--run-dir", default=str(ROOT / "runs"))
+    r.add_argument("--only", nargs="+", metavar="STAGE", help=f"run only these stages ({', '.join(STAGES)})")
+    r.add_argument("--force", nargs="+", metavar="STAGE", help="recompute these stages even if cached")
+    r.add_argument("-o", "--override", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    r.add_argument("--no-book", action="store_true", help="run the notebooks only")
+    r.add_argument("--strict", action="store_true", help="build the book with -W (warnings are errors)")
+    r.set_defaults(fn=cmd_reproduce)
+
+    v = sub.add_parser("verify-references", help="rate at which reference solutions verify against gold")
+    v.add_argument("--dataset", default="gsm8k")
+    v.add_argument("--split", default="test")
+    v.add_argument("--data-dir", default=None)
+    v.set_defaults(fn=cmd_verify_references)
+
+    pr = sub.add_parser("profiles", help="list the named profiles")
+    pr.set_defaults(fn=cmd_profiles)
+
+    args = p.parse_args(argv)
+    sys.exit(args.fn(args))
+
+
+if __name__ == "__main__":
+    main()

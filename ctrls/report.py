@@ -1,0 +1,57 @@
+"""What the book pages share: provenance banners and "paper vs ours" formatting."""
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+import ctrls
+from ctrls.config import Config, load_config
+
+
+def notebook_config(profile: str = "demo", run_dir: str = "runs", overrides: str | Iterable[str] = ()) -> Config:
+    """The config a notebook runs with: its papermill parameters, overrides as a list or one
+    whitespace-separated string of ``key=value`` items."""
+    if isinstance(overrides, str):
+        overrides = overrides.split()
+    return load_config(profile, [*overrides, f"run_dir={run_dir}"])
+
+
+def git_commit() -> str:
+    root = Path(ctrls.__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: Iterable[str] | None = None) -> str:
+    """A Markdown banner: backbone, data, profile, seed, commit, hardware."""
+    bb = ", ".join(backbones or cfg.grid.backbones)
+    ds = ", ".join(datasets or cfg.grid.datasets)
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return (f"**Produced by** profile `{cfg.profile}` · backbone `{bb}` · data `{ds}` "
+            f"(n_train={cfg.data.n_train}, n_test={cfg.data.n_test}) · seed {cfg.seed} · "
+            f"ctrls {ctrls.__version__} at commit `{git_commit()}` · torch {torch.__version__} on {dev}")
+
+
+def show_provenance(cfg: Config, **kw) -> None:
+    from IPython.display import Markdown, display
+
+    display(Markdown("> " + provenance(cfg, **kw)))
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def pct_ci(v: float, lo: float, hi: float) -> str:
+    """``72.5 [60.0, 85.0]`` from fractions."""
+    return f"{100 * v:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"

@@ -1,0 +1,265 @@
+"""State-aware generation (the inner loop of Algorithm 2), one batched KV-cache loop for Base and CTRLS.
+
+For each prompt x_0 the prompt is run through the backbone once; its KV cache is expanded to the
+prompt's n samples (prefix sharing). With a CTRLS model, s_0 = Q_phi(x_0) encodes the prompt, and
+at every step boundary (a newline token) the next state s_{t+1} ~ pi~_theta(. | s_t) is drawn from
+the epsilon-greedy Dirichlet policy; the adapter then rewrites the last hidden state of every token
+position that predicts step t+1 with z_{t+1} = s_{t+1} Gamma (Eq. 7). DESIGN.md's position rule:
+the newline that ends step t is consumed by a forward pass whose logits (predicting step t+1's
+first token) already use the new state. Without a CTRLS model the loop is plain sampling: the
+"Base" rows of the paper's tables.
+
+Each sequence stops on its own: at EOS, after the final-answer line, after T steps, or at
+``max_new_tokens``; finished rows are dropped from the batch (and from the cache).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from ctrls.backbone import Backbone
+from ctrls.prompts import ANSWER_LINE, newline_token_ids
+
+if TYPE_CHECKING:
+    from ctrls.model import CTRLSModel
+
+
+@dataclass
+class SampleParams:
+    temperature: float = 0.7  # eta; 0 = greedy
+    top_k: int = 50  # 0 = no top-k filter
+    max_new_tokens: int = 256
+    max_steps: int = 12  # T
+    batch_size: int = 64  # sequences decoded together (prompts x samples)
+    epsilon: float = 0.0  # epsilon-greedy mixture weight of the state policy
+    stop_at_answer: bool = True  # stop after the final-answer line
+
+
+@dataclass
+class Generation:
+    """One sampled chain of thought."""
+
+    prompt_index: int
+    sample_index: int
+    token_ids: list[int]  # generated tokens (EOS excluded)
+    text: str
+    steps: list[str]
+    spans: list[tuple[int, int]]  # [a, b) of each step in token_ids
+    finish: str  # eos | answer | max_steps | max_tokens
+    states: torch.Tensor | None = None  # (T'+1, K): s_0 then the state drawn for each step (CTRLS only)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class _Row:
+    prompt_index: int
+    sample_index: int
+    tokens: list[int] = field(default_factory=list)
+    step_start: int = 0
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    states: list[torch.Tensor] = field(default_factory=list)
+    finish: str | None = None
+
+
+def _body(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack without the LM head (returns hidden states after the final norm)."""
+    return getattr(model, model.base_model_prefix)
+
+
+def _eos_ids(backbone: Backbone) -> set[int]:
+    ids = {backbone.tokenizer.eos_token_id}
+    gen = getattr(backbone.model, "generation_config", None)
+    e = getattr(gen, "eos_token_id", None)
+    ids.update(e if isinstance(e, (list, tuple)) else [e])
+    return {i for i in ids if i is not None}
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None) -> torch.Tensor:
+    if temperature <= 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.shape[-1]:
+        vals, idx = logits.topk(top_k, dim=-1)
+        choice = torch.multinomial(vals.softmax(-1), 1, generator=generator)
+        return idx.gather(-1, choice).squeeze(-1)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, params: SampleParams | None = None,
+           model: "CTRLSModel | None" = None, generator: torch.Generator | None = None,
+           share_prefix: bool = True, progress: bool = False) -> list[list[Generation]]:
+    """Sample ``n`` chains of thought for each tokenized prompt; Base when ``model`` is None.
+
+    Returns one list of ``n`` :class:`Generation` per prompt. The same ``generator`` seed, prompts
+    and parameters give the same samples.
+    """
+    params = params or SampleParams()
+    per_group = max(1, params.batch_size // max(n, 1))
+    out: list[list[Generation]] = []
+    groups = range(0, len(prompts), per_group)
+    for g0 in tqdm(groups, desc="sampling", unit="batch", disable=not progress):
+        group = prompts[g0:g0 + per_group]
+        if share_prefix:
+            gens = _decode(backbone, group, n, params, model, generator, first_index=g0)
+        else:  # reference path: every sample re-encodes its prompt
+            expanded = [p for p in group for _ in range(n)]
+            flat = _decode(backbone, expanded, 1, params, model, generator, first_index=0)
+            gens = [[] for _ in group]
+            for j, (g,) in enumerate(flat):
+                g.prompt_index, g.sample_index = g0 + j // n, j % n
+                gens[j // n].append(g)
+        out.extend(gens)
+    return out
+
+
+def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int, params: SampleParams,
+            model: "CTRLSModel | None", generator: torch.Generator | None, first_index: int) -> list[list[Generation]]:
+    tok, lm = backbone.tokenizer, backbone.model
+    dev = backbone.device
+    body, head = _body(lm), lm.get_output_embeddings()
+    vocab = head.weight.shape[0]
+    is_nl = torch.zeros(vocab, dtype=torch.bool)
+    is_nl[list(i for i in newline_token_ids(tok) if i < vocab)] = True
+    is_eos = torch.zeros(vocab, dtype=torch.bool)
+    is_eos[list(_eos_ids(backbone))] = True
+
+    # ---- prefill the distinct prompts once (left padded) ------------------------------------
+    width = max(len(p) for p in prompts)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.as_tensor(list(p))
+        attn[i, width - len(p):] = 1
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=lm.config)
+    h = body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev),
+             past_key_values=cache, use_cache=True).last_hidden_state
+
+    state = None
+    if model is not None:
+        s0 = model.encode([h[i, attn[i].bool().to(dev)] for i in range(len(prompts))])
+        state = s0.repeat_interleave(n, 0)
+    # ---- expand to n samples per prompt ------------------------------------------------------
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+    attn = attn.repeat_interleave(n, 0).to(dev)
+    next_pos = pos[:, -1].repeat_interleave(n, 0).to(dev) + 1
+    h_last = h[:, -1].repeat_interleave(n, 0)
+    rows = [_Row(first_index + i // n, i % n) for i in range(len(prompts) * n)]
+    active = list(range(len(rows)))  # row index of each batch position
+    if model is not None:
+        s1 = model.policy.sample(state, params.epsilon, generator=generator)
+        for r, (a, b) in zip(rows, zip(state, s1)):
+            r.states += [a.float().cpu(), b.float().cpu()]
+        state = s1
+
+    for _ in range(params.max_new_tokens):
+        hh = model.adapt(h_last, state) if model is not None else h_last
+        nxt = _pick(head(hh), params.temperature, params.top_k, generator).cpu()
+        keep, redraw = [], []
+        nl, eos = is_nl[nxt], is_eos[nxt]
+        for j, ri in enumerate(active):
+            r = rows[ri]
+            t = int(nxt[j])
+            if eos[j]:
+                _end_step(r, tok)
+                r.finish = "eos"
+                continue
+            r.tokens.append(t)
+            new_step = False
+            if nl[j] and _close_step(r, tok):
+                text = tok.decode(r.tokens[r.spans[-1][0]:r.spans[-1][1]])
+                if params.stop_at_answer and ANSWER_LINE.search(text):
+                    r.finish = "answer"
+                elif len(r.spans) >= params.max_steps:
+                    r.finish = "max_steps"
+                else:
+                    new_step = True
+            if r.finish is None and len(r.tokens) >= params.max_new_tokens:
+                _end_step(r, tok)
+                r.finish = "max_tokens"
+            if r.finish is None:
+                if new_step:
+                    redraw.append(len(keep))
+                keep.append(j)
+        if not keep:
+            break
+        if len(keep) < len(active):
+            sel = torch.as_tensor(keep, device=dev)
+            cache.batch_select_indices(sel)
+            attn, next_pos = attn[sel], next_pos[sel]
+            if state is not None:
+                state = state[sel]
+            nxt = nxt[keep]
+            active = [active[j] for j in keep]
+        if model is not None and redraw:
+            idx = torch.as_tensor(redraw, device=dev)
+            new = model.policy.sample(state[idx], params.epsilon, generator=generator)
+            state = state.clone()
+            state[idx] = new.to(state.dtype)
+            for k, j in enumerate(redraw):
+                rows[active[j]].states.append(new[k].float().cpu())
+        attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+        h_last = body(input_ids=nxt[:, None].to(dev), attention_mask=attn, position_ids=next_pos[:, None],
+                      past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+        next_pos = next_pos + 1
+
+    gens: list[list[Generation]] = [[] for _ in prompts]
+    for r in rows:
+        if r.finish is None:  # loop ran out (max_new_tokens == 0)
+            _end_step(r, tok)
+            r.finish = "max_tokens"
+        spans = r.spans
+        gens[r.prompt_index - first_index].append(Generation(
+            prompt_index=r.prompt_index, sample_index=r.sample_index, token_ids=r.tokens,
+            text=tok.decode(r.tokens), steps=[tok.decode(r.tokens[a:b]).strip() for a, b in spans],
+            spans=spans, finish=r.finish,
+            states=torch.stack(r.states[: len(spans) + 1]) if r.states else None))
+    return gens
+
+
+def _close_step(r: _Row, tok) -> bool:
+    """A newline was appended: close the current step unless its line is blank (then it joins
+    the previous step). Returns whether a step was closed."""
+    a, b = r.step_start, len(r.tokens)
+    if tok.decode(r.tokens[a:b]).strip():
+        r.spans.append((a, b))
+        r.step_start = b
+        return True
+    if r.spans:
+        r.spans[-1] = (r.spans[-1][0], b)
+        r.step_start = b
+    return False
+
+
+def _end_step(r: _Row, tok) -> None:
+    """The sequence ends: a non-blank unfinished line is the last step."""
+    a, b = r.step_start, len(r.tokens)
+    if b > a:
+        if tok.decode(r.tokens[a:b]).strip() or not r.spans:
+            r.spans.append((a, b))
+        else:
+            r.spans[-1] = (r.spans[-1][0], b)
+        r.step_start = b
+
+
+def seeded(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def tokens_per_second(gens: list[list[Generation]], seconds: float) -> float:
+    return sum(g.n_tokens for gs in gens for g in gs) / max(seconds, 1e-9)
+
+
+__all__ = ["Generation", "SampleParams", "sample", "seeded", "tokens_per_second"]

@@ -1,0 +1,59 @@
+"""What the setup-check page shows: the benchmark data and the backbone's greedy answers."""
+from __future__ import annotations
+
+import pandas as pd
+
+from ctrls.answers import grade
+from ctrls.backbone import load_backbone
+from ctrls.config import Config
+from ctrls.data import load_problems, problems_from_config, resolve_data_dir
+from ctrls.prompts import prompt_ids
+from ctrls.sampling import SampleParams, sample
+
+SPLITS = [("gsm8k", "train"), ("gsm8k", "test"), ("math", "train"), ("math", "test")]
+
+
+def dataset_table(cfg: Config) -> pd.DataFrame:
+    """Size of every split, and the size of the seeded subsets this profile uses."""
+    rows = []
+    for ds, split in SPLITS:
+        probs = load_problems(ds, split, data_dir=cfg.data.data_dir)
+        used = cfg.data.n_train if split == "train" else cfg.data.n_test
+        rows.append({"dataset": ds, "split": split, "problems": len(probs),
+                     "mean reference steps": round(sum(len(p.steps) for p in probs) / len(probs), 1),
+                     "used by this profile": used if ds in cfg.grid.datasets else 0})
+    return pd.DataFrame(rows)
+
+
+def data_source(cfg: Config) -> str:
+    d = resolve_data_dir(cfg.data.data_dir)
+    return f"data directory `{d}`" if d else "the Hugging Face hub"
+
+
+def example_problems(cfg: Config, n: int = 2) -> pd.DataFrame:
+    rows = []
+    for ds, split in SPLITS:
+        for p in load_problems(ds, split, n=n, seed=cfg.data.seed, data_dir=cfg.data.data_dir):
+            rows.append({"id": p.id, "question": _short(p.question), "gold": p.answer, "steps": len(p.steps)})
+    return pd.DataFrame(rows)
+
+
+def greedy_check(cfg: Config, n: int = 4) -> pd.DataFrame:
+    """The backbone's greedy answers to the first ``n`` test questions of the profile's subset."""
+    bb = load_backbone(cfg.backbone.name, cfg.backbone.device, cfg.backbone.dtype, cfg.backbone.cache_dir)
+    probs = problems_from_config(cfg, "test")[:n]
+    prompts = [prompt_ids(bb.tokenizer, p.question, cfg.prompt.use_chat_template, cfg.prompt.few_shot) for p in probs]
+    params = SampleParams(temperature=0.0, max_new_tokens=cfg.sampling.max_new_tokens,
+                          max_steps=cfg.prompt.max_steps, batch_size=cfg.sampling.batch_size)
+    gens = sample(bb, prompts, 1, params)
+    rows = []
+    for p, (g,) in zip(probs, gens):
+        gr = grade(g.text, p.answer)
+        rows.append({"id": p.id, "question": _short(p.question), "gold": p.answer, "answer": gr.pred,
+                     "valid": gr.valid, "correct": gr.correct, "steps": len(g.steps), "stop": g.finish})
+    return pd.DataFrame(rows)
+
+
+def _short(text: str, n: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"

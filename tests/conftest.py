@@ -1,0 +1,42 @@
+"""Shared fixtures: the embedded SmolLM2 backbone (integration) and tiny random-weight models (unit)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+requires_data = pytest.mark.skipif(not SHARED_DATA.exists(), reason=f"benchmark data not found at {SHARED_DATA}")
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The real embedded backbone (converted once to a safetensors cache)."""
+    from ctrls.backbone import load_backbone
+
+    return load_backbone("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm):
+    return smollm.tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tokenizer):
+    from ctrls.backbone import tiny_backbone
+
+    return tiny_backbone("llama", tokenizer, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tokenizer):
+    from ctrls.backbone import tiny_backbone
+
+    return tiny_backbone("qwen2", tokenizer, seed=1)
