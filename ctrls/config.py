@@ -117,6 +117,7 @@ class RLConfig:
     lr: float = 1e-2
     grad_clip: float = 1.0
     baseline: Literal["none", "group_mean"] = "none"
+    entropy_grad: Literal["full", "eq14"] = "full"  # full: exact gradient of J; eq14: score-function term only
     epsilon: float = 0.1
     entropy_coef: float = 0.01  # alpha
     temperature: float = 0.7
@@ -125,7 +126,8 @@ class RLConfig:
     eval_samples: int = 4
     checkpoint_every: int = 10
     seeds: list[int] = field(default_factory=lambda: [0, 1])
-    settings: list[str] = field(default_factory=lambda: ["none", "epsilon", "entropy", "both"])
+    settings: list[str] = field(default_factory=lambda: ["none", "epsilon", "entropy", "both"])  # the curves
+    table2: list[str] = field(default_factory=lambda: ["H=0", "H=0.01", "eps=0.1", "eps=0.3"])  # Table 2 rows
 
 
 @dataclass
@@ -178,11 +180,17 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def fingerprint(self, *sections: str) -> str:
-        """A short hash of the named sections (all if none), for stage caching."""
+    def fingerprint(self, *keys: str) -> str:
+        """A short hash of the named sections or dotted fields (all if none), for stage caching."""
         d = self.to_dict()
-        if sections:
-            d = {s: d[s] for s in sections}
+        if keys:
+            picked = {}
+            for key in keys:
+                v: Any = d
+                for part in key.split("."):
+                    v = v[part]
+                picked[key] = v
+            d = picked
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -72,10 +72,23 @@ def build_prompt(tokenizer, question: str, use_chat_template: bool = True, few_s
 
 
 def prompt_ids(tokenizer, question: str, use_chat_template: bool = True, few_shot: int = 4) -> list[int]:
+    return encode_prompt(tokenizer, question, use_chat_template, few_shot)[0]
+
+
+def encode_prompt(tokenizer, question: str, use_chat_template: bool = True, few_shot: int = 4) -> tuple[list[int], int]:
+    """Token ids of the prompt x_0, and the index of the first token of the question in it.
+
+    The tokens from that index on (the question and what follows it) are the ones whose hidden
+    states encode s_0 = Q_phi(x_0): the exemplars and instructions shared by every prompt are left
+    out, so that s_0 tells questions apart.
+    """
     text = build_prompt(tokenizer, question, use_chat_template, few_shot)
     # the chat template already holds the special tokens it needs
     add_special = not (use_chat_template and getattr(tokenizer, "chat_template", None))
-    return tokenizer(text, add_special_tokens=add_special)["input_ids"]
+    enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
+    q_char = text.rfind(question)
+    start = next((i for i, (a, b) in enumerate(enc["offset_mapping"]) if b > q_char), 0)
+    return enc["input_ids"], start
 
 
 def split_steps(text: str, max_steps: int = 12) -> list[str]:

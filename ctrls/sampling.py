@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from ctrls.backbone import Backbone
 from ctrls.prompts import ANSWER_LINE, newline_token_ids
@@ -37,6 +38,7 @@ class SampleParams:
     batch_size: int = 64  # sequences decoded together (prompts x samples)
     epsilon: float = 0.0  # epsilon-greedy mixture weight of the state policy
     stop_at_answer: bool = True  # stop after the final-answer line
+    ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
 
 
 @dataclass
@@ -68,6 +70,67 @@ class _Row:
     finish: str | None = None
 
 
+class PreallocatedLayer(DynamicLayer):
+    """A KV-cache layer that writes into a preallocated buffer instead of ``torch.cat``.
+
+    transformers' ``DynamicLayer`` concatenates on every token, copying the whole cache each step
+    (on 2 CPU cores that copy took as long as every matmul of SmolLM2 together). Here the keys
+    and values are views of a buffer of ``capacity`` positions that grows by doubling if needed.
+    """
+
+    def __init__(self, capacity: int = 256):
+        super().__init__()
+        self.capacity = capacity
+        self._k = self._v = None
+        self._len = 0
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        if self._k is None or self._len + n > self._k.shape[-2]:
+            self._grow(max(self.capacity, 2 * self._len, self._len + n), key_states)
+        self._k[:, :, self._len:self._len + n] = key_states
+        self._v[:, :, self._len:self._len + n] = value_states
+        self._len += n
+        self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+        return self.keys, self.values
+
+    def _grow(self, cap: int, like: torch.Tensor) -> None:
+        b, h, _, d = like.shape
+        k = like.new_empty((b, h, cap, d))
+        v = like.new_empty((b, h, cap, d))
+        if self._len:
+            k[:, :, :self._len] = self._k[:, :, :self._len]
+            v[:, :, :self._len] = self._v[:, :, :self._len]
+        self._k, self._v = k, v
+
+    def _reindex(self, fn) -> None:
+        if self._len:
+            self._k, self._v = fn(self._k), fn(self._v)
+            self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._reindex(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._reindex(lambda t: t[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove < 0 and self._len:
+            self._len = max(0, self._len + tokens_to_remove)
+            self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+        else:
+            super().crop(tokens_to_remove)
+
+
+def new_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
+    """A ``DynamicCache`` whose full-attention layers are :class:`PreallocatedLayer`."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
 def _body(model: torch.nn.Module) -> torch.nn.Module:
     """The decoder stack without the LM head (returns hidden states after the final norm)."""
     return getattr(model, model.base_model_prefix)
@@ -84,23 +147,26 @@ def _eos_ids(backbone: Backbone) -> set[int]:
 def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None) -> torch.Tensor:
     if temperature <= 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
     if top_k and top_k < logits.shape[-1]:
-        vals, idx = logits.topk(top_k, dim=-1)
-        choice = torch.multinomial(vals.softmax(-1), 1, generator=generator)
+        vals, idx = logits.topk(top_k, dim=-1)  # the temperature does not change the top k
+        choice = torch.multinomial((vals.float() / temperature).softmax(-1), 1, generator=generator)
         return idx.gather(-1, choice).squeeze(-1)
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+    return torch.multinomial((logits.float() / temperature).softmax(-1), 1, generator=generator).squeeze(-1)
 
 
 @torch.no_grad()
 def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, params: SampleParams | None = None,
            model: "CTRLSModel | None" = None, generator: torch.Generator | None = None,
-           share_prefix: bool = True, progress: bool = False) -> list[list[Generation]]:
+           prompt_starts: Sequence[int] | None = None, share_prefix: bool = True,
+           progress: bool = False) -> list[list[Generation]]:
     """Sample ``n`` chains of thought for each tokenized prompt; Base when ``model`` is None.
 
-    Returns one list of ``n`` :class:`Generation` per prompt. The same ``generator`` seed, prompts
-    and parameters give the same samples.
+    ``prompt_starts[i]`` is the first token of prompt i whose hidden states encode s_0 (see
+    ``prompts.encode_prompt``; default 0, the whole prompt). Returns one list of ``n``
+    :class:`Generation` per prompt. The same ``generator`` seed, prompts and parameters give the
+    same samples.
     """
+    starts = list(prompt_starts) if prompt_starts is not None else [0] * len(prompts)
     params = params or SampleParams()
     per_group = max(1, params.batch_size // max(n, 1))
     out: list[list[Generation]] = []
@@ -108,10 +174,11 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     for g0 in tqdm(groups, desc="sampling", unit="batch", disable=not progress):
         group = prompts[g0:g0 + per_group]
         if share_prefix:
-            gens = _decode(backbone, group, n, params, model, generator, first_index=g0)
+            gens = _decode(backbone, group, starts[g0:g0 + per_group], n, params, model, generator, g0)
         else:  # reference path: every sample re-encodes its prompt
             expanded = [p for p in group for _ in range(n)]
-            flat = _decode(backbone, expanded, 1, params, model, generator, first_index=0)
+            flat = _decode(backbone, expanded, [s for s in starts[g0:g0 + per_group] for _ in range(n)], 1,
+                           params, model, generator, 0)
             gens = [[] for _ in group]
             for j, (g,) in enumerate(flat):
                 g.prompt_index, g.sample_index = g0 + j // n, j % n
@@ -120,7 +187,7 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     return out
 
 
-def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int, params: SampleParams,
+def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], n: int, params: SampleParams,
             model: "CTRLSModel | None", generator: torch.Generator | None, first_index: int) -> list[list[Generation]]:
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
@@ -140,13 +207,13 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int, params
         ids[i, width - len(p):] = torch.as_tensor(list(p))
         attn[i, width - len(p):] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=lm.config)
+    cache = new_cache(lm, width + params.max_new_tokens + 1)
     h = body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev),
              past_key_values=cache, use_cache=True).last_hidden_state
 
     state = None
     if model is not None:
-        s0 = model.encode([h[i, attn[i].bool().to(dev)] for i in range(len(prompts))])
+        s0 = model.encode([h[i, width - len(p) + st:] for i, (p, st) in enumerate(zip(prompts, starts))])
         state = s0.repeat_interleave(n, 0)
     # ---- expand to n samples per prompt ------------------------------------------------------
     if n > 1:
@@ -164,9 +231,10 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int, params
 
     for _ in range(params.max_new_tokens):
         hh = model.adapt(h_last, state) if model is not None else h_last
-        nxt = _pick(head(hh), params.temperature, params.top_k, generator).cpu()
+        # a 3-D input takes a faster GEMM path than a (B, d) matrix on CPU
+        nxt = _pick(head(hh[:, None])[:, 0], params.temperature, params.top_k, generator).cpu()
         keep, redraw = [], []
-        nl, eos = is_nl[nxt], is_eos[nxt]
+        nl, eos = is_nl[nxt], is_eos[nxt] & (not params.ignore_eos)
         for j, ri in enumerate(active):
             r = rows[ri]
             t = int(nxt[j])
