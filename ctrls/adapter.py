@@ -57,13 +57,13 @@ def adapted_logits(model: torch.nn.Module, adapter: StateAdapter, input_ids: tor
                    inject_at: str = "last_hidden") -> torch.Tensor:
     """Logits (B, S, V) of the frozen ``model`` with the adapter applied at ``inject_at``, where
     ``s`` (B, S, K) is the state distribution of each position (DESIGN.md's position rule)."""
+    if inject_at not in ("last_hidden", "input_embeds"):
+        raise ValueError(f"unknown inject_at {inject_at!r}: last_hidden or input_embeds")
     body = getattr(model, model.base_model_prefix)
     head = model.get_output_embeddings()
     if inject_at == "last_hidden":
         h = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return head(adapter.forward_s(h, s, centroids))
-    if inject_at == "input_embeds":
-        emb = model.get_input_embeddings()(input_ids)
-        h = body(inputs_embeds=adapter.forward_s(emb, s, centroids), attention_mask=attention_mask).last_hidden_state
-        return head(h)
-    raise ValueError(f"unknown inject_at {inject_at!r}: last_hidden or input_embeds")
+    emb = model.get_input_embeddings()(input_ids)
+    h = body(inputs_embeds=adapter.forward_s(emb, s, centroids), attention_mask=attention_mask).last_hidden_state
+    return head(h)

@@ -116,8 +116,9 @@ def step_spans(ids: Sequence[int], newline_ids: frozenset[int], tokenizer=None,
     """Token spans ``[a, b)`` of the steps in generated ``ids`` (positions relative to ``ids``).
 
     A span ends with (and includes) a newline token. With ``tokenizer`` given, blank lines are
-    not steps: their tokens join the previous step (or the next, at the start). With
-    ``max_steps``, the spans beyond T are merged into step T.
+    not steps: their tokens open the next step (or close the last one, at the end), as in the
+    sampler, where a blank line is predicted under the next step's state. With ``max_steps``,
+    the spans beyond T are merged into step T.
     """
     def blank(a: int, b: int) -> bool:
         return tokenizer is not None and not tokenizer.decode(list(ids[a:b])).strip()
@@ -125,13 +126,8 @@ def step_spans(ids: Sequence[int], newline_ids: frozenset[int], tokenizer=None,
     spans: list[tuple[int, int]] = []
     start = 0
     for i, tok in enumerate(ids):
-        if tok not in newline_ids:
-            continue
-        if not blank(start, i + 1):
+        if tok in newline_ids and not blank(start, i + 1):
             spans.append((start, i + 1))
-            start = i + 1
-        elif spans:
-            spans[-1] = (spans[-1][0], i + 1)
             start = i + 1
     if start < len(ids):
         if blank(start, len(ids)) and spans:

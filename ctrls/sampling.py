@@ -296,17 +296,15 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
 
 
 def _close_step(r: _Row, tok) -> bool:
-    """A newline was appended: close the current step unless its line is blank (then it joins
-    the previous step). Returns whether a step was closed."""
+    """A newline was appended: close the current step unless its line is blank. A blank line
+    stays open and becomes the start of the next step, whose state already predicted it.
+    Returns whether a step was closed."""
     a, b = r.step_start, len(r.tokens)
-    if tok.decode(r.tokens[a:b]).strip():
-        r.spans.append((a, b))
-        r.step_start = b
-        return True
-    if r.spans:
-        r.spans[-1] = (r.spans[-1][0], b)
-        r.step_start = b
-    return False
+    if not tok.decode(r.tokens[a:b]).strip():
+        return False
+    r.spans.append((a, b))
+    r.step_start = b
+    return True
 
 
 def _end_step(r: _Row, tok) -> None:

@@ -79,7 +79,7 @@ def fit_states(features, n_states: int, seed: int = 0, minibatch_above: int = 20
     space = StateSpace(centroids=centroids, tau=1.0, requested_k=n_states, notes=notes)
     if tau is None:
         d2 = space.sq_dists(X).min(dim=1).values
-        tau = float(d2.median())
+        tau = float(torch.quantile(d2.double(), 0.5))
         if tau <= 0:
             nz = d2[d2 > 0]
             tau = float(nz.mean()) if len(nz) else 1.0

@@ -34,7 +34,7 @@ def test_step_spans_follow_newlines(tokenizer):
     assert all(ids[b - 1] in nl for _, b in spans[:-1])
 
 
-def test_blank_lines_join_the_previous_step_and_cap(tokenizer):
+def test_blank_lines_open_the_next_step_and_cap(tokenizer):
     ids = tokenizer("x = 1\n\n\ny = 2\nz = 3\nw = 4", add_special_tokens=False)["input_ids"]
     nl = newline_token_ids(tokenizer)
     spans = step_spans(ids, nl, tokenizer)

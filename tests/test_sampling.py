@@ -81,3 +81,72 @@ def test_stopping_rules_on_the_real_backbone(smollm):
     assert g3.finish == "max_tokens" and g3.n_tokens == 5
     for gen in (g, g2, g3):  # spans tile the generated tokens
         assert gen.spans[0][0] == 0 and gen.spans[-1][1] == gen.n_tokens
+
+
+# ---- CTRLS: state-aware decoding --------------------------------------------------------------
+
+from ctrls.adapter import adapted_logits  # noqa: E402
+from ctrls.model import CTRLSConfig, CTRLSModel  # noqa: E402
+
+
+def random_ctrls(bb, K=4, k=2, rank=8, seed=0, trained=False, scale=0.02):
+    torch.manual_seed(seed)
+    d = bb.hidden_size
+    conf = CTRLSConfig(hidden_size=d, n_states=K, requested_states=K, spectral_k=k, spectral_normalize=True,
+                       tau=50.0, rank=rank)
+    model = CTRLSModel.build(conf, torch.randn(K, k * d) * 0.5, concentration=5.0, L=torch.randn(K, K))
+    if trained:  # a non-zero output layer, so the state changes the logits
+        torch.nn.init.normal_(model.adapter.up.weight, std=scale)
+    return model
+
+
+def test_fresh_ctrls_greedy_equals_base_greedy(tiny_llama):
+    prompts = _prompts(tiny_llama.tokenizer)
+    model = random_ctrls(tiny_llama)
+    base = sample(tiny_llama, prompts, 2, RAW)
+    ctrls = sample(tiny_llama, prompts, 2, SampleParams(**{**RAW.__dict__, "epsilon": 0.3}), model=model,
+                   generator=seeded(0))
+    assert [[g.token_ids for g in gs] for gs in ctrls] == [[g.token_ids for g in gs] for gs in base]
+    assert all(g.states is not None and g.states.shape[1] == 4 for gs in ctrls for g in gs)
+
+
+def test_ctrls_sampling_is_seeded(tiny_qwen2):
+    prompts = _prompts(tiny_qwen2.tokenizer)
+    model = random_ctrls(tiny_qwen2, trained=True, scale=0.5)
+    p = SampleParams(temperature=1.0, max_new_tokens=12, max_steps=100, epsilon=0.3)
+    a = sample(tiny_qwen2, prompts, 2, p, model=model, generator=seeded(5))
+    b = sample(tiny_qwen2, prompts, 2, p, model=model, generator=seeded(5))
+    assert [g.token_ids for gs in a for g in gs] == [g.token_ids for gs in b for g in gs]
+    assert all(torch.equal(x.states, y.states) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+
+
+@pytest.mark.integration
+def test_state_of_each_position_follows_the_design_rule(smollm):
+    """Teacher forcing with DESIGN.md's rule reproduces the sampler's greedy tokens: the position
+    that predicts step t's tokens (a-1 .. b-2) carries z_t, and the forward pass that consumes a
+    step's closing newline already uses the next state."""
+    tok = smollm.tokenizer
+    model = random_ctrls(smollm, K=6, trained=True, scale=0.05, seed=3)
+    ids = prompt_ids(tok, "A shop sells pens at $3 each and books at $7 each. Ann buys 4 pens and 2 books, then "
+                          "pays with a $50 bill. How much change does she get?", few_shot=1)
+    params = SampleParams(temperature=0.0, max_new_tokens=60, epsilon=0.5, stop_at_answer=False)
+    (g,), = sample(smollm, [ids], 1, params, model=model, generator=seeded(11))
+    assert len(g.spans) >= 2, "the test needs at least one step boundary"
+    step_of = torch.empty(g.n_tokens, dtype=torch.long)
+    for t, (a, b) in enumerate(g.spans):
+        step_of[a:b] = t
+    s_pos = g.states[1 + step_of]  # predictor of generated token j sits at position len(ids) - 1 + j
+    full = torch.tensor([ids + g.token_ids[:-1]])
+    s_all = torch.zeros(1, full.shape[1], 6)
+    s_all[0, len(ids) - 1:] = s_pos
+    with torch.no_grad():
+        logits = adapted_logits(smollm.model, model.adapter, full, s_all, model.centroids)
+    assert logits[0, len(ids) - 1:].argmax(-1).tolist() == g.token_ids
+    # and the test can tell: states shifted by one position give other logits at step boundaries
+    s_shift = torch.zeros_like(s_all)
+    s_shift[0, len(ids):] = s_pos[:-1]
+    s_shift[0, len(ids) - 1] = s_pos[0]
+    with torch.no_grad():
+        shifted = adapted_logits(smollm.model, model.adapter, full, s_shift, model.centroids)
+    boundary = [len(ids) - 1 + a for a, _ in g.spans[1:]]
+    assert not torch.allclose(shifted[0, boundary], logits[0, boundary])
