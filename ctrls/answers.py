@@ -44,7 +44,7 @@ def _clean(ans: str) -> str | None:
     boxed = last_boxed(ans)
     if boxed is not None:
         ans = boxed
-    ans = ans.strip().strip("$").strip()
+    ans = re.sub(r"[.。]+$", "", ans.strip()).strip().strip("$").strip()
     ans = re.sub(r"[.。]+$", "", ans).strip()
     ans = re.sub(r"^\\\(|\\\)$", "", ans).strip()
     return ans or None

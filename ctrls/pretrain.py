@@ -441,7 +441,7 @@ def train_adapter(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path
                 opt.zero_grad()
                 elbo_loss(terms).backward()
                 opt.step()
-            rec += float(terms.rec_per_step.sum())
+            rec += float(terms.rec_per_step.detach().sum())
             kl += float(terms.kl_per_step.sum())
             tokens += float(terms.n_tokens.sum())
             steps += len(terms.kl_per_step)

@@ -1,0 +1,107 @@
+"""Algorithm 1 on the smoke profile: end to end, resumable after kill -9, reloadable checkpoint."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import ROOT, requires_data
+from ctrls.config import load_config
+from ctrls.model import CTRLSModel
+from ctrls.pretrain import kept_trajectories, pretrain
+
+OVR = ["sampling.batch_size=2"]  # one question per sampling chunk, so a kill can land between chunks
+
+pytestmark = [pytest.mark.integration, requires_data]
+
+
+def smoke_cfg(run_dir):
+    cfg = load_config("smoke", [*OVR, f"run_dir={run_dir}"])
+    return cfg.for_pair(*cfg.pairs()[0])
+
+
+def run_in_subprocess(run_dir, stage_code):
+    code = ("import sys; sys.path.insert(0, %r)\n" % str(ROOT) +
+            "from ctrls.config import load_config\n"
+            f"cfg = load_config('smoke', {OVR + ['run_dir=' + str(run_dir)]!r})\n"
+            "cfg = cfg.for_pair(*cfg.pairs()[0])\n" + stage_code)
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def kill_when(proc, predicate, timeout=300):
+    t0 = time.time()
+    while not predicate():
+        assert proc.poll() is None, "the run finished before it could be interrupted"
+        assert time.time() - t0 < timeout
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("runs_ref")
+    return d, pretrain(smoke_cfg(d), progress=False)
+
+
+def test_pretraining_runs_end_to_end(reference_run):
+    _, run = reference_run
+    s = run.summaries
+    assert s["collect"]["questions"] == 4 and s["collect"]["reference"] == 4
+    assert s["collect"]["kept"] >= 4 and s["collect"]["sources"] == ["samples", "reference"]
+    assert s["states"]["k"] <= 4 and s["spectral"]["dim"] == 2 * 576
+    hist = run.elbo_history()
+    assert list(hist.epoch) == [0, 1, 2] and hist.kl_per_step.ge(0).all()
+    assert hist.rec_per_token.iloc[-1] > hist.rec_per_token.iloc[0]  # the adapter learned something
+    model = run.model()
+    assert model.config.n_states == s["states"]["k"]
+    assert len(run.nearest_steps()) > 0 and len(run.trajectory_view(0)) > 0
+
+
+def test_rerun_reuses_every_stage(reference_run):
+    d, run = reference_run
+    t0 = time.time()
+    again = pretrain(smoke_cfg(d), progress=False)
+    assert time.time() - t0 < 10
+    assert again.summaries == run.summaries
+
+
+def test_resume_after_kill_loses_and_duplicates_nothing(reference_run, tmp_path):
+    ref_dir, ref = reference_run
+    traj = tmp_path / "smoke" / "pretrain" / "smollm2-135m-instruct__gsm8k" / "collect" / "trajectories.jsonl"
+
+    def one_question_done():
+        return traj.exists() and traj.read_text().count('"_end"') >= 1
+
+    proc = run_in_subprocess(tmp_path, "from ctrls.pretrain import pretrain\npretrain(cfg, progress=False)\n")
+    kill_when(proc, one_question_done)
+    with open(traj, "a") as f:  # a kill can also cut a line in half
+        f.write('{"qid": "gsm8k-train-')
+    run = pretrain(smoke_cfg(tmp_path), progress=False)
+    a = kept_trajectories(ref.root / "collect")
+    b = kept_trajectories(run.root / "collect")
+    key = ["qid", "source", "sample_index"]
+    assert not b.duplicated(subset=key).any()
+    pd.testing.assert_frame_equal(a.sort_values(key).reset_index(drop=True), b.sort_values(key).reset_index(drop=True))
+    for name in ("states/states.pt", "transitions/transitions.pt"):
+        x, y = torch.load(ref.root / name), torch.load(run.root / name)
+        assert all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_checkpoint_reload_gives_identical_logits_and_states(reference_run, smollm):
+    _, run = reference_run
+    m1 = CTRLSModel.from_pretrained(run.checkpoint, smollm)
+    m2 = CTRLSModel.from_pretrained(run.checkpoint, smollm)
+    assert json.loads((run.checkpoint / "config.json").read_text())["n_states"] == m1.config.n_states
+    torch.manual_seed(0)
+    h = torch.randn(3, 7, smollm.hidden_size)
+    s = torch.softmax(torch.randn(3, m1.config.n_states), -1)
+    assert torch.equal(smollm.lm_head(m1.adapt(h, s)), smollm.lm_head(m2.adapt(h, s)))
+    steps = [torch.randn(n, smollm.hidden_size) for n in (3, 9)]
+    assert torch.equal(m1.encode(steps), m2.encode(steps))
