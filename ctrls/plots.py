@@ -50,3 +50,16 @@ def pass_at_k_curves(curves: pd.DataFrame) -> plt.Figure:
     g.set_axis_labels("k", "pass@k (%)")
     g.set_titles("{col_name}")
     return g.figure
+
+
+def learning_curves(curves: pd.DataFrame, y: str = "accuracy", kind: str = "eval", ylabel: str | None = None,
+                    smooth: int = 1) -> plt.Figure:
+    """A metric against RL step, mean and band over seeds, one panel per (backbone, dataset)."""
+    d = curves[curves.kind == kind].copy()
+    if smooth > 1:
+        d[y] = d.groupby(["pair", "setting", "seed"])[y].transform(lambda v: v.rolling(smooth, min_periods=1).mean())
+    g = sns.relplot(data=d, x="step", y=y, hue="setting", col="pair", kind="line", errorbar=("pi", 100),
+                    height=3.4, aspect=1.25, facet_kws={"sharey": False}, marker="o" if kind == "eval" else None)
+    g.set_axis_labels("RL step", ylabel or y)
+    g.set_titles("{col_name}")
+    return g.figure

@@ -152,7 +152,8 @@ class Trainer:
         torch.save({"policy": self.policy.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                     "log": self.log, "setting": self.setting.__dict__, "seed": self.seed}, tmp)
         tmp.replace(self.ckpt)
-        pd.DataFrame(self.log).to_parquet(self.out / "curve.parquet")
+        pd.DataFrame(self.log).assign(setting=self.setting.name, epsilon=self.setting.epsilon, alpha=self.setting.alpha,
+                                      seed=self.seed).to_parquet(self.out / "curve.parquet")
 
     def train_step(self) -> dict:
         rl = self.cfg.rl
@@ -166,7 +167,7 @@ class Trainer:
         gnorm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), rl.grad_clip))
         self.opt.step()
         self.step += 1
-        return {"step": self.step, "loss": float(loss), "grad_norm": gnorm,
+        return {"step": self.step, "loss": float(loss.detach()), "grad_norm": gnorm,
                 "concentration": float(self.policy.log_c.exp()), **info}
 
     def run(self, steps: int, progress: bool = True) -> pd.DataFrame:
@@ -218,7 +219,6 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     from ctrls.answers import grade
     from ctrls.backbone import load_backbone
     from ctrls.data import problems_from_config
-    from ctrls.exploration import _write_part, generation_rows
     from ctrls.pretrain import load_pretrained
     from ctrls.prompts import encode_prompt
     from ctrls.runs import pair_slug
@@ -254,8 +254,14 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         def device_gen(g: torch.Generator) -> torch.Generator:
             return seeded(int(torch.randint(2**31 - 1, (1,), generator=g)), bb.device)
 
-        runs = {(s, seed) for s in curve_settings for seed in rl.seeds} | {(s, rl.seeds[0]) for s in table_settings}
-        for setting, seed in sorted(runs, key=lambda r: (r[0].name, r[1])):
+        # one run per (epsilon, alpha, seed): a Table 2 row equal to a curve setting reuses its run
+        runs: dict[tuple[float, float, int], Setting] = {}
+        for s in curve_settings:
+            for seed in rl.seeds:
+                runs.setdefault((s.epsilon, s.alpha, seed), s)
+        for s in table_settings:
+            runs.setdefault((s.epsilon, s.alpha, rl.seeds[0]), s)
+        for (eps, alpha, seed), setting in runs.items():
             model = copy.deepcopy(pretrained)
             out = stage.dir / pair / f"{_safe(setting.name)}__seed{seed}"
 
@@ -282,8 +288,9 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
 
             trainer = Trainer(model.policy, pc, setting, seed, out, sampler, len(train), evaluate)
             trainer.run(rl.steps, progress=progress)
-            if (setting, seed) in {(s, rl.seeds[0]) for s in table_settings}:
-                _table2_samples(pc, stage.dir, setting, model, test, enc_test, generate, seed)
+            for row in table_settings:
+                if (row.epsilon, row.alpha, rl.seeds[0]) == (eps, alpha, seed):
+                    _table2_samples(pc, stage.dir, row, model, test, enc_test, generate, seed)
     stage.finish(pairs=len(cfg.pairs()))
     return stage.dir
 
@@ -316,8 +323,7 @@ def load_curves(cfg: Config) -> pd.DataFrame:
     root = cfg.stage_dir("rl")
     frames = []
     for f in sorted(root.glob("*/*/curve.parquet")):
-        setting, seed = f.parent.name.rsplit("__seed", 1)
-        frames.append(pd.read_parquet(f).assign(pair=f.parent.parent.name, setting=setting, seed=int(seed)))
+        frames.append(pd.read_parquet(f).assign(pair=f.parent.parent.name))
     if not frames:
         raise FileNotFoundError(f"no RL curves under {root}; run the RL stage first")
     return pd.concat(frames, ignore_index=True)
@@ -346,3 +352,21 @@ PAPER_TABLE2 = {
 def paper_table2() -> pd.DataFrame:
     return pd.DataFrame([{"backbone": b, "dataset": d, "config": c, "paper pass@20": v[0], "paper Succ.": v[1]}
                          for b, by_d in PAPER_TABLE2.items() for d, rows in by_d.items() for c, v in rows.items()])
+
+
+def table2(cfg: Config) -> pd.DataFrame:
+    """Table 2 in long form: Base (the exploration stage's samples at eta = rl.temperature) and
+    each RL policy of ``rl.table2``, with pass@n and Succ. and their CIs (see exploration.table1)."""
+    from ctrls.exploration import BASE, load_samples, table1
+
+    rl_samples = load_table2_samples(cfg)
+    try:
+        base = load_samples(cfg)
+        base = base[(base.config == BASE) & (base.temperature == cfg.rl.temperature)]
+    except FileNotFoundError:
+        base = rl_samples.iloc[:0]
+    both = pd.concat([base, rl_samples], ignore_index=True)
+    order = {BASE: 0, **{s: i + 1 for i, s in enumerate(cfg.rl.table2)}}
+    t = table1(both, seed=cfg.seed)
+    return t.sort_values(["backbone", "dataset"], kind="stable").sort_values(
+        "config", key=lambda c: c.map(order), kind="stable").reset_index(drop=True)
