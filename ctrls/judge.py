@@ -250,3 +250,43 @@ def rubric_table(judged: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.
                     "defaulted": int((how == "default").sum())})
         out.append(row)
     return pd.DataFrame(out)
+
+
+# ---- the judge stage ------------------------------------------------------------------------------------
+
+
+def judged_configs(cfg) -> pd.DataFrame:
+    """The outputs Table 3 scores: Base from the exploration stage and every RL policy of Table 2,
+    at eta = rl.temperature, labelled in the paper's "ε=…, H=…" style."""
+    from ctrls.exploration import BASE, load_samples
+    from ctrls.rl import load_table2_samples
+
+    ex = load_samples(cfg)
+    base = ex[(ex.config == BASE) & (ex.temperature == cfg.rl.temperature)].assign(setting="Base")
+    parts = [base]
+    try:
+        rl = load_table2_samples(cfg)
+        parts.append(rl.assign(setting=[f"ε={e:.1f}, H={a:g}" for e, a in zip(rl.epsilon, rl.alpha)]))
+    except FileNotFoundError:  # no RL stage: judge the exploration rows instead
+        ctrls_rows = ex[(ex.config != BASE) & (ex.temperature == cfg.rl.temperature)]
+        parts.append(ctrls_rows.assign(setting=[f"ε={e:.1f}, H=0 (no RL)" for e in ctrls_rows.epsilon]))
+    out = pd.concat(parts, ignore_index=True)
+    return out.assign(config=out.setting)
+
+
+def run_judge(cfg, force: bool = False, progress: bool = True) -> pd.DataFrame:
+    """Subsample, judge (cached) and return the judged rows; written to runs/<profile>/judge/."""
+    from ctrls.runs import Stage
+
+    backend = make_backend(cfg.judge)
+    stage = Stage(cfg, "judge", ("judge", "seed", "grid", "rl", "data"), upstream=(backend.name, backend.model))
+    out = stage.dir / "judged.parquet"
+    if stage.is_done() and not force and out.exists():
+        return pd.read_parquet(out)
+    stage.begin(keep=True)  # never cleared: the reply cache lives here, keyed by prompt
+    picked = subsample(judged_configs(cfg), cfg.judge.samples_per_config, seed=cfg.seed)
+    judged = judge_samples(picked, backend, stage.dir / "cache", cfg.judge.temperature, progress)
+    judged.to_parquet(out)
+    stage.finish(rows=len(judged), backend=backend.name, model=backend.model,
+                 fallbacks=int((judged.parse != "json").sum()))
+    return judged

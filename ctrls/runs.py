@@ -54,11 +54,12 @@ class Stage:
     def summary(self) -> dict[str, Any]:
         return json.loads(self.done_file.read_text()) if self.done_file.exists() else {}
 
-    def begin(self, force: bool = False) -> "Stage":
-        """Create the directory; clear it when forced or when it holds another config's outputs."""
+    def begin(self, force: bool = False, keep: bool = False) -> "Stage":
+        """Create the directory; clear it when forced or when it holds another config's outputs
+        (unless ``keep``: a stage whose directory holds a cache valid across configs)."""
         key_file = self.dir / "key"
         stale = key_file.exists() and key_file.read_text().strip() != self.key
-        if (force or stale) and self.dir.exists():
+        if (force or stale) and self.dir.exists() and not keep:
             log.info("clearing %s (%s)", self.dir, "forced" if force else "config changed")
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,118 @@
+"""Case studies (Sec. 6.4, Figures 5-7): Base vs CTRLS step traces with each step's latent state.
+
+The selection rule is code, never a hand pick (``select_cases``): at each temperature, questions
+on which no Base sample is correct and at least one CTRLS sample is, in question-id order; for each,
+the first correct CTRLS sample (lowest epsilon, then lowest sample index) is shown beside the first
+Base sample with a valid answer (else Base sample 0). When no question qualifies, questions where
+CTRLS has more correct samples than Base are used instead, and the page says so.
+"""
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+
+from ctrls.exploration import BASE
+
+# The paper's two MATH case questions (Figures 6-7), found in the MATH data by these fragments.
+PAPER_CASES = {
+    "arithmetic sequence a4/a2 = 3 (Fig. 6)": ("arithmetic sequence", "\\frac{a_4}{a_2} = 3"),
+    "sqrt(63 - sqrt(x)) (Fig. 7)": ("\\sqrt{63-\\sqrt{x}}",),
+}
+
+
+def _first(g: pd.DataFrame) -> pd.Series:
+    return g.sort_values(["_eps", "sample_index"]).iloc[0]
+
+
+def select_cases(samples: pd.DataFrame, n: int = 3) -> tuple[pd.DataFrame, str]:
+    """Pairs (Base, CTRLS) by the module's rule; returns them and the rule that was applied."""
+    df = samples.assign(_eps=samples.epsilon.fillna(-1.0))
+    per_q = df.groupby(["temperature", "question_id", "config"]).correct.sum().unstack("config", fill_value=0)
+    ctrls_cols = [c for c in per_q.columns if c != BASE]
+    if BASE not in per_q or not ctrls_cols:
+        return pd.DataFrame(), "no Base and CTRLS samples to compare"
+    best = per_q[ctrls_cols].max(axis=1)
+    rule = "Base has no correct sample and CTRLS has at least one"
+    chosen = per_q[(per_q[BASE] == 0) & (best > 0)]
+    if chosen.empty:
+        rule = ("no question has a wrong Base and a right CTRLS; shown instead: questions where some CTRLS "
+                "row has more correct samples than Base")
+        chosen = per_q[best > per_q[BASE]]
+    pairs = []
+    for (eta, qid) in sorted(chosen.index, key=lambda k: (k[1], k[0]))[:n]:
+        g = df[(df.temperature == eta) & (df.question_id == qid)]
+        c = g[(g.config != BASE)]
+        c = _first(c[c.correct]) if c.correct.any() else _first(c)
+        b = g[g.config == BASE]
+        b = _first(b[b.valid]) if b.valid.any() else _first(b)
+        pairs.append({"temperature": eta, "question_id": qid, "base": b, "ctrls": c})
+    return pd.DataFrame(pairs), rule
+
+
+def trace_html(question: str, gold: str, left: pd.Series, right: pd.Series, left_title: str = "Base",
+               right_title: str = "CTRLS") -> str:
+    """Side-by-side step traces, each step with its latent state, laid out like Figures 5-7."""
+    def column(row: pd.Series, title: str) -> str:
+        states = list(row.get("states", []) if isinstance(row.get("states"), (list, tuple)) else
+                      (row.get("states").tolist() if row.get("states") is not None else []))
+        items = []
+        for i, step in enumerate(row.steps):
+            badge = (f"<span style='background:#e6eefc;border-radius:3px;padding:0 4px;margin-right:4px;"
+                     f"font-size:0.8em'>s={states[i]}</span>") if i < len(states) else ""
+            items.append(f"<li>{badge}{html.escape(str(step))}</li>")
+        verdict = "✓ correct" if row.correct else ("✗ wrong" if row.valid else "✗ no answer")
+        color = "#1a7f37" if row.correct else "#cf222e"
+        label = title if title != "CTRLS" else f"CTRLS ({row.config})"
+        return (f"<div style='flex:1;border:1px solid #ccc;border-radius:6px;padding:6px 10px;min-width:0'>"
+                f"<b>{html.escape(label)}</b> · answer <code>{html.escape(str(row.pred))}</code> "
+                f"<span style='color:{color}'>{verdict}</span><ol style='padding-left:1.4em'>{''.join(items)}</ol></div>")
+    head = (f"<div style='border:2px solid #3b6fd1;border-radius:6px;background:#f3f6fd;padding:6px 10px;margin-bottom:6px'>"
+            f"<b>Question</b>: {html.escape(question)}<br><b>Gold</b>: {html.escape(str(gold))}</div>")
+    return head + f"<div style='display:flex;gap:10px'>{column(left, left_title)}{column(right, right_title)}</div>"
+
+
+def find_paper_cases(cfg) -> dict[str, "object"]:
+    """The paper's two MATH case questions, looked up by text in the MATH data (both splits)."""
+    from ctrls.data import load_problems
+
+    pool = load_problems("math", "test", data_dir=cfg.data.data_dir) + load_problems("math", "train", data_dir=cfg.data.data_dir)
+    found = {}
+    for name, fragments in PAPER_CASES.items():
+        squash = [f.replace(" ", "") for f in fragments]
+        hits = [p for p in pool if all(f in p.question.replace(" ", "") for f in squash)]
+        if hits:
+            found[name] = hits[0]
+    return found
+
+
+def sample_paper_cases(cfg, n: int = 4) -> pd.DataFrame:
+    """Base and CTRLS samples for the paper's MATH case questions, with the first pair's checkpoint."""
+    from ctrls.backbone import load_backbone
+    from ctrls.exploration import generation_rows
+    from ctrls.pretrain import load_pretrained
+    from ctrls.prompts import encode_prompt
+    from ctrls.sampling import SampleParams, sample, seeded
+
+    bname, ds = cfg.pairs()[0]
+    pc = cfg.for_pair(bname, ds)
+    bb = load_backbone(bname, pc.backbone.device, pc.backbone.dtype, pc.backbone.cache_dir)
+    model = load_pretrained(pc, bb)
+    cases = find_paper_cases(cfg)
+    probs = list(cases.values())
+    if not probs:
+        return pd.DataFrame()
+    enc = [encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot) for p in probs]
+    eta = cfg.grid.temperatures[-1]
+    eps = cfg.grid.epsilons[0]
+    rows = []
+    for label, m, e in ((BASE, None, 0.0), (f"eps={eps:g}", model, eps)):
+        params = SampleParams(temperature=eta, top_k=pc.sampling.top_k, max_new_tokens=max(pc.sampling.max_new_tokens, 256),
+                              max_steps=pc.prompt.max_steps, batch_size=pc.sampling.batch_size, epsilon=e)
+        gens = sample(bb, [x[0] for x in enc], n, params, model=m, generator=seeded(cfg.seed + 7, bb.device),
+                      prompt_starts=[x[1] for x in enc])
+        meta = {"backbone": bname, "dataset": "math", "temperature": eta, "config": label,
+                "epsilon": float("nan") if m is None else e, "checkpoint": f"{bname} · {ds}"}
+        for (name, p), gs in zip(cases.items(), gens):
+            rows += [{**r, "case": name} for r in generation_rows(gs, p, meta)]
+    return pd.DataFrame(rows)
