@@ -107,7 +107,7 @@ def sample_paper_cases(cfg, n: int = 4) -> pd.DataFrame:
     eps = cfg.grid.epsilons[0]
     rows = []
     for label, m, e in ((BASE, None, 0.0), (f"eps={eps:g}", model, eps)):
-        params = SampleParams(temperature=eta, top_k=pc.sampling.top_k, max_new_tokens=max(pc.sampling.max_new_tokens, 256),
+        params = SampleParams(temperature=eta, top_k=pc.sampling.top_k, max_new_tokens=pc.sampling.max_new_tokens,
                               max_steps=pc.prompt.max_steps, batch_size=pc.sampling.batch_size, epsilon=e)
         gens = sample(bb, [x[0] for x in enc], n, params, model=m, generator=seeded(cfg.seed + 7, bb.device),
                       prompt_starts=[x[1] for x in enc])

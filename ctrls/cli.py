@@ -36,13 +36,13 @@ class NotebookFailed(RuntimeError):
 
 
 def run_notebook(stage: str, profile: str, run_dir: str, overrides: list[str], force: bool,
-                 log_output: bool = False) -> Path:
-    """Execute one stage's notebook with papermill into ``book/generated/``."""
+                 book: Path = BOOK, log_output: bool = False) -> Path:
+    """Execute one stage's notebook with papermill into ``<book>/generated/``."""
     import papermill as pm
 
     src = NOTEBOOKS / STAGES[stage]
-    out = GENERATED / STAGES[stage]
-    GENERATED.mkdir(parents=True, exist_ok=True)
+    out = book / "generated" / STAGES[stage]
+    out.parent.mkdir(parents=True, exist_ok=True)
     params = {"profile": profile, "run_dir": str(Path(run_dir).resolve()), "overrides": " ".join(overrides),
               "force": force}
     try:
@@ -54,13 +54,20 @@ def run_notebook(stage: str, profile: str, run_dir: str, overrides: list[str], f
     return out
 
 
-def build_book(strict: bool = False) -> Path:
+def build_book(book: Path = BOOK, strict: bool = False) -> Path:
     exe = Path(sys.executable).with_name("jupyter-book")
-    cmd = [str(exe) if exe.exists() else (shutil.which("jupyter-book") or "jupyter-book"), "build", str(BOOK)]
+    cmd = [str(exe) if exe.exists() else (shutil.which("jupyter-book") or "jupyter-book"), "build", str(book)]
     if strict:
         cmd += ["-W", "-n", "--keep-going"]
     subprocess.run(cmd, check=True, cwd=ROOT)
-    return BOOK / "_build" / "html" / "index.html"
+    return book / "_build" / "html" / "index.html"
+
+
+def copy_book(dest: Path) -> Path:
+    """A copy of the book's sources (pages, toc, config, MathJax) to build elsewhere."""
+    dest = Path(dest).resolve()
+    shutil.copytree(BOOK, dest, symlinks=False, dirs_exist_ok=True, ignore=shutil.ignore_patterns("_build", "generated"))
+    return dest
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -74,18 +81,19 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from ctrls.config import load_config
 
     load_config(args.profile, args.override)  # fail fast on a bad profile or override
+    book = copy_book(Path(args.book_dir)) if args.book_dir else BOOK
     t0 = time.time()
     for i, stage in enumerate(stages, 1):
         print(f"[{i}/{len(stages)}] {stage}: {STAGES[stage]} (profile {args.profile})", flush=True)
         ts = time.time()
         try:
-            run_notebook(stage, args.profile, args.run_dir, args.override, stage in (args.force or []))
+            run_notebook(stage, args.profile, args.run_dir, args.override, stage in (args.force or []), book)
         except NotebookFailed as e:
             print(f"\nERROR: {e}", file=sys.stderr)
             return 1
         print(f"[{i}/{len(stages)}] {stage} done in {time.time() - ts:.0f} s", flush=True)
     if not args.no_book:
-        index = build_book(strict=args.strict)
+        index = build_book(book, strict=args.strict)
         print(f"book: {index}")
     print(f"total {time.time() - t0:.0f} s")
     return 0
@@ -122,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("-o", "--override", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
     r.add_argument("--no-book", action="store_true", help="run the notebooks only")
     r.add_argument("--strict", action="store_true", help="build the book with -W (warnings are errors)")
+    r.add_argument("--book-dir", default=None, help="build a copy of the book there instead of in book/")
     r.set_defaults(fn=cmd_reproduce)
 
     v = sub.add_parser("verify-references", help="rate at which reference solutions verify against gold")

@@ -136,6 +136,7 @@ class JudgeConfig:
     model: str = "gpt-4"  # model name for the openai backend
     base_url: str | None = None  # any OpenAI-compatible server; None: api.openai.com
     local_model: str = "smollm2-135m-instruct"
+    local_max_new_tokens: int = 120  # reply length of the local backend
     samples_per_config: int = 100
     temperature: float = 0.1
     max_retries: int = 4

@@ -188,7 +188,7 @@ def make_backend(jc) -> Backend:
     use_openai = jc.backend == "openai" or (jc.backend == "auto" and (os.environ.get("OPENAI_API_KEY") or jc.base_url))
     if use_openai:
         return OpenAIBackend(jc.model, jc.base_url, jc.timeout_s, jc.max_retries)
-    return LocalBackend(jc.local_model)
+    return LocalBackend(jc.local_model, jc.local_max_new_tokens)
 
 
 # ---- the pipeline -----------------------------------------------------------------------------------

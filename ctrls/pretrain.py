@@ -114,9 +114,15 @@ def _stages(cfg: Config) -> dict[str, Stage]:
     return out
 
 
-def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False, progress: bool = True) -> PretrainRun:
-    """Run (or reuse) every stage of Algorithm 1 for ``cfg.backbone.name`` x ``cfg.data.dataset``."""
+def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False, progress: bool = True,
+             until: str | None = None) -> PretrainRun:
+    """Run (or reuse) every stage of Algorithm 1 for ``cfg.backbone.name`` x ``cfg.data.dataset``
+    (only up to stage ``until`` when given)."""
     stages = _stages(cfg)
+    if until is not None:
+        if until not in stages:
+            raise PretrainError(f"unknown stage {until!r}; stages: {', '.join(stages)}")
+        stages = dict(list(stages.items())[: list(stages).index(until) + 1])
     root = stages["collect"].dir.parent
     ckpt = root / "checkpoint"
     if force:

@@ -83,36 +83,40 @@ Sampler = Callable[[Sequence[int], int, float, torch.Generator], list[Trajectory
 def reinforce_loss(policy: TransitionPolicy, trajs: Sequence[Trajectory], epsilon: float, alpha: float,
                    baseline: str = "none", entropy_grad: str = "full", entropy_kind: str = "categorical"
                    ) -> tuple[torch.Tensor, dict]:
-    """The negated Eq. 14 surrogate, averaged over trajectories, and diagnostics."""
-    terms, returns, ents, groups = [], [], [], []
-    for tr in trajs:
-        prev, act = tr.states[:-1], tr.states[1:]
-        if len(act) == 0:
-            continue
-        logp = policy.log_prob(act, prev, epsilon).sum()
-        H = policy.entropy(prev, kind=entropy_kind).sum()
-        terms.append((logp, H))
-        returns.append(tr.reward + alpha * float(H.detach()))
-        ents.append(float(H.detach()) / len(act))
-        groups.append(tr.group)
-    if not terms:
+    """The negated Eq. 14 surrogate, averaged over trajectories, and diagnostics (batched over
+    trajectories of different lengths with a mask)."""
+    used = [tr for tr in trajs if len(tr.states) > 1]
+    if not used:
         raise ValueError("no trajectory has a state transition: nothing to learn from")
-    ret = torch.tensor(returns)
+    K = used[0].states.shape[-1]
+    T = max(len(tr.states) for tr in used) - 1
+    S = torch.full((len(used), T + 1, K), 1.0 / K)
+    mask = torch.zeros(len(used), T)
+    for i, tr in enumerate(used):
+        S[i, : len(tr.states)] = tr.states
+        mask[i, : len(tr.states) - 1] = 1
+    S = S.to(policy.L.device)
+    mask = mask.to(policy.L.device)
+    prev, act = S[:, :-1].reshape(-1, K), S[:, 1:].reshape(-1, K)
+    logp = (policy.log_prob(act, prev, epsilon).view(len(used), T) * mask).sum(1)  # sum_t log pi~(a_t | s_t)
+    H = (policy.entropy(prev, kind=entropy_kind).view(len(used), T) * mask).sum(1)  # sum_t H(pi(s_t))
+    ret = torch.tensor([tr.reward for tr in used], device=logp.device) + alpha * H.detach()
     if baseline == "group_mean":
-        g = torch.tensor(groups)
-        means = {int(k): float(ret[g == k].mean()) for k in g.unique()}
-        adv = ret - torch.tensor([means[int(k)] for k in g])
+        g = torch.tensor([tr.group for tr in used], device=logp.device)
+        means = torch.zeros(int(g.max()) + 1, device=logp.device).index_add(0, g, ret)
+        counts = torch.zeros_like(means).index_add(0, g, torch.ones_like(ret))
+        adv = ret - (means / counts.clamp(min=1))[g]
     elif baseline == "none":
         adv = ret
     else:
         raise ValueError(f"unknown baseline {baseline!r}: none or group_mean")
-    surrogate = torch.stack([a * logp for a, (logp, _) in zip(adv, terms)]).mean()
+    surrogate = (adv * logp).mean()
     if entropy_grad == "full":
-        surrogate = surrogate + alpha * torch.stack([H for _, H in terms]).mean()
+        surrogate = surrogate + alpha * H.mean()
     elif entropy_grad != "eq14":
         raise ValueError(f"unknown entropy_grad {entropy_grad!r}: full or eq14")
     info = {"reward": float(np.mean([t.reward for t in trajs])), "return": float(ret.mean()),
-            "policy_entropy": float(np.mean(ents))}
+            "policy_entropy": float((H.detach() / mask.sum(1)).mean())}
     return -surrogate, info
 
 

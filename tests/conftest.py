@@ -40,3 +40,20 @@ def tiny_qwen2(tokenizer):
     from ctrls.backbone import tiny_backbone
 
     return tiny_backbone("qwen2", tokenizer, seed=1)
+
+
+SMOKE_OVERRIDES = ["sampling.batch_size=2"]  # one question per sampling chunk: a kill can land between chunks
+
+
+@pytest.fixture(scope="session")
+def smoke_runs(tmp_path_factory):
+    """A run directory where the smoke profile's pretraining and exploration stages have run once."""
+    from ctrls.config import load_config
+    from ctrls.exploration import explore
+    from ctrls.pretrain import pretrain
+
+    d = tmp_path_factory.mktemp("smoke_runs")
+    cfg = load_config("smoke", [*SMOKE_OVERRIDES, f"run_dir={d}"])
+    run = pretrain(cfg.for_pair(*cfg.pairs()[0]), progress=False)
+    explore(cfg, progress=False)
+    return d, cfg, run

@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import ROOT, requires_data
+from conftest import ROOT, SMOKE_OVERRIDES, requires_data
 from ctrls.config import load_config
 from ctrls.model import CTRLSModel
 from ctrls.pretrain import kept_trajectories, pretrain
 
-OVR = ["sampling.batch_size=2"]  # one question per sampling chunk, so a kill can land between chunks
+OVR = SMOKE_OVERRIDES
 
 pytestmark = [pytest.mark.integration, requires_data]
 
@@ -45,9 +45,9 @@ def kill_when(proc, predicate, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("runs_ref")
-    return d, pretrain(smoke_cfg(d), progress=False)
+def reference_run(smoke_runs):
+    d, _, run = smoke_runs
+    return d, run
 
 
 def test_pretraining_runs_end_to_end(reference_run):
@@ -79,19 +79,21 @@ def test_resume_after_kill_loses_and_duplicates_nothing(reference_run, tmp_path)
     def one_question_done():
         return traj.exists() and traj.read_text().count('"_end"') >= 1
 
-    proc = run_in_subprocess(tmp_path, "from ctrls.pretrain import pretrain\npretrain(cfg, progress=False)\n")
-    kill_when(proc, one_question_done)
+    code = "from ctrls.pretrain import pretrain\npretrain(cfg, progress=False, until='features')\n"
+    kill_when(run_in_subprocess(tmp_path, code), one_question_done)
     with open(traj, "a") as f:  # a kill can also cut a line in half
         f.write('{"qid": "gsm8k-train-')
-    run = pretrain(smoke_cfg(tmp_path), progress=False)
+    run = pretrain(smoke_cfg(tmp_path), progress=False, until="features")
     a = kept_trajectories(ref.root / "collect")
     b = kept_trajectories(run.root / "collect")
     key = ["qid", "source", "sample_index"]
     assert not b.duplicated(subset=key).any()
     pd.testing.assert_frame_equal(a.sort_values(key).reset_index(drop=True), b.sort_values(key).reset_index(drop=True))
-    for name in ("states/states.pt", "transitions/transitions.pt"):
-        x, y = torch.load(ref.root / name), torch.load(run.root / name)
-        assert all(torch.equal(x[k], y[k]) for k in x)
+    for f in sorted((ref.root / "features").glob("*.pt")):  # and the cached hidden states agree
+        x, y = torch.load(f, weights_only=False), torch.load(run.root / "features" / f.name, weights_only=False)
+        assert len(x["trajectories"]) == len(y["trajectories"])
+        for tx, ty in zip(x["trajectories"], y["trajectories"]):
+            assert torch.equal(tx["targets"], ty["targets"]) and torch.allclose(tx["hidden"], ty["hidden"], atol=1e-2)
 
 
 def test_checkpoint_reload_gives_identical_logits_and_states(reference_run, smollm):
