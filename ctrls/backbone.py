@@ -168,7 +168,7 @@ def load_backbone(name: str = "smollm2-135m-instruct", device: str = "auto", dty
 def freeze(model: torch.nn.Module, tokenizer: object, name: str) -> Backbone:
     model.requires_grad_(False)
     model.eval()
-    if getattr(tokenizer, "pad_token_id", None) is None:
+    if tokenizer is not None and getattr(tokenizer, "pad_token_id", None) is None:
         tokenizer.pad_token = tokenizer.eos_token
     return Backbone(model=model, tokenizer=tokenizer, name=name)
 

@@ -28,6 +28,7 @@ STAGES: dict[str, str] = {
     "rl": "03_rl.ipynb",
     "judge": "04_judge.ipynb",
     "case_studies": "05_case_studies.ipynb",
+    "summary": "06_summary.ipynb",
 }
 
 

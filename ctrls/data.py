@@ -1,17 +1,27 @@
-"""Benchmark problems: GSM8K, MATH (MATH-500 test / the other 4,500 as train), and gsm_symbolic.
+"""Benchmark problems (Sec. 6.1): GSM8K, MATH (MATH-500 test / the other 4,500 as train), gsm_symbolic.
+
+Each :class:`Problem` carries the question x_0, the gold answer y* of the reward 1{y = y*}, and the
+dataset's reference solution as steps (one per element, the paper's x_1..x_T).
 
 Where the data comes from, in order:
+
 1. a data directory: the ``data_dir`` argument (config ``data.data_dir``), else ``$CTRLS_DATA_DIR``,
-   else ``../shared/data`` beside the repository when present. Layout: ``gsm8k/{train,test}.jsonl``,
-   ``math/math500_test.jsonl``, ``math/math_test_full.jsonl``;
-2. the Hugging Face hub through ``datasets`` when online (``openai/gsm8k``, ``HuggingFaceH4/MATH-500``
-   and ``EleutherAI/hendrycks_math`` for the MATH train split);
+   else ``../shared/data`` beside the repository (or beside the working directory) when present.
+   Layout: ``gsm8k/{train,test}.jsonl`` and ``math/{math500_test,math_test_full}.jsonl``;
+2. the Hugging Face hub through the ``datasets`` package, when it is installed and online
+   (``openai/gsm8k`` config ``main``, ``HuggingFaceH4/MATH-500``, and ``EleutherAI/hendrycks_math``
+   for the rest of the MATH test split);
 3. otherwise a :class:`DataError` that names both ways.
 
-``gsm_symbolic`` (from the ``reasoning-gym`` package) is generated offline, and only when asked
-for by name. Subsets of n problems are seeded and nested: a larger n extends a smaller one.
-Malformed rows are skipped with a logged count and reason; above ``max_bad_fraction`` they are an
-error.
+MATH has no train split here: as in PRM800K, train = the 4,500 problems of the MATH test split
+that are not in MATH-500 (matched by whitespace-normalised problem text), test = MATH-500.
+
+``gsm_symbolic`` is generated offline by the ``reasoning-gym`` package, only when asked for by name.
+Its two splits use seeds a billion apart so that they share no generator state.
+
+Subsets of ``n`` problems are the first n of one seeded permutation, so they are deterministic and
+nested (a larger n extends a smaller one). Malformed rows are skipped with a logged count and
+reason per kind; above ``max_bad_fraction`` of the rows they are an error.
 """
 from __future__ import annotations
 
@@ -22,41 +32,51 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+import ctrls
 from ctrls.answers import last_boxed
+from ctrls.config import Config
 
 log = logging.getLogger(__name__)
 
 DATASETS = ("gsm8k", "math", "gsm_symbolic")
+SPLITS = ("train", "test")
+GSM_SYMBOLIC_SIZE = 1000  # problems generated per gsm_symbolic split when no n is given
+MAX_STEP_CHARS = 200  # MATH solution lines longer than this are split into sentences
+
 _CALC = re.compile(r"<<[^>]*>>")
+_ASY = re.compile(r"\[asy\].*?\[/asy\]", re.DOTALL)
+_FILES = {("gsm8k", "train"): "gsm8k/train.jsonl", ("gsm8k", "test"): "gsm8k/test.jsonl",
+          "math500": "math/math500_test.jsonl", "math_full": "math/math_test_full.jsonl"}
 
 
 class DataError(RuntimeError):
-    pass
+    """The benchmark data cannot be found, or too many of its rows are malformed."""
 
 
 @dataclass(frozen=True)
 class Problem:
-    id: str
-    question: str
+    id: str  # gsm8k-{split}-{row}, math-{unique_id or idx}, gsm_symbolic-{split}-s{seed}-{index}
+    question: str  # x_0
     answer: str  # gold final answer y*
-    steps: tuple[str, ...]  # reference solution, one step per element
+    steps: tuple[str, ...]  # reference solution steps, one per element
     source: str  # gsm8k | math | gsm_symbolic
     split: str  # train | test
-    meta: dict = field(default_factory=dict, compare=False, hash=False)
+    meta: dict = field(default_factory=dict, compare=False, hash=False)  # level, subject, raw "solution"
 
 
 # ---- locating the data ---------------------------------------------------------------------------
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
-    """The data directory to read, or None (then the hub is tried)."""
+    """The data directory to read, or None when there is none (then the hub is tried)."""
     if data_dir:
         p = Path(data_dir).expanduser()
         if not p.is_dir():
-            raise DataError(f"data directory {p} (data.data_dir) does not exist")
+            raise DataError(f"data directory {p} (data_dir / config data.data_dir) does not exist")
         return p
     env = os.environ.get("CTRLS_DATA_DIR")
     if env:
@@ -64,48 +84,64 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
         if not p.is_dir():
             raise DataError(f"CTRLS_DATA_DIR={env} does not exist")
         return p
-    for cand in (Path(__file__).resolve().parents[2] / "shared" / "data", Path.cwd().parent / "shared" / "data"):
+    for cand in (Path(ctrls.__file__).resolve().parents[2] / "shared" / "data", Path.cwd().parent / "shared" / "data"):
         if cand.is_dir():
             return cand
     return None
 
 
-def _read_jsonl(path: Path) -> list[dict | None]:
+def _missing_msg(what: str, why: str) -> str:
+    return (f"cannot load {what}: no data directory was found and {why}.\n"
+            f"Either set CTRLS_DATA_DIR (or the config key data.data_dir) to a directory holding "
+            f"gsm8k/{{train,test}}.jsonl and math/{{math500_test,math_test_full}}.jsonl, or go online "
+            f"with `pip install datasets` so that the data loads from the Hugging Face hub.")
+
+
+def _read_jsonl(d: Path, key: Any) -> list[dict | None]:
+    """Rows of one data file; a line that is not a JSON object becomes None (counted as malformed)."""
+    path = d / _FILES[key]
+    if not path.is_file():
+        raise DataError(f"{path} not found in the data directory {d} "
+                        f"(expected {', '.join(sorted(set(_FILES.values())))})")
     rows: list[dict | None] = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                r = json.loads(line)
             except json.JSONDecodeError:
-                rows.append(None)
+                r = None
+            rows.append(r if isinstance(r, dict) else None)
     return rows
 
 
 def _hub(name: str, config: str | None, split: str) -> list[dict]:
     try:
-        import datasets
+        import datasets  # lazily: only this fallback needs it
     except ImportError as e:
         raise DataError(_missing_msg(f"{name} ({split})", "the `datasets` package is not installed")) from e
     try:
         return [dict(r) for r in datasets.load_dataset(name, config, split=split)]
     except Exception as e:  # offline, or the hub refused
-        raise DataError(_missing_msg(f"{name} ({split})", f"loading from the hub failed: {e}")) from e
+        raise DataError(_missing_msg(f"{name} ({split})", f"loading it from the hub failed: {e}")) from e
 
 
-def _missing_msg(what: str, why: str) -> str:
-    return (f"cannot load {what}: no data directory was found and {why}.\n"
-            f"Either point CTRLS_DATA_DIR (or the config key data.data_dir) at a directory holding "
-            f"gsm8k/{{train,test}}.jsonl and math/{{math500_test,math_test_full}}.jsonl, or run online "
-            f"with `pip install datasets` so the data loads from the Hugging Face hub.")
+def _hub_math_full() -> list[dict]:
+    subjects = ["algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
+                "prealgebra", "precalculus"]
+    return [r for s in subjects for r in _hub("EleutherAI/hendrycks_math", s, "test")]
 
 
 # ---- parsing -------------------------------------------------------------------------------------
 
 
 def gsm8k_solution(answer: str) -> tuple[str, tuple[str, ...]]:
-    """(gold, steps) from a GSM8K answer field ``... #### N``; calculator annotations stripped."""
+    """(gold, steps) from a GSM8K answer ``... #### N``.
+
+    Gold is the text after the last ``####`` without thousands commas; the steps are the non-empty
+    lines before it with the ``<<...>>`` calculator annotations removed.
+    """
     if "####" not in answer:
         raise ValueError("no '####' final answer")
     body, gold = answer.rsplit("####", 1)
@@ -116,26 +152,61 @@ def gsm8k_solution(answer: str) -> tuple[str, tuple[str, ...]]:
     return gold, steps
 
 
+_OPEN = re.compile(r"(?<!\\)\\\[|\\begin\{")  # \[ (not the \\[2pt] of a line break), \begin{
+_CLOSE = re.compile(r"(?<!\\)\\\]|\\end\{")
+
+
+# what _sentences looks at: escapes, math delimiters, environments, braces, and sentence-ending periods
+_TOKENS = re.compile(r"\\[\\${}]|\$\$|\$|\\[(\[]|\\begin\{[^}]*\}|\{|\\[)\]]|\\end\{[^}]*\}|\}|\.(?=\s|$)")
+
+
+def _sentences(line: str) -> list[str]:
+    """Split a line at sentence ends (``.`` then a space or the end) outside math and braces."""
+    out, start = [], 0
+    inline = display = False  # inside $...$ / $$...$$
+    depth = 0  # \( \[ \begin{} nesting, and braces
+    for m in _TOKENS.finditer(line):
+        tok = m.group()
+        if tok == "$$":
+            display = not display
+        elif tok == "$":
+            inline = not inline
+        elif tok in ("{", "\\(", "\\[") or tok.startswith("\\begin"):
+            depth += 1
+        elif tok in ("}", "\\)", "\\]") or tok.startswith("\\end"):
+            depth = max(0, depth - 1)
+        elif tok == "." and not (inline or display or depth):
+            out.append(line[start:m.end()].strip())
+            start = m.end()
+    out.append(line[start:].strip())
+    return [s for s in out if s]
+
+
 def math_steps(solution: str) -> tuple[str, ...]:
-    """A MATH solution as steps: its lines, long lines split at sentence ends outside ``$...$``."""
+    """A MATH solution as steps.
+
+    Asymptote figures (``[asy]...[/asy]``) are dropped; lines are joined while a display-math
+    environment (``$$``, ``\\[``, ``\\begin{...}``) is open, so that no step holds half an
+    equation; a resulting line longer than ``MAX_STEP_CHARS`` is split at its sentence ends
+    outside math. No step contains a newline.
+    """
+    lines: list[str] = []
+    buf, in_dollars, depth = "", False, 0
+    for raw in _ASY.sub("", solution).split("\n"):
+        raw = raw.strip()
+        if not raw:
+            continue
+        buf = f"{buf} {raw}" if buf else raw
+        in_dollars ^= raw.count("$$") % 2 == 1
+        depth += len(_OPEN.findall(raw)) - len(_CLOSE.findall(raw))
+        if not in_dollars and depth <= 0:
+            lines.append(buf)
+            buf, depth = "", 0
+    if buf:
+        lines.append(buf)
     steps: list[str] = []
-    for line in solution.split("\n"):
-        line = line.strip()
-        if not line:
-            continue
-        if len(line) <= 200:
-            steps.append(line)
-            continue
-        buf, in_math = "", False
-        for i, ch in enumerate(line):
-            buf += ch
-            if ch == "$":
-                in_math = not in_math
-            if ch == "." and not in_math and (i + 1 == len(line) or line[i + 1] == " "):
-                steps.append(buf.strip())
-                buf = ""
-        if buf.strip():
-            steps.append(buf.strip())
+    for line in lines:
+        steps.extend(_sentences(line) if len(line) > MAX_STEP_CHARS else [line])
     return tuple(steps)
 
 
@@ -143,100 +214,101 @@ def _norm_text(s: str) -> str:
     return " ".join(s.split())
 
 
-def _parse(dataset: str, split: str, rows: list[dict | None]) -> tuple[list[Problem], Counter, dict]:
-    probs, bad, example = [], Counter(), {}
-    for i, r in enumerate(rows):
+def _parse_row(dataset: str, split: str, i: int, r: dict | None, id_prefix: str) -> Problem:
+    """One row as a Problem, or ValueError naming what is malformed."""
+    if r is None:
+        raise ValueError("not a JSON object")
+    if dataset in ("gsm8k", "gsm_symbolic"):
+        q, a = r.get("question"), r.get("answer")
+        if not isinstance(q, str) or not q.strip() or not isinstance(a, str) or not a.strip():
+            raise ValueError("missing or empty question/answer")
+        gold, steps = gsm8k_solution(a)
+        # gsm_symbolic: the entry's own answer is the gold ('#### 36.0' in the CoT can mean '36')
+        gold = str(r.get("gold", gold)).strip() or gold
+        return Problem(f"{id_prefix}{i}", q.strip(), gold, steps, dataset, split, {"solution": a})
+    q, sol = r.get("problem"), r.get("solution")
+    if not isinstance(q, str) or not q.strip() or not isinstance(sol, str) or not sol.strip():
+        raise ValueError("missing or empty problem/solution")
+    gold = r.get("answer") if split == "test" else last_boxed(sol)  # MATH-500 has an answer field
+    if not isinstance(gold, str) or not gold.strip():
+        raise ValueError("no answer field" if split == "test" else "no \\boxed{} answer in the solution")
+    meta = {k: r[k] for k in ("level", "subject", "type") if k in r} | {"solution": sol}
+    return Problem(f"{id_prefix}{r.get('unique_id') or r.get('idx', i)}", q.strip(), gold.strip(),
+                   math_steps(sol), "math", split, meta)
+
+
+def _parse_rows(name: str, dataset: str, split: str, rows: list[tuple[int, dict | None]],
+                max_bad_fraction: float, id_prefix: str) -> list[Problem]:
+    """Parse (index, row) pairs; skip malformed rows, log them per reason, raise above the threshold."""
+    probs: list[Problem] = []
+    bad: Counter[str] = Counter()
+    example: dict[str, int] = {}
+    for i, r in rows:
         try:
-            if r is None:
-                raise ValueError("not valid JSON")
-            if dataset == "gsm8k":
-                q, a = r.get("question"), r.get("answer")
-                if not q or not a:
-                    raise ValueError("missing question or answer")
-                gold, steps = gsm8k_solution(a)
-                probs.append(Problem(f"gsm8k-{split}-{i}", q.strip(), gold, steps, "gsm8k", split))
-            else:
-                q, sol = r.get("problem"), r.get("solution")
-                if not q or not sol:
-                    raise ValueError("missing problem or solution")
-                gold = r.get("answer") or last_boxed(sol)
-                if not gold:
-                    raise ValueError("no \\boxed{} answer in the solution")
-                pid = r.get("unique_id") or f"idx{r.get('idx', i)}"
-                meta = {k: r[k] for k in ("level", "subject", "type") if k in r}
-                probs.append(Problem(f"math-{pid}", q.strip(), gold.strip(), math_steps(sol), "math", split, meta))
-        except (ValueError, AttributeError, TypeError) as e:
+            probs.append(_parse_row(dataset, split, i, r, id_prefix))
+        except ValueError as e:
             bad[str(e)] += 1
             example.setdefault(str(e), i)
-    return probs, bad, example
-
-
-def _check_bad(name: str, total: int, bad: Counter, example: dict, max_bad_fraction: float) -> None:
+    if not rows:
+        raise DataError(f"{name}: the data holds no rows")
     n_bad = sum(bad.values())
-    if not n_bad:
-        return
     for reason, count in bad.items():
         log.warning("%s: skipped %d malformed row(s): %s (first at row %d)", name, count, reason, example[reason])
-    if n_bad > max_bad_fraction * total:
-        raise DataError(f"{name}: {n_bad} of {total} rows are malformed (more than {max_bad_fraction:.1%}): "
-                        + "; ".join(f"{c} x {r} (e.g. row {example[r]})" for r, c in bad.items()))
+    if n_bad > max_bad_fraction * len(rows):
+        raise DataError(f"{name}: {n_bad} of {len(rows)} rows are malformed (more than max_bad_fraction="
+                        f"{max_bad_fraction:g}): " + "; ".join(f"{c} x {r} (e.g. row {example[r]})" for r, c in bad.items()))
+    return probs
 
 
-def _load_all(dataset: str, split: str, data_dir, max_bad_fraction: float) -> list[Problem]:
-    if split not in ("train", "test"):
-        raise DataError(f"unknown split {split!r}: train or test")
-    if dataset == "gsm_symbolic":
-        return _gsm_symbolic(split)
-    if dataset not in DATASETS:
-        raise DataError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
-    d = resolve_data_dir(data_dir)
+def _load_all(dataset: str, split: str, data_dir: str | os.PathLike | None, max_bad_fraction: float) -> list[Problem]:
     if dataset == "gsm8k":
-        rows = _read_jsonl(d / "gsm8k" / f"{split}.jsonl") if d else _hub("openai/gsm8k", "main", split)
-        probs, bad, ex = _parse("gsm8k", split, rows)
-        _check_bad(f"gsm8k/{split}", len(rows), bad, ex, max_bad_fraction)
-        return probs
-    # MATH: MATH-500 is the test split; the rest of the MATH test set is the train split
-    m500 = _read_jsonl(d / "math" / "math500_test.jsonl") if d else _hub("HuggingFaceH4/MATH-500", None, "test")
+        d = resolve_data_dir(data_dir)
+        rows = _read_jsonl(d, ("gsm8k", split)) if d else _hub("openai/gsm8k", "main", split)
+        return _parse_rows(f"gsm8k/{split}", "gsm8k", split, list(enumerate(rows)), max_bad_fraction, f"gsm8k-{split}-")
+    # MATH: MATH-500 is the test split; the rest of the MATH test split is the train split
+    d = resolve_data_dir(data_dir)
+    m500 = _read_jsonl(d, "math500") if d else _hub("HuggingFaceH4/MATH-500", None, "test")
     if split == "test":
-        probs, bad, ex = _parse("math", "test", m500)
-        _check_bad("math/test (MATH-500)", len(m500), bad, ex, max_bad_fraction)
-        return probs
-    full = _read_jsonl(d / "math" / "math_test_full.jsonl") if d else _hub_math_full()
-    in500 = {_norm_text(r["problem"]) for r in m500 if r and r.get("problem")}
-    rest = [r for r in full if r is None or _norm_text(r.get("problem", "")) not in in500]
-    probs, bad, ex = _parse("math", "train", rest)
-    _check_bad("math/train (MATH test minus MATH-500)", len(rest), bad, ex, max_bad_fraction)
-    return probs
+        return _parse_rows("math/test (MATH-500)", "math", "test", list(enumerate(m500)), max_bad_fraction, "math-")
+    full = _read_jsonl(d, "math_full") if d else _hub_math_full()
+    in500 = {_norm_text(r["problem"]) for r in m500 if r and isinstance(r.get("problem"), str)}
+    rest = [(i, r) for i, r in enumerate(full)
+            if not (r and isinstance(r.get("problem"), str) and _norm_text(r["problem"]) in in500)]
+    return _parse_rows("math/train (MATH test minus MATH-500)", "math", "train", rest, max_bad_fraction, "math-")
 
 
-def _hub_math_full() -> list[dict]:
-    subjects = ["algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
-                "prealgebra", "precalculus"]
-    return [r for s in subjects for r in _hub("EleutherAI/hendrycks_math", s, "test")]
+def _gsm_symbolic(split: str, n: int, seed: int, max_bad_fraction: float) -> list[Problem]:
+    """n generated problems; item i depends only on (split, seed, i), so larger n extends smaller."""
+    if n == 0:
+        return []
+    import reasoning_gym  # lazily: slow to import
 
-
-def _gsm_symbolic(split: str, size: int = 1000) -> list[Problem]:
-    import reasoning_gym
-
-    seed = {"train": 1, "test": 2}[split]
-    probs = []
-    for i, entry in enumerate(reasoning_gym.create_dataset("gsm_symbolic", size=size, seed=seed)):
-        cot = entry.get("metadata", {}).get("answer_cot", "")
-        try:
-            _, steps = gsm8k_solution(cot)
-        except ValueError:
-            steps = ()
-        probs.append(Problem(f"gsm_symbolic-{split}-{i}", entry["question"], str(entry["answer"]).strip(),
-                             steps, "gsm_symbolic", split))
-    return probs
+    split_seed = seed + (0 if split == "test" else 1_000_000_000)  # reasoning-gym seeds item i with seed + i
+    gen = reasoning_gym.create_dataset("gsm_symbolic", size=n, seed=split_seed)
+    rows = [(i, {"question": e.get("question"), "answer": e.get("metadata", {}).get("answer_cot"),
+                 "gold": e.get("answer", "")}) for i, e in enumerate(gen[i] for i in range(n))]
+    return _parse_rows(f"gsm_symbolic/{split}", "gsm_symbolic", split, rows, max_bad_fraction,
+                       f"gsm_symbolic-{split}-s{seed}-")
 
 
 # ---- public API ----------------------------------------------------------------------------------
 
 
-def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0, data_dir: str | None = None,
-                  max_bad_fraction: float = 0.01) -> list[Problem]:
-    """All problems of a split, or a seeded subset of ``n`` (the first n of one fixed permutation)."""
+def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
+                  data_dir: str | os.PathLike | None = None, max_bad_fraction: float = 0.01) -> list[Problem]:
+    """All problems of a split, or a seeded subset of ``n``: the first n of one fixed permutation.
+
+    The same (seed, n) always gives the same problems in the same order, and a larger n with the
+    same seed is a superset. ``gsm_symbolic`` generates ``n`` problems (default 1000) instead.
+    """
+    if dataset not in DATASETS:
+        raise DataError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
+    if n is not None and n < 0:
+        raise DataError(f"asked for n={n} problems; n must be >= 0")
+    if dataset == "gsm_symbolic":
+        return _gsm_symbolic(split, GSM_SYMBOLIC_SIZE if n is None else n, seed, max_bad_fraction)
     probs = _load_all(dataset, split, data_dir, max_bad_fraction)
     if n is None:
         return probs
@@ -246,18 +318,8 @@ def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
     return [probs[i] for i in order[:n]]
 
 
-def problems_from_config(cfg, split: str) -> list[Problem]:
+def problems_from_config(cfg: Config, split: str) -> list[Problem]:
+    """The profile's seeded subset: ``data.n_train`` or ``data.n_test`` problems of ``data.dataset``."""
     d = cfg.data
     return load_problems(d.dataset, split, n=d.n_train if split == "train" else d.n_test, seed=d.seed,
                          data_dir=d.data_dir, max_bad_fraction=d.max_bad_fraction)
-
-
-def raw_solutions(dataset: str, split: str, data_dir: str | None = None) -> dict[str, str]:
-    """Problem id -> the dataset's own solution text (for checking the answer checker)."""
-    d = resolve_data_dir(data_dir)
-    if d is None:
-        raise DataError(_missing_msg(f"{dataset} solutions", "this check reads the data directory"))
-    if dataset == "gsm8k":
-        rows = _read_jsonl(d / "gsm8k" / f"{split}.jsonl")
-        return {f"gsm8k-{split}-{i}": r["answer"] for i, r in enumerate(rows) if r}
-    return {p.id: "\n".join(p.steps) for p in load_problems(dataset, split, data_dir=data_dir)}

@@ -1,19 +1,26 @@
 """Q_phi: k-means latent states and soft assignments (Sec. 5.2).
 
-K centroids gamma_j are fitted by scikit-learn's KMeans on the spectral embeddings e_t of all
-training steps (MiniBatchKMeans above ``minibatch_above`` steps). A step's state distribution is
-s_t = softmax(-||e_t - gamma_j||^2 / tau) and its latent vector z_t = sum_j s_tj gamma_j. By default
-tau is the median, over training steps, of the squared distance to the nearest centroid.
+K centroids gamma_j are fitted by scikit-learn's KMeans on the spectral embeddings e_t (Eq. 5) of
+all training steps (MiniBatchKMeans above ``minibatch_above`` steps). A step's state distribution
+is s_t = softmax_j(-||e_t - gamma_j||^2 / tau) and its latent vector z_t = sum_j s_tj gamma_j.
 
-Fewer distinct steps than K: with ``reduce_k`` (the default) K is reduced to the number of distinct
-steps, and the reduction is recorded in ``StateSpace.notes`` (saved in the checkpoint and shown on
-the book page); without it, a ValueError.
+tau (the median rule): by default the median, over the training steps, of the squared distance to
+the nearest centroid, so that a typical step puts most, not all, of its mass on its own state. If
+that median is 0 (more than half of the steps sit exactly on a centroid) tau is the mean of the
+nonzero distances, or 1.0 when all are zero; the fallback is recorded in ``StateSpace.notes``.
+
+Fewer distinct steps than K: k-means cannot place K distinct centroids. With ``reduce_k=True``
+(the default, ``states.reduce_k``) K is reduced to the number of distinct steps, a warning is
+logged and the reduction is recorded: ``StateSpace.requested_k`` keeps the K asked for, ``k`` is
+the K used, and ``notes`` holds the sentence the book shows. With ``reduce_k=False`` it is a
+ValueError. Either way, never K centroids of which some are duplicates.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -22,51 +29,100 @@ from sklearn.cluster import KMeans, MiniBatchKMeans
 log = logging.getLogger(__name__)
 
 
+def _check_features(X: torch.Tensor, ids: Sequence[str] | None = None, dim: int | None = None) -> None:
+    if X.dim() != 2:
+        raise ValueError(f"features must be (N, D), got shape {tuple(X.shape)}")
+    if dim is not None and X.shape[1] != dim:
+        raise ValueError(f"features have dimension {X.shape[1]}, the centroids {dim}")
+    bad = ~torch.isfinite(X).all(dim=1)
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        where = ids[i] if ids is not None else f"row {i}"
+        raise ValueError(f"NaN/Inf spectral feature at {where} ({int(bad.sum())} bad rows in all): "
+                         f"check that step's hidden states")
+
+
 @dataclass
 class StateSpace:
-    centroids: torch.Tensor  # (K, D)
+    """The fitted Q_phi: centroids gamma (K, D), temperature tau, and the record of the fit."""
+
+    centroids: torch.Tensor  # (K, D) float32
     tau: float
-    requested_k: int
-    notes: list[str] = field(default_factory=list)
+    requested_k: int  # the K asked for; ``k`` may be smaller (see the module docstring)
+    notes: list[str] = field(default_factory=list)  # human-readable record of fallbacks
 
     @property
     def k(self) -> int:
         return self.centroids.shape[0]
 
-    def sq_dists(self, features: torch.Tensor) -> torch.Tensor:
-        e = torch.as_tensor(features, dtype=torch.float32)
-        return torch.cdist(e, self.centroids.to(e.device)).pow(2)
+    def sq_dists(self, features: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """||e - gamma_j||^2 (N, K), in float32; non-finite features raise a ValueError."""
+        e = torch.as_tensor(features).to(device=self.centroids.device, dtype=torch.float32)
+        _check_features(e, dim=self.centroids.shape[1])
+        return torch.cdist(e, self.centroids).pow(2)
 
-    def assign(self, features: torch.Tensor) -> torch.Tensor:
-        """s (N, K) = softmax(-||e - gamma_j||^2 / tau)."""
+    def assign(self, features: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """s (N, K) = softmax_j(-||e - gamma_j||^2 / tau)."""
         return torch.softmax(-self.sq_dists(features) / self.tau, dim=-1)
 
-    def hard(self, features: torch.Tensor) -> torch.Tensor:
+    def hard(self, features: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """The nearest centroid (N,), i.e. argmax of ``assign``."""
         return self.sq_dists(features).argmin(-1)
 
     def z(self, s: torch.Tensor) -> torch.Tensor:
-        """z = s @ Gamma."""
+        """z (..., D) = sum_j s_j gamma_j = s @ Gamma."""
         return s.to(self.centroids.dtype) @ self.centroids
 
+    def state_dict(self) -> dict[str, Any]:
+        """{"centroids": tensor, "tau": float, "requested_k": int, "notes": list[str]}."""
+        return {"centroids": self.centroids, "tau": float(self.tau), "requested_k": int(self.requested_k),
+                "notes": list(self.notes)}
 
-def fit_states(features, n_states: int, seed: int = 0, minibatch_above: int = 20000, tau: float | None = None,
-               reduce_k: bool = True, ids: Sequence[str] | None = None) -> StateSpace:
-    """k-means over step embeddings (N, D); see the module docstring."""
-    X = torch.as_tensor(features, dtype=torch.float32)
-    bad = ~torch.isfinite(X).all(dim=1)
-    if bad.any():
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"NaN/Inf spectral feature at {ids[i] if ids else f'row {i}'} "
-                         f"({int(bad.sum())} bad rows): check that step's hidden states")
-    Xn = X.numpy().astype(np.float64)
-    distinct = len(np.unique(Xn.round(8), axis=0))
-    notes = []
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> "StateSpace":
+        missing = {"centroids", "tau", "requested_k"} - set(state)
+        if missing:
+            raise ValueError(f"state space is missing {sorted(missing)}")
+        centroids = torch.as_tensor(state["centroids"], dtype=torch.float32)
+        if centroids.dim() != 2:
+            raise ValueError(f"centroids must be (K, D), got shape {tuple(centroids.shape)}")
+        return cls(centroids=centroids, tau=float(state["tau"]), requested_k=int(state["requested_k"]),
+                   notes=list(state.get("notes", [])))
+
+
+def _count_distinct(X: np.ndarray, at_least: int) -> int:
+    """Number of distinct rows of X (exact equality, -0.0 == 0.0), counting no further than ``at_least``."""
+    seen: set[bytes] = set()
+    for row in X:
+        seen.add(hashlib.blake2b((row + 0.0).tobytes(), digest_size=16).digest())
+        if len(seen) >= at_least:
+            break
+    return len(seen)
+
+
+def fit_states(features: torch.Tensor | np.ndarray, n_states: int, seed: int = 0, minibatch_above: int = 20000,
+               tau: float | None = None, reduce_k: bool = True, ids: Sequence[str] | None = None) -> StateSpace:
+    """Fit K = ``n_states`` k-means states to step embeddings (N, D) (see the module docstring).
+
+    ``ids[i]`` labels row i in errors (e.g. "q12/s3"). ``tau=None``: the median rule. Fewer
+    distinct rows than K: reduce K and record it (``reduce_k=True``) or raise a ValueError."""
+    if n_states < 1:
+        raise ValueError(f"n_states must be at least 1, got {n_states}")
+    X = torch.as_tensor(features).detach().to("cpu", torch.float32)
+    if ids is not None and len(ids) != len(X):
+        raise ValueError(f"{len(ids)} ids for {len(X)} feature rows")
+    _check_features(X, ids)
+    if len(X) == 0:
+        raise ValueError("no features to cluster")
+    Xn = np.ascontiguousarray(X.numpy())  # float32: sklearn keeps it, no float64 copy
+    notes: list[str] = []
     k = n_states
+    distinct = _count_distinct(Xn, n_states)
     if distinct < n_states:
         if not reduce_k:
-            raise ValueError(f"{distinct} distinct steps cannot make {n_states} states: collect more "
-                             f"trajectories, lower states.n_states, or set states.reduce_k=true")
-        k = max(1, distinct)
+            raise ValueError(f"{distinct} distinct steps cannot make {n_states} states: collect more trajectories, "
+                             f"lower states.n_states, or set states.reduce_k=true")
+        k = distinct
         notes.append(f"Only {distinct} distinct training steps for K = {n_states} requested states: "
                      f"K was reduced to {k}.")
         log.warning(notes[-1])
@@ -75,14 +131,18 @@ def fit_states(features, n_states: int, seed: int = 0, minibatch_above: int = 20
     else:
         km = KMeans(n_clusters=k, random_state=seed, n_init=4)
     km.fit(Xn)
-    centroids = torch.as_tensor(km.cluster_centers_, dtype=torch.float32)
-    space = StateSpace(centroids=centroids, tau=1.0, requested_k=n_states, notes=notes)
+    space = StateSpace(centroids=torch.as_tensor(km.cluster_centers_, dtype=torch.float32), tau=1.0,
+                       requested_k=n_states, notes=notes)
     if tau is None:
-        d2 = space.sq_dists(X).min(dim=1).values
-        tau = float(torch.quantile(d2.double(), 0.5))
+        d2 = space.sq_dists(X).min(dim=1).values.double()
+        tau = float(np.median(d2.numpy()))
         if tau <= 0:
-            nz = d2[d2 > 0]
-            tau = float(nz.mean()) if len(nz) else 1.0
-            notes.append(f"The median squared distance to the nearest centroid is 0; tau = {tau:.4g} instead.")
+            nonzero = d2[d2 > 0]
+            tau = float(nonzero.mean()) if len(nonzero) else 1.0
+            notes.append(f"The median squared distance to the nearest centroid is 0: tau = {tau:.4g} "
+                         f"({'mean of the nonzero distances' if len(nonzero) else 'all distances are 0'}).")
+            log.warning(notes[-1])
+    elif tau <= 0:
+        raise ValueError(f"tau must be positive, got {tau}")
     space.tau = float(tau)
     return space

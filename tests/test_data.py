@@ -1,90 +1,203 @@
+"""Benchmark loading: parsing, malformed rows, seeded subsets, data locations, MATH splits.
+
+All rows written here are made-up problems; the real data is only read (integration tests).
+"""
 import json
 import logging
+import sys
+import types
 
 import pytest
 
+import ctrls
 from conftest import SHARED_DATA, requires_data
 from ctrls import data
-from ctrls.data import DataError, gsm8k_solution, load_problems
+from ctrls.answers import last_boxed
+from ctrls.config import load_config
+from ctrls.data import DataError, gsm8k_solution, load_problems, math_steps, problems_from_config
 
 
-def write_gsm(dirpath, rows, split="test"):
-    (dirpath / "gsm8k").mkdir(parents=True, exist_ok=True)
-    with open(dirpath / "gsm8k" / f"{split}.jsonl", "w") as f:
+def write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
         for r in rows:
             f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
 
 
-def fake_rows(n):
-    return [{"question": f"Q{i}: what is {i} plus 1?", "answer": f"We add <<{i}+1={i + 1}>>{i + 1}.\n#### {i + 1:,}"}
-            for i in range(n)]
+def fake_gsm(n):
+    return [{"question": f"Tom has {i} pens and buys 1. How many now?",
+             "answer": f"He has {i}+1=<<{i}+1={i + 1}>>{i + 1} pens.\n\n#### {i + 1:,}"} for i in range(n)]
 
 
-def test_gsm8k_parsing_strips_calculator_annotations():
-    gold, steps = gsm8k_solution("She has 3*4=<<3*4=12>>12 eggs.\nThen 12-2=<<12-2=10>>10.\n#### 1,010")
+def fake_math(n, offset=0):
+    return [{"problem": f"Compute  ${i}+{i}$.", "solution": f"We get $\\boxed{{{2 * i}}}$.", "level": "Level 1",
+             "type": "Algebra", "idx": offset + i} for i in range(n)]
+
+
+@pytest.fixture
+def gsm_dir(tmp_path):
+    write_jsonl(tmp_path / "gsm8k" / "test.jsonl", fake_gsm(1200))
+    return tmp_path
+
+
+def test_gsm8k_gold_and_steps():
+    gold, steps = gsm8k_solution("She has 3*4=<<3*4=12>>12 eggs.\n\nThen 12-2=<<12-2=10>>10.\n#### 1,010")
     assert gold == "1010" and steps == ("She has 3*4=12 eggs.", "Then 12-2=10.")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="####"):
         gsm8k_solution("no final answer")
+    with pytest.raises(ValueError, match="empty"):
+        gsm8k_solution("steps\n####  ")
 
 
-def test_data_dir_argument_and_env(tmp_path, monkeypatch):
-    write_gsm(tmp_path, fake_rows(30))
-    probs = load_problems("gsm8k", "test", data_dir=str(tmp_path))
-    assert len(probs) == 30 and probs[5].answer == "6" and probs[5].steps == ("We add 6.",)
-    assert probs[5].id == "gsm8k-test-5" and probs[5].source == "gsm8k" and probs[5].split == "test"
-    monkeypatch.setenv("CTRLS_DATA_DIR", str(tmp_path))
-    assert load_problems("gsm8k", "test") == probs
+def test_gsm8k_rows_from_a_data_dir(gsm_dir):
+    probs = load_problems("gsm8k", "test", data_dir=str(gsm_dir))
+    p = probs[1005]
+    assert len(probs) == 1200 and p.answer == "1006" and p.steps == ("He has 1005+1=1006 pens.",)
+    assert (p.id, p.source, p.split) == ("gsm8k-test-1005", "gsm8k", "test")
+    assert p.question == "Tom has 1005 pens and buys 1. How many now?" and "####" in p.meta["solution"]
 
 
-def test_seeded_subsets_are_deterministic_and_nested(tmp_path):
-    write_gsm(tmp_path, fake_rows(50))
-    a = load_problems("gsm8k", "test", n=10, seed=3, data_dir=str(tmp_path))
-    b = load_problems("gsm8k", "test", n=10, seed=3, data_dir=str(tmp_path))
-    c = load_problems("gsm8k", "test", n=20, seed=3, data_dir=str(tmp_path))
-    d = load_problems("gsm8k", "test", n=10, seed=4, data_dir=str(tmp_path))
-    assert a == b and c[:10] == a and a != d
-    with pytest.raises(DataError, match="only 50"):
-        load_problems("gsm8k", "test", n=51, data_dir=str(tmp_path))
+def test_env_var_locates_the_data(gsm_dir, monkeypatch):
+    monkeypatch.setenv("CTRLS_DATA_DIR", str(gsm_dir))
+    assert data.resolve_data_dir() == gsm_dir
+    assert len(load_problems("gsm8k", "test")) == 1200
+    monkeypatch.setenv("CTRLS_DATA_DIR", str(gsm_dir / "missing"))
+    with pytest.raises(DataError, match="CTRLS_DATA_DIR"):
+        load_problems("gsm8k", "test")
+
+
+def test_default_dirs_beside_the_repo_then_beside_the_cwd(tmp_path, monkeypatch):
+    monkeypatch.delenv("CTRLS_DATA_DIR", raising=False)
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "repo").mkdir()
+    monkeypatch.setattr(ctrls, "__file__", str(tmp_path / "repo" / "ctrls" / "__init__.py"))
+    assert data.resolve_data_dir() == tmp_path / "shared" / "data"
+    monkeypatch.setattr(ctrls, "__file__", str(tmp_path / "elsewhere" / "x" / "ctrls" / "__init__.py"))
+    monkeypatch.chdir(tmp_path / "repo")
+    assert data.resolve_data_dir() == tmp_path / "shared" / "data"
+
+
+def test_seeded_subsets_are_deterministic_and_nested(gsm_dir):
+    a = load_problems("gsm8k", "test", n=10, seed=3, data_dir=gsm_dir)
+    b = load_problems("gsm8k", "test", n=10, seed=3, data_dir=gsm_dir)
+    c = load_problems("gsm8k", "test", n=25, seed=3, data_dir=gsm_dir)
+    d = load_problems("gsm8k", "test", n=10, seed=4, data_dir=gsm_dir)
+    assert [p.id for p in a] == [p.id for p in b] == [p.id for p in c[:10]]
+    assert [p.id for p in a] != [p.id for p in d] and len({p.id for p in c}) == 25
+    assert [p.id for p in a] != [f"gsm8k-test-{i}" for i in range(10)]  # a shuffle, not the head
+    with pytest.raises(DataError, match="only 1200"):
+        load_problems("gsm8k", "test", n=1201, data_dir=gsm_dir)
 
 
 def test_malformed_rows_are_counted_and_thresholded(tmp_path, caplog):
-    rows = fake_rows(200) + ["{not json", {"question": "no answer"}, {"question": "q", "answer": "no hashes"}]
-    write_gsm(tmp_path, rows)
-    with caplog.at_level(logging.WARNING):
-        probs = load_problems("gsm8k", "test", data_dir=str(tmp_path), max_bad_fraction=0.05)
-    assert len(probs) == 200
-    assert "not valid JSON" in caplog.text and "no '####'" in caplog.text
-    with pytest.raises(DataError, match="3 of 203 rows are malformed"):
-        load_problems("gsm8k", "test", data_dir=str(tmp_path), max_bad_fraction=0.01)
+    bad = ["{not json", {"question": "Who?"}, {"question": "How many?", "answer": "no final marker"},
+           {"question": "", "answer": "x\n#### 3"}, {"question": "How many?", "answer": "x\n#### 4"}]
+    write_jsonl(tmp_path / "gsm8k" / "test.jsonl", fake_gsm(195) + bad)
+    with caplog.at_level(logging.WARNING, logger="ctrls.data"):
+        probs = load_problems("gsm8k", "test", data_dir=tmp_path, max_bad_fraction=0.05)
+    assert len(probs) == 196 and probs[-1].answer == "4"
+    assert "1 malformed row(s): not a JSON object" in caplog.text
+    assert "2 malformed row(s): missing or empty question/answer" in caplog.text
+    assert "1 malformed row(s): no '####' final answer" in caplog.text
+    with pytest.raises(DataError, match=r"4 of 200 rows are malformed.*e\.g\. row 195"):
+        load_problems("gsm8k", "test", data_dir=tmp_path, max_bad_fraction=0.01)
 
 
-def test_missing_data_names_both_ways(monkeypatch, tmp_path):
-    monkeypatch.delenv("CTRLS_DATA_DIR", raising=False)
+def test_math_splits_from_a_data_dir(tmp_path, caplog):
+    full = fake_math(12)
+    full[7]["solution"] = "No box here."  # a train row without \boxed{}: skipped
+    m500 = [{"problem": "Compute $3+3$.", "solution": "It is $\\boxed{6}$.", "answer": "6", "subject": "Algebra",
+             "level": 1, "unique_id": "test/algebra/3.json"},
+            {"problem": "Compute $5+5$.", "solution": "So $\\boxed{10}$.", "answer": "10", "subject": "Algebra",
+             "level": 2, "unique_id": "test/algebra/5.json"}]
+    write_jsonl(tmp_path / "math" / "math_test_full.jsonl", full)
+    write_jsonl(tmp_path / "math" / "math500_test.jsonl", m500)
+    test = load_problems("math", "test", data_dir=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="ctrls.data"):
+        train = load_problems("math", "train", data_dir=tmp_path, max_bad_fraction=0.2)
+    assert [p.id for p in test] == ["math-test/algebra/3.json", "math-test/algebra/5.json"]
+    assert test[1].answer == "10" and test[1].meta["subject"] == "Algebra" and test[1].meta["level"] == 2
+    # 12 - 2 in MATH-500 (matched despite the double space) - 1 without \boxed{}
+    assert [p.id for p in train] == [f"math-{i}" for i in (0, 1, 2, 4, 6, 8, 9, 10, 11)]
+    assert train[3].answer == "8" and train[3].meta["type"] == "Algebra" and train[3].split == "train"
+    assert "no \\boxed{} answer in the solution" in caplog.text
+
+
+def test_math_steps():
+    sol = ("First line.\n[asy]\ndraw((0,0)--(1,1));\n[/asy]\nThen \\begin{align*}\na &= 1 \\\\\nb &= 2\n\\end{align*}"
+           "\n$$x\n= 2$$\n" + "We know $x. y$ is fine. " * 12 + "So $\\boxed{3}$.")
+    steps = math_steps(sol)
+    assert steps[0] == "First line."
+    assert steps[1] == "Then \\begin{align*} a &= 1 \\\\ b &= 2 \\end{align*}"
+    assert steps[2] == "$$x = 2$$"
+    assert steps[3:] == ("We know $x. y$ is fine.",) * 12 + ("So $\\boxed{3}$.",)
+    assert not any("\n" in s or "asy" in s for s in steps)
+
+
+def test_missing_data_names_both_ways(monkeypatch):
     monkeypatch.setattr(data, "resolve_data_dir", lambda d=None: None)
-    monkeypatch.setitem(__import__("sys").modules, "datasets", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
     with pytest.raises(DataError) as e:
         load_problems("gsm8k", "test")
-    assert "CTRLS_DATA_DIR" in str(e.value) and "datasets" in str(e.value)
+    assert "CTRLS_DATA_DIR" in str(e.value) and "data.data_dir" in str(e.value)
+    assert "pip install datasets" in str(e.value) and "not installed" in str(e.value)
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    with pytest.raises(DataError, match=r"(?s)no network.*CTRLS_DATA_DIR.*pip install datasets"):
+        load_problems("math", "test")
 
 
-def test_bad_data_dir_and_dataset_names(tmp_path):
+def test_hub_is_used_when_there_is_no_data_dir(monkeypatch):
+    monkeypatch.setattr(data, "resolve_data_dir", lambda d=None: None)
+    calls = []
+
+    def load_dataset(name, config, split):
+        calls.append((name, config, split))
+        return fake_gsm(3)
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    probs = load_problems("gsm8k", "train")
+    assert calls == [("openai/gsm8k", "main", "train")] and [p.answer for p in probs] == ["1", "2", "3"]
+
+
+def test_bad_names_and_files(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
-        load_problems("gsm8k", "test", data_dir=str(tmp_path / "nope"))
-    with pytest.raises(DataError, match="unknown dataset"):
+        load_problems("gsm8k", "test", data_dir=tmp_path / "nope")
+    with pytest.raises(DataError, match="known: gsm8k, math, gsm_symbolic"):
         load_problems("svamp", "test")
+    with pytest.raises(DataError, match="unknown split 'dev'"):
+        load_problems("gsm8k", "dev")
+    with pytest.raises(DataError, match="math500_test.jsonl not found"):
+        load_problems("math", "test", data_dir=tmp_path)
 
 
-@requires_data
-def test_real_splits(monkeypatch):
-    monkeypatch.delenv("CTRLS_DATA_DIR", raising=False)
-    assert data.resolve_data_dir() == SHARED_DATA
-    test = load_problems("math", "test")
-    train = load_problems("math", "train")
-    assert len(test) == 500 and len(train) == 4500
-    assert not {p.question for p in test} & {p.question for p in train}
-    assert len(load_problems("gsm8k", "train")) == 7473 and len(load_problems("gsm8k", "test")) == 1319
+def test_problems_from_config(gsm_dir):
+    cfg = load_config("smoke", {"data.dataset": "gsm8k", "data.data_dir": str(gsm_dir), "data.n_test": 7,
+                                "data.seed": 5})
+    probs = problems_from_config(cfg, "test")
+    assert [p.id for p in probs] == [p.id for p in load_problems("gsm8k", "test", n=7, seed=5, data_dir=gsm_dir)]
 
 
 def test_gsm_symbolic_is_generated_offline():
-    probs = load_problems("gsm_symbolic", "test", n=3)
-    assert len(probs) == 3 and all(p.source == "gsm_symbolic" and p.answer and p.steps for p in probs)
+    a = load_problems("gsm_symbolic", "test", n=3, seed=1)
+    b = load_problems("gsm_symbolic", "test", n=6, seed=1)
+    train = load_problems("gsm_symbolic", "train", n=6, seed=1)
+    assert a == b[:3] and [p.id for p in a] == ["gsm_symbolic-test-s1-0", "gsm_symbolic-test-s1-1", "gsm_symbolic-test-s1-2"]
+    assert all(p.source == "gsm_symbolic" and p.answer and p.steps and "####" not in "".join(p.steps) for p in b)
+    assert not {p.question for p in b} & {p.question for p in train}
+
+
+@requires_data
+@pytest.mark.integration
+def test_real_splits(monkeypatch):
+    monkeypatch.delenv("CTRLS_DATA_DIR", raising=False)
+    assert data.resolve_data_dir() == SHARED_DATA
+    test, train = load_problems("math", "test"), load_problems("math", "train")
+    assert len(test) == 500 and len(train) == 4500
+    assert len({p.id for p in test + train}) == 5000
+    assert not {" ".join(p.question.split()) for p in test} & {" ".join(p.question.split()) for p in train}
+    assert all(p.answer == last_boxed(p.meta["solution"]) and p.steps for p in train)
+    assert len(load_problems("gsm8k", "train")) == 7473 and len(load_problems("gsm8k", "test")) == 1319

@@ -1,3 +1,6 @@
+"""pass@k (paper and unbiased), Succ., and bootstrap intervals, on hand-computed cases."""
+from math import comb
+
 import numpy as np
 import pytest
 
@@ -14,15 +17,37 @@ def test_hand_computed_cases():
     assert pass_at_k_unbiased(4, 1, 2) == pytest.approx(0.5)
     assert pass_at_k_unbiased(4, 0, 3) == 0.0 and pass_at_k_unbiased(4, 2, 3) == 1.0
     assert pass_at_k(C, 1) == pytest.approx(np.mean([0.25, 0.0, 1.0]))
+    assert pass_at_k(C, 2) == pytest.approx(np.mean([0.5, 0.0, 1.0]))
+
+
+def test_unbiased_estimator_matches_the_binomial_formula():
+    for n, c, k in [(20, 3, 5), (20, 0, 1), (10, 9, 2), (200, 7, 20)]:
+        assert pass_at_k_unbiased(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k), rel=1e-10)
+    with pytest.raises(ValueError):
+        pass_at_k_unbiased(4, 5, 2)
+
+
+def test_vectorised_pass_at_k_equals_the_scalar_estimator():
+    M = np.random.default_rng(3).random((40, 12)) < 0.2
+    for k in (1, 3, 12):
+        assert pass_at_k(M, k) == pytest.approx(np.mean([pass_at_k_unbiased(12, int(r.sum()), k) for r in M]))
 
 
 def test_unbiased_estimator_equals_the_papers_definition_at_k_equals_n():
-    rng = np.random.default_rng(0)
-    M = rng.random((50, 20)) < 0.07
+    M = np.random.default_rng(0).random((50, 20)) < 0.07
     assert pass_at_k(M, 20) == pytest.approx(pass_at_k_paper(M))
     assert pass_at_k(M, 1) == pytest.approx(M.mean())
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="k=21"):
         pass_at_k(M, 21)
+
+
+def test_bad_shapes_are_errors():
+    with pytest.raises(ValueError, match="shape"):
+        pass_at_k_paper(np.zeros(5, dtype=bool))
+    with pytest.raises(ValueError, match="shape"):
+        success_rate(np.zeros((0, 4), dtype=bool))
+    with pytest.raises(ValueError, match="finite"):
+        bootstrap_ci(np.array([0.5, np.nan]))
 
 
 def test_confidence_intervals_cover_and_shrink():
@@ -31,19 +56,27 @@ def test_confidence_intervals_cover_and_shrink():
     large = rng.random((400, 8)) < 0.05
     v, lo, hi = metric_with_ci(small, pass_at_k_paper, n_boot=500)
     V, LO, HI = metric_with_ci(large, pass_at_k_paper, n_boot=500)
-    assert lo <= v <= hi and LO <= V <= HI
+    assert v == pass_at_k_paper(small) and lo <= v <= hi and LO <= V <= HI
     assert (HI - LO) < (hi - lo) / 2
-    m, l, h = bootstrap_ci(np.r_[np.zeros(50), np.ones(50)], n_boot=500)
-    assert m == 0.5 and l < 0.5 < h
+    m, lo, hi = bootstrap_ci(np.r_[np.zeros(50), np.ones(50)], n_boot=500)
+    assert m == 0.5 and lo < 0.5 < hi and hi - lo < 0.3
+    M, LO, HI = bootstrap_ci(np.r_[np.zeros(500), np.ones(500)], n_boot=500)
+    assert M == 0.5 and (HI - LO) < (hi - lo) / 2
+    assert bootstrap_ci(np.full(10, 0.3), n_boot=50) == pytest.approx((0.3, 0.3, 0.3))
 
 
 def test_paired_bootstrap():
     rng = np.random.default_rng(2)
     a = rng.random((60, 5)) < 0.3
     same = paired_bootstrap(a, a, pass_at_k_paper, n_boot=300)
-    assert same["diff"] == 0 and same["lo"] == 0 and same["hi"] == 0 and same["p_value"] == 1.0
+    assert same == {"diff": 0.0, "lo": 0.0, "hi": 0.0, "p_value": 1.0}
     better = a | (rng.random(a.shape) < 0.5)
     res = paired_bootstrap(better, a, pass_at_k_paper, n_boot=300)
+    assert res["diff"] == pytest.approx(pass_at_k_paper(better) - pass_at_k_paper(a))
     assert res["diff"] > 0 and res["lo"] > 0 and res["p_value"] < 0.05
-    with pytest.raises(ValueError):
+    rev = paired_bootstrap(a, better, pass_at_k_paper, n_boot=300)
+    assert rev["diff"] == -res["diff"] and rev["hi"] < 0 and rev["p_value"] < 0.05
+    noise = paired_bootstrap(rng.random((60, 5)) < 0.3, a, pass_at_k_paper, n_boot=300)
+    assert noise["p_value"] > 0.05
+    with pytest.raises(ValueError, match="same questions"):
         paired_bootstrap(a, a[:10], pass_at_k_paper)
