@@ -1,35 +1,41 @@
-"""The rubric judge of Table 3 and Appendix D ("GPT-as-judge").
+"""The rubric judge of Table 3 and Appendix D ("GPT-as-judge Evaluation Details").
 
-1. Subsample up to 100 outputs per configuration (seeded).
-2. Build a prompt with the question, the gold answer, the numbered steps and the final answer,
-   asking for JSON scores from 1 to 10 for self-reflection, algebra, coherence, hallucination
-   and overall, at temperature 0.1.
-3. Parse the JSON; on failure fall back to a regex, then to the default (the scale's midpoint);
-   out-of-range scores are clipped. Every fallback is counted and shown in the table.
+Appendix D's pipeline, step by step:
+1. Sampling: ``subsample`` draws up to 100 outputs per configuration (seeded).
+2. Prompt construction: ``build_prompt`` gives the question, the ground-truth answer, the
+   numbered reasoning steps and the model's final answer.
+3. Evaluation: a judge model (GPT-4 in the paper, temperature 0.1) answers strictly in JSON
+   with integer scores from 1 to 10 for self-reflection, algebra, coherence, hallucination and
+   overall quality.
+4. Post-processing: ``parse_scores`` reads the JSON; "when parsing fails, we apply simple regex
+   extraction or fall back to default values" -- the default is the scale's midpoint, 5.5.
+   Out-of-range scores are clipped to 1..10. Every fallback is recorded per score and counted
+   in ``rubric_table``, so a table built on defaults says so.
 
-Backends: any OpenAI-compatible server through the ``openai`` client (GPT-4 when OPENAI_API_KEY
-is set; vLLM, Ollama or ``transformers serve`` via ``base_url``), or a local transformers model.
-Every judgement is cached on disk, keyed by backend, model, temperature and a hash of the prompt,
-so re-rendering the book costs nothing. The API key is read from the environment only and is
-never written anywhere.
+Backends: any OpenAI-compatible chat-completions server through the ``openai`` client
+(``OpenAIBackend``: GPT-4 when OPENAI_API_KEY is set; vLLM, Ollama or ``transformers serve`` via
+``base_url``), or a local transformers model (``LocalBackend``). Every reply is cached on disk,
+keyed by the backend, model, base URL, temperature and prompt, so re-rendering the book or
+resuming an interrupted run costs nothing. The API key is read from the environment only; it
+is neither part of the cache key nor written anywhere.
 
-On "hallucination": the paper's criterion is "reduction of hallucinated steps" and its table
-header carries a down arrow, yet its values are on the same higher-is-better scale as the other
-criteria. We ask for the reduction (10 = no hallucinated step), so every column is higher-is-better.
+On "hallucination": Appendix D's criterion is the *reduction* of hallucinated steps, and Table
+3's values (8.51 ... 8.68) sit on the same scale as the other criteria, yet the table's header
+reads "H↓". We ask for the reduction (10 = no hallucinated step), so every column, H included,
+is higher-is-better. (Table 3's caption also says "0-10" where Appendix D says 1-10; we use 1-10.)
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import math
 import os
 import re
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from time import sleep
+from typing import NamedTuple, Protocol, Sequence
 
-import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -37,19 +43,24 @@ log = logging.getLogger(__name__)
 
 CRITERIA = ("self_reflection", "algebra", "coherence", "hallucination", "overall")
 LABELS = {"self_reflection": "S", "algebra": "A", "coherence": "C", "hallucination": "H", "overall": "Overall"}
-DEFAULT_SCORE = 5.5  # the midpoint of 1..10, used when a score cannot be read
+DEFAULT_SCORE = 5.5  # the midpoint of 1..10: the score of a criterion that cannot be read from the reply
+PARSE_LEVELS = ("json", "regex", "clipped", "default")  # how a score was read, from best to worst
+REQUIRED_COLUMNS = ("config", "question", "gold", "steps", "pred")
 
 SYSTEM = "You are a strict grader of step-by-step math solutions. Respond with JSON only."
+# The format line uses placeholders, not numbers: a judge that echoes it verbatim gets defaults
+# (counted) instead of plausible-looking scores.
 INSTRUCTIONS = """Score the solution below on each criterion with an integer from 1 (worst) to 10 (best):
 - "self_reflection": does it check or validate its own intermediate results?
 - "algebra": are the calculations and algebraic manipulations correct?
 - "coherence": does each step follow logically from the previous ones?
 - "hallucination": are hallucinated steps avoided (10 = no step invents facts or numbers)?
 - "overall": the overall quality of the reasoning.
-Respond strictly with one JSON object with exactly these keys, for example:
-{"self_reflection": 6, "algebra": 8, "coherence": 7, "hallucination": 9, "overall": 7}"""
+Respond strictly with one JSON object with exactly these keys and integer values:
+{"self_reflection": <score>, "algebra": <score>, "coherence": <score>, "hallucination": <score>, "overall": <score>}"""
 
-# Table 3 of the paper: GPT-4 rubric scores on GSM8K with Qwen2.5-3B-Instruct (100 samples each).
+# Table 3 of the paper: GPT-4 rubric scores on GSM8K with Qwen2.5-3B-Instruct, 100 samples per
+# setting (epsilon: exploration rate of the RL policy, H: entropy weight). Copied from the LaTeX.
 PAPER_TABLE3 = pd.DataFrame(
     [("Base", 7.62, 8.44, 8.23, 8.51, 8.05),
      ("ε=0.0, H=0.0", 7.82, 8.83, 8.43, 8.66, 8.34),
@@ -64,61 +75,81 @@ class JudgeError(RuntimeError):
     pass
 
 
-# ---- prompt and parsing -----------------------------------------------------------------------------
+# ---- prompt (Appendix D, step 2) --------------------------------------------------------------------
 
 
 def build_prompt(question: str, gold: str, steps: Sequence[str], pred: str | None) -> list[dict]:
+    """Chat messages asking for the five rubric scores of one solution."""
     numbered = "\n".join(f"Step {i}: {s}" for i, s in enumerate(steps, 1)) or "(no steps)"
+    answer = "(none)" if pred is None or (isinstance(pred, float) and math.isnan(pred)) else pred
     user = (f"{INSTRUCTIONS}\n\nQuestion: {question}\nGround-truth answer: {gold}\n\nSolution:\n{numbered}\n\n"
-            f"Final answer given: {pred if pred is not None else '(none)'}")
+            f"Final answer given: {answer}")
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 
-_KEY_RE = {k: re.compile(rf"{k.replace('_', '[ _-]?')}\W{{0,6}}?(-?\d+(?:\.\d+)?)", re.IGNORECASE) for k in CRITERIA}
+# ---- parsing (Appendix D, step 4) -------------------------------------------------------------------
 
 
-def _json_objects(text: str):
-    """Every {...} object in the text that parses as JSON (innermost first)."""
-    for m in re.finditer(r"\{[^{}]*\}", text, re.DOTALL):
+class Parsed(NamedTuple):
+    scores: dict[str, float]  # one score in 1..10 per criterion
+    how: str  # the worst way any score was read: json < regex < clipped < default
+    per_key: dict[str, str]  # how each score was read (one of PARSE_LEVELS)
+
+
+# "algebra": 7 | Algebra: 7/10 | coherence = 8 | **Self-reflection score**: 4 | hallucinations 9.
+# A number that starts a range ("overall (1-10): 7") is not a score.
+_KEY_RE = {k: re.compile(rf"{k.replace('_', '[ _-]?')}s?(?:\W*score)?\W{{0,6}}?(-?\d+(?:\.\d+)?)(?!\d|\.\d|\s*-\s*\d)",
+                         re.IGNORECASE) for k in CRITERIA}
+
+
+def _norm_key(key: str) -> str:
+    return re.sub(r"[^a-z]+", "_", key.lower()).strip("_")
+
+
+def _json_scores(text: str) -> dict:
+    """The {...} object in the text (bare, in prose or in a ```json fence) that names the most
+    criteria, with its keys normalised ("Self-Reflection" -> "self_reflection"); {} if none."""
+    best: dict = {}
+    for m in re.finditer(r"\{[^{}]*\}", text):
         try:
             obj = json.loads(m.group(0))
-        except json.JSONDecodeError:
+        except ValueError:
             continue
         if isinstance(obj, dict):
-            yield obj
+            obj = {_norm_key(str(k)): v for k, v in obj.items()}
+            if sum(k in obj for k in CRITERIA) > sum(k in best for k in CRITERIA):
+                best = obj
+    return best
 
 
-def parse_scores(text: str) -> tuple[dict[str, float], dict[str, str]]:
-    """Scores per criterion and, per criterion, how it was read: json, regex, clipped or default."""
-    scores: dict[str, float] = {}
-    how: dict[str, str] = {}
-    obj = next((o for o in _json_objects(text or "") if set(CRITERIA) & set(o)), {})
+def parse_scores(text: str | None) -> Parsed:
+    """Read the five scores from a judge's reply; never raises.
+
+    Per criterion: a number under its key in a JSON object ("json"); else the regex ``_KEY_RE``
+    on the whole reply ("regex"); else ``DEFAULT_SCORE`` ("default"). A number outside 1..10 is
+    clipped into it ("clipped"); a non-numeric or non-finite value counts as unreadable.
+    """
+    text = text if isinstance(text, str) else ""
+    obj = _json_scores(text)
+    scores, per_key = {}, {}
     for k in CRITERIA:
-        v, src = obj.get(k), "json"
+        v, how = obj.get(k), "json"
         if not isinstance(v, (int, float)) or isinstance(v, bool):
-            m = _KEY_RE[k].search(text or "")
-            v, src = (float(m.group(1)), "regex") if m else (None, "default")
-        if v is None or not np.isfinite(v):
-            scores[k], how[k] = DEFAULT_SCORE, "default"
-            continue
-        if not 1 <= v <= 10:
-            v, src = float(min(10, max(1, v))), "clipped"
-        scores[k], how[k] = float(v), src
-    return scores, how
+            m = _KEY_RE[k].search(text)
+            v, how = (float(m.group(1)), "regex") if m else (None, "default")
+        if v is None or not math.isfinite(v):
+            v, how = DEFAULT_SCORE, "default"
+        elif not 1 <= v <= 10:
+            v, how = min(10.0, max(1.0, v)), "clipped"
+        scores[k], per_key[k] = float(v), how
+    return Parsed(scores, max(per_key.values(), key=PARSE_LEVELS.index), per_key)
 
 
-def worst(how: dict[str, str]) -> str:
-    for level in ("default", "clipped", "regex"):
-        if level in how.values():
-            return level
-    return "json"
-
-
-# ---- backends -----------------------------------------------------------------------------------------
+# ---- backends (Appendix D, step 3) ------------------------------------------------------------------
 
 
 class Backend(Protocol):
-    name: str
+    name: str  # "openai" or "local"
     model: str
     base_url: str | None
 
@@ -126,45 +157,66 @@ class Backend(Protocol):
 
 
 class OpenAIBackend:
-    """Any OpenAI-compatible chat-completions server, with retries and exponential backoff on
-    429, 5xx, timeouts and connection errors."""
+    """Any OpenAI-compatible chat-completions server through the ``openai`` client.
+
+    The API key comes from OPENAI_API_KEY only (a server at ``base_url`` that needs none gets a
+    dummy). Requests that fail with HTTP 408/429/5xx, a timeout or a connection error are retried
+    ``max_retries`` times, after ``backoff_s * 2**attempt`` seconds; then, or on any other HTTP
+    error, a ``JudgeError`` says what failed.
+    """
 
     name = "openai"
 
     def __init__(self, model: str = "gpt-4", base_url: str | None = None, timeout_s: float = 60.0,
-                 max_retries: int = 4, backoff_s: float = 1.0):
+                 max_retries: int = 4, backoff_s: float = 1.0, max_tokens: int = 300):
         import openai
 
         key = os.environ.get("OPENAI_API_KEY")
         if not key and base_url is None:
-            raise JudgeError("the openai judge needs OPENAI_API_KEY in the environment, or a base_url")
-        self.model, self.base_url, self.max_retries, self.backoff_s = model, base_url, max_retries, backoff_s
+            raise JudgeError("the openai judge needs OPENAI_API_KEY in the environment, or judge.base_url "
+                             "(an OpenAI-compatible server)")
+        self.model, self.base_url = model, base_url
+        self.max_retries, self.backoff_s, self.max_tokens = max_retries, backoff_s, max_tokens
         self._openai = openai
         self._client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url, timeout=timeout_s, max_retries=0)
 
+    def _describe(self, e: Exception) -> str:
+        """The error, naming the model and server, with the API key masked should a server echo it."""
+        msg = f"{type(e).__name__}: {e}"
+        key = os.environ.get("OPENAI_API_KEY")
+        return (msg.replace(key, "***") if key else msg) + f" (model {self.model!r}, {self.base_url or 'api.openai.com'})"
+
     def complete(self, messages: list[dict], temperature: float) -> str:
         o = self._openai
-        for attempt in range(self.max_retries + 1):
+        attempt = 0
+        while True:
             try:
                 r = self._client.chat.completions.create(model=self.model, messages=messages, temperature=temperature,
-                                                         max_tokens=300)
+                                                         max_tokens=self.max_tokens)
                 return r.choices[0].message.content or ""
-            except (o.RateLimitError, o.InternalServerError, o.APITimeoutError, o.APIConnectionError) as e:
-                if attempt == self.max_retries:
-                    raise JudgeError(f"judge request failed after {attempt + 1} attempts: {type(e).__name__}: {e}") from e
-                delay = self.backoff_s * 2 ** attempt
-                log.warning("judge request failed (%s), retrying in %.1f s", type(e).__name__, delay)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+            except o.APIStatusError as e:
+                if e.status_code not in (408, 429) and e.status_code < 500:
+                    raise JudgeError(f"judge request rejected with HTTP {e.status_code}: {self._describe(e)}") from None
+                err: Exception = e
+            except o.APIConnectionError as e:  # includes APITimeoutError
+                err = e
+            if attempt == self.max_retries:
+                raise JudgeError(f"judge request failed after {attempt + 1} attempts: {self._describe(err)}") from None
+            delay = self.backoff_s * 2 ** attempt
+            attempt += 1
+            log.warning("judge request failed (%s), retry %d/%d in %.1f s", type(err).__name__, attempt,
+                        self.max_retries, delay)
+            sleep(delay)
 
 
 class LocalBackend:
-    """A local transformers chat model (offline)."""
+    """A local transformers chat model (offline): the chat template, then greedy decoding at
+    temperature 0 or sampling (seeded by the prompt, so a reply is reproducible) above it."""
 
     name = "local"
     base_url = None
 
-    def __init__(self, model: str = "smollm2-135m-instruct", max_new_tokens: int = 120):
+    def __init__(self, model: str = "smollm2-135m-instruct", max_new_tokens: int = 200):
         from ctrls.backbone import load_backbone
 
         self.model, self.max_new_tokens = model, max_new_tokens
@@ -174,18 +226,23 @@ class LocalBackend:
         import torch
 
         tok, m = self._bb.tokenizer, self._bb.model
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-        ids = {k: v.to(self._bb.device) for k, v in ids.items()}
-        with torch.no_grad():
-            out = m.generate(**ids, max_new_tokens=self.max_new_tokens, do_sample=temperature > 0,
+        enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        enc = {k: v.to(self._bb.device) for k, v in enc.items()}
+        seed = int(hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:8], 16)
+        with torch.no_grad(), torch.random.fork_rng():
+            torch.manual_seed(seed)
+            out = m.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=temperature > 0,
                              temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
-                             pad_token_id=tok.pad_token_id)
-        return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+                             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        return tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
 def make_backend(jc) -> Backend:
-    """``judge.backend``: auto (openai when OPENAI_API_KEY or base_url is set, else local), openai, local."""
-    use_openai = jc.backend == "openai" or (jc.backend == "auto" and (os.environ.get("OPENAI_API_KEY") or jc.base_url))
+    """The backend of a ``JudgeConfig``. ``backend``: "auto" (openai when OPENAI_API_KEY or
+    ``base_url`` is set, else local), "openai" or "local"."""
+    if jc.backend not in ("auto", "openai", "local"):
+        raise JudgeError(f"judge.backend must be auto, openai or local, not {jc.backend!r}")
+    use_openai = jc.backend == "openai" or (jc.backend == "auto" and bool(os.environ.get("OPENAI_API_KEY") or jc.base_url))
     if use_openai:
         return OpenAIBackend(jc.model, jc.base_url, jc.timeout_s, jc.max_retries)
     return LocalBackend(jc.local_model, jc.local_max_new_tokens)
@@ -195,48 +252,70 @@ def make_backend(jc) -> Backend:
 
 
 def subsample(df: pd.DataFrame, per_config: int = 100, seed: int = 0) -> pd.DataFrame:
-    """Up to ``per_config`` rows of each ``config`` value, seeded."""
+    """Up to ``per_config`` rows of each ``config`` value, drawn with ``seed`` (the same rows for
+    the same input in the same order)."""
     parts = [g.sample(n=min(per_config, len(g)), random_state=seed) for _, g in df.groupby("config", sort=False)]
     return pd.concat(parts).reset_index(drop=True) if parts else df.iloc[:0]
 
 
 def cache_key(backend: Backend, messages: list[dict], temperature: float) -> str:
+    """sha256 of what determines a reply: backend, model, base URL, temperature and prompt."""
     payload = json.dumps({"backend": backend.name, "model": backend.model, "base_url": backend.base_url,
                           "temperature": temperature, "messages": messages}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def judge_one(backend: Backend, messages: list[dict], cache_dir: Path, temperature: float) -> tuple[str, bool]:
-    """The raw reply (from the cache when present) and whether it was cached."""
+    """The raw reply, from ``cache_dir/<cache_key>.json`` when present, and whether it was cached.
+
+    The file holds the reply and, for reading by eye, its parse; callers re-parse the reply, so a
+    parser change applies to cached replies too. An unreadable file is replaced by a new reply.
+    """
     f = Path(cache_dir) / f"{cache_key(backend, messages, temperature)}.json"
     if f.exists():
-        return json.loads(f.read_text())["reply"], True
+        try:
+            return json.loads(f.read_text())["reply"], True
+        except (ValueError, KeyError, TypeError):
+            log.warning("unreadable judge cache file %s: asking the judge again", f)
     reply = backend.complete(messages, temperature)
-    tmp = f.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"backend": backend.name, "model": backend.model, "reply": reply}))
+    parsed = parse_scores(reply)
+    record = {"backend": backend.name, "model": backend.model, "temperature": temperature, "messages": messages,
+              "reply": reply, "scores": parsed.scores, "how": parsed.how, "per_key": parsed.per_key}
+    tmp = f.with_name(f"{f.stem}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(f)
     return reply, False
 
 
 def judge_samples(df: pd.DataFrame, backend: Backend, cache_dir: str | Path, temperature: float = 0.1,
                   progress: bool = True) -> pd.DataFrame:
-    """Score every row (question, gold, steps, pred); adds one column per criterion and the parse path."""
+    """Score every row (``question``, ``gold``, ``steps``, ``pred``) with the judge.
+
+    Returns ``df`` with one column per criterion (``CRITERIA``), ``parse`` (the worst way a
+    score of the row was read), ``parse_<criterion>``, ``judge_backend``, ``judge_model`` and
+    ``cached``. Replies are cached as they come, so a run stopped by a ``JudgeError`` resumes.
+    """
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"judge_samples needs the columns {list(REQUIRED_COLUMNS)}; missing: {missing}")
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for r in tqdm(df.itertuples(index=False), total=len(df), desc=f"judge ({backend.name}:{backend.model})",
                   disable=not progress):
-        msgs = build_prompt(r.question, r.gold, list(r.steps), r.pred)
-        reply, cached = judge_one(backend, msgs, cache_dir, temperature)
-        scores, how = parse_scores(reply)
-        rows.append({**scores, "parse": worst(how), **{f"parse_{k}": v for k, v in how.items()},
+        steps = [] if r.steps is None else list(r.steps)
+        reply, cached = judge_one(backend, build_prompt(r.question, r.gold, steps, r.pred), cache_dir, temperature)
+        p = parse_scores(reply)
+        rows.append({**p.scores, "parse": p.how, **{f"parse_{k}": v for k, v in p.per_key.items()},
                      "judge_backend": backend.name, "judge_model": backend.model, "cached": cached})
-    return pd.concat([df.reset_index(drop=True), pd.DataFrame(rows)], axis=1)
+    columns = [*CRITERIA, "parse", *(f"parse_{k}" for k in CRITERIA), "judge_backend", "judge_model", "cached"]
+    return pd.concat([df.reset_index(drop=True), pd.DataFrame(rows, columns=columns)], axis=1)
 
 
 def rubric_table(judged: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Per config: n, mean score per criterion with a 95% bootstrap CI over samples, and the
-    number of scores read by regex, clipped, or defaulted."""
+    """Table 3 from judged rows: per config, n, the mean score per criterion as "mean [lo, hi]"
+    with a 95% percentile-bootstrap interval over the judged rows, and how many of the config's
+    n x 5 scores were read by regex, clipped, or defaulted."""
     from ctrls.metrics import bootstrap_ci
 
     out = []
