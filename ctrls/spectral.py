@@ -32,7 +32,7 @@ RANK_RTOL_EPS = torch.finfo(torch.float32).eps  # singular values below max(n, d
 
 
 def _prepare(E: torch.Tensor, normalize: bool, name: str, d: int | None = None) -> torch.Tensor:
-    """Check one step's hidden states (n, d) and return them in float32, divided by sqrt(n) if asked."""
+    """Check one step's hidden states (n, d); return them in float32 (float64 kept), divided by sqrt(n) if asked."""
     if E.dim() != 2:
         raise ValueError(f"step {name}: hidden states must be (n_tokens, d), got shape {tuple(E.shape)}")
     if E.shape[0] == 0:
