@@ -324,12 +324,14 @@ def compute_spectral(cfg: Config, features_dir: Path, out: Path, progress: bool 
     k, norm = cfg.spectral.k, cfg.spectral.normalize
     step_e, prompt_e, index = [], [], []
     for qi, shard in enumerate(tqdm(_shards(features_dir), desc="(c) spectral", unit="q", disable=not progress)):
-        prompt_e.append(spectral_embeddings([shard["question_hidden"].float()], k, norm)[0])
+        prompt_e.append(spectral_embeddings([shard["question_hidden"].float()], k, norm,
+                                            names=[f"{shard['qid']}/question"])[0])
         for ti, tr in enumerate(shard["trajectories"]):
             H = tr["hidden"].float()
             steps = [H[1 + a: 1 + b] for a, b in tr["spans"].tolist()]
             if steps:
-                step_e.append(spectral_embeddings(steps, k, norm))
+                names = [f"{shard['qid']}/traj{ti}/step{t}" for t in range(len(steps))]
+                step_e.append(spectral_embeddings(steps, k, norm, names=names))
             index += [(qi, ti, t) for t in range(len(steps))]
     if not index:
         raise PretrainError("no steps to embed")

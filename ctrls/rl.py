@@ -172,7 +172,7 @@ class Trainer:
         self.opt.step()
         self.step += 1
         return {"step": self.step, "loss": float(loss.detach()), "grad_norm": gnorm,
-                "concentration": float(self.policy.log_c.exp()), **info}
+                "concentration": float(self.policy.log_c.detach().exp()), **info}
 
     def run(self, steps: int, progress: bool = True) -> pd.DataFrame:
         rl = self.cfg.rl
