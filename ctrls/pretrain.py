@@ -35,7 +35,7 @@ from ctrls.model import CTRLSConfig, CTRLSModel
 from ctrls.policy import fit_transitions
 from ctrls.prompts import (encode_prompt, encode_solution, final_answer_line, newline_token_ids, split_steps,
                            step_spans)
-from ctrls.runs import Stage, pair_slug
+from ctrls.runs import Stage, pair_slug, safe_name
 from ctrls.sampling import SampleParams, sample, seeded
 from ctrls.spectral import spectral_embeddings
 from ctrls.states import fit_states
@@ -277,7 +277,7 @@ def cache_features(cfg: Config, bb: Backbone, problems: list[Problem], collect_d
     n_traj = 0
     groups = list(traj.groupby("qid", sort=False))
     for qid, g in tqdm(groups, desc="(b) hidden states", unit="q", disable=not progress):
-        f = out / f"{_safe(qid)}.pt"
+        f = out / f"{safe_name(qid)}.pt"
         if f.exists():
             n_traj += len(g)
             continue
@@ -307,10 +307,6 @@ def cache_features(cfg: Config, bb: Backbone, problems: list[Problem], collect_d
         tmp.replace(f)
         n_traj += len(items)
     return {"trajectories": n_traj, "questions": len(groups)}
-
-
-def _safe(qid: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in qid)
 
 
 def _shards(features_dir: Path) -> list[dict]:

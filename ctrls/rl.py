@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from ctrls.config import Config
 from ctrls.policy import TransitionPolicy
+from ctrls.runs import safe_name
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             runs.setdefault((s.epsilon, s.alpha, rl.seeds[0]), s)
         for (eps, alpha, seed), setting in runs.items():
             model = copy.deepcopy(pretrained)
-            out = stage.dir / pair / f"{_safe(setting.name)}__seed{seed}"
+            out = stage.dir / pair / f"{safe_name(setting.name)}__seed{seed}"
 
             def sampler(qs, G, eps, g, model=model):
                 trajs = []
@@ -307,7 +308,7 @@ def _table2_samples(cfg: Config, root: Path, setting: Setting, model, test, enc_
 
     out = root / "table2.parquet"
     out.mkdir(parents=True, exist_ok=True)
-    part = out / f"{pair_slug(cfg.backbone.name, cfg.data.dataset)}__{_safe(setting.name)}.parquet"
+    part = out / f"{pair_slug(cfg.backbone.name, cfg.data.dataset)}__{safe_name(setting.name)}.parquet"
     if part.exists():
         return
     res = generate(model, test, enc_test, list(range(len(test))), cfg.grid.n_samples, setting.epsilon,
@@ -316,10 +317,6 @@ def _table2_samples(cfg: Config, root: Path, setting: Setting, model, test, enc_
             "config": setting.name, "epsilon": setting.epsilon, "alpha": setting.alpha, "seed": seed}
     rows = [r for p, gs in res for r in generation_rows(gs, p, meta)]
     _write_part(pd.DataFrame(rows), part)
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def load_curves(cfg: Config) -> pd.DataFrame:

@@ -27,6 +27,11 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name if "/" in name and Path(name).exists() else name)
 
 
+def safe_name(name: str) -> str:
+    """``name`` with every character but letters, digits, '-', '_' and '.' replaced by '_'."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
 def pair_slug(backbone: str, dataset: str) -> str:
     return f"{slug(backbone)}__{dataset}"
 
