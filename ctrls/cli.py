@@ -1,8 +1,12 @@
 """Command line: ``ctrls reproduce`` (notebooks -> book) and the stages on their own.
 
     ctrls reproduce [--profile demo] [--only STAGE ...] [--force STAGE ...] [-o key=value ...]
+    ctrls stage {pretrain,exploration,rl} [--profile demo] [--force] [-o key=value ...]
     ctrls verify-references [--dataset gsm8k] [--split test]
     ctrls profiles
+
+Several GPUs: ``accelerate launch --multi_gpu --num_processes 8 -m ctrls stage rl --profile paper``
+runs a stage data-parallel (``ctrls.distributed``); ``ctrls reproduce`` then reuses its results.
 """
 from __future__ import annotations
 
@@ -100,6 +104,34 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stage(args: argparse.Namespace) -> int:
+    """Run one library stage without a notebook (data-parallel under ``accelerate launch``)."""
+    from ctrls.config import load_config
+    from ctrls.distributed import shutdown, world
+
+    cfg = load_config(args.profile, [*args.override, f"run_dir={Path(args.run_dir).resolve()}"])
+    w = world()
+    t0 = time.time()
+    if args.name == "pretrain":
+        from ctrls.pretrain import pretrain
+
+        for b, d in cfg.pairs():
+            pretrain(cfg.for_pair(b, d), force=args.force, progress=not args.quiet)
+        out = cfg.stage_dir("pretrain")
+    elif args.name == "exploration":
+        from ctrls.exploration import explore
+
+        out = explore(cfg, force=args.force, progress=not args.quiet)
+    else:
+        from ctrls.rl import run_rl
+
+        out = run_rl(cfg, force=args.force, progress=not args.quiet)
+    if w.is_main:
+        print(f"{args.name}: {out} ({w.size} process{'es' if w.size > 1 else ''}, {time.time() - t0:.0f} s)")
+    shutdown()
+    return 0
+
+
 def cmd_verify_references(args: argparse.Namespace) -> int:
     from ctrls.answers import reference_verify_report
 
@@ -133,6 +165,15 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--strict", action="store_true", help="build the book with -W (warnings are errors)")
     r.add_argument("--book-dir", default=None, help="build a copy of the book there instead of in book/")
     r.set_defaults(fn=cmd_reproduce)
+
+    st = sub.add_parser("stage", help="run one stage (data-parallel under accelerate launch / torchrun)")
+    st.add_argument("name", choices=["pretrain", "exploration", "rl"])
+    st.add_argument("--profile", default="demo")
+    st.add_argument("--run-dir", default=str(ROOT / "runs"))
+    st.add_argument("--force", action="store_true", help="recompute even if cached")
+    st.add_argument("--quiet", action="store_true", help="no progress bars")
+    st.add_argument("-o", "--override", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    st.set_defaults(fn=cmd_stage)
 
     v = sub.add_parser("verify-references", help="rate at which reference solutions verify against gold")
     v.add_argument("--dataset", default="gsm8k")

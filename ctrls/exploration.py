@@ -22,12 +22,12 @@ from ctrls.backbone import load_backbone
 from ctrls.config import Config
 from ctrls.data import problems_from_config
 from ctrls.metrics import metric_with_ci, paired_bootstrap, pass_at_k, pass_at_k_paper, success_rate
-from ctrls.pretrain import _stages as pretrain_stages
+from ctrls.pretrain import pretrain_stages
 from ctrls.pretrain import load_pretrained
 from ctrls.prompts import encode_prompt
 from ctrls.report import pct_ci
 from ctrls.runs import Stage, pair_slug, slug
-from ctrls.sampling import Generation, SampleParams, sample, seeded
+from ctrls.sampling import Generation, SampleParams, sample
 
 log = logging.getLogger(__name__)
 
@@ -77,26 +77,37 @@ def generation_rows(gens: list[Generation], problem, meta: dict) -> list[dict]:
 
 
 def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
-    """Run (or resume, or reuse) the whole exploration grid; return the samples directory."""
+    """Run (or resume, or reuse) the whole exploration grid; return the samples directory.
+
+    Under a data-parallel launch (``ctrls.distributed``) each process samples its block of the
+    test questions; every question's samples are seeded by its id, so the parts written are the
+    ones a single process writes."""
+    from ctrls.distributed import world
+
+    w = world()
     stage = _stage(cfg)
     out = samples_dir(cfg)
     if stage.is_done() and not force:
         return out
-    stage.begin(force=force)
-    out.mkdir(parents=True, exist_ok=True)
+    if w.is_main:
+        stage.begin(force=force)
+        out.mkdir(parents=True, exist_ok=True)
+    w.barrier()
     g = cfg.grid
     rows_cfg = [None, *g.epsilons]
     for bname, ds in cfg.pairs():
         pc = cfg.for_pair(bname, ds)
-        bb = load_backbone(bname, pc.backbone.device, pc.backbone.dtype, pc.backbone.cache_dir)
+        bb = load_backbone(bname, w.device(pc.backbone.device), pc.backbone.dtype, pc.backbone.cache_dir)
         model = load_pretrained(pc, bb)
         problems = problems_from_config(pc, "test")
-        enc = [encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot) for p in problems]
+        mine = w.shard(range(len(problems)))
+        enc = {j: encode_prompt(bb.tokenizer, problems[j].question, pc.prompt.use_chat_template, pc.prompt.few_shot)
+               for j in mine}
         per_chunk = max(1, pc.sampling.batch_size // g.n_samples)
-        jobs = [(eta, eps, i) for eta in g.temperatures for eps in rows_cfg for i in range(0, len(problems), per_chunk)]
-        bar = tqdm(jobs, desc=f"exploration {pair_slug(bname, ds)}", unit="batch", disable=not progress)
-        for eta, eps, i in bar:
-            chunk = range(i, min(i + per_chunk, len(problems)))
+        jobs = [(eta, eps, mine[i:i + per_chunk]) for eta in g.temperatures for eps in rows_cfg
+                for i in range(0, len(mine), per_chunk)]
+        bar = tqdm(jobs, desc=f"exploration {pair_slug(bname, ds)}", unit="batch", disable=not (progress and w.is_main))
+        for eta, eps, chunk in bar:
             label = row_label(eps)
             parts = {j: out / f"{pair_slug(bname, ds)}__eta{eta:g}__{label}__{slug(problems[j].id)}.parquet" for j in chunk}
             todo = [j for j in chunk if not parts[j].exists()]
@@ -105,21 +116,24 @@ def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             bar.set_postfix_str(f"eta={eta:g} {label}")
             params = SampleParams(temperature=eta, top_k=pc.sampling.top_k, max_new_tokens=pc.sampling.max_new_tokens,
                                   max_steps=pc.prompt.max_steps, batch_size=pc.sampling.batch_size, epsilon=eps or 0.0)
-            gen = seeded(_seed(cfg.seed, bname, ds, eta, label, i), bb.device)
-            gens = sample(bb, [enc[j][0] for j in chunk], g.n_samples, params, model=None if eps is None else model,
-                          generator=gen, prompt_starts=[enc[j][1] for j in chunk])
+            # one seed per question: its samples do not depend on the chunking or on the process
+            seeds = [_seed(cfg.seed, bname, ds, eta, label, problems[j].id) for j in todo]
+            gens = sample(bb, [enc[j][0] for j in todo], g.n_samples, params, model=None if eps is None else model,
+                          seeds=seeds, prompt_starts=[enc[j][1] for j in todo])
             meta = {"backbone": bname, "dataset": ds, "temperature": eta, "config": label,
                     "epsilon": math.nan if eps is None else eps, "seed": cfg.seed}
-            for j, gs in zip(chunk, gens):
-                if j in todo:
-                    _write_part(pd.DataFrame(generation_rows(gs, problems[j], meta)), parts[j])
+            for j, gs in zip(todo, gens):
+                write_part(pd.DataFrame(generation_rows(gs, problems[j], meta)), parts[j])
         bar.close()
-    df = load_samples(cfg)
-    stage.finish(samples=len(df), questions=int(df.question_id.nunique()))
+    w.barrier()
+    if w.is_main:
+        df = load_samples(cfg)
+        stage.finish(samples=len(df), questions=int(df.question_id.nunique()))
+    w.barrier()
     return out
 
 
-def _write_part(df: pd.DataFrame, path: Path) -> None:
+def write_part(df: pd.DataFrame, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     df.to_parquet(tmp, index=False)
     tmp.replace(path)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from ctrls.policy import fit_transitions
 from ctrls.prompts import (encode_prompt, encode_solution, final_answer_line, newline_token_ids, split_steps,
                            step_spans)
 from ctrls.runs import Stage, pair_slug, safe_name
-from ctrls.sampling import SampleParams, sample, seeded
+from ctrls.sampling import SampleParams, sample
 from ctrls.spectral import spectral_embeddings
 from ctrls.states import fit_states
 
@@ -104,7 +105,7 @@ class PretrainRun:
         return one[["step", "state", "p_state", "text"]].reset_index(drop=True)
 
 
-def _stages(cfg: Config) -> dict[str, Stage]:
+def pretrain_stages(cfg: Config) -> dict[str, Stage]:
     pair = pair_slug(cfg.backbone.name, cfg.data.dataset)
     out, upstream = {}, ()
     for name, keys in KEYS.items():
@@ -118,35 +119,45 @@ def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False,
              until: str | None = None) -> PretrainRun:
     """Run (or reuse) every stage of Algorithm 1 for ``cfg.backbone.name`` x ``cfg.data.dataset``
     (only up to stage ``until`` when given)."""
-    stages = _stages(cfg)
+    stages = pretrain_stages(cfg)
     if until is not None:
         if until not in stages:
             raise PretrainError(f"unknown stage {until!r}; stages: {', '.join(stages)}")
         stages = dict(list(stages.items())[: list(stages).index(until) + 1])
+    from ctrls.distributed import world
+
+    w = world()
     root = stages["collect"].dir.parent
     ckpt = root / "checkpoint"
-    if force:
+    if force and w.is_main:
         for st in stages.values():
             st.begin(force=True)
+    w.barrier()
     todo = [n for n, st in stages.items() if not st.is_done()]
-    if todo:
+    if todo and w.is_main:
         log.info("pretraining %s: stages to run: %s", root, ", ".join(todo))
     bb = None
 
     def need_backbone() -> Backbone:
         nonlocal bb
         if bb is None:
-            bb = backbone or load_backbone(cfg.backbone.name, cfg.backbone.device, cfg.backbone.dtype, cfg.backbone.cache_dir)
+            bb = backbone or load_backbone(cfg.backbone.name, w.device(cfg.backbone.device), cfg.backbone.dtype,
+                                           cfg.backbone.cache_dir)
         return bb
 
     problems = None
     for name, st in stages.items():
         if st.is_done():
             continue
-        st.begin()
+        # data parallel: every rank samples its shard in (a); rank 0 alone runs (b)-(g)
+        if name != "collect" and not w.is_main:
+            break
+        if w.is_main:
+            st.begin()
         if problems is None:
             problems = problems_from_config(cfg, "train")
         if name == "collect":
+            w.barrier()
             summary = collect(cfg, need_backbone(), problems, st.dir, progress)
         elif name == "features":
             summary = cache_features(cfg, need_backbone(), problems, stages["collect"].dir, st.dir, progress)
@@ -159,7 +170,9 @@ def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False,
         else:
             summary = train_adapter(cfg, need_backbone(), stages, st.dir, progress)
             _save_checkpoint(cfg, need_backbone(), stages, st.dir, ckpt)
-        st.finish(**summary)
+        if w.is_main:
+            st.finish(**summary)
+    w.barrier()
     return PretrainRun(root=root, checkpoint=ckpt, summaries={n: st.summary() for n, st in stages.items()})
 
 
@@ -178,23 +191,25 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
     params = SampleParams(temperature=cfg.pretrain.temperature, top_k=cfg.sampling.top_k,
                           max_new_tokens=cfg.sampling.max_new_tokens, max_steps=cfg.prompt.max_steps,
                           batch_size=cfg.sampling.batch_size)
+    from ctrls.distributed import world
+
+    w = world()
     per_chunk = max(1, cfg.sampling.batch_size // max(n, 1))
-    chunks = [problems[i:i + per_chunk] for i in range(0, len(problems), per_chunk)]
-    bar = tqdm(total=len(problems), desc="(a) collect CoTs", unit="q", disable=not progress)
-    for ci, chunk in enumerate(chunks):
+    mine = w.shard(problems)
+    # data parallel: every rank takes its turn in each round (with an empty chunk when its shard is
+    # done), so the gathers line up; rank 0 appends every rank's rows
+    rounds = -(-(-(-len(problems) // w.size)) // per_chunk)  # ceil(largest shard / per_chunk)
+    bar = tqdm(total=len(problems), desc="(a) collect CoTs", unit="q", disable=not (progress and w.is_main))
+    for ci in range(rounds):
+        chunk = mine[ci * per_chunk:(ci + 1) * per_chunk]
         todo = [p for p in chunk if p.id not in done]
-        bar.update(len(chunk) - len(todo))
-        if not todo:
-            continue
-        gens = [[] for _ in chunk]
-        if "samples" in cfg.pretrain.sources and n > 0:
-            enc = [encode_prompt(tok, p.question, cfg.prompt.use_chat_template, cfg.prompt.few_shot) for p in chunk]
-            # one generator per chunk: a resumed run regenerates exactly the same samples
-            gens = sample(bb, [e[0] for e in enc], n, params, generator=seeded(cfg.seed * 100_003 + ci))
         rows = []
-        for p, gs in zip(chunk, gens):
-            if p.id in done:
-                continue
+        gens = [[] for _ in todo]
+        if todo and "samples" in cfg.pretrain.sources and n > 0:
+            enc = [encode_prompt(tok, p.question, cfg.prompt.use_chat_template, cfg.prompt.few_shot) for p in todo]
+            # one seed per question: a resumed or sharded run regenerates exactly the same samples
+            gens = sample(bb, [e[0] for e in enc], n, params, seeds=[_question_seed(cfg.seed, p.id) for p in todo])
+        for p, gs in zip(todo, gens):
             for g in gs:
                 gr = grade(g.text, p.answer)
                 rows.append({"qid": p.id, "source": "samples", "sample_index": g.sample_index,
@@ -208,10 +223,12 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
                              "solution_ids": encode_solution(tok, steps), "steps": steps, "valid": True,
                              "correct": True, "pred": p.answer, "kept": True, "finish": "reference"})
             rows.append({"qid": p.id, "source": "_end", "sample_index": -2})  # marks the question complete
-        _append_jsonl(path, rows)
-        done |= {p.id for p in todo}
-        bar.update(len(todo))
+        rows, sizes = w.gather_list(rows), w.gather(len(chunk))
+        if rows and w.is_main:
+            _append_jsonl(path, rows)
+        bar.update(sum(sizes))
     bar.close()
+    w.barrier()
     df = pd.read_json(path, lines=True)
     df = df[df.source != "_end"]
     sampled = df[df.source == "samples"]
@@ -223,6 +240,10 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
             "acceptance_rate": float(sampled.correct.mean()) if len(sampled) else None,
             "reference": int((df.source == "reference").sum()), "kept": len(kept),
             "sources": list(cfg.pretrain.sources)}
+
+
+def _question_seed(seed: int, qid: str) -> int:
+    return zlib.crc32(f"collect|{seed}|{qid}".encode())
 
 
 def _done_questions(path: Path) -> set[str]:
@@ -275,7 +296,8 @@ def cache_features(cfg: Config, bb: Backbone, problems: list[Problem], collect_d
     by_q = {p.id: p for p in problems}
     nl = newline_token_ids(bb.tokenizer)
     n_traj = 0
-    groups = list(traj.groupby("qid", sort=False))
+    order = {p.id: i for i, p in enumerate(problems)}  # question order, whatever order (a) wrote them in
+    groups = sorted(traj.groupby("qid", sort=False), key=lambda kv: order.get(kv[0], len(order)))
     for qid, g in tqdm(groups, desc="(b) hidden states", unit="q", disable=not progress):
         f = out / f"{safe_name(qid)}.pt"
         if f.exists():
@@ -476,7 +498,7 @@ def _save_checkpoint(cfg: Config, bb: Backbone, stages: dict[str, Stage], adapte
 
 def load_pretrained(cfg: Config, backbone: Backbone | None = None) -> CTRLSModel:
     """The checkpoint of a finished pretraining run for ``cfg``'s backbone and dataset."""
-    stages = _stages(cfg)
+    stages = pretrain_stages(cfg)
     if not stages["adapter"].is_done():
         raise PretrainError(f"no finished pretraining run in {stages['adapter'].dir.parent}; run the pretraining stage first")
     return CTRLSModel.from_pretrained(stages["adapter"].dir.parent / "checkpoint", backbone)

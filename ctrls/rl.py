@@ -77,47 +77,60 @@ class Trajectory:
     group: int  # index of its question in the step's batch
 
 
-# A sampler draws G trajectories for each of the given question indices with the current policy.
-Sampler = Callable[[Sequence[int], int, float, torch.Generator], list[Trajectory]]
+# A sampler draws trajectories: for each question index, the given sample indices of its group,
+# seeded by the question's seed (see ``ctrls.sampling``): sampler(questions, sample_ids, epsilon, seeds).
+Sampler = Callable[[Sequence[int], Sequence[Sequence[int]], float, Sequence[int]], list[Trajectory]]
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def reinforce_loss(policy: TransitionPolicy, trajs: Sequence[Trajectory], epsilon: float, alpha: float,
-                   baseline: str = "none", entropy_grad: str = "full", entropy_kind: str = "categorical"
+                   baseline: str = "none", entropy_grad: str = "full", entropy_kind: str = "categorical",
+                   all_sum: Callable[[torch.Tensor], torch.Tensor] = _identity, n_groups: int | None = None
                    ) -> tuple[torch.Tensor, dict]:
     """The negated Eq. 14 surrogate, averaged over trajectories, and diagnostics (batched over
-    trajectories of different lengths with a mask)."""
+    trajectories of different lengths with a mask).
+
+    Data parallel: each rank passes its own trajectories and ``all_sum`` (a sum over ranks, see
+    ``ctrls.distributed``); the loss is then this rank's share of the global mean, so summing the
+    ranks' gradients gives the single-process gradient. Every rank makes the same ``all_sum``
+    calls in the same order, whatever its trajectories."""
+    if baseline not in ("none", "group_mean"):
+        raise ValueError(f"unknown baseline {baseline!r}: none or group_mean")
+    if entropy_grad not in ("full", "eq14"):
+        raise ValueError(f"unknown entropy_grad {entropy_grad!r}: full or eq14")
+    dev = policy.L.device
     used = [tr for tr in trajs if len(tr.states) > 1]
-    if not used:
-        raise ValueError("no trajectory has a state transition: nothing to learn from")
-    K = used[0].states.shape[-1]
-    T = max(len(tr.states) for tr in used) - 1
+    K = policy.n_states
+    T = max([len(tr.states) for tr in used], default=1) - 1
     S = torch.full((len(used), T + 1, K), 1.0 / K)
     mask = torch.zeros(len(used), T)
     for i, tr in enumerate(used):
         S[i, : len(tr.states)] = tr.states
         mask[i, : len(tr.states) - 1] = 1
-    S = S.to(policy.L.device)
-    mask = mask.to(policy.L.device)
+    S, mask = S.to(dev), mask.to(dev)
     prev, act = S[:, :-1].reshape(-1, K), S[:, 1:].reshape(-1, K)
     logp = (policy.log_prob(act, prev, epsilon).view(len(used), T) * mask).sum(1)  # sum_t log pi~(a_t | s_t)
     H = (policy.entropy(prev, kind=entropy_kind).view(len(used), T) * mask).sum(1)  # sum_t H(pi(s_t))
-    ret = torch.tensor([tr.reward for tr in used], device=logp.device) + alpha * H.detach()
+    ret = torch.tensor([tr.reward for tr in used], device=dev, dtype=logp.dtype) + alpha * H.detach()
+    n_used = float(all_sum(torch.tensor(float(len(used)), device=dev)))
+    if n_used == 0:
+        raise ValueError("no trajectory has a state transition: nothing to learn from")
+    adv = ret
     if baseline == "group_mean":
-        g = torch.tensor([tr.group for tr in used], device=logp.device)
-        means = torch.zeros(int(g.max()) + 1, device=logp.device).index_add(0, g, ret)
-        counts = torch.zeros_like(means).index_add(0, g, torch.ones_like(ret))
+        g = torch.tensor([tr.group for tr in used], device=dev, dtype=torch.long)
+        size = n_groups if n_groups is not None else int(g.max()) + 1 if len(g) else 0  # pass n_groups when sharded
+        means = all_sum(torch.zeros(size, device=dev, dtype=ret.dtype).index_add(0, g, ret))
+        counts = all_sum(torch.zeros(size, device=dev, dtype=ret.dtype).index_add(0, g, torch.ones_like(ret)))
         adv = ret - (means / counts.clamp(min=1))[g]
-    elif baseline == "none":
-        adv = ret
-    else:
-        raise ValueError(f"unknown baseline {baseline!r}: none or group_mean")
-    surrogate = (adv * logp).mean()
+    surrogate = (adv * logp).sum() / n_used
     if entropy_grad == "full":
-        surrogate = surrogate + alpha * H.mean()
-    elif entropy_grad != "eq14":
-        raise ValueError(f"unknown entropy_grad {entropy_grad!r}: full or eq14")
-    info = {"reward": float(np.mean([t.reward for t in trajs])), "return": float(ret.mean()),
-            "policy_entropy": float((H.detach() / mask.sum(1)).mean())}
+        surrogate = surrogate + alpha * H.sum() / n_used
+    sums = all_sum(torch.tensor([sum(t.reward for t in trajs), float(len(trajs)), float(ret.sum()),
+                                 float((H.detach() / mask.sum(1).clamp(min=1)).sum())], device=dev, dtype=torch.float64))
+    info = {"reward": float(sums[0] / sums[1]), "return": float(sums[2]) / n_used, "policy_entropy": float(sums[3]) / n_used}
     return -surrogate, info
 
 
@@ -126,16 +139,24 @@ def _seed(*parts) -> int:
 
 
 class Trainer:
-    """REINFORCE with Adam and gradient clipping, checkpointed to ``out`` every N steps."""
+    """REINFORCE with Adam and gradient clipping, checkpointed to ``out`` every N steps.
+
+    Data parallel (``ctrls.distributed``): each rank samples its block of the step's Q x G
+    trajectory slots, gradients are summed over ranks, and every rank takes the same Adam step;
+    rank 0 writes the checkpoints."""
 
     def __init__(self, policy: TransitionPolicy, cfg: Config, setting: Setting, seed: int, out: Path,
                  sampler: Sampler, n_train: int, evaluate: Callable[[TransitionPolicy, int], dict] | None = None):
+        from ctrls.distributed import world
+
         self.policy, self.cfg, self.setting, self.seed, self.out = policy, cfg, setting, seed, Path(out)
         self.sampler, self.n_train, self.evaluate = sampler, n_train, evaluate
+        self.world = world()
         self.opt = torch.optim.Adam(policy.parameters(), lr=cfg.rl.lr)
         self.step = 0
         self.log: list[dict] = []
-        self.out.mkdir(parents=True, exist_ok=True)
+        if self.world.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
         self._resume()
 
     @property
@@ -145,7 +166,7 @@ class Trainer:
     def _resume(self) -> None:
         if not self.ckpt.exists():
             return
-        state = torch.load(self.ckpt, weights_only=False)
+        state = torch.load(self.ckpt, weights_only=False, map_location=self.policy.L.device)
         self.policy.load_state_dict(state["policy"])
         self.opt.load_state_dict(state["opt"])
         self.step = state["step"]
@@ -153,6 +174,8 @@ class Trainer:
         log.info("resumed %s at step %d", self.out, self.step)
 
     def save(self) -> None:
+        if not self.world.is_main:
+            return
         tmp = self.ckpt.with_suffix(".tmp")
         torch.save({"policy": self.policy.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                     "log": self.log, "setting": self.setting.__dict__, "seed": self.seed}, tmp)
@@ -160,19 +183,34 @@ class Trainer:
         pd.DataFrame(self.log).assign(setting=self.setting.name, epsilon=self.setting.epsilon, alpha=self.setting.alpha,
                                       seed=self.seed).to_parquet(self.out / "curve.parquet")
 
+    def step_plan(self, step: int) -> tuple[list[int], list[int]]:
+        """The questions of ``step`` (drawn with replacement) and one sampling seed per question slot."""
+        g = torch.Generator().manual_seed(_seed(self.seed, self.setting.name, step))
+        qs = torch.randint(self.n_train, (self.cfg.rl.questions_per_step,), generator=g).tolist()
+        return qs, [_seed(self.seed, self.setting.name, step, j) for j in range(len(qs))]
+
     def train_step(self) -> dict:
         rl = self.cfg.rl
-        g = torch.Generator().manual_seed(_seed(self.seed, self.setting.name, self.step))
-        qs = torch.randint(self.n_train, (rl.questions_per_step,), generator=g).tolist()
-        trajs = self.sampler(qs, rl.group_size, self.setting.epsilon, g)
+        qs, seeds = self.step_plan(self.step)
+        # this rank's block of the step's (question slot, sample index) pairs
+        mine: dict[int, list[int]] = {}
+        for j, m in self.world.shard([(j, m) for j in range(len(qs)) for m in range(rl.group_size)]):
+            mine.setdefault(j, []).append(m)
+        slots = sorted(mine)
+        trajs = self.sampler([qs[j] for j in slots], [mine[j] for j in slots], self.setting.epsilon,
+                             [seeds[j] for j in slots]) if slots else []
+        for tr in trajs:  # the sampler numbers groups by position in its call; make them step-global
+            tr.group = slots[tr.group]
         loss, info = reinforce_loss(self.policy, trajs, self.setting.epsilon, self.setting.alpha, rl.baseline,
-                                    rl.entropy_grad, self.cfg.policy.entropy)
+                                    rl.entropy_grad, self.cfg.policy.entropy, all_sum=self.world.all_sum,
+                                    n_groups=len(qs))
         self.opt.zero_grad()
         loss.backward()
+        self.world.sum_gradients(self.policy.parameters())
         gnorm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), rl.grad_clip))
         self.opt.step()
         self.step += 1
-        return {"step": self.step, "loss": float(loss.detach()), "grad_norm": gnorm,
+        return {"step": self.step, "loss": float(self.world.all_sum(loss.detach())), "grad_norm": gnorm,
                 "concentration": float(self.policy.log_c.detach().exp()), **info}
 
     def run(self, steps: int, progress: bool = True) -> pd.DataFrame:
@@ -180,7 +218,7 @@ class Trainer:
         if self.step == 0 and self.evaluate is not None and not self.log:
             self.log.append({"step": 0, "kind": "eval", **self.evaluate(self.policy, 0)})
         bar = tqdm(total=steps, initial=self.step, desc=f"RL {self.setting.name} seed {self.seed}", unit="step",
-                   disable=not progress)
+                   disable=not (progress and self.world.is_main))
         while self.step < steps:
             row = self.train_step()
             self.log.append({"kind": "train", **row})
@@ -191,6 +229,7 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward']:.2f}", H=f"{row['policy_entropy']:.2f}")
         bar.close()
+        self.world.barrier()  # the last checkpoint is on disk before any rank moves on
         return pd.DataFrame(self.log)
 
 
@@ -209,7 +248,7 @@ RL_KEYS = ("seed", "data", "prompt", "sampling", "rl", "grid.n_samples")
 
 
 def _rl_stage(cfg: Config):
-    from ctrls.pretrain import _stages as pretrain_stages
+    from ctrls.pretrain import pretrain_stages
     from ctrls.runs import Stage
 
     upstream = tuple(pretrain_stages(cfg.for_pair(b, d))["adapter"].key for b, d in cfg.pairs())
@@ -218,46 +257,54 @@ def _rl_stage(cfg: Config):
 
 def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     """Train every (setting, seed) of ``rl.settings`` and ``rl.table2`` for every pair, then sample
-    the test questions with each Table 2 policy. Returns ``runs/<profile>/rl``."""
+    the test questions with each Table 2 policy. Returns ``runs/<profile>/rl``.
+
+    Data parallel under a launcher (``ctrls.distributed``): trajectory slots, evaluation questions
+    and Table 2 questions are sharded by rank and gathered; the result equals a single process's."""
     import copy
 
     from ctrls.answers import grade
     from ctrls.backbone import load_backbone
     from ctrls.data import problems_from_config
+    from ctrls.distributed import world
     from ctrls.pretrain import load_pretrained
     from ctrls.prompts import encode_prompt
     from ctrls.runs import pair_slug
-    from ctrls.sampling import SampleParams, sample, seeded
+    from ctrls.sampling import SampleParams, sample
 
+    w = world()
     stage = _rl_stage(cfg)
     if stage.is_done() and not force:
         return stage.dir
-    stage.begin(force=force)
+    if w.is_main:
+        stage.begin(force=force)
+    w.barrier()
     rl = cfg.rl
     curve_settings = [parse_setting(s, cfg) for s in rl.settings]
     table_settings = [parse_setting(s, cfg) for s in rl.table2]
     for bname, ds in cfg.pairs():
         pc = cfg.for_pair(bname, ds)
         pair = pair_slug(bname, ds)
-        bb = load_backbone(bname, pc.backbone.device, pc.backbone.dtype, pc.backbone.cache_dir)
+        bb = load_backbone(bname, w.device(pc.backbone.device), pc.backbone.dtype, pc.backbone.cache_dir)
         pretrained = load_pretrained(pc, bb)
         train = problems_from_config(pc, "train")
         test = problems_from_config(pc, "test")
-        enc_train = [encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot) for p in train]
-        enc_test = [encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot) for p in test]
+        encoded: dict[tuple[str, int], tuple[list[int], int]] = {}
 
-        def params(eps: float) -> SampleParams:
-            return SampleParams(temperature=rl.temperature, top_k=pc.sampling.top_k,
-                                max_new_tokens=pc.sampling.max_new_tokens, max_steps=pc.prompt.max_steps,
-                                batch_size=pc.sampling.batch_size, epsilon=eps)
+        def enc(split: str, i: int) -> tuple[list[int], int]:
+            if (split, i) not in encoded:
+                p = (train if split == "train" else test)[i]
+                encoded[split, i] = encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot)
+            return encoded[split, i]
 
-        def generate(model, problems, enc, idx, n, eps, gen):
-            gens = sample(bb, [enc[i][0] for i in idx], n, params(eps), model=model, generator=gen,
-                          prompt_starts=[enc[i][1] for i in idx])
+        def generate(model, split, idx, sample_ids, eps, seeds):
+            params = SampleParams(temperature=rl.temperature, top_k=pc.sampling.top_k,
+                                  max_new_tokens=pc.sampling.max_new_tokens, max_steps=pc.prompt.max_steps,
+                                  batch_size=pc.sampling.batch_size, epsilon=eps)
+            gens = sample(bb, [enc(split, i)[0] for i in idx], params=params, model=model, seeds=seeds,
+                          sample_ids=sample_ids, prompt_starts=[enc(split, i)[1] for i in idx])
+            problems = train if split == "train" else test
             return [(problems[i], gs) for i, gs in zip(idx, gens)]
-
-        def device_gen(g: torch.Generator) -> torch.Generator:
-            return seeded(int(torch.randint(2**31 - 1, (1,), generator=g)), bb.device)
 
         # one run per (epsilon, alpha, seed): a Table 2 row equal to a curve setting reuses its run
         runs: dict[tuple[float, float, int], Setting] = {}
@@ -270,23 +317,25 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             model = copy.deepcopy(pretrained)
             out = stage.dir / pair / f"{safe_name(setting.name)}__seed{seed}"
 
-            def sampler(qs, G, eps, g, model=model):
+            def sampler(qs, sample_ids, eps, seeds, model=model):
                 trajs = []
-                for gi, (p, gs) in enumerate(generate(model, train, enc_train, qs, G, eps, device_gen(g))):
+                for gi, (p, gs) in enumerate(generate(model, "train", qs, sample_ids, eps, seeds)):
                     for x in gs:
                         trajs.append(Trajectory(states=x.states, reward=float(grade(x.text, p.answer).correct), group=gi))
                 return trajs
 
             def evaluate(policy, step, model=model, setting=setting, seed=seed):
-                g = seeded(_seed(seed, "eval", step), bb.device)
-                idx = list(range(min(rl.eval_questions, len(test))))
-                res = generate(model, test, enc_test, idx, rl.eval_samples, setting.epsilon, g)
-                correct = np.array([[grade(x.text, p.answer).correct for x in gs] for p, gs in res])
-                valid = np.array([[grade(x.text, p.answer).valid for x in gs] for p, gs in res])
+                idx = w.shard(range(min(rl.eval_questions, len(test))))
+                res = generate(model, "test", idx, [range(rl.eval_samples)] * len(idx), setting.epsilon,
+                               [_seed(seed, "eval", step, test[i].id) for i in idx])
+                correct = [[grade(x.text, p.answer).correct for x in gs] for p, gs in res]
+                valid = [[grade(x.text, p.answer).valid for x in gs] for p, gs in res]
                 states = [x.states for _, gs in res for x in gs if x.states is not None and len(x.states) > 1]
                 with torch.no_grad():
                     H = [float(policy.entropy(s[:-1].to(policy.L.device), kind=cfg.policy.entropy).mean()) for s in states]
                 hard = [int(k) for s in states for k in s[1:].argmax(-1)]
+                correct, valid = np.array(w.gather_list(correct)), np.array(w.gather_list(valid))
+                H, hard = w.gather_list(H), w.gather_list(hard)
                 return {"accuracy": float(correct.mean()), "pass@k": float(correct.any(1).mean()),
                         "succ": float(valid.mean()), "policy_entropy": float(np.mean(H)) if H else math.nan,
                         "state_usage_entropy": state_usage_entropy(hard, policy.L.shape[0])}
@@ -295,28 +344,36 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             trainer.run(rl.steps, progress=progress)
             for row in table_settings:
                 if (row.epsilon, row.alpha, rl.seeds[0]) == (eps, alpha, seed):
-                    _table2_samples(pc, stage.dir, row, model, test, enc_test, generate, seed)
-    stage.finish(pairs=len(cfg.pairs()))
+                    _table2_samples(pc, stage.dir, row, model, test, generate, seed)
+    w.barrier()
+    if w.is_main:
+        stage.finish(pairs=len(cfg.pairs()))
+    w.barrier()
     return stage.dir
 
 
-def _table2_samples(cfg: Config, root: Path, setting: Setting, model, test, enc_test, generate, seed: int) -> None:
-    """Sample every test question ``grid.n_samples`` times with the trained policy (Table 2)."""
-    from ctrls.exploration import _write_part, generation_rows
+def _table2_samples(cfg: Config, root: Path, setting: Setting, model, test, generate, seed: int) -> None:
+    """Sample every test question ``grid.n_samples`` times with the trained policy (Table 2);
+    sharded by rank, written by rank 0."""
+    from ctrls.distributed import world
+    from ctrls.exploration import generation_rows, write_part
     from ctrls.runs import pair_slug
-    from ctrls.sampling import seeded
 
+    w = world()
     out = root / "table2.parquet"
-    out.mkdir(parents=True, exist_ok=True)
     part = out / f"{pair_slug(cfg.backbone.name, cfg.data.dataset)}__{safe_name(setting.name)}.parquet"
     if part.exists():
         return
-    res = generate(model, test, enc_test, list(range(len(test))), cfg.grid.n_samples, setting.epsilon,
-                   seeded(_seed(seed, "table2", setting.name), model.centroids.device))
+    idx = w.shard(range(len(test)))
+    res = generate(model, "test", idx, [range(cfg.grid.n_samples)] * len(idx), setting.epsilon,
+                   [_seed(seed, "table2", setting.name, test[i].id) for i in idx])
     meta = {"backbone": cfg.backbone.name, "dataset": cfg.data.dataset, "temperature": cfg.rl.temperature,
             "config": setting.name, "epsilon": setting.epsilon, "alpha": setting.alpha, "seed": seed}
-    rows = [r for p, gs in res for r in generation_rows(gs, p, meta)]
-    _write_part(pd.DataFrame(rows), part)
+    rows = w.gather_list([r for p, gs in res for r in generation_rows(gs, p, meta)])
+    if w.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_part(pd.DataFrame(rows), part)
+    w.barrier()
 
 
 def load_curves(cfg: Config) -> pd.DataFrame:

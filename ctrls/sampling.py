@@ -11,6 +11,13 @@ first token) already use the new state. Without a CTRLS model the loop is plain 
 
 Each sequence stops on its own: at EOS, after the final-answer line, after T steps, or at
 ``max_new_tokens``; finished rows are dropped from the batch (and from the cache).
+
+Randomness is per sample, not per batch. Sample m of prompt i draws every random number from a
+stream keyed by (seed_i, m) alone: its t-th token by Gumbel-max with counter-based noise
+u = splitmix64(key, t, j) (exact sampling from the top-k softmax, vectorised over the batch), its
+state draws from a ``torch.Generator`` seeded by (key, draw index). So a sample does not depend on
+its batch-mates, the batch size, the device's RNG or the process that draws it: data-parallel
+sharding (``ctrls.distributed``) reproduces a single-process run, up to floating-point batch effects.
 """
 from __future__ import annotations
 
@@ -63,6 +70,7 @@ class Generation:
 class _Row:
     prompt_index: int
     sample_index: int
+    key: int  # the sample's random stream (see the module docstring)
     tokens: list[int] = field(default_factory=list)
     step_start: int = 0
     spans: list[tuple[int, int]] = field(default_factory=list)
@@ -144,51 +152,120 @@ def _eos_ids(backbone: Backbone) -> set[int]:
     return {i for i in ids if i is not None}
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None) -> torch.Tensor:
+# ---- counter-based random streams (splitmix64) -----------------------------------------------
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _signed(x: int) -> int:
+    x &= _MASK
+    return x - (1 << 64) if x >> 63 else x
+
+
+def stream_key(*parts: int) -> int:
+    """A 64-bit stream key (signed, for int64 tensors) from integers, by chained splitmix64."""
+    x = 0
+    for p in parts:
+        x = (x + (int(p) & _MASK) + _GOLDEN) & _MASK
+        x = ((x ^ (x >> 30)) * _M1) & _MASK
+        x = ((x ^ (x >> 27)) * _M2) & _MASK
+        x ^= x >> 31
+    return _signed(x)
+
+
+def _lsr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (wrapping multiplication)."""
+    x = (x ^ _lsr(x, 30)) * _signed(_M1)
+    x = (x ^ _lsr(x, 27)) * _signed(_M2)
+    return x ^ _lsr(x, 31)
+
+
+def stream_uniform(keys: torch.Tensor, counters: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, width) float64 uniforms in (0, 1): entry j of row b is a hash of (keys[b], counters[b], j),
+    the same on every device and in every batch."""
+    base = _mix(keys * _signed(_GOLDEN) + counters)
+    j = torch.arange(1, width + 1, device=keys.device, dtype=torch.int64)
+    x = _mix(base[:, None] + j * _signed(_GOLDEN))
+    return (_lsr(x, 11).double() + 0.5) * 2.0 ** -53
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int, keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """Next tokens: greedy at temperature 0, else a draw from softmax(top-k logits / temperature)
+    by Gumbel-max with each row's own noise stream."""
     if temperature <= 0:
         return logits.argmax(-1)
+    idx = None
+    vals = logits
     if top_k and top_k < logits.shape[-1]:
         vals, idx = logits.topk(top_k, dim=-1)  # the temperature does not change the top k
-        choice = torch.multinomial((vals.float() / temperature).softmax(-1), 1, generator=generator)
-        return idx.gather(-1, choice).squeeze(-1)
-    return torch.multinomial((logits.float() / temperature).softmax(-1), 1, generator=generator).squeeze(-1)
+    u = stream_uniform(keys.to(logits.device), counters.to(logits.device), vals.shape[-1])
+    choice = (vals.float() / temperature - torch.log(-torch.log(u)).float()).argmax(-1)
+    return idx.gather(-1, choice[:, None]).squeeze(-1) if idx is not None else choice
+
+
+def _draw_states(model: "CTRLSModel", prev: torch.Tensor, rows: Sequence["_Row"], epsilon: float) -> torch.Tensor:
+    """s_{t+1} ~ pi~(. | s_t) for each row, from a generator seeded by (row key, draw index)."""
+    dev = model.policy.L.device
+    out = [model.policy.sample(prev[j:j + 1], epsilon, generator=seeded(stream_key(r.key, len(r.states)) & _MASK, dev))
+           for j, r in enumerate(rows)]
+    return torch.cat(out).to(prev.dtype)
 
 
 @torch.no_grad()
 def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, params: SampleParams | None = None,
            model: "CTRLSModel | None" = None, generator: torch.Generator | None = None,
            prompt_starts: Sequence[int] | None = None, share_prefix: bool = True,
-           progress: bool = False) -> list[list[Generation]]:
+           progress: bool = False, seeds: Sequence[int] | None = None,
+           sample_ids: Sequence[Sequence[int]] | None = None) -> list[list[Generation]]:
     """Sample ``n`` chains of thought for each tokenized prompt; Base when ``model`` is None.
 
     ``prompt_starts[i]`` is the first token of prompt i whose hidden states encode s_0 (see
-    ``prompts.encode_prompt``; default 0, the whole prompt). Returns one list of ``n``
-    :class:`Generation` per prompt. The same ``generator`` seed, prompts and parameters give the
-    same samples.
+    ``prompts.encode_prompt``; default 0, the whole prompt). ``seeds[i]`` keys prompt i's random
+    streams: sample m of prompt i is a function of (seeds[i], m) alone (module docstring); without
+    ``seeds`` they are drawn from ``generator`` (or torch's global RNG). ``sample_ids[i]`` picks
+    which sample indices of prompt i to draw (default ``range(n)``): any subset gives the same
+    samples as the whole, which is how data-parallel ranks share a prompt's samples. Returns one
+    list of :class:`Generation` per prompt, in the order of its sample indices.
     """
     starts = list(prompt_starts) if prompt_starts is not None else [0] * len(prompts)
     params = params or SampleParams()
-    per_group = max(1, params.batch_size // max(n, 1))
-    out: list[list[Generation]] = []
-    groups = range(0, len(prompts), per_group)
-    for g0 in tqdm(groups, desc="sampling", unit="batch", disable=not progress):
-        group = prompts[g0:g0 + per_group]
-        if share_prefix:
-            gens = _decode(backbone, group, starts[g0:g0 + per_group], n, params, model, generator, g0)
-        else:  # reference path: every sample re-encodes its prompt
-            expanded = [p for p in group for _ in range(n)]
-            flat = _decode(backbone, expanded, [s for s in starts[g0:g0 + per_group] for _ in range(n)], 1,
-                           params, model, generator, 0)
-            gens = [[] for _ in group]
-            for j, (g,) in enumerate(flat):
-                g.prompt_index, g.sample_index = g0 + j // n, j % n
-                gens[j // n].append(g)
-        out.extend(gens)
+    if seeds is None:
+        dev = generator.device if generator is not None else "cpu"
+        seeds = torch.randint(0, 2**62, (len(prompts),), generator=generator, device=dev).tolist()
+    if len(seeds) != len(prompts):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+    ids = [list(s) for s in sample_ids] if sample_ids is not None else [list(range(n))] * len(prompts)
+    if len(ids) != len(prompts):
+        raise ValueError(f"{len(ids)} sample_ids lists for {len(prompts)} prompts")
+    out: list[list[Generation]] = [[] for _ in prompts]
+    if share_prefix:  # prompts in groups of at most batch_size sequences (at least one prompt each)
+        jobs = [[(i, ids[i])] for i in range(len(prompts)) if ids[i]]
+        groups: list[list[tuple[int, list[int]]]] = []
+        for job in jobs:
+            if groups and sum(len(m) for _, m in groups[-1]) + len(job[0][1]) <= params.batch_size:
+                groups[-1] += job
+            else:
+                groups.append(job)
+    else:  # reference path: every sample re-encodes its prompt
+        flat = [(i, [m]) for i in range(len(prompts)) for m in ids[i]]
+        groups = [flat[j:j + params.batch_size] for j in range(0, len(flat), params.batch_size)]
+    for group in tqdm(groups, desc="sampling", unit="batch", disable=not progress):
+        gens = _decode(backbone, [prompts[i] for i, _ in group], [starts[i] for i, _ in group],
+                       [m for _, m in group], [seeds[i] for i, _ in group], [i for i, _ in group], params, model)
+        for (i, _), gs in zip(group, gens):
+            out[i].extend(gs)
     return out
 
 
-def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], n: int, params: SampleParams,
-            model: "CTRLSModel | None", generator: torch.Generator | None, first_index: int) -> list[list[Generation]]:
+def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
+            seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams,
+            model: "CTRLSModel | None") -> list[list[Generation]]:
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = _body(lm), lm.get_output_embeddings()
@@ -211,28 +288,33 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     h = body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev),
              past_key_values=cache, use_cache=True).last_hidden_state
 
+    # ---- expand each prompt to its samples ----------------------------------------------------
+    rows = [_Row(prompt_index[i], m, stream_key(seeds[i], m)) for i, ms in enumerate(sample_ids) for m in ms]
+    expand = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor([len(ms) for ms in sample_ids]))
+    if len(expand) != len(prompts) or bool((expand != torch.arange(len(prompts))).any()):
+        cache.batch_select_indices(expand.to(dev))
     state = None
     if model is not None:
         s0 = model.encode([h[i, width - len(p) + st:] for i, (p, st) in enumerate(zip(prompts, starts))])
-        state = s0.repeat_interleave(n, 0)
-    # ---- expand to n samples per prompt ------------------------------------------------------
-    if n > 1:
-        cache.batch_repeat_interleave(n)
-    attn = attn.repeat_interleave(n, 0).to(dev)
-    next_pos = pos[:, -1].repeat_interleave(n, 0).to(dev) + 1
-    h_last = h[:, -1].repeat_interleave(n, 0)
-    rows = [_Row(first_index + i // n, i % n) for i in range(len(prompts) * n)]
+        state = s0[expand.to(s0.device)]
+    attn = attn[expand].to(dev)
+    next_pos = pos[expand, -1].to(dev) + 1
+    h_last = h[expand.to(h.device), -1]
     active = list(range(len(rows)))  # row index of each batch position
     if model is not None:
-        s1 = model.policy.sample(state, params.epsilon, generator=generator)
-        for r, (a, b) in zip(rows, zip(state, s1)):
-            r.states += [a.float().cpu(), b.float().cpu()]
+        for r, a in zip(rows, state):
+            r.states.append(a.float().cpu())
+        s1 = _draw_states(model, state, rows, params.epsilon)
+        for r, b in zip(rows, s1):
+            r.states.append(b.float().cpu())
         state = s1
 
     for _ in range(params.max_new_tokens):
         hh = model.adapt(h_last, state) if model is not None else h_last
+        keys = torch.tensor([rows[ri].key for ri in active], dtype=torch.int64)
+        counters = torch.tensor([len(rows[ri].tokens) for ri in active], dtype=torch.int64)
         # a 3-D input takes a faster GEMM path than a (B, d) matrix on CPU
-        nxt = _pick(head(hh[:, None])[:, 0], params.temperature, params.top_k, generator).cpu()
+        nxt = _pick(head(hh[:, None])[:, 0], params.temperature, params.top_k, keys, counters).cpu()
         keep, redraw = [], []
         nl, eos = is_nl[nxt], is_eos[nxt] & (not params.ignore_eos)
         for j, ri in enumerate(active):
@@ -271,7 +353,7 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
             active = [active[j] for j in keep]
         if model is not None and redraw:
             idx = torch.as_tensor(redraw, device=dev)
-            new = model.policy.sample(state[idx], params.epsilon, generator=generator)
+            new = _draw_states(model, state[idx], [rows[active[j]] for j in redraw], params.epsilon)
             state = state.clone()
             state[idx] = new.to(state.dtype)
             for k, j in enumerate(redraw):
@@ -282,12 +364,12 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
         next_pos = next_pos + 1
 
     gens: list[list[Generation]] = [[] for _ in prompts]
-    for r in rows:
+    for r, i in zip(rows, expand.tolist()):
         if r.finish is None:  # loop ran out (max_new_tokens == 0)
             _end_step(r, tok)
             r.finish = "max_tokens"
         spans = r.spans
-        gens[r.prompt_index - first_index].append(Generation(
+        gens[i].append(Generation(
             prompt_index=r.prompt_index, sample_index=r.sample_index, token_ids=r.tokens,
             text=tok.decode(r.tokens), steps=[tok.decode(r.tokens[a:b]).strip() for a, b in spans],
             spans=spans, finish=r.finish,
@@ -328,4 +410,4 @@ def tokens_per_second(gens: list[list[Generation]], seconds: float) -> float:
     return sum(g.n_tokens for gs in gens for g in gs) / max(seconds, 1e-9)
 
 
-__all__ = ["Generation", "SampleParams", "sample", "seeded", "tokens_per_second"]
+__all__ = ["Generation", "SampleParams", "sample", "seeded", "stream_key", "tokens_per_second"]

@@ -7,25 +7,39 @@ import torch
 from ctrls.config import load_config
 from ctrls.policy import TransitionPolicy
 from ctrls.rl import Setting, Trainer, Trajectory, parse_setting, reinforce_loss
+from ctrls.sampling import stream_key
 
 K, T, GOAL = 4, 3, 2
 
 
 def mdp_sampler(policy):
-    """s_0 = state 0; a_t ~ pi~(. | s_{t-1}) for T steps; reward 1 if the last state is GOAL."""
-    def sample(qs, G, eps, g):
-        s0 = torch.nn.functional.one_hot(torch.zeros(G, dtype=torch.long), K).float()
-        states = [s0]
-        for _ in range(T):
-            states.append(policy.sample(states[-1], eps, generator=g))
-        traj = torch.stack(states, 1)
-        return [Trajectory(states=traj[i], reward=float(traj[i, -1].argmax() == GOAL), group=0) for i in range(G)]
+    """s_0 = state 0; a_t ~ pi~(. | s_{t-1}) for T steps; reward 1 if the last state is GOAL.
+    Trajectory m of question slot j is seeded by (seeds[j], m) alone, like the real sampler."""
+    def sample(qs, sample_ids, eps, seeds):
+        out = []
+        for gi, (ms, seed) in enumerate(zip(sample_ids, seeds)):
+            for m in ms:
+                s = [torch.nn.functional.one_hot(torch.tensor(0), K).float()]
+                g = torch.Generator().manual_seed(stream_key(seed, m) & (2**64 - 1))
+                for _ in range(T):
+                    s.append(policy.sample(s[-1], eps, generator=g))
+                traj = torch.stack(s)
+                out.append(Trajectory(states=traj, reward=float(traj[-1].argmax() == GOAL), group=gi))
+        return out
     return sample
 
 
+def draw(policy, n, eps=0.0, seed=123):
+    return mdp_sampler(policy)([0], [range(n)], eps, [seed])
+
+
 def expected_reward(policy, n=4000, seed=123):
-    trajs = mdp_sampler(policy)(None, n, 0.0, torch.Generator().manual_seed(seed))
-    return np.mean([t.reward for t in trajs])
+    """Monte Carlo estimate with one generator for the whole batch (fast; evaluation only)."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.nn.functional.one_hot(torch.zeros(n, dtype=torch.long), K).float()
+    for _ in range(T):
+        s = policy.sample(s, 0.0, generator=g)
+    return float((s.argmax(-1) == GOAL).float().mean())
 
 
 def cfg_for(alpha=0.0, eps=0.0, steps=60, **rl):
@@ -67,7 +81,7 @@ def test_entropy_bonus_keeps_the_policy_entropy_higher(tmp_path):
 def test_gradients_reach_only_L_and_c():
     policy = TransitionPolicy(K)
     extra = torch.nn.Parameter(torch.ones(3))  # anything else (adapter, backbone) gets no gradient
-    trajs = mdp_sampler(policy)(None, 8, 0.1, torch.Generator().manual_seed(0))
+    trajs = draw(policy, 8, 0.1, seed=0)
     loss, info = reinforce_loss(policy, trajs, 0.1, 0.01)
     loss.backward()
     assert policy.L.grad is not None and policy.L.grad.abs().sum() > 0 and policy.log_c.grad is not None
