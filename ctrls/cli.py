@@ -1,7 +1,7 @@
 """Command line: ``ctrls reproduce`` (notebooks -> book) and the stages on their own.
 
     ctrls reproduce [--profile demo] [--only STAGE ...] [--force STAGE ...] [-o key=value ...]
-    ctrls stage {pretrain,exploration,rl} [--profile demo] [--force] [-o key=value ...]
+    ctrls stage STAGE [STAGE ...] [--profile demo] [--force] [-o key=value ...]   # pretrain exploration rl
     ctrls verify-references [--dataset gsm8k] [--split test]
     ctrls profiles
 
@@ -105,29 +105,30 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    """Run one library stage without a notebook (data-parallel under ``accelerate launch``)."""
+    """Run library stages without notebooks, in one process (data-parallel under ``accelerate launch``)."""
     from ctrls.config import load_config
     from ctrls.distributed import shutdown, world
 
     cfg = load_config(args.profile, [*args.override, f"run_dir={Path(args.run_dir).resolve()}"])
     w = world()
-    t0 = time.time()
-    if args.name == "pretrain":
-        from ctrls.pretrain import pretrain
+    for name in args.names:
+        t0 = time.time()
+        if name == "pretrain":
+            from ctrls.pretrain import pretrain
 
-        for b, d in cfg.pairs():
-            pretrain(cfg.for_pair(b, d), force=args.force, progress=not args.quiet)
-        out = cfg.stage_dir("pretrain")
-    elif args.name == "exploration":
-        from ctrls.exploration import explore
+            for b, d in cfg.pairs():
+                pretrain(cfg.for_pair(b, d), force=args.force, progress=not args.quiet)
+            out = cfg.stage_dir("pretrain")
+        elif name == "exploration":
+            from ctrls.exploration import explore
 
-        out = explore(cfg, force=args.force, progress=not args.quiet)
-    else:
-        from ctrls.rl import run_rl
+            out = explore(cfg, force=args.force, progress=not args.quiet)
+        else:
+            from ctrls.rl import run_rl
 
-        out = run_rl(cfg, force=args.force, progress=not args.quiet)
-    if w.is_main:
-        print(f"{args.name}: {out} ({w.size} process{'es' if w.size > 1 else ''}, {time.time() - t0:.0f} s)")
+            out = run_rl(cfg, force=args.force, progress=not args.quiet)
+        if w.is_main:
+            print(f"{name}: {out} ({w.size} process{'es' if w.size > 1 else ''}, {time.time() - t0:.0f} s)", flush=True)
     shutdown()
     return 0
 
@@ -166,8 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--book-dir", default=None, help="build a copy of the book there instead of in book/")
     r.set_defaults(fn=cmd_reproduce)
 
-    st = sub.add_parser("stage", help="run one stage (data-parallel under accelerate launch / torchrun)")
-    st.add_argument("name", choices=["pretrain", "exploration", "rl"])
+    st = sub.add_parser("stage", help="run library stages without notebooks (data-parallel under accelerate launch)")
+    st.add_argument("names", nargs="+", choices=["pretrain", "exploration", "rl"], metavar="STAGE",
+                    help="pretrain, exploration and/or rl, run in the order given")
     st.add_argument("--profile", default="demo")
     st.add_argument("--run-dir", default=str(ROOT / "runs"))
     st.add_argument("--force", action="store_true", help="recompute even if cached")

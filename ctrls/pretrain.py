@@ -195,13 +195,13 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
 
     w = world()
     per_chunk = max(1, cfg.sampling.batch_size // max(n, 1))
-    mine = w.shard(problems)
-    # data parallel: every rank takes its turn in each round (with an empty chunk when its shard is
-    # done), so the gathers line up; rank 0 appends every rank's rows
-    rounds = -(-(-(-len(problems) // w.size)) // per_chunk)  # ceil(largest shard / per_chunk)
+    # data parallel: each round covers the next `size * per_chunk` questions, every rank sampling its
+    # contiguous block of them (perhaps empty) so that the gathers line up; gathered in rank order,
+    # the rows rank 0 appends come in the single-process order
+    span = per_chunk * w.size
     bar = tqdm(total=len(problems), desc="(a) collect CoTs", unit="q", disable=not (progress and w.is_main))
-    for ci in range(rounds):
-        chunk = mine[ci * per_chunk:(ci + 1) * per_chunk]
+    for lo in range(0, len(problems), span):
+        chunk = w.shard(problems[lo:lo + span])
         todo = [p for p in chunk if p.id not in done]
         rows = []
         gens = [[] for _ in todo]
@@ -450,13 +450,13 @@ def _collate(buf, post, prev):
 def train_adapter(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path, progress: bool = True) -> dict:
     st = torch.load(stages["states"].dir / "states.pt", weights_only=True)
     L = torch.load(stages["transitions"].dir / "transitions.pt", weights_only=True)["L"]
+    torch.manual_seed(cfg.seed)  # the adapter's initialisation, whatever ran before in this process
     model = _build_model(cfg, bb, st, L)
     adapter = model.adapter.to(bb.device)
     head = bb.lm_head
     opt = torch.optim.Adam(adapter.parameters(), lr=cfg.pretrain.lr)
     centroids = model.centroids.to(bb.device)
     history = []
-    torch.manual_seed(cfg.seed)
     for epoch in tqdm(range(cfg.pretrain.epochs + 1), desc="(f) adapter ELBO", unit="epoch", disable=not progress):
         rec = kl = tokens = steps = 0.0
         for hidden, targets, step_index, s_post, s_prev in _batches(cfg, stages, shuffle_seed=cfg.seed + epoch):
