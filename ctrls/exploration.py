@@ -25,7 +25,7 @@ from ctrls.metrics import metric_with_ci, paired_bootstrap, pass_at_k, pass_at_k
 from ctrls.pretrain import pretrain_stages
 from ctrls.pretrain import load_pretrained
 from ctrls.prompts import encode_prompt
-from ctrls.report import pct_ci
+from ctrls.report import with_pct_ci
 from ctrls.runs import Stage, pair_slug, slug
 from ctrls.sampling import Generation, SampleParams, sample
 
@@ -211,9 +211,7 @@ __all__ = ["BASE", "PAPER_TABLE1", "explore", "load_samples", "table1", "paper_t
 
 def layout(t: pd.DataFrame) -> pd.DataFrame:
     """Our Table 1 in the paper's layout: rows (eta, config), columns (backbone · dataset, metric)."""
-    t = t.assign(model=t.backbone.str.split("/").str[-1] + " · " + t.dataset,
-                 **{"pass@n (%)": list(map(pct_ci, t["pass@n"], t["pass@n lo"], t["pass@n hi"])),
-                    "Succ. (%)": list(map(pct_ci, t["succ"], t["succ lo"], t["succ hi"]))})
+    t = with_pct_ci(t).assign(model=t.backbone.str.split("/").str[-1] + " · " + t.dataset)
     wide = t.pivot_table(index=["temperature", "config"], columns="model", values=["pass@n (%)", "Succ. (%)"],
                          aggfunc="first", sort=False)
     wide = wide.swaplevel(0, 1, axis=1).sort_index(axis=1, level=0, sort_remaining=False)

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from ctrls.adapter import StateAdapter
 from ctrls.policy import TransitionPolicy
 from ctrls.spectral import spectral_embeddings
+from ctrls.states import soft_assign, sq_dists
 
 
 @dataclass
@@ -60,8 +61,7 @@ class CTRLSModel(torch.nn.Module):
     def assign(self, e: torch.Tensor) -> torch.Tensor:
         """Soft assignment s (N, K) = softmax(-||e - gamma_j||^2 / tau)."""
         e = e.to(self.centroids.device, torch.float32)
-        d2 = torch.cdist(e, self.centroids).pow(2)
-        return torch.softmax(-d2 / self.config.tau, dim=-1)
+        return soft_assign(sq_dists(e, self.centroids), self.config.tau)
 
     def encode(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
         """s_t = Q_phi(x_<=t) from each step's (or the prompt's) hidden states."""

@@ -55,3 +55,10 @@ def pct(x: float) -> str:
 def pct_ci(v: float, lo: float, hi: float) -> str:
     """``72.5 [60.0, 85.0]`` from fractions."""
     return f"{100 * v:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def with_pct_ci(t, prefix: str = "") -> "pd.DataFrame":
+    """``t`` with ``pass@n (%)`` and ``Succ. (%)`` columns, each ``value [lo, hi]`` in percent, from the
+    ``pass@n``/``succ`` columns and their ``lo``/``hi`` confidence bounds (Tables 1 and 2)."""
+    return t.assign(**{f"{prefix}pass@n (%)": list(map(pct_ci, t["pass@n"], t["pass@n lo"], t["pass@n hi"])),
+                       f"{prefix}Succ. (%)": list(map(pct_ci, t["succ"], t["succ lo"], t["succ hi"]))})

@@ -42,6 +42,17 @@ def _check_features(X: torch.Tensor, ids: Sequence[str] | None = None, dim: int 
                          f"check that step's hidden states")
 
 
+def sq_dists(e: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """||e_i - gamma_j||^2 (N, K), from the differences: the ||e||^2 + ||gamma||^2 - 2 e.gamma shortcut
+    (torch.cdist's default above 25 rows) loses the small distances of far-from-origin points."""
+    return torch.cdist(e, centroids, compute_mode="donot_use_mm_for_euclid_dist").pow(2)
+
+
+def soft_assign(d2: torch.Tensor, tau: float) -> torch.Tensor:
+    """Q_phi's soft state s = softmax_j(-d2_j / tau) from squared distances to the centroids."""
+    return torch.softmax(-d2 / tau, dim=-1)
+
+
 @dataclass
 class StateSpace:
     """The fitted Q_phi: centroids gamma (K, D), temperature tau, and the record of the fit."""
@@ -59,11 +70,11 @@ class StateSpace:
         """||e - gamma_j||^2 (N, K), in float32; non-finite features raise a ValueError."""
         e = torch.as_tensor(features).to(device=self.centroids.device, dtype=torch.float32)
         _check_features(e, dim=self.centroids.shape[1])
-        return torch.cdist(e, self.centroids).pow(2)
+        return sq_dists(e, self.centroids)
 
     def assign(self, features: torch.Tensor | np.ndarray) -> torch.Tensor:
         """s (N, K) = softmax_j(-||e - gamma_j||^2 / tau)."""
-        return torch.softmax(-self.sq_dists(features) / self.tau, dim=-1)
+        return soft_assign(self.sq_dists(features), self.tau)
 
     def hard(self, features: torch.Tensor | np.ndarray) -> torch.Tensor:
         """The nearest centroid (N,), i.e. argmax of ``assign``."""
