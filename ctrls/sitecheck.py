@@ -1,0 +1,327 @@
+"""Open the built book in a real headless browser: screenshots, missing assets, external requests.
+
+``check_site(html_dir, out_dir)`` serves a built Jupyter Book (``book/_build/html``) on
+``127.0.0.1`` from a thread, opens some of its pages in Debian's Chromium (``/usr/bin/chromium``,
+driven by Playwright), and for each page:
+
+* records every request the page makes;
+* aborts every request whose host is not ``127.0.0.1``/``localhost`` and records it as *external*
+  (such a request never leaves the machine: the book must not depend on a CDN);
+* records as *missing* every request that failed or whose response has status >= 400;
+* waits for the network to go idle and for MathJax (when the page loads it) to finish typesetting,
+  then takes a full-page PNG screenshot into ``out_dir``.
+
+It returns a report (a dict; see :func:`check_site`). Run it from the command line with::
+
+    python -m ctrls.sitecheck [HTML_DIR] [--out DIR]
+
+which prints the report and exits 1 when a page has a missing asset or made an external request
+(defaults: ``book/_build/html`` and ``book/_build/screenshots``).
+
+Playwright (the ``dev`` extra) drives the browser; its own browser download
+(``playwright install``) is never used: the browser is Debian's ``chromium`` package
+(``apt-get install -y chromium``; ``make test`` installs it).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+CHROMIUM = "/usr/bin/chromium"
+# Known to work with Debian's chromium as root, in a container, with no network but loopback.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+DEFAULT_PAGES = ("index.html", "generated/02_exploration.html")
+# Screenshot file names for the default pages; any other page gets its path with '/' -> '_'.
+SCREENSHOT_NAMES = {"index.html": "index.png", "generated/02_exploration.html": "table1.png"}
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+VIEWPORT = {"width": 1280, "height": 900}
+
+# Wait for MathJax 3 (when the page loads it) to finish its first typesetting pass, then for the
+# web fonts it asked for. Resolves to "none", "done", "timeout" or "error: ...".
+_WAIT_MATHJAX = """
+async (timeoutMs) => {
+  const hasScript = !!document.querySelector('script[src*="mathjax" i], script[src*="tex-" i]');
+  const deadline = Date.now() + timeoutMs;
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  if (!hasScript && !window.MathJax) return "none";
+  // MathJax is loaded async: window.MathJax is first the config object, then the real one.
+  while (!(window.MathJax && window.MathJax.startup && window.MathJax.startup.promise)) {
+    if (Date.now() > deadline) return "timeout";
+    await sleep(50);
+  }
+  const left = Math.max(0, deadline - Date.now());
+  try {
+    const ok = await Promise.race([
+      window.MathJax.startup.promise.then(() => true),
+      sleep(left).then(() => false),
+    ]);
+    if (!ok) return "timeout";
+    if (document.fonts && document.fonts.ready) await document.fonts.ready;
+    return "done";
+  } catch (e) {
+    return "error: " + e;
+  }
+}
+"""
+
+
+_WAIT_ANIMATIONS = """
+async (timeoutMs) => {
+  const running = document.getAnimations().filter((a) => a.effect && a.effect.getTiming().iterations !== Infinity);
+  await Promise.race([Promise.allSettled(running.map((a) => a.finished)),
+                      new Promise((r) => setTimeout(r, timeoutMs))]);
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+}
+"""
+_META_REFRESH = re.compile(r"""<meta[^>]+http-equiv\s*=\s*["']?refresh""", re.IGNORECASE)
+
+
+class SiteCheckError(RuntimeError):
+    """The check could not run (no browser, no Playwright, no built site)."""
+
+
+def is_local(url: str) -> bool:
+    """True for a URL that stays on this machine: loopback http(s), or data:/blob:/about: URLs."""
+    parts = urlsplit(url)
+    if parts.scheme in ("data", "blob", "about", "chrome-error", ""):
+        return True
+    return (parts.hostname or "") in LOCAL_HOSTS
+
+
+def screenshot_name(page: str) -> str:
+    if page in SCREENSHOT_NAMES:
+        return SCREENSHOT_NAMES[page]
+    stem = page[: -len(".html")] if page.endswith(".html") else page
+    return stem.strip("/").replace("/", "_") + ".png"
+
+
+def find_chromium(executable: str | os.PathLike | None = None) -> str:
+    """The Chromium binary to use, or a SiteCheckError that says how to install it."""
+    exe = str(executable or os.environ.get("CTRLS_CHROMIUM") or CHROMIUM)
+    if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+        found = shutil.which(exe) if os.sep not in exe else None
+        if not found:
+            raise SiteCheckError(
+                f"Chromium not found at {exe}: install Debian's package with "
+                "`apt-get update && apt-get install -y chromium` (`make test` does this)")
+        exe = found
+    return exe
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+@contextmanager
+def serve(directory: str | os.PathLike):
+    """Serve ``directory`` over HTTP on 127.0.0.1 on a free port, from a thread; yields the base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="sitecheck-http", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _check_page(context, url: str, shot: Path, timeout_ms: int) -> dict:
+    page = context.new_page()
+    requests: list[str] = []
+    missing: dict[str, str] = {}  # url -> why (first reason seen)
+    external: list[str] = []
+    console_errors: list[str] = []
+
+    def on_request(req):
+        requests.append(req.url)
+
+    def on_response(resp):
+        if resp.status >= 400:
+            missing.setdefault(resp.url, f"HTTP {resp.status}")
+
+    def on_failed(req):
+        if is_local(req.url):  # external requests fail because we abort them: recorded as external
+            missing.setdefault(req.url, req.failure or "failed")
+
+    def on_console(msg):
+        if msg.type == "error":
+            console_errors.append(msg.text)
+
+    page.on("request", on_request)
+    page.on("response", on_response)
+    page.on("requestfailed", on_failed)
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: console_errors.append(f"uncaught: {exc}"))
+
+    def route(r):
+        if is_local(r.request.url):
+            r.continue_()
+        else:  # recorded, and never let out
+            external.append(r.request.url)
+            r.abort("blockedbyclient")
+
+    page.route("**/*", route)
+
+    response = None
+    try:
+        response = page.goto(url, wait_until="load", timeout=timeout_ms)
+    except Exception as e:  # noqa: BLE001 - a page that cannot load is reported, not raised
+        missing.setdefault(url, str(e).splitlines()[0])
+    # Jupyter Book's index.html is a <meta http-equiv="refresh"> redirect to the root page; read it
+    # from the response (the page itself may already be gone), then wait for the page it leads to.
+    try:
+        body = response.text() if response is not None and response.ok else ""
+    except Exception:  # noqa: BLE001 - body no longer available
+        body = ""
+    if _META_REFRESH.search(body):
+        try:
+            page.wait_for_url(lambda u: u != url, wait_until="load", timeout=timeout_ms)
+        except Exception:  # noqa: BLE001 - a refresh that never happens: screenshot what is there
+            pass
+
+    warnings: list[str] = []
+
+    def settle(what: str):
+        try:
+            page.wait_for_load_state("networkidle", timeout=timeout_ms)
+        except Exception:  # noqa: BLE001 - a page that never goes idle: screenshot it anyway
+            warnings.append(f"network not idle after {timeout_ms} ms ({what})")
+
+    settle("load")
+    mathjax = page.evaluate(_WAIT_MATHJAX, timeout_ms)
+    settle("mathjax")  # the fonts MathJax asked for
+    n_math = page.evaluate("() => document.querySelectorAll('mjx-container').length")
+    # The theme slides its sidebars in with CSS transitions: let them end (finite ones are also
+    # fast-forwarded by animations="disabled"), else the screenshot catches them half-way.
+    page.evaluate(_WAIT_ANIMATIONS, 5000)
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shot), full_page=True, animations="disabled")
+    report = {
+        "url": url,
+        "final_url": page.url,
+        "title": page.title(),
+        "n_requests": len(requests),
+        "requests": requests,
+        "missing": list(missing),
+        "missing_why": missing,
+        "external": external,
+        "console_errors": console_errors,
+        "mathjax": mathjax,
+        "n_math": n_math,
+        "warnings": warnings,
+        "screenshot": str(shot),
+    }
+    page.close()
+    return report
+
+
+def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
+               pages: tuple[str, ...] | list[str] = DEFAULT_PAGES, *,
+               chromium: str | os.PathLike | None = None, timeout_s: float = 60.0) -> dict:
+    """Open ``pages`` of the site in ``html_dir`` in headless Chromium; screenshot them into ``out_dir``.
+
+    Returns ``{"html_dir", "out_dir", "chromium", "ok", "pages": {page: report}}`` where each page's
+    report holds ``url`` (asked for), ``final_url`` (after redirects), ``title``, ``n_requests``,
+    ``requests``, ``missing`` (URLs that failed or answered >= 400; ``missing_why`` maps each to
+    the reason), ``external`` (URLs on a host other than 127.0.0.1/localhost: aborted, never sent),
+    ``console_errors``, ``mathjax`` ("none", "done", "timeout" or "error: ..."), ``n_math`` (formulas
+    MathJax typeset), ``warnings`` (waits
+    that timed out) and ``screenshot``.
+    ``ok`` is True when no page has a missing asset or an external request.
+
+    Raises :class:`SiteCheckError` when the site is not built, Chromium is not installed or
+    Playwright is not importable.
+    """
+    html_dir = Path(html_dir).resolve()
+    out_dir = Path(out_dir).resolve()
+    if not (html_dir / "index.html").is_file():
+        raise SiteCheckError(f"no index.html in {html_dir}: build the book first "
+                             "(`make book`, or `ctrls reproduce --profile smoke`)")
+    exe = find_chromium(chromium)
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as e:  # pragma: no cover - dev extra not installed
+        raise SiteCheckError("Playwright is not installed: `pip install -e '.[dev]'` "
+                             "(never `playwright install`: the browser is Debian's chromium)") from e
+
+    timeout_ms = int(timeout_s * 1000)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {"html_dir": str(html_dir), "out_dir": str(out_dir), "chromium": exe, "pages": {}}
+    # Never let Playwright look for (or fetch) a browser of its own.
+    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+    with serve(html_dir) as base, tempfile.TemporaryDirectory(prefix="ctrls-chromium-") as profile, \
+            sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
+            viewport=VIEWPORT, service_workers="block", timeout=timeout_ms)
+        try:
+            for p in pages:
+                shot = out_dir / screenshot_name(p)
+                report["pages"][p] = _check_page(context, base + p.lstrip("/"), shot, timeout_ms)
+        finally:
+            context.close()
+    report["ok"] = all(not r["missing"] and not r["external"] for r in report["pages"].values())
+    return report
+
+
+def format_report(report: dict) -> str:
+    """A short human-readable summary of a :func:`check_site` report."""
+    lines = [f"site {report['html_dir']} (browser {report['chromium']})"]
+    for page, r in report["pages"].items():
+        lines.append(f"{page}: {r['title']!r} -> {r['final_url']}")
+        lines.append(f"  {r['n_requests']} requests, {len(r['missing'])} missing, "
+                     f"{len(r['external'])} external, {len(r['console_errors'])} console errors, "
+                     f"mathjax {r['mathjax']} ({r['n_math']} formulas)")
+        lines += [f"  missing:  {u} ({r['missing_why'].get(u, '?')})" for u in r["missing"]]
+        lines += [f"  external (blocked): {u}" for u in r["external"]]
+        lines += [f"  console:  {m}" for m in r["console_errors"]]
+        lines += [f"  warning:  {m}" for m in r["warnings"]]
+        lines.append(f"  screenshot: {r['screenshot']}")
+    lines.append("OK" if report["ok"] else "FAILED: missing assets or external requests")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ctrls.sitecheck", description=__doc__.split("\n")[0])
+    ap.add_argument("html_dir", nargs="?", default="book/_build/html", help="the built site (default: %(default)s)")
+    ap.add_argument("--out", default="book/_build/screenshots", help="where screenshots go (default: %(default)s)")
+    ap.add_argument("--page", action="append", dest="pages", metavar="PATH",
+                    help=f"a page to open, relative to HTML_DIR (repeatable; default: {' '.join(DEFAULT_PAGES)})")
+    ap.add_argument("--json", action="store_true", help="print the full report as JSON")
+    args = ap.parse_args(argv)
+    try:
+        report = check_site(args.html_dir, args.out, tuple(args.pages or DEFAULT_PAGES))
+    except SiteCheckError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
