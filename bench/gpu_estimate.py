@@ -81,7 +81,7 @@ The per-iteration times go through ``estimate`` like a measured run's timeline. 
 section rendered from the JSON; ``--from-json`` recomputes with other constants without measuring:
 
     python bench/gpu_estimate.py --analytic --out bench/results/gpu_estimate_analytic.json \
-        --md bench/results/gpu_estimate_h100.md
+        --md book/_includes/gpu_estimate_h100.md
     python bench/gpu_estimate.py --analytic --from-json bench/results/gpu_estimate_analytic.json --per-op-us 15 \
         --out /tmp/other.json
 """
@@ -1378,7 +1378,7 @@ def analytic_markdown(data: dict, json_path: str) -> str:
               "python bench/gpu_estimate.py --from-json qwen.json llama.json --out bench/results/gpu_estimate_h100.json",
               "```", "",
               "This page is regenerated (on a CPU, a few minutes) by", "", "```",
-              f"python bench/gpu_estimate.py --analytic --out {json_path} --md bench/results/gpu_estimate_h100.md",
+              f"python bench/gpu_estimate.py --analytic --out {json_path} --md book/_includes/gpu_estimate_h100.md",
               "```", "",
               "and with other constants, without measuring again, by `python bench/gpu_estimate.py --analytic "
               f"--from-json {json_path} --per-op-us 15 --out other.json`.", ""]

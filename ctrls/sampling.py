@@ -316,10 +316,11 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
         # a 3-D input takes a faster GEMM path than a (B, d) matrix on CPU
         nxt = _pick(head(hh[:, None])[:, 0], params.temperature, params.top_k, keys, counters).cpu()
         keep, redraw = [], []
-        nl, eos = is_nl[nxt], is_eos[nxt] & (not params.ignore_eos)
+        # python lists: the loop below reads one element per row, a tensor index per read costs a dispatch
+        toks, nl, eos = nxt.tolist(), is_nl[nxt].tolist(), (is_eos[nxt] & (not params.ignore_eos)).tolist()
         for j, ri in enumerate(active):
             r = rows[ri]
-            t = int(nxt[j])
+            t = toks[j]
             if eos[j]:
                 _end_step(r, tok)
                 r.finish = "eos"
