@@ -56,7 +56,38 @@ def run_notebook(stage: str, profile: str, run_dir: str, overrides: list[str], f
     except pm.PapermillExecutionError as e:
         raise NotebookFailed(f"stage {stage!r} failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
                              f"see the executed notebook: {out}") from e
+    finally:
+        if out.exists():
+            settle_streams(out)
     return out
+
+
+def settle_streams(path: Path) -> None:
+    """Rewrite an executed notebook's stream outputs as a terminal would show them at the end.
+
+    A kernel records every tqdm refresh as its own ``\\r``-prefixed stream output, so the book
+    would print each refresh of a progress bar on a line of its own. Consecutive outputs of one
+    stream are joined and each line keeps only the text after its last carriage return: the bar's
+    final state, with the rest of the output untouched.
+    """
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    for cell in nb.cells:
+        merged = []
+        for o in cell.get("outputs", []):
+            if o.output_type == "stream" and merged and merged[-1].output_type == "stream" \
+                    and merged[-1].name == o.name:
+                merged[-1].text += o.text
+            else:
+                merged.append(o)
+        for o in merged:
+            if o.output_type == "stream" and "\r" in o.text:
+                o.text = "\n".join(next((seg for seg in reversed(line.split("\r")) if seg), "")
+                                   for line in o.text.split("\n"))
+        if "outputs" in cell:
+            cell.outputs = merged
+    nbformat.write(nb, str(path))
 
 
 def build_book(book: Path = BOOK, strict: bool = False) -> Path:
