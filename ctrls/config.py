@@ -26,7 +26,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    dataset: str = "gsm8k"  # gsm8k | math | gsm_symbolic
+    dataset: str = "gsm8k"  # gsm8k | math | gsm_symbolic | a directory with train.jsonl, test.jsonl (ctrls.data)
     data_dir: str | None = None  # else $CTRLS_DATA_DIR, else ../shared/data if present, else the hub
     n_train: int = 40  # training questions (pretraining / RL), seeded subset
     n_test: int = 40  # test questions (exploration / evaluation), seeded subset

@@ -13,6 +13,12 @@ Where the data comes from, in order:
    for the rest of the MATH test split);
 3. otherwise a :class:`DataError` that names both ways.
 
+Your own dataset: ``dataset`` may instead be a directory holding ``train.jsonl`` and ``test.jsonl``,
+one JSON object per line with ``question`` and ``answer`` (the gold final answer, a string or a
+number) and optionally ``steps`` (a list of strings, the reference solution's steps), ``solution``
+(a string whose non-empty lines are the steps; used when ``steps`` is absent) and ``id``. Problem
+ids are ``<directory name>-<split>-<id or row>``. See :func:`load_problems`.
+
 MATH has no train split here: as in PRM800K, train = the 4,500 problems of the MATH test split
 that are not in MATH-500 (matched by whitespace-normalised problem text), test = MATH-500.
 
@@ -98,11 +104,16 @@ def _missing_msg(what: str, why: str) -> str:
 
 
 def _read_jsonl(d: Path, key: Any) -> list[dict | None]:
-    """Rows of one data file; a line that is not a JSON object becomes None (counted as malformed)."""
+    """Rows of one data file of the data directory ``d``."""
     path = d / _FILES[key]
     if not path.is_file():
         raise DataError(f"{path} not found in the data directory {d} "
                         f"(expected {', '.join(sorted(set(_FILES.values())))})")
+    return _read_jsonl_file(path)
+
+
+def _read_jsonl_file(path: Path) -> list[dict | None]:
+    """Rows of a JSONL file; a line that is not a JSON object becomes None (counted as malformed)."""
     rows: list[dict | None] = []
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -214,10 +225,39 @@ def _norm_text(s: str) -> str:
     return " ".join(s.split())
 
 
-def _parse_row(dataset: str, split: str, i: int, r: dict | None, id_prefix: str) -> Problem:
+def _parse_local_row(source: str, split: str, i: int, r: dict, id_prefix: str) -> Problem:
+    """A row of your own dataset (module docstring): question, answer, and optional steps/solution/id."""
+    q, a = r.get("question"), r.get("answer")
+    if not isinstance(q, str) or not q.strip():
+        raise ValueError("missing or empty question")
+    if isinstance(a, bool) or not isinstance(a, (str, int, float)) or not str(a).strip():
+        raise ValueError("missing or empty answer (a string or a number)")
+    steps, sol = r.get("steps"), r.get("solution")
+    if steps is not None:
+        if not isinstance(steps, list) or not all(isinstance(x, str) for x in steps):
+            raise ValueError("steps is not a list of strings")
+        if any("\n" in x.strip() for x in steps):
+            raise ValueError("a step contains a newline (one step per list element)")
+        steps = tuple(x.strip() for x in steps if x.strip())
+    elif sol is not None:
+        if not isinstance(sol, str):
+            raise ValueError("solution is not a string")
+        steps = tuple(x.strip() for x in sol.split("\n") if x.strip())
+    else:
+        steps = ()
+    rid = r.get("id", i)
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or not str(rid).strip():
+        raise ValueError("id is not a non-empty string or an integer")
+    return Problem(f"{id_prefix}{rid}", q.strip(), str(a).strip(), steps, source, split,
+                   {"solution": sol} if isinstance(sol, str) else {})
+
+
+def _parse_row(dataset: str, split: str, i: int, r: dict | None, id_prefix: str, local: bool = False) -> Problem:
     """One row as a Problem, or ValueError naming what is malformed."""
     if r is None:
         raise ValueError("not a JSON object")
+    if local:
+        return _parse_local_row(dataset, split, i, r, id_prefix)
     if dataset in ("gsm8k", "gsm_symbolic"):
         q, a = r.get("question"), r.get("answer")
         if not isinstance(q, str) or not q.strip() or not isinstance(a, str) or not a.strip():
@@ -238,14 +278,16 @@ def _parse_row(dataset: str, split: str, i: int, r: dict | None, id_prefix: str)
 
 
 def _parse_rows(name: str, dataset: str, split: str, rows: list[tuple[int, dict | None]],
-                max_bad_fraction: float, id_prefix: str) -> list[Problem]:
-    """Parse (index, row) pairs; skip malformed rows, log them per reason, raise above the threshold."""
+                max_bad_fraction: float, id_prefix: str, local: bool = False) -> list[Problem]:
+    """Parse (index, row) pairs; skip malformed rows, log them per reason, raise above the threshold.
+
+    Problem ids must be unique: runs resume and join by them."""
     probs: list[Problem] = []
     bad: Counter[str] = Counter()
     example: dict[str, int] = {}
     for i, r in rows:
         try:
-            probs.append(_parse_row(dataset, split, i, r, id_prefix))
+            probs.append(_parse_row(dataset, split, i, r, id_prefix, local))
         except ValueError as e:
             bad[str(e)] += 1
             example.setdefault(str(e), i)
@@ -257,10 +299,34 @@ def _parse_rows(name: str, dataset: str, split: str, rows: list[tuple[int, dict 
     if n_bad > max_bad_fraction * len(rows):
         raise DataError(f"{name}: {n_bad} of {len(rows)} rows are malformed (more than max_bad_fraction="
                         f"{max_bad_fraction:g}): " + "; ".join(f"{c} x {r} (e.g. row {example[r]})" for r, c in bad.items()))
+    dup = sorted(k for k, c in Counter(p.id for p in probs).items() if c > 1)
+    if dup:
+        raise DataError(f"{name}: {len(dup)} problem id(s) occur more than once, e.g. {dup[:3]}; ids must be unique")
     return probs
 
 
+def local_dataset_dir(dataset: str) -> Path | None:
+    """The directory of your own dataset when ``dataset`` names one (not a built-in name), else None."""
+    if dataset in DATASETS:
+        return None
+    p = Path(dataset).expanduser()
+    return p if p.is_dir() else None
+
+
+def _load_local(d: Path, split: str, max_bad_fraction: float) -> list[Problem]:
+    path = d / f"{split}.jsonl"
+    if not path.is_file():
+        raise DataError(f"{path} not found: a dataset directory holds train.jsonl and test.jsonl, one JSON object "
+                        f"per line with 'question' and 'answer' (and optionally 'steps', 'solution', 'id')")
+    name = d.resolve().name
+    return _parse_rows(f"{name}/{split}", name, split, list(enumerate(_read_jsonl_file(path))), max_bad_fraction,
+                       f"{name}-{split}-", local=True)
+
+
 def _load_all(dataset: str, split: str, data_dir: str | os.PathLike | None, max_bad_fraction: float) -> list[Problem]:
+    local = local_dataset_dir(dataset)
+    if local is not None:
+        return _load_local(local, split, max_bad_fraction)
     if dataset == "gsm8k":
         d = resolve_data_dir(data_dir)
         rows = _read_jsonl(d, ("gsm8k", split)) if d else _hub("openai/gsm8k", "main", split)
@@ -298,11 +364,13 @@ def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
                   data_dir: str | os.PathLike | None = None, max_bad_fraction: float = 0.01) -> list[Problem]:
     """All problems of a split, or a seeded subset of ``n``: the first n of one fixed permutation.
 
-    The same (seed, n) always gives the same problems in the same order, and a larger n with the
-    same seed is a superset. ``gsm_symbolic`` generates ``n`` problems (default 1000) instead.
+    ``dataset`` is a built-in name (``DATASETS``) or the directory of your own dataset (module
+    docstring). The same (seed, n) always gives the same problems in the same order, and a larger n
+    with the same seed is a superset. ``gsm_symbolic`` generates ``n`` problems (default 1000) instead.
     """
-    if dataset not in DATASETS:
-        raise DataError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    if dataset not in DATASETS and local_dataset_dir(dataset) is None:
+        raise DataError(f"unknown dataset {dataset!r}: neither a built-in one ({', '.join(DATASETS)}) nor a directory "
+                        f"holding train.jsonl and test.jsonl")
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
     if n is not None and n < 0:

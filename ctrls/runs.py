@@ -33,7 +33,7 @@ def safe_name(name: str) -> str:
 
 
 def pair_slug(backbone: str, dataset: str) -> str:
-    return f"{slug(backbone)}__{dataset}"
+    return f"{slug(backbone)}__{slug(dataset)}"
 
 
 class Stage:

@@ -6,17 +6,23 @@ import pandas as pd
 from ctrls.answers import grade
 from ctrls.backbone import load_backbone
 from ctrls.config import Config
-from ctrls.data import load_problems, problems_from_config, resolve_data_dir
+from ctrls.data import load_problems, local_dataset_dir, problems_from_config, resolve_data_dir
 from ctrls.prompts import prompt_ids
 from ctrls.sampling import SampleParams, sample
 
 SPLITS = [("gsm8k", "train"), ("gsm8k", "test"), ("math", "train"), ("math", "test")]
 
 
+def _splits(cfg: Config) -> list[tuple[str, str]]:
+    """The built-in splits, then those of every dataset directory of the profile's grid."""
+    own = [d for d in cfg.grid.datasets if local_dataset_dir(d) is not None]
+    return SPLITS + [(d, split) for d in own for split in ("train", "test")]
+
+
 def dataset_table(cfg: Config) -> pd.DataFrame:
     """Size of every split, and the size of the seeded subsets this profile uses."""
     rows = []
-    for ds, split in SPLITS:
+    for ds, split in _splits(cfg):
         probs = load_problems(ds, split, data_dir=cfg.data.data_dir)
         used = cfg.data.n_train if split == "train" else cfg.data.n_test
         rows.append({"dataset": ds, "split": split, "problems": len(probs),
@@ -32,7 +38,7 @@ def data_source(cfg: Config) -> str:
 
 def example_problems(cfg: Config, n: int = 2) -> pd.DataFrame:
     rows = []
-    for ds, split in SPLITS:
+    for ds, split in _splits(cfg):
         for p in load_problems(ds, split, n=n, seed=cfg.data.seed, data_dir=cfg.data.data_dir):
             rows.append({"id": p.id, "question": _short(p.question), "gold": p.answer, "steps": len(p.steps)})
     return pd.DataFrame(rows)

@@ -166,12 +166,58 @@ def test_hub_is_used_when_there_is_no_data_dir(monkeypatch):
 def test_bad_names_and_files(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         load_problems("gsm8k", "test", data_dir=tmp_path / "nope")
-    with pytest.raises(DataError, match="known: gsm8k, math, gsm_symbolic"):
+    with pytest.raises(DataError, match=r"built-in one \(gsm8k, math, gsm_symbolic\) nor a directory"):
         load_problems("svamp", "test")
     with pytest.raises(DataError, match="unknown split 'dev'"):
         load_problems("gsm8k", "dev")
     with pytest.raises(DataError, match="math500_test.jsonl not found"):
         load_problems("math", "test", data_dir=tmp_path)
+
+
+def own_rows(n, split):
+    return [{"question": f"What is {i} + {i}?", "answer": 2 * i, "steps": [f"{i} + {i} = {2 * i}."]} if i % 2 else
+            {"question": f"What is {i} + {i}?", "answer": str(2 * i), "solution": f"Add.\n\n{i} + {i} = {2 * i}.",
+             "id": f"{split[:2]}{i}"}
+            for i in range(n)]
+
+
+def test_your_own_dataset_directory(tmp_path, caplog):
+    d = tmp_path / "arith"
+    write_jsonl(d / "train.jsonl", own_rows(30, "train"))
+    bad = [{"question": "Q?", "answer": True}, {"question": "Q?", "answer": "1", "steps": "one string"},
+           {"question": "Q?", "answer": "1", "steps": ["two\nlines"]}, {"answer": "1"}]
+    write_jsonl(d / "test.jsonl", own_rows(40, "test") + [{"question": "What is 1?", "answer": 1}] + bad)
+    train = load_problems(str(d), "train")
+    assert len(train) == 30 and {p.source for p in train} == {"arith"} and {p.split for p in train} == {"train"}
+    odd, even = train[3], train[4]
+    assert odd.id == "arith-train-3" and odd.answer == "6" and odd.steps == ("3 + 3 = 6.",)
+    assert even.id == "arith-train-tr4" and even.answer == "8" and even.steps == ("Add.", "4 + 4 = 8.")
+    with caplog.at_level(logging.WARNING, logger="ctrls.data"):
+        test = load_problems(str(d), "test", max_bad_fraction=0.1)
+    assert len(test) == 41 and test[-1].steps == () and test[-1].answer == "1"
+    for reason in ("missing or empty answer", "steps is not a list of strings", "a step contains a newline",
+                   "missing or empty question"):
+        assert f"1 malformed row(s): {reason}" in caplog.text
+    with pytest.raises(DataError, match="4 of 45 rows are malformed"):
+        load_problems(str(d), "test", max_bad_fraction=0.01)
+    # seeded subsets are nested, as for the built-in datasets
+    assert load_problems(str(d), "test", n=5, seed=2, max_bad_fraction=0.1) == \
+        load_problems(str(d), "test", n=9, seed=2, max_bad_fraction=0.1)[:5]
+    # the config names the directory; run directories use its name
+    cfg = load_config("smoke", {"data.dataset": str(d), "data.n_train": 4})
+    assert [p.id for p in problems_from_config(cfg, "train")] == [p.id for p in load_problems(str(d), "train", n=4)]
+    from ctrls.runs import pair_slug
+    assert pair_slug("smollm2-135m-instruct", str(d)) == "smollm2-135m-instruct__arith"
+
+
+def test_your_own_dataset_errors(tmp_path):
+    d = tmp_path / "arith"
+    write_jsonl(d / "train.jsonl", own_rows(4, "train"))
+    with pytest.raises(DataError, match="test.jsonl not found: a dataset directory holds train.jsonl and test.jsonl"):
+        load_problems(str(d), "test")
+    write_jsonl(d / "test.jsonl", [{"question": "A?", "answer": 1, "id": 7}, {"question": "B?", "answer": 2, "id": 7}])
+    with pytest.raises(DataError, match=r"1 problem id\(s\) occur more than once, e.g. \['arith-test-7'\]"):
+        load_problems(str(d), "test")
 
 
 def test_problems_from_config(gsm_dir):
@@ -201,3 +247,19 @@ def test_real_splits(monkeypatch):
     assert not {" ".join(p.question.split()) for p in test} & {" ".join(p.question.split()) for p in train}
     assert all(p.answer == last_boxed(p.meta["solution"]) and p.steps for p in train)
     assert len(load_problems("gsm8k", "train")) == 7473 and len(load_problems("gsm8k", "test")) == 1319
+
+
+@requires_data
+@pytest.mark.integration
+def test_setup_page_lists_your_own_dataset(tmp_path):
+    from ctrls import setup_check
+
+    d = tmp_path / "arith"
+    write_jsonl(d / "train.jsonl", own_rows(6, "train"))
+    write_jsonl(d / "test.jsonl", own_rows(5, "test"))
+    cfg = load_config("smoke", {"grid.datasets": [str(d)], "data.n_test": 3})
+    t = setup_check.dataset_table(cfg).set_index(["dataset", "split"])
+    assert t.loc[(str(d), "test"), "problems"] == 5 and t.loc[(str(d), "test"), "used by this profile"] == 3
+    assert t.loc[("gsm8k", "test"), "used by this profile"] == 0
+    ids = setup_check.example_problems(cfg).id
+    assert ids.str.startswith("arith-train-").sum() == 2 and ids.str.startswith("arith-test-").sum() == 2

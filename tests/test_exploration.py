@@ -46,3 +46,33 @@ def test_resume_after_kill_loses_and_duplicates_nothing(smoke_runs, tmp_path):
     b = load_samples(load_config("smoke", [*OVR, f"run_dir={tmp_path}"])).sort_values(key).reset_index(drop=True)
     assert not b.duplicated(key).any()
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_your_own_dataset_through_the_cli(tmp_path):
+    """A directory of train/test JSONL runs pretraining and exploration by the README's override."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    d = tmp_path / "arith"
+    d.mkdir()
+    for split, n in (("train", 4), ("test", 3)):
+        with open(d / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                a, b = 3 + i, 4 + 2 * i
+                f.write(json.dumps({"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+                                    "answer": a + b, "steps": [f"He has {a} + {b} = {a + b} apples."]}) + "\n")
+    runs = tmp_path / "runs"
+    ovr = [*OVR, f"grid.datasets=[{d}]"]
+    r = subprocess.run([sys.executable, "-m", "ctrls", "stage", "pretrain", "exploration", "--profile", "smoke",
+                        "--run-dir", str(runs), "-o", *ovr], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    cfg = load_config("smoke", [*ovr, f"run_dir={runs}"])
+    assert (runs / "smoke" / "pretrain" / "smollm2-135m-instruct__arith").is_dir()
+    df = load_samples(cfg)
+    assert set(df.dataset) == {str(d)} and df.question_id.str.startswith("arith-test-").all()
+    assert df.question_id.nunique() == 3
+    t = table1(df, n_boot=50)
+    assert set(t.config) == {BASE, "eps=0.1"} and t.questions.eq(3).all()
