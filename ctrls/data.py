@@ -252,12 +252,8 @@ def _parse_local_row(source: str, split: str, i: int, r: dict, id_prefix: str) -
                    {"solution": sol} if isinstance(sol, str) else {})
 
 
-def _parse_row(dataset: str, split: str, i: int, r: dict | None, id_prefix: str, local: bool = False) -> Problem:
-    """One row as a Problem, or ValueError naming what is malformed."""
-    if r is None:
-        raise ValueError("not a JSON object")
-    if local:
-        return _parse_local_row(dataset, split, i, r, id_prefix)
+def _parse_row(dataset: str, split: str, i: int, r: dict, id_prefix: str) -> Problem:
+    """One row of a built-in dataset as a Problem, or ValueError naming what is malformed."""
     if dataset in ("gsm8k", "gsm_symbolic"):
         q, a = r.get("question"), r.get("answer")
         if not isinstance(q, str) or not q.strip() or not isinstance(a, str) or not a.strip():
@@ -278,16 +274,17 @@ def _parse_row(dataset: str, split: str, i: int, r: dict | None, id_prefix: str,
 
 
 def _parse_rows(name: str, dataset: str, split: str, rows: list[tuple[int, dict | None]],
-                max_bad_fraction: float, id_prefix: str, local: bool = False) -> list[Problem]:
-    """Parse (index, row) pairs; skip malformed rows, log them per reason, raise above the threshold.
-
-    Problem ids must be unique: runs resume and join by them."""
+                max_bad_fraction: float, id_prefix: str, parse=_parse_row) -> list[Problem]:
+    """Parse (index, row) pairs with ``parse``; skip malformed rows, log them per reason, raise above
+    the threshold. Problem ids must be unique: runs resume and join by them."""
     probs: list[Problem] = []
     bad: Counter[str] = Counter()
     example: dict[str, int] = {}
     for i, r in rows:
         try:
-            probs.append(_parse_row(dataset, split, i, r, id_prefix, local))
+            if r is None:
+                raise ValueError("not a JSON object")
+            probs.append(parse(dataset, split, i, r, id_prefix))
         except ValueError as e:
             bad[str(e)] += 1
             example.setdefault(str(e), i)
@@ -320,13 +317,10 @@ def _load_local(d: Path, split: str, max_bad_fraction: float) -> list[Problem]:
                         f"per line with 'question' and 'answer' (and optionally 'steps', 'solution', 'id')")
     name = d.resolve().name
     return _parse_rows(f"{name}/{split}", name, split, list(enumerate(_read_jsonl_file(path))), max_bad_fraction,
-                       f"{name}-{split}-", local=True)
+                       f"{name}-{split}-", parse=_parse_local_row)
 
 
 def _load_all(dataset: str, split: str, data_dir: str | os.PathLike | None, max_bad_fraction: float) -> list[Problem]:
-    local = local_dataset_dir(dataset)
-    if local is not None:
-        return _load_local(local, split, max_bad_fraction)
     if dataset == "gsm8k":
         d = resolve_data_dir(data_dir)
         rows = _read_jsonl(d, ("gsm8k", split)) if d else _hub("openai/gsm8k", "main", split)
@@ -368,7 +362,8 @@ def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
     docstring). The same (seed, n) always gives the same problems in the same order, and a larger n
     with the same seed is a superset. ``gsm_symbolic`` generates ``n`` problems (default 1000) instead.
     """
-    if dataset not in DATASETS and local_dataset_dir(dataset) is None:
+    local = local_dataset_dir(dataset)
+    if dataset not in DATASETS and local is None:
         raise DataError(f"unknown dataset {dataset!r}: neither a built-in one ({', '.join(DATASETS)}) nor a directory "
                         f"holding train.jsonl and test.jsonl")
     if split not in SPLITS:
@@ -377,7 +372,8 @@ def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
         raise DataError(f"asked for n={n} problems; n must be >= 0")
     if dataset == "gsm_symbolic":
         return _gsm_symbolic(split, GSM_SYMBOLIC_SIZE if n is None else n, seed, max_bad_fraction)
-    probs = _load_all(dataset, split, data_dir, max_bad_fraction)
+    probs = (_load_local(local, split, max_bad_fraction) if local is not None
+             else _load_all(dataset, split, data_dir, max_bad_fraction))
     if n is None:
         return probs
     if n > len(probs):

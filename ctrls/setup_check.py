@@ -6,6 +6,7 @@ import pandas as pd
 from ctrls.answers import grade
 from ctrls.backbone import load_backbone
 from ctrls.config import Config
+from ctrls.data import SPLITS as SPLIT_NAMES
 from ctrls.data import load_problems, local_dataset_dir, problems_from_config, resolve_data_dir
 from ctrls.prompts import prompt_ids
 from ctrls.sampling import SampleParams, sample
@@ -16,7 +17,7 @@ SPLITS = [("gsm8k", "train"), ("gsm8k", "test"), ("math", "train"), ("math", "te
 def _splits(cfg: Config) -> list[tuple[str, str]]:
     """The built-in splits, then those of every dataset directory of the profile's grid."""
     own = [d for d in cfg.grid.datasets if local_dataset_dir(d) is not None]
-    return SPLITS + [(d, split) for d in own for split in ("train", "test")]
+    return SPLITS + [(d, split) for d in own for split in SPLIT_NAMES]
 
 
 def dataset_table(cfg: Config) -> pd.DataFrame:

@@ -50,20 +50,18 @@ def test_resume_after_kill_loses_and_duplicates_nothing(smoke_runs, tmp_path):
 
 def test_your_own_dataset_through_the_cli(tmp_path):
     """A directory of train/test JSONL runs pretraining and exploration by the README's override."""
-    import json
     import subprocess
     import sys
 
     from conftest import ROOT
+    from test_data import write_jsonl
 
     d = tmp_path / "arith"
-    d.mkdir()
     for split, n in (("train", 4), ("test", 3)):
-        with open(d / f"{split}.jsonl", "w") as f:
-            for i in range(n):
-                a, b = 3 + i, 4 + 2 * i
-                f.write(json.dumps({"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
-                                    "answer": a + b, "steps": [f"He has {a} + {b} = {a + b} apples."]}) + "\n")
+        write_jsonl(d / f"{split}.jsonl",
+                    [{"question": f"Tom has {3 + i} apples and buys {4 + 2 * i} more. How many apples does he have?",
+                      "answer": 7 + 3 * i, "steps": [f"He has {3 + i} + {4 + 2 * i} = {7 + 3 * i} apples."]}
+                     for i in range(n)])
     runs = tmp_path / "runs"
     ovr = [*OVR, f"grid.datasets=[{d}]"]
     r = subprocess.run([sys.executable, "-m", "ctrls", "stage", "pretrain", "exploration", "--profile", "smoke",
