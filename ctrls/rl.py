@@ -75,6 +75,23 @@ class Trajectory:
     states: torch.Tensor  # (T+1, K): s_0, a_1, ..., a_T
     reward: float
     group: int  # index of its question in the step's batch
+    log_actions: torch.Tensor | None = None  # (T, K): log a_1, ..., log a_T, exact (policy.sample_log)
+
+    def __post_init__(self):
+        if self.log_actions is not None and self.log_actions.shape != self.states[1:].shape:
+            raise ValueError(f"log_actions {tuple(self.log_actions.shape)} do not match the actions "
+                             f"{tuple(self.states[1:].shape)} of states")
+
+    def logs(self) -> torch.Tensor:
+        """log a_1..a_T: the exact log-actions when kept, else log of the stored actions (then
+        every a_j must be > 0; an action that underflowed to 0 is an error, never clamped)."""
+        if self.log_actions is not None:
+            return self.log_actions
+        a = self.states[1:]
+        if bool((a <= 0).any()):
+            raise ValueError("a trajectory's action has an entry <= 0 and no log_actions were kept: "
+                             "sample with policy.sample_log and pass log_actions (a clamp would bias Eq. 14)")
+        return a.log()
 
 
 # A sampler draws trajectories: for each question index, the given sample indices of its group,
@@ -106,13 +123,15 @@ def reinforce_loss(policy: TransitionPolicy, trajs: Sequence[Trajectory], epsilo
     K = policy.n_states
     T = max([len(tr.states) for tr in used], default=1) - 1
     S = torch.full((len(used), T + 1, K), 1.0 / K)
+    LA = torch.full((len(used), T, K), -math.log(K))  # log-actions; padding is masked out
     mask = torch.zeros(len(used), T)
     for i, tr in enumerate(used):
         S[i, : len(tr.states)] = tr.states
+        LA[i, : len(tr.states) - 1] = tr.logs()
         mask[i, : len(tr.states) - 1] = 1
-    S, mask = S.to(dev), mask.to(dev)
-    prev, act = S[:, :-1].reshape(-1, K), S[:, 1:].reshape(-1, K)
-    logp = (policy.log_prob(act, prev, epsilon).view(len(used), T) * mask).sum(1)  # sum_t log pi~(a_t | s_t)
+    S, LA, mask = S.to(dev), LA.to(dev), mask.to(dev)
+    prev, log_act = S[:, :-1].reshape(-1, K), LA.reshape(-1, K)
+    logp = (policy.log_prob_log(log_act, prev, epsilon).view(len(used), T) * mask).sum(1)  # Eq. 14: sum_t log pi~(a_t | s_t)
     H = (policy.entropy(prev, kind=entropy_kind).view(len(used), T) * mask).sum(1)  # sum_t H(pi(s_t))
     ret = torch.tensor([tr.reward for tr in used], device=dev, dtype=logp.dtype) + alpha * H.detach()
     n_used = float(all_sum(torch.tensor(float(len(used)), device=dev)))
@@ -321,7 +340,8 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
                 trajs = []
                 for gi, (p, gs) in enumerate(generate(model, "train", qs, sample_ids, eps, seeds)):
                     for x in gs:
-                        trajs.append(Trajectory(states=x.states, reward=float(grade(x.text, p.answer).correct), group=gi))
+                        trajs.append(Trajectory(states=x.states, reward=float(grade(x.text, p.answer).correct), group=gi,
+                                                log_actions=x.log_actions))
                 return trajs
 
             def evaluate(policy, step, model=model, setting=setting, seed=seed):

@@ -60,6 +60,7 @@ class Generation:
     spans: list[tuple[int, int]]  # [a, b) of each step in token_ids
     finish: str  # eos | answer | max_steps | max_tokens
     states: torch.Tensor | None = None  # (T'+1, K): s_0 then the state drawn for each step (CTRLS only)
+    log_actions: torch.Tensor | None = None  # (T', K): exact log of each drawn state (states[1:]), float64
 
     @property
     def n_tokens(self) -> int:
@@ -75,6 +76,7 @@ class _Row:
     step_start: int = 0
     spans: list[tuple[int, int]] = field(default_factory=list)
     states: list[torch.Tensor] = field(default_factory=list)
+    log_actions: list[torch.Tensor] = field(default_factory=list)
     finish: str | None = None
 
 
@@ -210,11 +212,18 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, keys: torch.Tens
 
 
 def _draw_states(model: "CTRLSModel", prev: torch.Tensor, rows: Sequence["_Row"], epsilon: float) -> torch.Tensor:
-    """s_{t+1} ~ pi~(. | s_t) for each row, from a generator seeded by (row key, draw index)."""
+    """log s_{t+1}, s_{t+1} ~ pi~(. | s_t) for each row (float64), from a generator seeded by
+    (row key, draw index). The exact log-actions are kept for Eq. 14 (``policy`` module docstring)."""
     dev = model.policy.L.device
-    out = [model.policy.sample(prev[j:j + 1], epsilon, generator=seeded(stream_key(r.key, len(r.states)) & _MASK, dev))
+    out = [model.policy.sample_log(prev[j:j + 1], epsilon, generator=seeded(stream_key(r.key, len(r.states)) & _MASK, dev))
            for j, r in enumerate(rows)]
-    return torch.cat(out).to(prev.dtype)
+    return torch.cat(out)
+
+
+def _record_states(rows: Sequence["_Row"], log_a: torch.Tensor) -> None:
+    for r, la in zip(rows, log_a):
+        r.log_actions.append(la.double().cpu())
+        r.states.append(la.exp().float().cpu())
 
 
 @torch.no_grad()
@@ -304,10 +313,9 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     if model is not None:
         for r, a in zip(rows, state):
             r.states.append(a.float().cpu())
-        s1 = _draw_states(model, state, rows, params.epsilon)
-        for r, b in zip(rows, s1):
-            r.states.append(b.float().cpu())
-        state = s1
+        log_s1 = _draw_states(model, state, rows, params.epsilon)
+        _record_states(rows, log_s1)
+        state = log_s1.exp().to(state.dtype)
 
     for _ in range(params.max_new_tokens):
         hh = model.adapt(h_last, state) if model is not None else h_last
@@ -354,11 +362,10 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
             active = [active[j] for j in keep]
         if model is not None and redraw:
             idx = torch.as_tensor(redraw, device=dev)
-            new = _draw_states(model, state[idx], [rows[active[j]] for j in redraw], params.epsilon)
+            log_new = _draw_states(model, state[idx], [rows[active[j]] for j in redraw], params.epsilon)
+            _record_states([rows[active[j]] for j in redraw], log_new)
             state = state.clone()
-            state[idx] = new.to(state.dtype)
-            for k, j in enumerate(redraw):
-                rows[active[j]].states.append(new[k].float().cpu())
+            state[idx] = log_new.exp().to(state.dtype)
         attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
         h_last = body(input_ids=nxt[:, None].to(dev), attention_mask=attn, position_ids=next_pos[:, None],
                       past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
@@ -374,7 +381,8 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
             prompt_index=r.prompt_index, sample_index=r.sample_index, token_ids=r.tokens,
             text=tok.decode(r.tokens), steps=[tok.decode(r.tokens[a:b]).strip() for a, b in spans],
             spans=spans, finish=r.finish,
-            states=torch.stack(r.states[: len(spans) + 1]) if r.states else None))
+            states=torch.stack(r.states[: len(spans) + 1]) if r.states else None,
+            log_actions=torch.stack(r.log_actions[: len(spans)]) if r.log_actions and spans else None))
     return gens
 
 

@@ -75,3 +75,14 @@ def smoke_book(smoke_runs, tmp_path_factory):
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return book / "_build" / "html"
+
+
+@pytest.fixture
+def one_thread():
+    """Many tiny ops: on a busy 2-core machine, intra-op threading makes each one ~20x slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -12,14 +12,6 @@ TRUE = torch.tensor([[0.7, 0.1, 0.1, 0.1],
                      [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
 
 
-@pytest.fixture
-def one_thread():
-    """Many tiny ops: on a busy 2-core machine, intra-op threading makes each one ~20x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def markov_chain(n=20000, seed=0) -> torch.Tensor:
     rng = np.random.default_rng(seed)
@@ -109,10 +101,97 @@ def test_epsilon_zero_is_the_dirichlet_one_is_uniform_and_between_is_the_mixture
         pol.log_prob(a, s, 1.5)
 
 
-def test_log_prob_is_finite_on_the_simplex_boundary():
-    pol = TransitionPolicy(4, concentration=0.5)  # c p < 1: the density diverges at the boundary
-    a = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]])
-    assert torch.isfinite(pol.log_prob(a, torch.full((2, 4), 0.25), 0.1)).all()
+def test_log_prob_refuses_an_underflowed_action_instead_of_clamping():
+    pol = TransitionPolicy(4, concentration=0.5)
+    a = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    with pytest.raises(ValueError, match="log_prob_log"):
+        pol.log_prob(a, torch.full((1, 4), 0.25), 0.1)
+
+
+def test_log_prob_log_equals_log_prob_inside_the_simplex():
+    pol = _policy()
+    s = torch.softmax(torch.randn(6, 3), -1)
+    a = torch.softmax(torch.randn(6, 3), -1)
+    torch.testing.assert_close(pol.log_prob_log(a.log(), s, 0.3), pol.log_prob(a, s, 0.3))
+
+
+def sharp_policy(K=16, diag=0.98, c=20.0):
+    """Every row puts ``diag`` on its own state and spreads the rest: c p_j = 0.027 off the diagonal,
+    so sampled a_j are mostly far below 1e-6."""
+    pol = TransitionPolicy(K, concentration=c)
+    off = (1 - diag) / (K - 1)
+    with torch.no_grad():
+        pol.L.copy_(torch.full((K, K), math.log(off)) + torch.eye(K) * (math.log(diag) - math.log(off)))
+    return pol
+
+
+def score_batches(pol, s, eps, n_batches=40, per=500, seed=0, log_prob=None):
+    """Batch means of the score grad_theta log pi~(a | s), a ~ pi~(. | s): (n_batches, K*K + 1),
+    the L entries then log c. The batch means are iid, so their mean and standard error give a z-test."""
+    g = torch.Generator().manual_seed(seed)
+    log_prob = log_prob or (lambda log_a, ss: pol.log_prob_log(log_a, ss, eps))
+    out = []
+    for _ in range(n_batches):
+        ss = s.expand(per, pol.n_states)
+        log_a = pol.sample_log(ss, eps, generator=g)
+        pol.zero_grad()
+        log_prob(log_a, ss).mean().backward()
+        out.append(torch.cat([pol.L.grad.flatten(), pol.log_c.grad.view(1)]).double())
+    return torch.stack(out)
+
+
+def z_scores(G):
+    mean, se = G.mean(0), G.std(0) / math.sqrt(len(G))
+    moving = se > 0
+    assert torch.equal(mean[~moving], torch.zeros_like(mean[~moving]))  # rows of L that s does not touch
+    return mean[moving] / se[moving], mean, se
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+@pytest.mark.parametrize("case", ["sharp K=16", "flat K=64"])
+def test_the_score_has_mean_zero(one_thread, eps, case):
+    """E_{a ~ pi~}[grad log pi~(a | s)] = 0 for L and log c (the identity REINFORCE rests on).
+    The old clamp-then-log evaluation gave +11.4 for d/d log c on the sharp row."""
+    if case == "sharp K=16":
+        pol, s = sharp_policy(), torch.nn.functional.one_hot(torch.tensor([3]), 16).float()
+    else:
+        pol, s = TransitionPolicy(64, concentration=20.0), torch.softmax(torch.randn(1, 64), -1)
+    z, mean, se = z_scores(score_batches(pol, s, eps))
+    assert z.abs().max() < 5.0, f"max |z| {float(z.abs().max()):.1f}; d/dlog c mean {float(mean[-1]):.3f} +- {float(se[-1]):.3f}"
+
+
+def test_the_old_clamped_score_is_detectably_biased(one_thread):
+    """The same z-test sees the bias of a clamped log-density: the test above can fail."""
+    pol, s = sharp_policy(), torch.nn.functional.one_hot(torch.tensor([3]), 16).float()
+
+    def clamped(log_a, ss):
+        a = log_a.exp().float().clamp(min=1e-6)
+        return pol.log_prob_log((a / a.sum(-1, keepdim=True)).log(), ss, 0.0)
+
+    z, mean, _ = z_scores(score_batches(pol, s, 0.0, log_prob=clamped))
+    assert z.abs().max() > 10 and float(mean[-1]) > 5  # d/d log c: about +11
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf")])
+def test_non_finite_parameters_raise_instead_of_hanging(alpha):
+    from ctrls.policy import NonFiniteError
+    pol = TransitionPolicy(4)
+    s = torch.full((2, 4), 0.25)
+    with torch.no_grad():
+        pol.L[1, 2] = alpha
+    with pytest.raises(NonFiniteError, match=r"policy\.L.*\[1, 2\]"):
+        pol.sample(torch.eye(4)[1:2], 0.1, generator=torch.Generator().manual_seed(0))
+    pol = TransitionPolicy(4)
+    with torch.no_grad():
+        pol.log_c.fill_(1000.0)  # exp overflows to inf
+    with pytest.raises(NonFiniteError, match="log_c"):
+        pol.sample(s, 0.0, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(NonFiniteError, match="state"):
+        TransitionPolicy(4).sample(torch.tensor([[0.5, float("nan"), 0.25, 0.25]]), 0.0)
+    with pytest.raises(ValueError, match="concentration"):
+        sample_dirichlet(torch.tensor([1.0, alpha, 2.0]))
+    with pytest.raises(ValueError, match="> 0"):
+        sample_dirichlet(torch.tensor([1.0, 0.0, 2.0]))
 
 
 def test_dirichlet_sampler_matches_the_moments(one_thread):

@@ -108,6 +108,10 @@ def test_fresh_ctrls_greedy_equals_base_greedy(tiny_llama):
                    generator=seeded(0))
     assert [[g.token_ids for g in gs] for gs in ctrls] == [[g.token_ids for g in gs] for gs in base]
     assert all(g.states is not None and g.states.shape[1] == 4 for gs in ctrls for g in gs)
+    for g in (g for gs in ctrls for g in gs):  # the exact log-actions of Eq. 14 ride along with the states
+        assert g.log_actions.dtype == torch.float64 and g.log_actions.shape == g.states[1:].shape
+        torch.testing.assert_close(g.log_actions.exp().float(), g.states[1:])
+        torch.testing.assert_close(torch.logsumexp(g.log_actions, -1), torch.zeros(len(g.log_actions), dtype=torch.float64))
 
 
 def test_ctrls_sampling_is_seeded(tiny_qwen2):
