@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 
 import ctrls
-from ctrls.answers import last_boxed
 from ctrls.config import Config
 
 log = logging.getLogger(__name__)
@@ -72,6 +71,38 @@ class Problem:
     source: str  # gsm8k | math | gsm_symbolic
     split: str  # train | test
     meta: dict = field(default_factory=dict, compare=False, hash=False)  # level, subject, raw "solution"
+
+
+_BOXED = re.compile(r"\\boxed|\\fbox")
+
+
+def boxed_at(text: str, i: int) -> str | None:
+    """The content of the ``\\boxed{...}`` or ``\\fbox{...}`` that starts at ``text[i]``, braces
+    matched; None when no brace follows the command (spaces aside) or it is not closed."""
+    m = _BOXED.match(text, i)
+    if m is None:
+        return None
+    j = m.end()
+    while j < len(text) and text[j].isspace():
+        j += 1
+    if j == len(text) or text[j] != "{":
+        return None
+    depth = 0
+    for k in range(j, len(text)):
+        if text[k] == "{":
+            depth += 1
+        elif text[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[j + 1:k].strip()
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces matched; None if there is
+    none or it is unclosed. MATH solutions state their answer this way."""
+    starts = [m.start() for m in _BOXED.finditer(text)]
+    return boxed_at(text, starts[-1]) if starts else None
 
 
 # ---- locating the data ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 import ctrls
 from conftest import SHARED_DATA, requires_data
 from ctrls import data
-from ctrls.answers import last_boxed
+from ctrls.data import last_boxed
 from ctrls.config import load_config
 from ctrls.data import DataError, gsm8k_solution, load_problems, math_steps, problems_from_config
 
