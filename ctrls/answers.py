@@ -191,13 +191,19 @@ def verify(gold: str, pred: str | None, timeout_s: float = 5.0) -> bool:
     """Whether ``pred`` equals ``gold`` (policy rules 2 and 3): exact match after :func:`normalize`,
     else math-verify on the normalised strings.
 
-    A math-verify timeout or internal error counts as not equal (and is logged).
+    A prediction that normalises to nothing ("%", "€") is not equal to anything; a gold that does is
+    an error. A math-verify timeout or internal error counts as not equal (and is logged).
     """
     if not isinstance(gold, str) or not gold.strip():
         raise ValueError(f"verify needs a non-empty gold answer, got {gold!r}")
+    g = normalize(gold)
+    if not g:
+        raise ValueError(f"the gold answer {gold!r} is empty once units, percent and currency symbols are dropped")
     if pred is None or not pred.strip():
         return False
-    g, q = normalize(gold), normalize(pred)
+    q = normalize(pred)
+    if not q:
+        return False
     if g == q:
         return True
     try:

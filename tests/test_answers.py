@@ -59,6 +59,7 @@ POLICY = [
     ("#### 50%", "50", "50%", True, True),
     ("The answer is $50\\%$.", "50", "50\\%", True, True),
     ("The answer is 50%.", "0.5", "50%", True, False),
+    ("The answer is \u20ac.", "12", "\u20ac", True, False),  # nothing left once the symbol is dropped
     # thousands separators
     ("#### 1,234,567", "1234567", "1,234,567", True, True),
     ("The answer is 1,234.5.", "1234.5", "1,234.5", True, True),
@@ -171,6 +172,8 @@ def test_verify_from_another_thread():
 def test_verify_rejects_an_empty_gold():
     with pytest.raises(ValueError, match="gold"):
         verify("", "3")
+    with pytest.raises(ValueError, match="empty once units, percent and currency symbols are dropped"):
+        verify("\\$", "$")
 
 
 def test_grade_flags():
