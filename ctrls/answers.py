@@ -26,10 +26,10 @@ The answer policy of this project (also on the book's method page, "Answer check
      per box"), unless a word makes it an expression (and, or, to, plus, minus, times, by, over,
      divided, than, of, pi, sqrt, or a single letter that is not a unit: "2 and 3", "3 pi", "5 x");
    - drops a parenthetical with words after a number ("42 (6 times 7)", not "5 (x+1)").
-   It also unwraps ``\\text{}``, ``\\textbf{}``, ``\\textrm{}``, ``\\mathrm{}`` and ``\\mbox{}``, reads "−" as
-   "-", removes LaTeX spacing, a final period and a leading ``x =``, thousands separators
-   (``1,000`` and ``12,345.5``, not the tuple ``(1,2)`` or ``1,0000``) and trailing zero decimals
-   (``18.00``).
+   It also unwraps ``\\text{}``, ``\\textbf{}``, ``\\textrm{}``, ``\\mathrm{}`` and ``\\mbox{}``,
+   reads "−" as "-", and removes LaTeX spacing, a final period, a leading ``x =``, thousands
+   separators (``1,000`` and ``12,345.5``, not the tuple ``(1,2)`` or ``1,0000``) and trailing
+   zero decimals (``18.00``).
 3. **math-verify decides equality.** Two normalised strings that are identical are equal;
    otherwise ``math_verify.parse``/``verify`` compares them (gold first, with a timeout), so
    ``1/2`` equals ``0.5`` and ``x^2+1`` equals ``1+x^2``. A math-verify timeout or error counts as
@@ -47,17 +47,14 @@ import re
 import threading
 from dataclasses import dataclass
 
-from ctrls.data import boxed_at, last_boxed, load_problems
-
-__all__ = ["SHORT_UNITS", "UNITS", "Grade", "extract_answer", "grade", "last_boxed", "normalize",
-           "reference_verify_report", "verify"]
+from ctrls.data import boxed_at, last_boxed, load_problems  # last_boxed: MATH's answer format, kept importable here
 
 log = logging.getLogger(__name__)
 
 # Rule 1: every answer marker; the last one with a readable answer wins
 _MARKER = re.compile(r"####|(?i:the\s+(?:final\s+)?answer\s+is\s*:?)|\\boxed|\\fbox")
 
-# Rule 2: the units dropped after a number (any case), and the one-letter ones (after a space only)
+# Rule 2: the units dropped after a number (any case), and the one-letter ones (after a space or a slash only)
 UNITS = (
     "mm", "cm", "km", "meters", "meter", "metres", "metre", "centimeters", "centimeter", "centimetres",
     "centimetre", "millimeters", "millimeter", "kilometers", "kilometer", "inches", "inch", "in", "feet", "foot",

@@ -198,19 +198,20 @@ class OpenAIBackend:
 
     @staticmethod
     def _content(raw) -> str:
-        """The message content of the first choice of an HTTP 200 reply, or NotAChatCompletion."""
+        """The message content of the first choice of a successful (2xx) reply, or NotAChatCompletion."""
         body, ctype = raw.text, raw.headers.get("content-type", "no content type")
+        what = f"HTTP {raw.status_code} reply"
         try:
             data = json.loads(body)
         except ValueError:
-            raise NotAChatCompletion(f"HTTP 200 reply is not JSON ({ctype}): {body[:200]!r}") from None
+            raise NotAChatCompletion(f"{what} is not JSON ({ctype}): {body[:200]!r}") from None
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices:
-            raise NotAChatCompletion(f"HTTP 200 reply has no choices: {body[:200]!r}")
+            raise NotAChatCompletion(f"{what} has no choices: {body[:200]!r}")
         message = choices[0].get("message") if isinstance(choices[0], dict) else None
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, str):
-            raise NotAChatCompletion(f"HTTP 200 reply has no message content in its first choice: {body[:200]!r}")
+            raise NotAChatCompletion(f"{what} has no message content in its first choice: {body[:200]!r}")
         return content
 
     def complete(self, messages: list[dict], temperature: float) -> str:
