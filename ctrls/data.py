@@ -420,7 +420,8 @@ def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
     ``dataset`` is a built-in name (``DATASETS``) or the directory of your own dataset (module
     docstring). The same (seed, n) always gives the same problems in the same order, and a larger n
     with the same seed is a superset. ``gsm_symbolic`` generates ``n`` problems (default 1000) instead,
-    less those skipped as malformed or repeated (logged; reasoning-gym repeats about 1 in 500).
+    less those skipped as malformed or repeated (logged; at seed 0 reasoning-gym repeats 1 of the first
+    1000 test items and 2 of the first 1000 train items).
     """
     local = local_dataset_dir(dataset)
     if dataset not in DATASETS and local is None:
