@@ -26,13 +26,19 @@ that are not in MATH-500 (matched by whitespace-normalised problem text), test =
 Its two splits use seeds a billion apart so that they share no generator state.
 
 Subsets of ``n`` problems are the first n of one seeded permutation, so they are deterministic and
-nested (a larger n extends a smaller one). Malformed rows are skipped with a logged count and
-reason per kind; above ``max_bad_fraction`` of the rows they are an error.
+nested (a larger n extends a smaller one).
+
+Files are read as UTF-8 with an optional byte-order mark (``utf-8-sig``). Rows are skipped with a
+logged count and reason per kind, and above ``max_bad_fraction`` of the rows they are an error:
+malformed rows (not a JSON object, a missing field, a gold answer that is empty, NaN or infinite)
+and a row repeated verbatim (``"duplicate of an earlier row"``: the same JSON object twice is one
+problem, not two).
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from collections import Counter
@@ -43,7 +49,6 @@ from typing import Any
 import numpy as np
 
 import ctrls
-from ctrls.answers import last_boxed
 from ctrls.config import Config
 
 log = logging.getLogger(__name__)
@@ -72,6 +77,39 @@ class Problem:
     source: str  # gsm8k | math | gsm_symbolic
     split: str  # train | test
     meta: dict = field(default_factory=dict, compare=False, hash=False)  # level, subject, raw "solution"
+
+
+DUPLICATE = "duplicate of an earlier row"  # the skip reason of a row repeated verbatim
+_BOXED = re.compile(r"\\boxed|\\fbox")
+
+
+def boxed_at(text: str, i: int) -> str | None:
+    """The content of the ``\\boxed{...}`` or ``\\fbox{...}`` that starts at ``text[i]``, braces
+    matched; None when no brace follows the command (spaces aside) or it is not closed."""
+    m = _BOXED.match(text, i)
+    if m is None:
+        return None
+    j = m.end()
+    while j < len(text) and text[j].isspace():
+        j += 1
+    if j == len(text) or text[j] != "{":
+        return None
+    depth = 0
+    for k in range(j, len(text)):
+        if text[k] == "{":
+            depth += 1
+        elif text[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[j + 1:k].strip()
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces matched; None if there is
+    none or it is unclosed. MATH solutions state their answer this way."""
+    starts = [m.start() for m in _BOXED.finditer(text)]
+    return boxed_at(text, starts[-1]) if starts else None
 
 
 # ---- locating the data ---------------------------------------------------------------------------
@@ -113,9 +151,10 @@ def _read_jsonl(d: Path, key: Any) -> list[dict | None]:
 
 
 def _read_jsonl_file(path: Path) -> list[dict | None]:
-    """Rows of a JSONL file; a line that is not a JSON object becomes None (counted as malformed)."""
+    """Rows of a JSONL file (UTF-8, a byte-order mark allowed); a line that is not a JSON object
+    becomes None (counted as malformed)."""
     rows: list[dict | None] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
         for line in f:
             if not line.strip():
                 continue
@@ -273,18 +312,37 @@ def _parse_row(dataset: str, split: str, i: int, r: dict, id_prefix: str) -> Pro
                    math_steps(sol), "math", split, meta)
 
 
+def _check_gold(gold: str) -> None:
+    """ValueError unless ``gold`` is a usable gold answer: not empty, and not a NaN or infinite number."""
+    if not gold.strip():
+        raise ValueError("empty gold answer")
+    try:
+        x = float(gold)
+    except ValueError:
+        return
+    if not math.isfinite(x):
+        raise ValueError("gold answer is NaN or infinite")
+
+
 def _parse_rows(name: str, dataset: str, split: str, rows: list[tuple[int, dict | None]],
                 max_bad_fraction: float, id_prefix: str, parse=_parse_row) -> list[Problem]:
-    """Parse (index, row) pairs with ``parse``; skip malformed rows, log them per reason, raise above
-    the threshold. Problem ids must be unique: runs resume and join by them."""
+    """Parse (index, row) pairs with ``parse``; skip malformed rows and rows repeated verbatim, log
+    them per reason, raise above the threshold. Problem ids must be unique: runs resume and join by them."""
     probs: list[Problem] = []
     bad: Counter[str] = Counter()
     example: dict[str, int] = {}
+    seen: set[str] = set()
     for i, r in rows:
         try:
             if r is None:
                 raise ValueError("not a JSON object")
-            probs.append(parse(dataset, split, i, r, id_prefix))
+            key = json.dumps(r, sort_keys=True, default=str)
+            if key in seen:
+                raise ValueError(DUPLICATE)
+            seen.add(key)
+            p = parse(dataset, split, i, r, id_prefix)
+            _check_gold(p.answer)
+            probs.append(p)
         except ValueError as e:
             bad[str(e)] += 1
             example.setdefault(str(e), i)
@@ -292,9 +350,10 @@ def _parse_rows(name: str, dataset: str, split: str, rows: list[tuple[int, dict 
         raise DataError(f"{name}: the data holds no rows")
     n_bad = sum(bad.values())
     for reason, count in bad.items():
-        log.warning("%s: skipped %d malformed row(s): %s (first at row %d)", name, count, reason, example[reason])
+        kind = "repeated" if reason == DUPLICATE else "malformed"
+        log.warning("%s: skipped %d %s row(s): %s (first at row %d)", name, count, kind, reason, example[reason])
     if n_bad > max_bad_fraction * len(rows):
-        raise DataError(f"{name}: {n_bad} of {len(rows)} rows are malformed (more than max_bad_fraction="
+        raise DataError(f"{name}: {n_bad} of {len(rows)} rows are malformed or repeated (more than max_bad_fraction="
                         f"{max_bad_fraction:g}): " + "; ".join(f"{c} x {r} (e.g. row {example[r]})" for r, c in bad.items()))
     dup = sorted(k for k, c in Counter(p.id for p in probs).items() if c > 1)
     if dup:
@@ -360,7 +419,9 @@ def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
 
     ``dataset`` is a built-in name (``DATASETS``) or the directory of your own dataset (module
     docstring). The same (seed, n) always gives the same problems in the same order, and a larger n
-    with the same seed is a superset. ``gsm_symbolic`` generates ``n`` problems (default 1000) instead.
+    with the same seed is a superset. ``gsm_symbolic`` generates ``n`` problems (default 1000) instead,
+    less those skipped as malformed or repeated (logged; at seed 0 reasoning-gym repeats 1 of the first
+    1000 test items and 2 of the first 1000 train items).
     """
     local = local_dataset_dir(dataset)
     if dataset not in DATASETS and local is None:

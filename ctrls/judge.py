@@ -75,6 +75,12 @@ class JudgeError(RuntimeError):
     pass
 
 
+class NotAChatCompletion(Exception):
+    """A judge server's HTTP 200 reply that is not a chat completion: a body that is not JSON (an
+    HTML page, a truncated object), no ``choices``, or a first choice without message content.
+    Retried like an HTTP 5xx; never scored or cached."""
+
+
 # ---- prompt (Appendix D, step 2) --------------------------------------------------------------------
 
 
@@ -160,9 +166,13 @@ class OpenAIBackend:
     """Any OpenAI-compatible chat-completions server through the ``openai`` client.
 
     The API key comes from OPENAI_API_KEY only (a server at ``base_url`` that needs none gets a
-    dummy). Requests that fail with HTTP 408/429/5xx, a timeout or a connection error are retried
+    dummy). Requests that fail with HTTP 408/429/5xx, a timeout, a connection error, or an HTTP 200
+    reply that is not a chat completion (:class:`NotAChatCompletion`; the body is read and checked
+    here, not by the client, which would hand back an HTML page as a string) are retried
     ``max_retries`` times, after ``backoff_s * 2**attempt`` seconds; then, or on any other HTTP
-    error, a ``JudgeError`` says what failed.
+    error, a ``JudgeError`` says what failed, naming the model and the server. A completion whose
+    content is an empty string is a reply (scored with defaults, counted); a missing or null
+    content is not.
     """
 
     name = "openai"
@@ -186,19 +196,37 @@ class OpenAIBackend:
         key = os.environ.get("OPENAI_API_KEY")
         return (msg.replace(key, "***") if key else msg) + f" (model {self.model!r}, {self.base_url or 'api.openai.com'})"
 
+    @staticmethod
+    def _content(raw) -> str:
+        """The message content of the first choice of a successful (2xx) reply, or NotAChatCompletion."""
+        body, ctype = raw.text, raw.headers.get("content-type", "no content type")
+        what = f"HTTP {raw.status_code} reply"
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise NotAChatCompletion(f"{what} is not JSON ({ctype}): {body[:200]!r}") from None
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or not choices:
+            raise NotAChatCompletion(f"{what} has no choices: {body[:200]!r}")
+        message = choices[0].get("message") if isinstance(choices[0], dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, str):
+            raise NotAChatCompletion(f"{what} has no message content in its first choice: {body[:200]!r}")
+        return content
+
     def complete(self, messages: list[dict], temperature: float) -> str:
         o = self._openai
         attempt = 0
         while True:
             try:
-                r = self._client.chat.completions.create(model=self.model, messages=messages, temperature=temperature,
-                                                         max_tokens=self.max_tokens)
-                return r.choices[0].message.content or ""
+                raw = self._client.chat.completions.with_raw_response.create(
+                    model=self.model, messages=messages, temperature=temperature, max_tokens=self.max_tokens)
+                return self._content(raw)
             except o.APIStatusError as e:
                 if e.status_code not in (408, 429) and e.status_code < 500:
                     raise JudgeError(f"judge request rejected with HTTP {e.status_code}: {self._describe(e)}") from None
                 err: Exception = e
-            except o.APIConnectionError as e:  # includes APITimeoutError
+            except (o.APIConnectionError, NotAChatCompletion) as e:  # APIConnectionError includes APITimeoutError
                 err = e
             if attempt == self.max_retries:
                 raise JudgeError(f"judge request failed after {attempt + 1} attempts: {self._describe(err)}") from None

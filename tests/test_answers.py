@@ -1,18 +1,100 @@
-"""Answer extraction, verification against the gold answer, and grading."""
+"""Answer extraction, verification against the gold answer, and grading.
+
+``test_policy`` checks the answer policy of the module docstring case by case, from its three rules.
+"""
 import json
 import threading
 
 import math_verify
 import pytest
 
-from ctrls.answers import extract_answer, grade, last_boxed, normalize, reference_verify_report, verify
+from ctrls.answers import SHORT_UNITS, UNITS, extract_answer, grade, last_boxed, normalize, reference_verify_report, verify
+
+# (text, gold, extracted, valid, correct), written from the policy of ctrls/answers.py
+POLICY = [
+    # rule 1: the last marker wins, whatever its kind
+    ("#### 12\nThe answer is 13.", "13", "13", True, True),
+    ("The answer is 13.\n#### 12", "12", "12", True, True),
+    ("#### 12\nOn reflection it is $\\boxed{13}$", "13", "13", True, True),
+    ("We get $\\boxed{13}$.\n#### 12", "12", "12", True, True),
+    ("The answer is 7. Checking again gives \\boxed{8}.", "8", "8", True, True),
+    ("So \\boxed{8}. No, the answer is 7.", "7", "7", True, True),
+    ("#### 12\nThe answer is 13.", "12", "13", True, False),  # an earlier marker does not count
+    # a marker with nothing readable is passed over for the one before
+    ("The answer is 7.\n####", "7", "7", True, True),
+    ("It is \\boxed{3}; rather \\boxed{}", "3", "3", True, True),
+    ("#### 4\nThe answer is.", "4", "4", True, True),
+    # boxed: braces matched, nested
+    ("Thus $\\boxed{\\frac{a^{2}}{\\sqrt{b}}}$.", "\\frac{a^2}{\\sqrt{b}}", "\\frac{a^{2}}{\\sqrt{b}}", True, True),
+    ("\\boxed{\\left(\\frac{1}{2}, 3\\right)}", "(0.5, 3)", "\\left(\\frac{1}{2}, 3\\right)", True, True),
+    # negative numbers
+    ("#### -5", "-5", "-5", True, True),
+    ("The answer is \u22125.", "-5", "\u22125", True, True),
+    ("The answer is $-3.5$.", "-3.5", "-3.5", True, True),
+    ("#### -5", "5", "-5", True, False),
+    # no marker: no answer
+    ("I think it is 12.", "12", None, False, False),
+    ("The answer is.", "12", None, False, False),
+    ("\\boxed{12", "12", None, False, False),
+    # rule 2: currency symbols are ignored
+    ("The answer is \u20ac12.", "12", "\u20ac12", True, True),
+    ("#### \u00a31,250", "1250", "\u00a31,250", True, True),
+    ("The answer is \u00a53000.", "3000", "\u00a53000", True, True),
+    ("The answer is \\$18.00.", "18", "\\$18.00", True, True),
+    ("The answer is 45 \u20ac.", "45", "45 \u20ac", True, True),
+    ("The answer is \u20ac13.", "12", "\u20ac13", True, False),
+    # units are ignored
+    ("The answer is 12 cm^2.", "12", "12 cm^2", True, True),
+    ("The area is \\boxed{12\\text{ cm}^2}", "12", "12\\text{ cm}^2", True, True),
+    ("The answer is 60 km/h.", "60", "60 km/h", True, True),
+    ("The answer is 3kg.", "3", "3kg", True, True),
+    ("The answer is 5 m.", "5", "5 m", True, True),
+    ("The answer is 18 dollars.", "18", "18 dollars", True, True),
+    ("#### 7 hours", "7", "7 hours", True, True),
+    ("$\\boxed{30^\\circ}$", "30", "30^\\circ", True, True),
+    ("The answer is 12 cm^2.", "13", "12 cm^2", True, False),
+    ("The answer is 2 hours and 30 minutes.", "2", "2 hours and 30 minutes", True, False),  # an expression
+    ("The answer is 3 x.", "3", "3 x", True, False),  # x is not a unit
+    # percent signs are ignored: 50% is 50, not 0.5
+    ("#### 50%", "50", "50%", True, True),
+    ("The answer is $50\\%$.", "50", "50\\%", True, True),
+    ("The answer is 50%.", "0.5", "50%", True, False),
+    ("The answer is \u20ac.", "12", "\u20ac", True, False),  # nothing left once the symbol is dropped
+    # thousands separators
+    ("#### 1,234,567", "1234567", "1,234,567", True, True),
+    ("The answer is 1,234.5.", "1234.5", "1,234.5", True, True),
+    ("The answer is (1,2).", "(1,2)", "(1,2)", True, True),  # a tuple, not a thousands separator
+    ("The answer is (1,2).", "12", "(1,2)", True, False),
+    # rule 3: math-verify decides what normalisation leaves
+    ("The answer is $\\frac{1}{2}$.", "0.5", "\\frac{1}{2}", True, True),
+    ("#### 1+x^2", "x^2+1", "1+x^2", True, True),
+]
+
+
+@pytest.mark.parametrize("text,gold,extracted,valid,correct", POLICY,
+                         ids=[f"{i}:{t[:30]!r}" for i, (t, *_) in enumerate(POLICY)])
+def test_policy(text, gold, extracted, valid, correct):
+    g = grade(text, gold)
+    assert (g.pred, g.valid, g.correct) == (extracted, valid, correct)
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_every_listed_unit_is_ignored(unit):
+    assert normalize(f"7 {unit}") == "7" and normalize(f"1,200 {unit}^2") == "1200" and normalize(f"7{unit}") == "7"
+    assert normalize(f"7 {unit.upper()}") == "7"  # any case
+
+
+@pytest.mark.parametrize("unit", SHORT_UNITS)
+def test_one_letter_units_only_after_a_space(unit):
+    assert normalize(f"7 {unit}") == "7" and normalize(f"7 {unit}^3") == "7" and normalize(f"-7 {unit}/s") == "-7"
+    assert normalize(f"7{unit}") == f"7{unit}"  # "7m" may be 7 times m: math-verify decides
 
 
 @pytest.mark.parametrize("text,ans", [
     ("We add.\n#### 42", "42"),
     ("first #### 1\nthen #### 2", "2"),  # last #### wins
     ("#### 1,234.", "1,234"),
-    ("The answer is $12$ and #### 13", "13"),  # #### beats the other forms
+    ("The answer is $12$ and #### 13", "13"),  # the last marker wins
     ("So 3 + 4 = 7.\nThe answer is 7.", "7"),
     ("The final answer is: $12$.", "12"),
     ("THE ANSWER IS 3.5.", "3.5"),
@@ -90,6 +172,8 @@ def test_verify_from_another_thread():
 def test_verify_rejects_an_empty_gold():
     with pytest.raises(ValueError, match="gold"):
         verify("", "3")
+    with pytest.raises(ValueError, match="empty once units, percent and currency symbols are dropped"):
+        verify("\\$", "$")
 
 
 def test_grade_flags():
@@ -106,3 +190,18 @@ def test_reference_verify_report_lists_failures(tmp_path):
     rep = reference_verify_report("math", "test", data_dir=str(tmp_path))
     assert rep["n"] == 2 and rep["rate"] == 0.5
     assert rep["failures"] == [{"id": "math-b", "gold": "4", "extracted": "5"}]
+
+
+def test_data_does_not_import_answers():
+    """answers reads the data (reference_verify_report); data must not import answers back (issue 19:
+    no import cycle), not even inside a function."""
+    import ast
+    from pathlib import Path
+
+    import ctrls.data
+
+    tree = ast.parse(Path(ctrls.data.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "ctrls.answers" not in imported

@@ -12,7 +12,7 @@ import pytest
 import ctrls
 from conftest import SHARED_DATA, requires_data
 from ctrls import data
-from ctrls.answers import last_boxed
+from ctrls.data import last_boxed
 from ctrls.config import load_config
 from ctrls.data import DataError, gsm8k_solution, load_problems, math_steps, problems_from_config
 
@@ -101,6 +101,73 @@ def test_malformed_rows_are_counted_and_thresholded(tmp_path, caplog):
     assert "1 malformed row(s): no '####' final answer" in caplog.text
     with pytest.raises(DataError, match=r"4 of 200 rows are malformed.*e\.g\. row 195"):
         load_problems("gsm8k", "test", data_dir=tmp_path, max_bad_fraction=0.01)
+
+
+def test_a_byte_order_mark_does_not_drop_row_0(tmp_path, caplog):
+    rows = fake_gsm(5)
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8-sig")
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "test.jsonl").write_text("\n".join(json.dumps(r) for r in own_rows(3, "test")), encoding="utf-8-sig")
+    assert (tmp_path / "gsm8k" / "test.jsonl").read_bytes()[:3] == b"\xef\xbb\xbf"
+    with caplog.at_level(logging.WARNING, logger="ctrls.data"):
+        gsm = load_problems("gsm8k", "test", data_dir=tmp_path, max_bad_fraction=0)
+        mine = load_problems(str(own), "test", max_bad_fraction=0)
+    assert [p.answer for p in gsm] == ["1", "2", "3", "4", "5"] and gsm[0].id == "gsm8k-test-0"
+    assert [p.answer for p in mine] == ["0", "2", "4"] and not caplog.text
+
+
+def test_a_row_repeated_verbatim_is_skipped_and_counted(tmp_path, caplog):
+    rows = fake_gsm(60)
+    near = {**rows[3], "question": rows[3]["question"] + " "}  # not verbatim: another row
+    write_jsonl(tmp_path / "gsm8k" / "test.jsonl", rows + [rows[7], near, rows[7], "{not json"])
+    with caplog.at_level(logging.WARNING, logger="ctrls.data"):
+        probs = load_problems("gsm8k", "test", data_dir=tmp_path, max_bad_fraction=0.1)
+    assert [p.id for p in probs] == [f"gsm8k-test-{i}" for i in (*range(60), 61)]  # ids stay the row numbers
+    assert probs[60].question == rows[3]["question"]  # stripped: the same text, but its row was not a duplicate
+    assert "skipped 2 repeated row(s): duplicate of an earlier row (first at row 60)" in caplog.text
+    assert "skipped 1 malformed row(s): not a JSON object" in caplog.text
+    # counted with the malformed rows against max_bad_fraction
+    with pytest.raises(DataError, match=r"3 of 64 rows are malformed or repeated.*2 x duplicate of an earlier row"):
+        load_problems("gsm8k", "test", data_dir=tmp_path, max_bad_fraction=0.04)
+    # your own dataset: the same, where the repeated row would otherwise get a new id
+    d = tmp_path / "own"
+    write_jsonl(d / "test.jsonl", [{"question": "What is 1?", "answer": 1}] * 2 + [{"question": "What is 2?", "answer": 2}])
+    with caplog.at_level(logging.WARNING, logger="ctrls.data"):
+        mine = load_problems(str(d), "test", max_bad_fraction=0.5)
+    assert [p.id for p in mine] == ["own-test-0", "own-test-2"]
+
+
+@pytest.mark.parametrize("gold", ["nan", "NaN", "inf", "-inf", "Infinity", " "])
+def test_a_nan_infinite_or_empty_gold_is_malformed(tmp_path, caplog, gold):
+    gsm = fake_gsm(30)
+    gsm[4]["answer"] = f"He has none.\n#### {gold}"
+    write_jsonl(tmp_path / "gsm8k" / "test.jsonl", gsm)
+    m500 = [{"problem": f"Compute ${i}+{i}$.", "solution": f"So $\\boxed{{{2 * i}}}$.", "answer": str(2 * i),
+             "unique_id": f"u{i}"} for i in range(30)]
+    m500[9]["answer"] = gold
+    write_jsonl(tmp_path / "math" / "math500_test.jsonl", m500)
+    d = tmp_path / "own"
+    write_jsonl(d / "test.jsonl", own_rows(30, "test")[:29] + [{"question": "Q?", "answer": gold}])
+    with caplog.at_level(logging.WARNING, logger="ctrls.data"):
+        got = {"gsm8k": load_problems("gsm8k", "test", data_dir=tmp_path, max_bad_fraction=0.05),
+               "math": load_problems("math", "test", data_dir=tmp_path, max_bad_fraction=0.05),
+               "own": load_problems(str(d), "test", max_bad_fraction=0.05)}
+    assert {k: len(v) for k, v in got.items()} == {"gsm8k": 29, "math": 29, "own": 29}
+    assert "gsm8k-test-4" not in {p.id for p in got["gsm8k"]} and "math-u9" not in {p.id for p in got["math"]}
+    assert caplog.text.count("skipped 1 malformed row(s)") == 3
+    with pytest.raises(DataError, match="1 of 30 rows are malformed"):
+        load_problems(str(d), "test", max_bad_fraction=0)
+
+
+def test_a_json_nan_gold_is_malformed(tmp_path, caplog):
+    d = tmp_path / "own"
+    write_jsonl(d / "test.jsonl", own_rows(9, "test") + ['{"question": "Q?", "answer": NaN}',
+                                                        '{"question": "R?", "answer": -Infinity}'])
+    with caplog.at_level(logging.WARNING, logger="ctrls.data"):
+        probs = load_problems(str(d), "test", max_bad_fraction=0.2)
+    assert len(probs) == 9 and "skipped 2 malformed row(s): gold answer is NaN or infinite" in caplog.text
 
 
 def test_math_splits_from_a_data_dir(tmp_path, caplog):

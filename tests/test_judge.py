@@ -13,6 +13,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import pandas as pd
 import pytest
@@ -92,8 +93,15 @@ def test_parse_never_raises_on_garbage():
 # ---- an OpenAI-compatible server in-process -------------------------------------------------------------
 
 
+class Raw(NamedTuple):
+    """A reply body sent as it is, in place of a chat completion or an error object."""
+    body: str
+    content_type: str = "application/json"
+
+
 class FakeServer:
-    """/v1/chat/completions that plays a script of (status, delay_s, reply); the last entry repeats."""
+    """/v1/chat/completions that plays a script of (status, delay_s, reply); the last entry repeats.
+    A ``Raw`` reply is sent verbatim with its content type."""
 
     def __init__(self, script):
         self.script, self.calls, self.headers, self.bodies = list(script), 0, [], []
@@ -112,9 +120,12 @@ class FakeServer:
                 ok = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
                       "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}]}
                 body = json.dumps(ok if status == 200 else {"error": {"message": reply}}).encode()
+                ctype = "application/json"
+                if isinstance(reply, Raw):
+                    body, ctype = reply.body.encode(), reply.content_type
                 try:
                     self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", ctype)
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body)
@@ -198,6 +209,55 @@ def test_client_errors_are_not_retried(server, sleeps, tmp_path, status, monkeyp
     with pytest.raises(JudgeError, match=f"HTTP {status}.*pinned to 'x'") as e:
         OpenAIBackend("m", base_url=srv.url).complete(build_prompt("q", "1", ["s"], "1"), 0.1)
     assert srv.calls == 1 and sleeps == [] and FAKE_KEY not in str(e.value)
+
+
+NOT_COMPLETIONS = {
+    "truncated JSON": (Raw('{"id": "x", "object": "chat.completion", "choices": [{"message": {"content": "{\\"alg'),
+                       "is not JSON"),
+    "an HTML page": (Raw(f"<html><body><h1>Gateway</h1>token {FAKE_KEY}</body></html>", "text/html; charset=utf-8"),
+                     r"is not JSON \(text/html"),
+    "JSON sent as text/plain, no choices": (Raw('{"object": "list", "data": []}', "text/plain"), "has no choices"),
+    "choices: []": (Raw('{"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": []}'),
+                    "has no choices"),
+    "an error object": (Raw('{"error": {"message": "model is loading"}}'), "has no choices.*model is loading"),
+    "a list": (Raw("[]"), "has no choices"),
+    "content null": (Raw('{"id": "x", "choices": [{"index": 0, "finish_reason": "stop", '
+                         '"message": {"role": "assistant", "content": null}}]}'), "has no message content"),
+    "no message": (Raw('{"id": "x", "choices": [{"index": 0, "finish_reason": "length"}]}'), "has no message content"),
+    "content not a string": (Raw('{"id": "x", "choices": [{"message": {"role": "assistant", "content": 7}}]}'),
+                             "has no message content"),
+}
+
+
+@pytest.mark.parametrize("reply,why", NOT_COMPLETIONS.values(), ids=NOT_COMPLETIONS.keys())
+def test_a_200_that_is_not_a_chat_completion_is_retried_then_an_error(server, sleeps, tmp_path, monkeypatch, reply,
+                                                                       why):
+    monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
+    srv = server([(200, 0, reply)])
+    be = OpenAIBackend("judge-model", base_url=srv.url, timeout_s=10, max_retries=2, backoff_s=0.5)
+    with pytest.raises(JudgeError, match=rf"after 3 attempts: NotAChatCompletion: HTTP 200 reply {why}") as e:
+        judge_samples(samples(1), be, tmp_path, progress=False)
+    assert srv.calls == 3 and sleeps == [0.5, 1.0]  # the retry policy of a 5xx
+    assert f"'judge-model', {srv.url})" in str(e.value) and FAKE_KEY not in str(e.value)  # names model and server
+    assert not list(tmp_path.glob("*.json"))  # nothing cached, no score recorded
+
+
+def test_a_bad_200_then_a_completion_is_scored_from_the_completion(server, sleeps, tmp_path):
+    srv = server([(200, 0, NOT_COMPLETIONS["an HTML page"][0]), (200, 0, NOT_COMPLETIONS["choices: []"][0]),
+                  (200, 0, GOOD)])
+    out = judge_samples(samples(1), OpenAIBackend("m", base_url=srv.url, timeout_s=10, max_retries=2, backoff_s=0.5),
+                        tmp_path, progress=False)
+    assert srv.calls == 3 and sleeps == [0.5, 1.0]
+    assert out.overall[0] == 7 and out.parse[0] == "json"
+    (f,) = tmp_path.glob("*.json")
+    assert json.loads(f.read_text())["reply"] == GOOD
+
+
+def test_an_empty_content_is_a_reply(server, sleeps, tmp_path):
+    """A completion whose content is "" is the judge's answer: scored with defaults (counted), not retried."""
+    srv = server([(200, 0, "")])
+    out = judge_samples(samples(1), OpenAIBackend("m", base_url=srv.url, timeout_s=10), tmp_path, progress=False)
+    assert srv.calls == 1 and sleeps == [] and out.parse[0] == "default" and out.overall[0] == D
 
 
 # ---- cache and key hygiene --------------------------------------------------------------------------------
