@@ -9,6 +9,11 @@ the nearest centroid, so that a typical step puts most, not all, of its mass on 
 that median is 0 (more than half of the steps sit exactly on a centroid) tau is the mean of the
 nonzero distances, or 1.0 when all are zero; the fallback is recorded in ``StateSpace.notes``.
 
+Numerics: features so large that squared distances overflow float32 (tau = inf, NaN states) are
+refused with a ValueError naming the largest entry; a tau below ``TINY_TAU`` times the typical
+squared distance makes every soft assignment one-hot to float precision, which is kept (it is
+what the data say) but recorded in ``notes`` and logged. Non-finite soft assignments raise.
+
 Fewer distinct steps than K: k-means cannot place K distinct centroids. With ``reduce_k=True``
 (the default, ``states.reduce_k``) K is reduced to the number of distinct steps, a warning is
 logged and the reduction is recorded: ``StateSpace.requested_k`` keeps the K asked for, ``k`` is
@@ -27,6 +32,9 @@ import torch
 from sklearn.cluster import KMeans, MiniBatchKMeans
 
 log = logging.getLogger(__name__)
+
+
+TINY_TAU = 1e-8  # tau below this fraction of the median squared distance to the centroids is noted
 
 
 def _check_features(X: torch.Tensor, ids: Sequence[str] | None = None, dim: int | None = None) -> None:
@@ -50,6 +58,12 @@ def sq_dists(e: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
 
 def soft_assign(d2: torch.Tensor, tau: float) -> torch.Tensor:
     """Q_phi's soft state s = softmax_j(-d2_j / tau) from squared distances to the centroids."""
+    if not (0 < tau < float("inf")):
+        raise ValueError(f"tau must be positive and finite, got {tau}")
+    if not bool(torch.isfinite(d2).all()):
+        raise ValueError(f"squared distances to the centroids overflow (max feature distance^2 = {float(d2.max())}): "
+                         "the spectral features are too large for float32; check the hidden states or "
+                         "keep spectral.normalize on")
     return torch.softmax(-d2 / tau, dim=-1)
 
 
@@ -125,6 +139,12 @@ def fit_states(features: torch.Tensor | np.ndarray, n_states: int, seed: int = 0
     _check_features(X, ids)
     if len(X) == 0:
         raise ValueError("no features to cluster")
+    big = float(X.abs().max())
+    if big > 1e18:  # (2 * 1e18)^2 already overflows float32 in a squared distance
+        i = int(X.abs().max(dim=1).values.argmax())
+        raise ValueError(f"spectral feature entries up to {big:.3g} (at {ids[i] if ids is not None else f'row {i}'}) "
+                         "overflow float32 squared distances: check that step's hidden states, or keep "
+                         "spectral.normalize on")
     Xn = np.ascontiguousarray(X.numpy())  # float32: sklearn keeps it, no float64 copy
     notes: list[str] = []
     k = n_states
@@ -153,7 +173,16 @@ def fit_states(features: torch.Tensor | np.ndarray, n_states: int, seed: int = 0
             notes.append(f"The median squared distance to the nearest centroid is 0: tau = {tau:.4g} "
                          f"({'mean of the nonzero distances' if len(nonzero) else 'all distances are 0'}).")
             log.warning(notes[-1])
-    elif tau <= 0:
-        raise ValueError(f"tau must be positive, got {tau}")
+    elif not (0 < tau < float("inf")):
+        raise ValueError(f"tau must be positive and finite, got {tau}")
+    all_d2 = space.sq_dists(X).double()
+    if not bool(torch.isfinite(all_d2).all()) or not (0 < tau < float("inf")):
+        raise ValueError(f"squared distances to the centroids overflow (tau = {tau}): the spectral features are "
+                         "too large for float32; check the hidden states or keep spectral.normalize on")
+    typical = float(all_d2.median())
+    if typical > 0 and tau < TINY_TAU * typical:
+        notes.append(f"tau = {tau:.3g} is below {TINY_TAU:g} of the median squared distance to the centroids "
+                     f"({typical:.3g}): every soft assignment is one-hot to float precision.")
+        log.warning(notes[-1])
     space.tau = float(tau)
     return space

@@ -96,3 +96,26 @@ def test_nan_feature_names_the_step():
     space = fit_states(X[:10], 2)
     with pytest.raises(ValueError, match="row 7"):
         space.assign(X[10:20])
+
+
+def test_huge_finite_features_are_refused_not_turned_into_nan():
+    X = torch.randn(40, 6) * 1e20  # finite, but squared distances overflow float32
+    with pytest.raises(ValueError, match="overflow"):
+        fit_states(X, 3, seed=0)
+    from ctrls.states import soft_assign
+    with pytest.raises(ValueError, match="overflow"):
+        soft_assign(torch.tensor([[float("inf"), 1.0]]), 1.0)
+    with pytest.raises(ValueError, match="tau"):
+        soft_assign(torch.tensor([[2.0, 1.0]]), float("inf"))
+
+
+def test_a_near_zero_tau_is_recorded():
+    g = torch.Generator().manual_seed(0)
+    centers = torch.tensor([[0.0, 0.0], [100.0, 0.0], [0.0, 100.0]])
+    X = torch.cat([c + 1e-3 * torch.randn(30, 2, generator=g) for c in centers])  # tight clusters far apart
+    space = fit_states(X, 3, seed=0)
+    assert any("one-hot" in n for n in space.notes)
+    s = space.assign(X)
+    assert torch.isfinite(s).all() and float(s.max(-1).values.min()) > 0.999
+    wide = fit_states(torch.randn(90, 2, generator=g), 3, seed=0)
+    assert not any("one-hot" in n for n in wide.notes)
