@@ -5,6 +5,10 @@
     ctrls verify-references [--dataset gsm8k] [--split test]
     ctrls profiles
 
+Overrides are dotted ``key=value`` items with YAML values (``-o rl.steps=3 "grid.epsilons=[0.1, 0.3]"``).
+A bad profile or override (``ctrls.config.ConfigError``) is one line on stderr and exit status 2,
+before any stage runs.
+
 Several GPUs: ``accelerate launch --multi_gpu --num_processes 8 -m ctrls stage rl --profile paper``
 runs a stage data-parallel (``ctrls.distributed``); ``ctrls reproduce`` then reuses its results.
 """
@@ -48,8 +52,7 @@ def run_notebook(stage: str, profile: str, run_dir: str, overrides: list[str], f
     src = NOTEBOOKS / STAGES[stage]
     out = book / "generated" / STAGES[stage]
     out.parent.mkdir(parents=True, exist_ok=True)
-    params = {"profile": profile, "run_dir": str(Path(run_dir).resolve()), "overrides": " ".join(overrides),
-              "force": force}
+    params = notebook_params(profile, run_dir, overrides, force)
     try:
         pm.execute_notebook(str(src), str(out), parameters=params, kernel_name="python3",
                             cwd=str(ROOT), progress_bar=True, log_output=log_output)
@@ -60,6 +63,15 @@ def run_notebook(stage: str, profile: str, run_dir: str, overrides: list[str], f
         if out.exists():
             settle_streams(out)
     return out
+
+
+def notebook_params(profile: str, run_dir: str, overrides: list[str], force: bool) -> dict:
+    """The papermill parameters of a stage's notebook; ``overrides`` becomes one string that
+    ``ctrls.report.notebook_config`` splits back into the same items (``ctrls.config.join_overrides``)."""
+    from ctrls.config import join_overrides
+
+    return {"profile": profile, "run_dir": str(Path(run_dir).resolve()), "overrides": join_overrides(overrides),
+            "force": force}
 
 
 def settle_streams(path: Path) -> None:
@@ -137,10 +149,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     """Run library stages without notebooks, in one process (data-parallel under ``accelerate launch``)."""
-    from ctrls.config import load_config
+    from ctrls.config import load_config, parse_overrides
     from ctrls.distributed import shutdown, world
 
-    cfg = load_config(args.profile, [*args.override, f"run_dir={Path(args.run_dir).resolve()}"])
+    cfg = load_config(args.profile, {**parse_overrides(args.override), "run_dir": str(Path(args.run_dir).resolve())})
     w = world()
     for name in args.names:
         t0 = time.time()
@@ -192,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--run-dir", default=str(ROOT / "runs"))
     r.add_argument("--only", nargs="+", metavar="STAGE", help=f"run only these stages ({', '.join(STAGES)})")
     r.add_argument("--force", nargs="+", metavar="STAGE", help="recompute these stages even if cached")
-    r.add_argument("-o", "--override", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    r.add_argument("-o", "--override", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, e.g. rl.steps=3 \"grid.epsilons=[0.1, 0.3]\"")
     r.add_argument("--no-book", action="store_true", help="run the notebooks only")
     r.add_argument("--strict", action="store_true", help="build the book with -W (warnings are errors)")
     r.add_argument("--book-dir", default=None, help="build a copy of the book there instead of in book/")
@@ -205,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     st.add_argument("--run-dir", default=str(ROOT / "runs"))
     st.add_argument("--force", action="store_true", help="recompute even if cached")
     st.add_argument("--quiet", action="store_true", help="no progress bars")
-    st.add_argument("-o", "--override", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+    st.add_argument("-o", "--override", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, e.g. rl.steps=3 \"grid.epsilons=[0.1, 0.3]\"")
     st.set_defaults(fn=cmd_stage)
 
     v = sub.add_parser("verify-references", help="rate at which reference solutions verify against gold")
@@ -218,7 +230,14 @@ def main(argv: list[str] | None = None) -> None:
     pr.set_defaults(fn=cmd_profiles)
 
     args = p.parse_args(argv)
-    sys.exit(args.fn(args))
+    from ctrls.config import ConfigError
+
+    try:
+        rc = args.fn(args)
+    except ConfigError as e:  # a bad profile or override: one line, no traceback, argparse's status
+        print(f"ctrls {args.cmd}: config error: {' '.join(str(e).split())}", file=sys.stderr)
+        rc = 2
+    sys.exit(rc)
 
 
 if __name__ == "__main__":

@@ -2,152 +2,275 @@
 
 A profile is a YAML file in ``ctrls/profiles/`` (``smoke``, ``demo``, ``paper``). It is read
 into the :class:`Config` dataclass tree; ``key=value`` overrides (from the CLI or papermill
-parameters) use dotted keys, e.g. ``pretrain.epochs=3`` or ``grid.epsilons=[0.1,0.3]``.
-Unknown keys and values of the wrong type raise :class:`ConfigError` naming the key.
+parameters) use dotted keys, e.g. ``pretrain.epochs=3`` or ``grid.epsilons=[0.1, 0.3]``.
+
+Everything is checked when the config is made (:func:`load_config`, :func:`override`,
+:meth:`Config.for_pair`), before any stage runs, and every problem is a :class:`ConfigError` that
+names the dotted key, the bad value and what is allowed:
+
+- unknown keys, and values of the wrong type (a float key takes an int, or a string such as
+  ``1e-3``, which YAML 1.1 reads as text); NaN and infinities are refused for every float key;
+- each key's allowed values, declared once, beside its default, with :func:`key`:
+  ``n_test: int = key(40, at_least(1))``. For a list key the rule applies to each element (an
+  error names ``grid.epsilons[0]``), and ``nonempty`` / ``unique`` apply to the list;
+- the few checks that involve two keys (:data:`CROSS_CHECKS`).
+
+Adding a key: give it a rule with ``key(default, rule)``; a ``bool`` or ``Literal[...]`` key may
+go without one (its type is its set). ``tests/test_config.py::test_every_key_declares_its_values``
+fails for any other key without a rule, so none is added unchecked.
+
+Two keys exist for a future implementation but accept only their default today, and say why:
+``backbone.hidden_layer`` (only -1) and ``adapter.inject_at`` (only ``last_hidden``).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
 
 
 class ConfigError(ValueError):
-    """A configuration key is unknown or its value has the wrong type."""
+    """A configuration key is unknown, or its value has the wrong type or is not allowed."""
+
+
+# ---- declared allowed values -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The values a key allows: ``ok(value)`` decides, ``allowed`` says it in words for the
+    error message, and ``why`` (optional) tells why the other values are refused."""
+
+    allowed: str
+    ok: Callable[[Any], bool]
+    why: str = ""
+
+
+def at_least(lo: float) -> Rule:
+    return Rule(f">= {lo:g}", lambda v: v >= lo)
+
+
+def above(lo: float) -> Rule:
+    return Rule(f"> {lo:g}", lambda v: v > lo)
+
+
+def between(lo: float, hi: float) -> Rule:
+    return Rule(f"in [{lo:g}, {hi:g}]", lambda v: lo <= v <= hi)
+
+
+def only(*values: Any, why: str = "") -> Rule:
+    return Rule("only " + " or ".join(repr(v) for v in values), lambda v: v in values, why)
+
+
+def text(what: str = "a non-empty string") -> Rule:
+    return Rule(what, lambda v: isinstance(v, str) and v.strip() != "")
+
+
+def anything(what: str) -> Rule:
+    """A key whose value is checked where it is used (a path, a URL's reachability)."""
+    return Rule(what, lambda v: True)
+
+
+def key(default: Any, rule: Rule | None = None, *, nonempty: bool = False, unique: bool = False) -> Any:
+    """A dataclass field with its default and its allowed values (see the module docstring)."""
+    meta = {"rule": rule, "nonempty": nonempty, "unique": unique}
+    if isinstance(default, list):
+        return field(default_factory=lambda d=tuple(default): list(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _is_dataset(v: str) -> bool:
+    from ctrls.data import DATASETS  # lazy: ctrls.data imports this module
+
+    if v in DATASETS:
+        return True
+    p = Path(v).expanduser()
+    return (p / "train.jsonl").is_file() and (p / "test.jsonl").is_file()
+
+
+def _is_device(v: str) -> bool:
+    import torch
+
+    if v == "auto":
+        return True
+    try:
+        torch.device(v)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+def _few_shot_max() -> int:
+    from ctrls.prompts import EXEMPLARS
+
+    return len(EXEMPLARS)
+
+
+def _is_rl_setting(v: str) -> bool:
+    """One grammar: ``ctrls.rl.parse_setting``'s; its epsilon must be a probability, its alpha >= 0."""
+    from ctrls.rl import parse_setting
+
+    try:
+        s = parse_setting(v, Config())
+    except ValueError:
+        return False
+    return math.isfinite(s.epsilon) and math.isfinite(s.alpha) and 0 <= s.epsilon <= 1 and s.alpha >= 0
+
+
+DATASET = Rule("gsm8k, math, gsm_symbolic, or a directory holding train.jsonl and test.jsonl", _is_dataset)
+RL_SETTING = Rule("none, epsilon, entropy, both, 'eps=X', 'H=Y' or 'eps=X,H=Y' with X in [0, 1], Y >= 0",
+                  _is_rl_setting)
+HIDDEN_LAYER_WHY = ("pretraining would fit the states and train the adapter on that layer's hidden states while "
+                    "decoding (ctrls.sampling) uses the last layer's; kept as a key for a future implementation "
+                    "that uses the layer end to end")
+INJECT_AT_WHY = ("pretraining and decoding apply the adapter to the last hidden state only; input_embeds exists in "
+                 "ctrls.adapter.adapted_logits but no stage trains or decodes with it; kept as a key for a "
+                 "future implementation")
+
+
+# ---- the configuration --------------------------------------------------------------------
 
 
 @dataclass
 class DataConfig:
-    dataset: str = "gsm8k"  # gsm8k | math | gsm_symbolic | a directory with train.jsonl, test.jsonl (ctrls.data)
-    data_dir: str | None = None  # else $CTRLS_DATA_DIR, else ../shared/data if present, else the hub
-    n_train: int = 40  # training questions (pretraining / RL), seeded subset
-    n_test: int = 40  # test questions (exploration / evaluation), seeded subset
-    seed: int = 0
-    max_bad_fraction: float = 0.01  # malformed rows above this fraction are an error
+    dataset: str = key("gsm8k", DATASET)  # gsm8k | math | gsm_symbolic | a directory with train.jsonl, test.jsonl (ctrls.data)
+    data_dir: str | None = key(None, anything("a directory (checked when the data is read)"))  # else $CTRLS_DATA_DIR, else ../shared/data if present, else the hub
+    n_train: int = key(40, at_least(1))  # training questions (pretraining / RL), seeded subset
+    n_test: int = key(40, at_least(1))  # test questions (exploration / evaluation), seeded subset
+    seed: int = key(0, at_least(0))
+    max_bad_fraction: float = key(0.01, between(0, 1))  # malformed rows above this fraction are an error
 
 
 @dataclass
 class BackboneConfig:
-    name: str = "smollm2-135m-instruct"  # embedded default, a hub id, or a local path
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    hidden_layer: int = -1  # which hidden_states entry is E_t (-1: last, after the final norm)
-    cache_dir: str | None = None  # where the embedded backbone's safetensors copy lives
+    name: str = key("smollm2-135m-instruct", text())  # embedded default, a hub id, or a local path
+    device: str = key("auto", Rule("auto, or a torch device (cpu, cuda, cuda:N, mps, ...)", _is_device))
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # which hidden_states entry is E_t (-1: last, after the final norm); only -1 (HIDDEN_LAYER_WHY)
+    hidden_layer: int = key(-1, only(-1, why=HIDDEN_LAYER_WHY))
+    cache_dir: str | None = key(None, anything("a directory"))  # where the embedded backbone's safetensors copy lives
 
 
 @dataclass
 class PromptConfig:
-    max_steps: int = 12  # cap T on reasoning steps
-    few_shot: int = 4  # CoT exemplars for models without a chat template
+    max_steps: int = key(12, at_least(1))  # cap T on reasoning steps
+    few_shot: int = key(4, Rule("an integer from 0 to the number of exemplars in ctrls.prompts.EXEMPLARS",
+                                lambda v: 0 <= v <= _few_shot_max()))  # CoT exemplars for models without a chat template
     use_chat_template: bool = True
 
 
 @dataclass
 class SpectralConfig:
-    k: int = 4  # eigen-directions kept (Eq. 5)
+    k: int = key(4, at_least(1))  # eigen-directions kept (Eq. 5)
     normalize: bool = True  # divide E_t by sqrt(n_t) before the SVD
 
 
 @dataclass
 class StatesConfig:
-    n_states: int = 64  # K
-    minibatch_above: int = 20000  # MiniBatchKMeans above this many steps
-    tau: float | None = None  # soft-assignment temperature; None: median rule
+    n_states: int = key(64, at_least(2))  # K (one state has no transitions to learn)
+    minibatch_above: int = key(20000, at_least(0))  # MiniBatchKMeans above this many steps
+    tau: float | None = key(None, above(0))  # soft-assignment temperature; None: median rule
     reduce_k: bool = True  # fewer distinct steps than K: reduce K (recorded) instead of failing
 
 
 @dataclass
 class PolicyConfig:
-    concentration: float = 20.0  # initial Dirichlet concentration c
-    fit_steps: int = 300  # gradient refinement steps of L after the soft-count start
-    fit_lr: float = 0.05
-    count_smoothing: float = 0.1  # pseudo-count added to the soft transition counts
+    concentration: float = key(20.0, above(0))  # initial Dirichlet concentration c
+    fit_steps: int = key(300, at_least(0))  # gradient refinement steps of L after the soft-count start
+    fit_lr: float = key(0.05, above(0))
+    count_smoothing: float = key(0.1, above(0))  # pseudo-count added to the soft transition counts (0: log 0)
     entropy: Literal["categorical", "dirichlet"] = "categorical"
 
 
 @dataclass
 class AdapterConfig:
-    rank: int = 64
-    inject_at: Literal["last_hidden", "input_embeds"] = "last_hidden"
+    rank: int = key(64, at_least(1))
+    # only last_hidden (INJECT_AT_WHY); input_embeds stays in the type for a future implementation
+    inject_at: Literal["last_hidden", "input_embeds"] = key("last_hidden", only("last_hidden", why=INJECT_AT_WHY))
 
 
 @dataclass
 class SamplingConfig:
-    temperature: float = 0.7
-    top_k: int = 50
-    max_new_tokens: int = 256
-    batch_size: int = 64  # sequences decoded together
+    """Decoding limits shared by every stage. Token temperatures are per stage:
+    ``pretrain.temperature``, ``grid.temperatures`` and ``rl.temperature``."""
+
+    top_k: int = key(50, at_least(0))  # 0: no top-k filter
+    max_new_tokens: int = key(256, at_least(1))
+    batch_size: int = key(64, at_least(1))  # sequences decoded together
 
 
 @dataclass
 class PretrainConfig:
-    sources: list[str] = field(default_factory=lambda: ["samples", "reference"])
-    samples_per_question: int = 4  # CoTs sampled per training question (kept when correct)
-    temperature: float = 0.7
-    epochs: int = 5
-    lr: float = 1e-3
-    batch_steps: int = 256  # steps per adapter-training batch
-    max_tokens_per_step: int = 64  # longer steps are truncated for the ELBO
+    sources: list[Literal["samples", "reference"]] = key(["samples", "reference"], nonempty=True, unique=True)
+    samples_per_question: int = key(4, at_least(1))  # CoTs sampled per training question (kept when correct)
+    temperature: float = key(0.7, above(0))  # eta of the sampled CoTs (greedy would repeat one CoT)
+    epochs: int = key(5, at_least(0))  # 0: the fresh adapter, which leaves the backbone unchanged
+    lr: float = key(1e-3, above(0))
+    batch_steps: int = key(256, at_least(1))  # steps per adapter-training batch
+    max_tokens_per_step: int = key(64, at_least(1))  # longer steps are truncated for the ELBO
 
 
 @dataclass
 class GridConfig:
     """What every stage loops over: backbone x dataset pairs, and the exploration grid."""
 
-    backbones: list[str] = field(default_factory=lambda: ["smollm2-135m-instruct"])
-    datasets: list[str] = field(default_factory=lambda: ["gsm8k"])
-    temperatures: list[float] = field(default_factory=lambda: [0.5, 0.7])
-    epsilons: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5])
-    n_samples: int = 20  # samples per question (pass@n)
+    backbones: list[str] = key(["smollm2-135m-instruct"], text(), nonempty=True, unique=True)
+    datasets: list[str] = key(["gsm8k"], DATASET, nonempty=True, unique=True)
+    temperatures: list[float] = key([0.5, 0.7], Rule(">= 0 (0: greedy)", lambda v: v >= 0), nonempty=True, unique=True)
+    epsilons: list[float] = key([0.1, 0.3, 0.5], between(0, 1), unique=True)  # empty: the Base rows only
+    n_samples: int = key(20, at_least(1))  # samples per question (pass@n)
 
 
 @dataclass
 class RLConfig:
-    steps: int = 100
-    questions_per_step: int = 1
-    group_size: int = 8  # G trajectories per question
-    lr: float = 1e-2
-    grad_clip: float = 1.0
+    steps: int = key(100, at_least(0))
+    questions_per_step: int = key(1, at_least(1))
+    group_size: int = key(8, at_least(1))  # G trajectories per question (>= 2 with baseline group_mean)
+    lr: float = key(1e-2, above(0))
+    grad_clip: float = key(1.0, above(0))
     baseline: Literal["none", "group_mean"] = "none"
     entropy_grad: Literal["full", "eq14"] = "full"  # full: exact gradient of J; eq14: score-function term only
-    epsilon: float = 0.1
-    entropy_coef: float = 0.01  # alpha
-    temperature: float = 0.7
-    eval_every: int = 20
-    eval_questions: int = 20
-    eval_samples: int = 4
-    checkpoint_every: int = 10
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
-    settings: list[str] = field(default_factory=lambda: ["none", "epsilon", "entropy", "both"])  # the curves
-    table2: list[str] = field(default_factory=lambda: ["H=0", "H=0.01", "eps=0.1", "eps=0.3"])  # Table 2 rows
+    epsilon: float = key(0.1, between(0, 1))
+    entropy_coef: float = key(0.01, at_least(0))  # alpha
+    temperature: float = key(0.7, above(0))  # eta; one of grid.temperatures (Base rows of Table 2 and the judge)
+    eval_every: int = key(20, at_least(1))
+    # held-out questions of each evaluation; more than data.n_test is allowed and evaluates all n_test
+    eval_questions: int = key(20, at_least(1))
+    eval_samples: int = key(4, at_least(1))
+    checkpoint_every: int = key(10, at_least(1))
+    seeds: list[int] = key([0, 1], at_least(0), nonempty=True, unique=True)
+    settings: list[str] = key(["none", "epsilon", "entropy", "both"], RL_SETTING, unique=True)  # the curves (may be empty)
+    table2: list[str] = key(["H=0", "H=0.01", "eps=0.1", "eps=0.3"], RL_SETTING, unique=True)  # Table 2 rows
 
 
 @dataclass
 class JudgeConfig:
     backend: Literal["auto", "openai", "local"] = "auto"
-    model: str = "gpt-4"  # model name for the openai backend
-    base_url: str | None = None  # any OpenAI-compatible server; None: api.openai.com
-    local_model: str = "smollm2-135m-instruct"
-    local_max_new_tokens: int = 120  # reply length of the local backend
-    samples_per_config: int = 100
-    temperature: float = 0.1
-    max_retries: int = 4
-    timeout_s: float = 60.0
+    model: str = key("gpt-4", text())  # model name for the openai backend
+    base_url: str | None = key(None, Rule("an http(s) URL", lambda v: re.match(r"https?://\S+$", v) is not None))  # any OpenAI-compatible server; None: api.openai.com
+    local_model: str = key("smollm2-135m-instruct", text())
+    local_max_new_tokens: int = key(120, at_least(1))  # reply length of the local backend
+    samples_per_config: int = key(100, at_least(1))
+    temperature: float = key(0.1, between(0, 2))  # 0: greedy (the OpenAI API allows 0..2)
+    max_retries: int = key(4, at_least(0))
+    timeout_s: float = key(60.0, above(0))
 
 
 @dataclass
 class Config:
-    profile: str = "demo"
-    run_dir: str = "runs"  # runs/<profile>/<stage>/...
-    seed: int = 0
+    profile: str = key("demo", text())
+    run_dir: str = key("runs", text())  # runs/<profile>/<stage>/...
+    seed: int = key(0, at_least(0))
     data: DataConfig = field(default_factory=DataConfig)
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
@@ -181,21 +304,105 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def validate(self) -> "Config":
+        """Check every key's type and allowed values, then :data:`CROSS_CHECKS`; raise ConfigError."""
+        validate(self)
+        return self
+
     def fingerprint(self, *keys: str) -> str:
         """A short hash of the named sections or dotted fields (all if none), for stage caching."""
         d = self.to_dict()
         if keys:
             picked = {}
-            for key in keys:
+            for k in keys:
                 v: Any = d
-                for part in key.split("."):
+                for part in k.split("."):
+                    if not isinstance(v, dict) or part not in v:
+                        raise ConfigError(f"fingerprint: unknown config key {k!r}")
                     v = v[part]
-                picked[key] = v
+                picked[k] = v
             d = picked
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# Keys that existed once: an old profile that sets one gets told what became of it.
+REMOVED = {
+    "sampling.temperature": "removed: no stage read it; the token temperatures are pretrain.temperature, "
+                            "grid.temperatures and rl.temperature",
+}
+
+
+# ---- checks across keys ----------------------------------------------------------------------
+
+
+def _builtin_sizes() -> dict[str, dict[str, int]]:
+    """Problems per split of the built-in datasets (tests/test_config.py checks them against the data)."""
+    return {"gsm8k": {"train": 7473, "test": 1319}, "math": {"train": 4500, "test": 500}}
+
+
+def _check_group_baseline(cfg: Config) -> None:
+    if cfg.rl.baseline == "group_mean" and cfg.rl.group_size < 2:
+        raise _refuse("rl.group_size", cfg.rl.group_size, ">= 2 with rl.baseline=group_mean",
+                      "a group of one has advantage 0 and learns nothing")
+
+
+def _check_rl_temperature(cfg: Config) -> None:
+    if cfg.rl.temperature not in cfg.grid.temperatures:
+        raise _refuse("rl.temperature", cfg.rl.temperature, f"one of grid.temperatures {cfg.grid.temperatures}",
+                      "Table 2's Base row and the judge's rows are the exploration samples at eta = rl.temperature")
+
+
+def _check_subset_sizes(cfg: Config) -> None:
+    sizes = _builtin_sizes()
+    for ds in dict.fromkeys([cfg.data.dataset, *cfg.grid.datasets]):
+        for split, k in (("train", "data.n_train"), ("test", "data.n_test")):
+            n = getattr(cfg.data, k.split(".")[1])
+            if ds in sizes and n > sizes[ds][split]:
+                raise _refuse(k, n, f"1 to {sizes[ds][split]} for dataset {ds!r}", f"the size of its {split} split")
+
+
+# Each takes the whole config and raises ConfigError naming the key it refuses.
+CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes]
+
+
+def validate(cfg: Config) -> Config:
+    """Check every key of ``cfg`` against its type and declared rule, then :data:`CROSS_CHECKS`."""
+    _validate_section(cfg, "")
+    for check in CROSS_CHECKS:
+        check(cfg)
+    return cfg
+
+
+def _refuse(k: str, value: Any, allowed: str, why: str = "") -> ConfigError:
+    return ConfigError(f"config key {k!r}: {value!r} is not allowed; allowed: {allowed}" + (f" ({why})" if why else ""))
+
+
+def _validate_section(obj: Any, prefix: str) -> None:
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        k, tp, v = prefix + f.name, hints[f.name], getattr(obj, f.name)
+        if dataclasses.is_dataclass(tp):
+            _validate_section(v, k + ".")
+            continue
+        _check(v, tp, k)  # also catches attributes set in code, and a Config() built by hand
+        rule: Rule | None = f.metadata.get("rule")
+        if isinstance(v, list):
+            if f.metadata.get("nonempty") and not v:
+                raise _refuse(k, v, "a non-empty list")
+            if f.metadata.get("unique") and len({json.dumps(x) for x in v}) < len(v):
+                raise _refuse(k, v, "a list without repeated entries")
+            items = [(f"{k}[{i}]", x) for i, x in enumerate(v)]
+        else:
+            items = [(k, v)] if v is not None else []  # None, where the type allows it, means "the default rule"
+        for name, x in items:
+            if rule is not None and not rule.ok(x):
+                optional = type(None) in get_args(tp)
+                raise _refuse(name, x, rule.allowed + (", or null" if optional else ""), rule.why)
+
+
 # ---- type checking ----------------------------------------------------------------------
+
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def _check(value: Any, tp: Any, key: str) -> Any:
@@ -204,12 +411,13 @@ def _check(value: Any, tp: Any, key: str) -> Any:
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
-        errors = []
+        if float in get_args(tp) and isinstance(value, float) and not math.isfinite(value):
+            return _check(value, float, key)  # says "a finite number", not "not of type float | None"
         for arg in get_args(tp):
             try:
                 return _check(value, arg, key)
-            except ConfigError as e:
-                errors.append(str(e))
+            except ConfigError:
+                pass
         raise ConfigError(f"config key {key!r}: {value!r} is not of type {_tname(tp)}")
     if tp is type(None):
         if value is None:
@@ -225,8 +433,12 @@ def _check(value: Any, tp: Any, key: str) -> Any:
         (inner,) = get_args(tp) or (Any,)
         return [_check(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is float:
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"config key {key!r}: expected a float, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"config key {key!r}: {value!r} is not allowed; allowed: a finite number")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -250,6 +462,8 @@ def _hints(cls: type) -> dict[str, Any]:
 def _set(obj: Any, path: list[str], value: Any, full_key: str) -> None:
     name = path[0]
     if not dataclasses.is_dataclass(obj) or name not in {f.name for f in dataclasses.fields(obj)}:
+        if full_key in REMOVED:
+            raise ConfigError(f"config key {full_key!r} was {REMOVED[full_key]}")
         known = sorted(f.name for f in dataclasses.fields(obj)) if dataclasses.is_dataclass(obj) else []
         raise ConfigError(f"unknown config key {full_key!r} (known here: {', '.join(known)})")
     tp = _hints(type(obj))[name]
@@ -267,29 +481,114 @@ def _set(obj: Any, path: list[str], value: Any, full_key: str) -> None:
 
 def _apply_mapping(cfg: Config, mapping: dict[str, Any], prefix: str = "") -> None:
     for k, v in mapping.items():
+        if not isinstance(k, str):
+            raise ConfigError(f"config key {k!r} is not a string")
         _set(cfg, (prefix + k).split("."), v, prefix + k)
 
 
-def parse_overrides(items: typing.Iterable[str] | dict[str, Any] | None) -> dict[str, Any]:
-    """``["a.b=1", "c=[1,2]"]`` -> ``{"a.b": 1, "c": [1, 2]}`` (values parsed as YAML)."""
+# ---- key=value overrides -------------------------------------------------------------------
+
+_OPEN, _CLOSE = "[{(", "]})"
+
+
+def _scan(s: str, state: tuple[int, str]) -> tuple[list[int], tuple[int, str]]:
+    """Walk ``s`` from ``state`` = (bracket depth, open quote char or ""); return the indices of
+    the whitespace at depth 0 outside quotes, and the state at the end. A quote opens only where a
+    YAML scalar can start (after '=', a bracket, ',', ':' or whitespace), so o'brien stays plain."""
+    depth, quote = state
+    cuts, i = [], 0
+    while i < len(s):
+        c = s[i]
+        if quote:
+            if quote == '"' and c == "\\":
+                i += 1
+            elif c == quote:
+                if quote == "'" and s[i + 1:i + 2] == "'":
+                    i += 1  # '' is an escaped quote inside '...'
+                else:
+                    quote = ""
+        elif c in "'\"" and (i == 0 or s[i - 1] in "=[{(,: \t"):
+            quote = c
+        elif c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+        elif c.isspace() and depth <= 0:
+            cuts.append(i)
+        i += 1
+    return cuts, (depth, quote)
+
+
+def split_overrides(text: str) -> list[str]:
+    """``"grid.epsilons=[0.1, 0.3] rl.steps=3"`` -> ``["grid.epsilons=[0.1, 0.3]", "rl.steps=3"]``.
+
+    The string form of the overrides (a papermill parameter): items are separated by whitespace
+    outside brackets and quotes, so a YAML list or a quoted string with spaces stays one item."""
+    cuts, (depth, quote) = _scan(text, (0, ""))
+    if depth or quote:
+        raise ConfigError(f"overrides {text!r}: unbalanced {'quote' if quote else 'brackets'}")
+    bounds = [-1, *cuts, len(text)]
+    return [text[a + 1:b] for a, b in zip(bounds, bounds[1:]) if text[a + 1:b].strip()]
+
+
+def _regroup(items: typing.Iterable[str]) -> list[str]:
+    """Join list items that a shell split inside brackets (``-o grid.epsilons=[0.1, 0.3]`` unquoted
+    gives ``grid.epsilons=[0.1,`` and ``0.3]``) back into one item."""
+    out, buf, state = [], None, (0, "")
+    for item in items:
+        buf = item if buf is None else f"{buf} {item}"
+        _, state = _scan(item, state)
+        if state == (0, ""):
+            out.append(buf)
+            buf = None
+        elif state[0] < 0:
+            raise ConfigError(f"override {buf!r}: unbalanced brackets")
+    if buf is not None:
+        raise ConfigError(f"override {buf!r}: unbalanced {'quote' if state[1] else 'brackets'}")
+    return out
+
+
+def join_overrides(items: typing.Iterable[str]) -> str:
+    """The string form of a list of overrides, which :func:`split_overrides` splits back into the
+    same settings (an item whose value has a bare space, e.g. a path, is written as JSON)."""
+    out = []
+    for item in _regroup(items):
+        if split_overrides(item) != [item]:
+            k, v = item.split("=", 1) if "=" in item else (item, "")
+            item = f"{k}={json.dumps(_yaml_value(item, v), default=str)}"
+        out.append(item)
+    return " ".join(out)
+
+
+def _yaml_value(item: str, v: str) -> Any:
+    try:
+        return yaml.safe_load(v) if v.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({' '.join(str(e).split())})") from None
+
+
+def parse_overrides(items: str | typing.Iterable[str] | dict[str, Any] | None) -> dict[str, Any]:
+    """``["a.b=1", "c=[1, 2]"]`` or ``"a.b=1 c=[1, 2]"`` -> ``{"a.b": 1, "c": [1, 2]}`` (values
+    parsed as YAML; see :func:`split_overrides` for the string form)."""
     if not items:
         return {}
     if isinstance(items, dict):
         return dict(items)
+    items = split_overrides(items) if isinstance(items, str) else _regroup(items)
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v) if v.strip() else None
+        out[k.strip()] = _yaml_value(item, v)
     return out
 
 
-def override(cfg: Config, overrides: typing.Iterable[str] | dict[str, Any] | None) -> Config:
+def override(cfg: Config, overrides: str | typing.Iterable[str] | dict[str, Any] | None) -> Config:
     """A deep copy of ``cfg`` with dotted-key overrides applied (validated)."""
     new = _from_dict(cfg.to_dict())
     _apply_mapping(new, parse_overrides(overrides))
-    return new
+    return validate(new)
 
 
 def _from_dict(d: dict[str, Any]) -> Config:
@@ -302,8 +601,9 @@ def available_profiles() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("ctrls.profiles").iterdir() if p.name.endswith(".yaml"))
 
 
-def load_config(profile: str = "demo", overrides: typing.Iterable[str] | dict[str, Any] | None = None) -> Config:
-    """Read a named profile (or a path to a YAML file) and apply ``key=value`` overrides."""
+def load_config(profile: str = "demo", overrides: str | typing.Iterable[str] | dict[str, Any] | None = None) -> Config:
+    """Read a named profile (or a path to a YAML file), apply ``key=value`` overrides, and check
+    the result (:func:`validate`) before anything runs."""
     path = Path(profile)
     if path.suffix in (".yaml", ".yml") and path.exists():
         text, name = path.read_text(), path.stem
@@ -312,13 +612,16 @@ def load_config(profile: str = "demo", overrides: typing.Iterable[str] | dict[st
         if not f.is_file():
             raise ConfigError(f"unknown profile {profile!r}; available: {', '.join(available_profiles())}")
         text, name = f.read_text(), profile
-    raw = yaml.safe_load(text) or {}
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"profile {profile!r} is not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"profile {profile!r} must be a mapping")
     cfg = Config(profile=name)
     _apply_mapping(cfg, raw)
     _apply_mapping(cfg, parse_overrides(overrides))
-    return cfg
+    return validate(cfg)
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

@@ -9,15 +9,14 @@ from typing import Iterable
 import torch
 
 import ctrls
-from ctrls.config import Config, load_config
+from ctrls.config import Config, load_config, parse_overrides
 
 
 def notebook_config(profile: str = "demo", run_dir: str = "runs", overrides: str | Iterable[str] = ()) -> Config:
-    """The config a notebook runs with: its papermill parameters, overrides as a list or one
-    whitespace-separated string of ``key=value`` items."""
-    if isinstance(overrides, str):
-        overrides = overrides.split()
-    return load_config(profile, [*overrides, f"run_dir={run_dir}"])
+    """The config a notebook runs with, from its papermill parameters: ``overrides`` is a list of
+    ``key=value`` items or one string of them, separated by whitespace outside brackets and quotes
+    (``"grid.epsilons=[0.1, 0.3] rl.steps=3"``, see ``ctrls.config.split_overrides``)."""
+    return load_config(profile, {**parse_overrides(overrides), "run_dir": run_dir})
 
 
 def git_commit() -> str:

@@ -24,3 +24,82 @@ def test_settle_streams_keeps_each_progress_bar_final_state(tmp_path):
     assert outs[1].text == "a\nb\n"  # plain output untouched
     assert outs[2].data["text/plain"] == "table"
     assert outs[3].text == "c\nd\n"  # consecutive outputs of one stream are joined
+
+
+# ---- config errors at the command line, and overrides with spaces ---------------------------
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from ctrls import cli  # noqa: E402
+from ctrls.config import load_config  # noqa: E402
+from ctrls.report import notebook_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_stage_config_error_is_one_line_and_status_2(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ctrls", "stage", "pretrain", "--profile", "smoke", "--run-dir",
+                        str(tmp_path), "-o", "data.n_test=-1"], capture_output=True, text=True, env=_env(), timeout=300)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines == ["ctrls stage: config error: config key 'data.n_test': -1 is not allowed; allowed: >= 1"]
+    assert not any(tmp_path.iterdir())  # nothing ran
+
+
+@pytest.mark.parametrize("argv,key", [
+    (["reproduce", "--profile", "smoke", "--no-book", "-o", "rl.group_size=0"], "rl.group_size"),
+    (["reproduce", "--profile", "smoke", "--no-book", "-o", "grid.epsilons=[0.1,", "1.5]"], r"grid.epsilons[1]"),
+    (["reproduce", "--profile", "smoke", "--no-book", "-o", "backbone.hidden_layer=3"], "backbone.hidden_layer"),
+    (["stage", "rl", "--profile", "nosuch"], "unknown profile 'nosuch'"),
+    (["stage", "exploration", "--profile", "smoke", "-o", "sampling.temperature=0.7"], "sampling.temperature"),
+])
+def test_config_errors_exit_2_before_anything_runs(argv, key, monkeypatch, capsys, tmp_path):
+    ran = []
+    monkeypatch.setattr(cli, "run_notebook", lambda *a, **k: ran.append(a))
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv[:1], "--run-dir", str(tmp_path), *argv[1:]])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and not ran
+    assert len(err.strip().splitlines()) == 1 and key in err and "config error" in err
+
+
+def test_notebook_params_carry_overrides_with_spaces(tmp_path):
+    items = ["grid.epsilons=[0.1, 0.3]", "rl.steps=3", "data.data_dir=/my data/x", "judge.model='a b'"]
+    p = cli.notebook_params("smoke", str(tmp_path), items, False)
+    assert isinstance(p["overrides"], str)  # one papermill parameter, as `-p overrides "..."` gives it
+    got = notebook_config(p["profile"], p["run_dir"], p["overrides"])
+    assert got == load_config("smoke", [*items, f"run_dir={tmp_path.resolve()}"])
+    assert got.grid.epsilons == [0.1, 0.3] and got.data.data_dir == "/my data/x" and got.judge.model == "a b"
+    # the shell's split of an unquoted list is put back together
+    assert notebook_config("smoke", "r", ["grid.epsilons=[0.1,", "0.3]"]).grid.epsilons == [0.1, 0.3]
+
+
+@pytest.mark.integration
+def test_papermill_overrides_parameter_with_spaces(tmp_path):
+    """``papermill nb.ipynb out.ipynb -p overrides "grid.epsilons=[0.1, 0.3] rl.steps=3"``, end to end."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    params = new_code_cell('profile = "demo"\nrun_dir = "runs"\noverrides = ""', metadata={"tags": ["parameters"]})
+    body = new_code_cell("import json\nfrom ctrls.report import notebook_config\n"
+                         "cfg = notebook_config(profile, run_dir, overrides)\n"
+                         "print(json.dumps([cfg.grid.epsilons, cfg.rl.steps, cfg.profile]))")
+    src, out = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(new_notebook(cells=[params, body], metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                                            "display_name": "Python 3"}}), str(src))
+    r = subprocess.run([sys.executable, "-m", "papermill", str(src), str(out), "-k", "python3", "-p", "profile", "smoke",
+                        "-p", "overrides", "grid.epsilons=[0.1, 0.3] rl.steps=3", "--cwd", str(ROOT)],
+                       capture_output=True, text=True, env=_env(), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    printed = nbformat.read(str(out), as_version=4).cells[-1].outputs[0].text
+    assert json.loads(printed) == [[0.1, 0.3], 3, "smoke"]
