@@ -1,0 +1,142 @@
+"""What the paper's own tables can resolve (Tables 1 and 2): intervals and minimal detectable differences.
+
+The paper reports each CTRLS row and Base as percentages, without intervals. Table 1's values are
+multiples of 2.5, i.e. 40 test questions; Table 2's are multiples of 0.2, i.e. 500 (DESIGN.md,
+"Table sizes in the paper"). For each CTRLS-vs-Base difference (pass@20 and Succ.) this module gives
+
+- the 95% interval for a difference of two independent proportions at the paper's n, by Newcombe's
+  hybrid score method (Newcombe 1998, method 10): with Wilson score intervals (l_i, u_i) of each rate,
+
+      d = p_1 - p_0,  lo = d - sqrt((p_1 - l_1)^2 + (u_0 - p_0)^2),  hi = d + sqrt((u_1 - p_1)^2 + (p_0 - l_0)^2)
+
+  It stays inside [-1, 1] and is well behaved at 0% and 100%, where the Wald interval collapses to
+  a point. It is *unpaired*: both rows answer the same questions, so a paired analysis (our own
+  tables use a paired bootstrap) is tighter when the rows agree on most questions, but it needs
+  the per-question outcomes, which the paper does not publish. The unpaired interval is what the
+  published numbers allow.
+- the minimal detectable difference (MDD) at that n: the smallest change from the Base rate p_0
+  that a two-sided test at alpha = 0.05 detects with power 0.8, on the arcsine scale (Cohen's h,
+  the variance-stabilised effect size h = 2 asin sqrt(p_1) - 2 asin sqrt(p_0)): a two-sample z test
+  with n per arm detects |h| >= h* = (z_{1-alpha/2} + z_{1-beta}) sqrt(2 / n), so
+
+      MDD up   = sin^2(asin sqrt(p_0) + h*/2) - p_0   (NaN when that passes 100%)
+      MDD down = p_0 - sin^2(asin sqrt(p_0) - h*/2)   (NaN when that passes 0%)
+
+  (the far rejection tail is ignored, as usual).
+
+Succ. is treated like pass@20, as a proportion over the table's questions: its published values
+sit on the same question grid (DESIGN.md notes the discrepancy with the per-sample definition).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.stats import norm
+
+PAPER_N = {"Table 1": 40, "Table 2": 500}  # test questions per table (from the grids of the values)
+ALPHA = 0.05  # two-sided
+POWER = 0.8
+
+
+def wilson_interval(x: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
+    """Wilson score interval (lo, hi) for x successes in n trials."""
+    if n <= 0 or not 0 <= x <= n:
+        raise ValueError(f"need 0 <= x <= n and n > 0, got x={x}, n={n}")
+    z = norm.ppf(1 - alpha / 2)
+    p = x / n
+    centre = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+
+
+def newcombe_interval(x1: int, n1: int, x0: int, n0: int, alpha: float = ALPHA) -> tuple[float, float, float]:
+    """(d, lo, hi) for d = x1/n1 - x0/n0, Newcombe's hybrid score interval (method 10) for two
+    independent proportions."""
+    p1, p0 = x1 / n1, x0 / n0
+    l1, u1 = wilson_interval(x1, n1, alpha)
+    l0, u0 = wilson_interval(x0, n0, alpha)
+    d = p1 - p0
+    return d, d - math.sqrt((p1 - l1) ** 2 + (u0 - p0) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p0 - l0) ** 2)
+
+
+def detectable_h(n: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """h* = (z_{1-alpha/2} + z_{power}) sqrt(2 / n): the smallest Cohen's h a two-sided two-sample
+    test with n per arm detects with the given power."""
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    return (norm.ppf(1 - alpha / 2) + norm.ppf(power)) * math.sqrt(2 / n)
+
+
+def minimal_detectable_difference(p0: float, n: int, alpha: float = ALPHA, power: float = POWER) -> tuple[float, float]:
+    """(MDD up, MDD down) from the base rate p0 at n per arm (module docstring); NaN where the
+    detectable rate would leave [0, 1]."""
+    if not 0 <= p0 <= 1:
+        raise ValueError(f"base rate must be in [0, 1], got {p0}")
+    phi, h = math.asin(math.sqrt(p0)), detectable_h(n, alpha, power)
+    up = math.sin(phi + h / 2) ** 2 - p0 if phi + h / 2 <= math.pi / 2 else math.nan
+    down = p0 - math.sin(phi - h / 2) ** 2 if phi - h / 2 >= 0 else math.nan
+    return up, down
+
+
+def _count(pct: float, n: int, where: str) -> int:
+    """The number of questions behind a published percentage; an error if it is off the n-grid."""
+    x = pct * n / 100
+    if abs(x - round(x)) > 1e-6:
+        raise ValueError(f"{where}: {pct}% is not a multiple of 100/{n} (not a rate over {n} questions)")
+    return int(round(x))
+
+
+def paper_comparisons() -> pd.DataFrame:
+    """Every CTRLS-vs-Base pair the paper reports: Table 1 (each eps row vs Base at the same
+    backbone, dataset and eta) and Table 2 (each RL row vs Base), pass@20 and Succ., in %."""
+    from ctrls.exploration import BASE, PAPER_TABLE1
+    from ctrls.rl import PAPER_TABLE2
+
+    rows = []
+    for (bb, ds), by_eta in PAPER_TABLE1.items():
+        for eta, by_row in by_eta.items():
+            for label, vals in by_row.items():
+                if label != BASE:
+                    rows.append(("Table 1", bb, ds, eta, label, vals, by_row[BASE]))
+    for bb, by_ds in PAPER_TABLE2.items():
+        for ds, by_row in by_ds.items():
+            for label, vals in by_row.items():
+                if label != BASE:
+                    rows.append(("Table 2", bb, ds, math.nan, label, vals, by_row[BASE]))
+    out = []
+    for table, bb, ds, eta, label, vals, base in rows:
+        for i, metric in enumerate(("pass@20", "Succ.")):
+            out.append({"table": table, "backbone": bb, "dataset": ds, "temperature": eta, "config": label,
+                        "metric": metric, "base (%)": base[i], "ctrls (%)": vals[i]})
+    return pd.DataFrame(out)
+
+
+def paper_power(alpha: float = ALPHA, power: float = POWER, n: dict[str, int] | None = None) -> pd.DataFrame:
+    """One row per CTRLS-vs-Base difference of the paper's Tables 1 and 2: n, both rates, the
+    difference and its 95% Newcombe interval (percentage points), whether the interval excludes 0,
+    and the minimal detectable difference up and down from Base at that n (module docstring)."""
+    n = n or PAPER_N
+    df = paper_comparisons()
+    recs = []
+    for r in df.to_dict("records"):
+        nq = n[r["table"]]
+        where = f"{r['table']} {r['backbone']} {r['dataset']} eta={r['temperature']} {r['config']} {r['metric']}"
+        x1, x0 = _count(r["ctrls (%)"], nq, where), _count(r["base (%)"], nq, where + " (Base)")
+        d, lo, hi = newcombe_interval(x1, nq, x0, nq, alpha)
+        up, down = minimal_detectable_difference(x0 / nq, nq, alpha, power)
+        mdd = up if d >= 0 else down
+        recs.append({"n": nq, "diff (pp)": 100 * d, "lo (pp)": 100 * lo, "hi (pp)": 100 * hi,
+                     "excludes 0": bool(lo > 0 or hi < 0), "MDD up (pp)": 100 * up, "MDD down (pp)": 100 * down,
+                     "below MDD": bool(np.isnan(mdd) or abs(d) < mdd)})
+    return pd.concat([df, pd.DataFrame(recs)], axis=1)
+
+
+def power_summary(t: pd.DataFrame) -> pd.DataFrame:
+    """Per table and metric: comparisons, intervals that exclude 0, differences below the MDD, the
+    largest |difference| and the median MDD up from Base (percentage points)."""
+    g = t.groupby(["table", "metric"], sort=False)
+    return pd.DataFrame({"n": g["n"].first(), "comparisons": g.size(), "intervals excluding 0": g["excludes 0"].sum(),
+                         "|diff| below MDD": g["below MDD"].sum(), "largest |diff| (pp)": g["diff (pp)"].agg(lambda v: v.abs().max()),
+                         "median MDD up (pp)": g["MDD up (pp)"].median()}).reset_index()
