@@ -68,6 +68,16 @@ def test_an_interval_that_excludes_zero_is_flagged():
     assert not row["below MDD"]
 
 
+def test_below_mdd_compares_with_the_mdd_in_the_direction_of_the_difference():
+    # Table 1, Llama GSM8K, eta = 0.5: Base 72.5%, eps=0.5 82.5% (+10 points). At 320 questions the
+    # MDD up from 72.5% is 9.3 points and the MDD down 10.4: +10 is detectable, -10 would not be.
+    t = paper_power(n={"Table 1": 320, "Table 2": 500})
+    row = t[(t.table == "Table 1") & (t.backbone == "Llama-3.2-3B-Instruct") & (t.dataset == "gsm8k")
+            & (t.temperature == 0.5) & (t.config == "eps=0.5") & (t.metric == "pass@20")].iloc[0]
+    assert row["diff (pp)"] == pytest.approx(10.0)
+    assert row["MDD up (pp)"] < 10 < row["MDD down (pp)"] and not row["below MDD"]
+
+
 def test_a_percentage_off_the_question_grid_is_an_error_naming_the_row():
     with pytest.raises(ValueError, match=r"Table 1 .* is not a multiple of 100/7"):
         paper_power(n={"Table 1": 7, "Table 2": 500})
