@@ -267,6 +267,28 @@ class JudgeConfig:
 
 
 @dataclass
+class SyntheticConfig:
+    """The controlled latent-chain study (ctrls.synthetic): the MDP, its prior, and the RL budget."""
+
+    n_states: int = 8  # K latent states (>= 2 * horizon + 1)
+    horizon: int = 3  # T steps: the correct chain and the easy path have T states each
+    easy_reward: float = 0.5  # reward of the easy path's answer; the correct answer earns 1
+    p_rare: float = 0.15  # prior: P(start -> first state of the correct chain)
+    p_follow: float = 0.95  # prior: P(stay on the correct chain) at each later step
+    noise: float = 0.02  # uniform mass mixed into every prior row
+    concentration: float = 5.0  # initial Dirichlet concentration c
+    steps: int = 200  # RL steps per run
+    group_size: int = 16  # chains per step
+    lr: float = 0.05
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    epsilons: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.3])  # the sweep grid
+    alphas: list[float] = field(default_factory=lambda: [0.0, 0.01, 0.1])
+    eval_every: int = 20
+    eval_samples: int = 512  # chains per evaluation (Monte Carlo)
+    recovery_chains: list[int] = field(default_factory=lambda: [10, 30, 100, 300, 1000, 3000])
+
+
+@dataclass
 class Config:
     profile: str = key("demo", text())
     run_dir: str = key("runs", text())  # runs/<profile>/<stage>/...
@@ -283,6 +305,7 @@ class Config:
     grid: GridConfig = field(default_factory=GridConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     # ---- derived helpers -------------------------------------------------------------
     @property
