@@ -37,6 +37,7 @@ STAGES: dict[str, str] = {
     "judge": "04_judge.ipynb",
     "case_studies": "05_case_studies.ipynb",
     "summary": "06_summary.ipynb",
+    "synthetic": "07_synthetic.ipynb",
 }
 
 

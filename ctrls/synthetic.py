@@ -31,9 +31,11 @@ with probability eps (an eps-greedy draw from Dir(1, ..., 1) has a uniform argma
 
     V_T(z) = r[z],   V_t(z) = (1 - eps) max_z' E[z, z'] V_{t+1}(z') + (eps / K) sum_z' E[z, z'] V_{t+1}(z')
 
-V*_eps = V_0(S): 1 at eps = 0 for the chain above, (1 - eps + eps / K)^T at eps > 0. It is an
-upper bound on what any eps-greedy Dirichlet policy earns (a Dirichlet draw only approximates a
-deterministic choice; at eps = 0 the bound is approached as c -> inf with one-hot rows).
+V*_eps = V_0(S): 1 at eps = 0 (the correct chain); at eps > 0 less, and more than the chain alone
+would give, (1 - eps + eps / K)^T, since a random move onto the easy path still earns its reward.
+It is an upper bound on what any eps-greedy Dirichlet policy earns (a Dirichlet draw only
+approximates a deterministic choice; at eps = 0 the bound is approached as c -> inf with one-hot
+rows).
 
 **Outputs** (``run_study``, stage ``runs/<profile>/synthetic``): a learning curve for every
 (eps, alpha, seed) of the paper's four settings (none, epsilon, entropy, both, with ``rl.epsilon``
@@ -108,6 +110,22 @@ def reasoning_chain(n_states: int, horizon: int, easy_reward: float) -> ChainMDP
     return ChainMDP(E, r, 0, T, correct, easy)
 
 
+def state_names(mdp: ChainMDP) -> list[str]:
+    """S, c1..cT, e1..eT, d1.. (start, correct chain, easy path, distractors)."""
+    names = [f"d{i}" for i in range(mdp.n_states)]
+    names[mdp.start] = "S"
+    for i, j in enumerate(mdp.correct):
+        names[j] = f"c{i + 1}"
+    for i, j in enumerate(mdp.easy):
+        names[j] = f"e{i + 1}"
+    k = 0
+    for j, n in enumerate(names):
+        if n.startswith("d"):
+            k += 1
+            names[j] = f"d{k}"
+    return names
+
+
 def behaviour_prior(mdp: ChainMDP, p_rare: float, p_follow: float, noise: float) -> torch.Tensor:
     """P (K, K), rows summing to 1: the transition matrix RL starts from (module docstring)."""
     for key, v in (("p_rare", p_rare), ("p_follow", p_follow), ("noise", noise)):
@@ -147,6 +165,23 @@ def optimal_values(mdp: ChainMDP, epsilon: float = 0.0) -> tuple[np.ndarray, np.
 def optimum(mdp: ChainMDP, epsilon: float = 0.0) -> float:
     """V*_eps = V_0(start): the best expected reward at this epsilon (an upper bound for the policy class)."""
     return float(optimal_values(mdp, epsilon)[0][0, mdp.start])
+
+
+def prior_rates(cfg: Config, concentrations: Sequence[float] | None = None) -> pd.DataFrame:
+    """The prior policy (L_0 = log P) before RL, at ``synthetic.concentration`` and at the LLM path's
+    ``policy.concentration``: held-out reward, correct-chain and easy-path rates (eps = 0, Monte
+    Carlo on ``synthetic.eval_samples`` chains)."""
+    mdp, P = study_mdp(cfg)
+    cs = concentrations or sorted({cfg.synthetic.concentration, cfg.policy.concentration})
+    rows = []
+    for c in cs:
+        policy = TransitionPolicy(mdp.n_states, concentration=c)
+        with torch.no_grad():
+            policy.L.copy_(P.log())
+        ev = make_evaluator(mdp, cfg.synthetic.eval_samples, cfg.seed)(policy, 0)
+        rows.append({"concentration c": c, "chains": cfg.synthetic.eval_samples, "reward": ev["eval_reward"],
+                     "on correct chain": ev["correct_chain"], "on easy path": ev["easy_path"]})
+    return pd.DataFrame(rows)
 
 
 def chain_rewards(mdp: ChainMDP, z: torch.Tensor) -> torch.Tensor:
@@ -336,3 +371,294 @@ def recovery_study(cfg: Config, P: torch.Tensor | None = None) -> pd.DataFrame:
             rows.append({"chains": n, "transitions": n * cfg.synthetic.horizon, "seed": seed,
                          "mean_tv": mean, "max_tv": worst})
     return pd.DataFrame(rows)
+
+
+# ---- analysis: per-run summaries, the four settings, the sweep, the paper's claims ---------------
+
+
+def run_summary(curves: pd.DataFrame) -> pd.DataFrame:
+    """One row per run (setting, eps, alpha, seed): held-out reward, correct-chain and easy-path
+    rates and start-state entropy at the first and last evaluation, the mean held-out reward over
+    all evaluations (area under the curve / steps), the policy entropy over visited states in the
+    first and last 10 training steps, and whether the final policy is on the correct chain or on
+    the easy path (more than half of the evaluation chains)."""
+    keys = ["setting", "epsilon", "alpha", "seed"]
+    ev = curves[curves.kind == "eval"].sort_values("step")
+    tr = curves[curves.kind == "train"].sort_values("step")
+    g = ev.groupby(keys)
+    out = pd.DataFrame({
+        "reward_first": g.eval_reward.first(), "reward_final": g.eval_reward.last(), "reward_mean": g.eval_reward.mean(),
+        "correct_final": g.correct_chain.last(), "easy_final": g.easy_path.last(),
+        "start_entropy_first": g.start_entropy.first(), "start_entropy_final": g.start_entropy.last(),
+        "concentration_final": g.concentration.last()})
+    t = tr.groupby(keys)
+    out["policy_entropy_first"] = t.policy_entropy.apply(lambda v: v.head(10).mean())
+    out["policy_entropy_final"] = t.policy_entropy.apply(lambda v: v.tail(10).mean())
+    out["train_reward_final"] = t.reward.apply(lambda v: v.tail(20).mean())
+    out["found"] = out.correct_final > 0.5
+    out["on_easy"] = out.easy_final > 0.5
+    return out.reset_index()
+
+
+def optima(cfg: Config, epsilons: Sequence[float] | None = None) -> pd.DataFrame:
+    """V*_eps (backward induction) for eps = 0, rl.epsilon and the sweep's epsilons."""
+    mdp, _ = study_mdp(cfg)
+    eps = sorted(set(epsilons if epsilons is not None else [0.0, cfg.rl.epsilon, *cfg.synthetic.epsilons]))
+    return pd.DataFrame({"epsilon": eps, "optimum": [optimum(mdp, e) for e in eps]})
+
+
+def _mean_range(v: pd.Series) -> str:
+    return f"{v.mean():.3f} [{v.min():.3f}, {v.max():.3f}]"
+
+
+def settings_table(summary: pd.DataFrame, cfg: Config) -> pd.DataFrame:
+    """The paper's four settings: mean [min, max] over seeds of the final held-out reward (eps = 0;
+    optimum 1) and of the last training reward (at the setting's eps; its optimum V*_eps), seeds on
+    the correct chain / on the easy path, and the start-state entropy before and after RL."""
+    opt = optima(cfg).set_index("epsilon").optimum
+    rows = []
+    for name in SETTINGS:
+        s = summary[summary.setting == name]
+        if s.empty:
+            continue
+        eps, alpha = s.epsilon.iloc[0], s.alpha.iloc[0]
+        rows.append({"setting": name, "ε": eps, "α": alpha, "seeds": len(s),
+                     "held-out reward (ε=0)": _mean_range(s.reward_final), "optimum (ε=0)": opt[0.0],
+                     "training reward": _mean_range(s.train_reward_final), "optimum at ε": opt[eps],
+                     "seeds on correct chain": int(s.found.sum()), "seeds on easy path": int(s.on_easy.sum()),
+                     "start entropy before": round(float(s.start_entropy_first.mean()), 3),
+                     "start entropy after": _mean_range(s.start_entropy_final)})
+    return pd.DataFrame(rows)
+
+
+def sweep_table(summary: pd.DataFrame, value: str = "reward_final") -> pd.DataFrame:
+    """Mean over seeds of ``value`` (default: the final held-out reward) on the eps x alpha grid."""
+    return summary.pivot_table(index="epsilon", columns="alpha", values=value, aggfunc="mean").rename_axis(
+        index="ε", columns="α")
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float] | None = None, level: float = 0.95) -> tuple[float, float, float]:
+    """(d, lo, hi): mean(a) - mean(b) with a Welch t interval over seeds (b = None: mean(a) with a
+    one-sample t interval). Zero variance on both sides gives the point interval."""
+    from scipy import stats
+
+    a = np.asarray(a, dtype=float)
+    if b is None:
+        d, var, df = a.mean(), a.var(ddof=1) / len(a), len(a) - 1
+    else:
+        b = np.asarray(b, dtype=float)
+        va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+        d, var = a.mean() - b.mean(), va + vb
+        df = var ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if var > 0 else 1
+    if not var > 0:
+        return float(d), float(d), float(d)
+    h = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(var)
+    return float(d), float(d - h), float(d + h)
+
+
+def recovery_slope(recovery: pd.DataFrame) -> tuple[float, float, float]:
+    """(slope, lo, hi): least-squares slope of log mean TV error against log chains, over all
+    (chains, seed) points, with a 95% t interval."""
+    from scipy import stats
+
+    r = stats.linregress(np.log(recovery.chains), np.log(recovery.mean_tv))
+    h = stats.t.ppf(0.975, len(recovery) - 2) * r.stderr
+    return float(r.slope), float(r.slope - h), float(r.slope + h)
+
+
+def _verdict(lo: float, hi: float, side: int) -> str:
+    """'supported' when the interval lies on the claimed side of 0, 'contradicted' when on the other,
+    else 'not supported' (the interval includes 0)."""
+    if side * lo > 0 and side * hi > 0:
+        return "supported"
+    if side * lo < 0 and side * hi < 0:
+        return "contradicted"
+    return "not supported"
+
+
+def claims(summary: pd.DataFrame, recovery: pd.DataFrame, cfg: Config) -> pd.DataFrame:
+    """The paper's claims about exploration in RL (App. F, Sec. 6.4) and about fitting L, each
+    measured on the study with a 95% t interval over seeds and a verdict: supported (the interval
+    lies on the claimed side of 0), contradicted (on the other side) or not supported (it includes 0)."""
+    def runs(eps: float, alpha: float) -> pd.DataFrame:
+        return summary[np.isclose(summary.epsilon, eps) & np.isclose(summary.alpha, alpha)]
+
+    def seeds(s: pd.DataFrame) -> str:
+        return f"{int(s.found.sum())}/{len(s)} seeds on the correct chain, {int(s.on_easy.sum())}/{len(s)} on the easy path"
+
+    eps, alpha = cfg.rl.epsilon, cfg.rl.entropy_coef
+    none, ent, epsr, both = runs(0, 0), runs(0, alpha), runs(eps, 0), runs(eps, alpha)
+    rows = []
+
+    def add(claim, source, measure, d, lo, hi, side, evidence):
+        rows.append({"claim": claim, "paper": source, "measure": measure, "value": round(d, 3),
+                     "95% CI": f"[{lo:.3f}, {hi:.3f}]", "verdict": _verdict(lo, hi, side), "evidence": evidence})
+
+    d = welch_interval(none.start_entropy_final - none.start_entropy_first)
+    add("without entropy regularisation the policy collapses onto a few transitions", "App. F",
+        "none: start-state entropy after RL minus before (nats)", *d, -1, seeds(none))
+    d = welch_interval(ent.easy_final, none.easy_final)
+    add(f"entropy regularisation (α = {alpha:g}) prevents premature convergence onto high-probability, "
+        "sub-optimal transitions", "Sec. 6.4, App. F",
+        "entropy − none: final fraction of held-out chains on the easy path", *d, -1,
+        f"entropy: {seeds(ent)}; none: {seeds(none)}; start-state entropy after RL "
+        f"{ent.start_entropy_final.mean():.3f} vs {none.start_entropy_final.mean():.3f} nats")
+    a_max = max(cfg.synthetic.alphas)
+    if a_max > alpha and not runs(0, a_max).empty:
+        big = runs(0, a_max)
+        d = welch_interval(big.easy_final, none.easy_final)
+        add(f"a larger entropy weight (α = {a_max:g}, our sweep) prevents it", "(sweep)",
+            f"α={a_max:g} − none (ε = 0): final fraction of held-out chains on the easy path", *d, -1,
+            f"α={a_max:g}: {seeds(big)}; start-state entropy after RL {big.start_entropy_final.mean():.3f} nats")
+    d = welch_interval(epsr.reward_final, none.reward_final)
+    add(f"ε-greedy sampling (ε = {eps:g}) improves RL over no exploration", "App. F, Table 2",
+        "epsilon − none: final held-out reward", *d, +1, f"epsilon: {seeds(epsr)}")
+    others = {n: s for n, s in (("none", none), ("epsilon", epsr), ("entropy", ent))}
+    best = max(others, key=lambda n: others[n].reward_mean.mean())
+    d = welch_interval(both.reward_mean, others[best].reward_mean)
+    add("both together give the fastest and most stable gains", "App. F",
+        f"both − best other ({best}): mean held-out reward over training", *d, +1,
+        f"both: {seeds(both)}; final reward range {both.reward_final.max() - both.reward_final.min():.3f} "
+        f"(best other: {others[best].reward_final.max() - others[best].reward_final.min():.3f})")
+    lo_e, hi_e = min(e for e in cfg.synthetic.epsilons if e > 0), max(cfg.synthetic.epsilons)
+    if hi_e > lo_e:
+        d = welch_interval(runs(lo_e, 0).reward_final, runs(hi_e, 0).reward_final)
+        add(f"a mild ε ({lo_e:g}) beats a larger one ({hi_e:g})", "Sec. 6.4 (Llama)",
+            f"ε={lo_e:g} − ε={hi_e:g} (α = 0): final held-out reward", *d, +1,
+            f"ε={lo_e:g}: {seeds(runs(lo_e, 0))}; ε={hi_e:g}: {seeds(runs(hi_e, 0))}")
+    s, lo, hi = recovery_slope(recovery)
+    big_n = recovery[recovery.chains == recovery.chains.max()]
+    add("the transition model L is learnable from sampled chains (fit of Alg. 1)", "Sec. 5.3, Thm. 5.3",
+        "slope of log mean TV error vs log chains (parametric rate −0.5)", s, lo, hi, -1,
+        f"mean TV error {recovery[recovery.chains == recovery.chains.min()].mean_tv.mean():.3f} at "
+        f"{recovery.chains.min()} chains, {big_n.mean_tv.mean():.3f} at {recovery.chains.max()}")
+    return pd.DataFrame(rows)
+
+
+def claims_text(c: pd.DataFrame, n_seeds: int) -> str:
+    """A Markdown paragraph per verdict, written from the claims table."""
+    parts = []
+    for verdict, head in (("supported", "The study supports"), ("contradicted", "The study contradicts"),
+                          ("not supported", f"The study does not support (at {n_seeds} seeds the 95% interval "
+                                            "includes 0)")):
+        rows = c[c.verdict == verdict]
+        if len(rows):
+            items = "; ".join(f"*{r.claim}* ({r.measure}: {r.value:g}, 95% CI {r['95% CI']})" for _, r in rows.iterrows())
+            parts.append(f"**{head}:** {items}.")
+    return "\n\n".join(parts)
+
+
+# ---- figures ------------------------------------------------------------------------------------
+
+
+def plot_learning_curves(curves: pd.DataFrame, cfg: Config, smooth: int = 10):
+    """The four settings: held-out reward (eps = 0) against the optimum 1, and the training reward
+    (moving average) against each setting's V*_eps; mean and min-max band over seeds."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    d = curves[curves.setting.isin(SETTINGS)]
+    ev, tr = d[d.kind == "eval"], d[d.kind == "train"].copy()
+    tr["reward"] = tr.groupby(["setting", "seed"]).reward.transform(lambda v: v.rolling(smooth, min_periods=1).mean())
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    order = [s for s in SETTINGS if s in set(d.setting)]
+    pal = dict(zip(order, sns.color_palette(n_colors=len(order))))
+    sns.lineplot(data=ev, x="step", y="eval_reward", hue="setting", hue_order=order, palette=pal,
+                 errorbar=("pi", 100), marker="o", ax=axes[0])
+    axes[0].axhline(optimum(study_mdp(cfg)[0], 0.0), ls="--", c="k", lw=1, label="optimum")
+    axes[0].set(title="held-out reward of the Dirichlet policy (ε = 0)", xlabel="RL step", ylabel="mean reward")
+    axes[0].legend(fontsize=8)
+    sns.lineplot(data=tr, x="step", y="reward", hue="setting", hue_order=order, palette=pal,
+                 errorbar=("pi", 100), ax=axes[1], legend=False)
+    mdp = study_mdp(cfg)[0]
+    for name in order:
+        axes[1].axhline(optimum(mdp, float(d[d.setting == name].epsilon.iloc[0])), ls="--", lw=1, c=pal[name])
+    axes[1].set(title=f"training reward (ε-greedy; {smooth}-step mean), dashed: V*_ε", xlabel="RL step", ylabel="mean reward")
+    fig.tight_layout()
+    return fig
+
+
+def plot_entropy(curves: pd.DataFrame):
+    """The four settings: the policy's categorical entropy (Eq. 13) over the visited states of each
+    training step, and at the start state (exact) at each evaluation."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    d = curves[curves.setting.isin(SETTINGS)]
+    order = [s for s in SETTINGS if s in set(d.setting)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    sns.lineplot(data=d[d.kind == "train"], x="step", y="policy_entropy", hue="setting", hue_order=order,
+                 errorbar=("pi", 100), ax=axes[0])
+    axes[0].set(title="policy entropy over visited states (training)", xlabel="RL step", ylabel="nats")
+    sns.lineplot(data=d[d.kind == "eval"], x="step", y="start_entropy", hue="setting", hue_order=order,
+                 errorbar=("pi", 100), marker="o", ax=axes[1], legend=False)
+    axes[1].set(title="entropy of the first transition from s_0", xlabel="RL step", ylabel="nats")
+    fig.tight_layout()
+    return fig
+
+
+def plot_sweep(summary: pd.DataFrame):
+    """Heatmaps over the eps x alpha grid: final held-out reward, the fraction of seeds that end on
+    the correct chain, and the start-state entropy after RL."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    sns.heatmap(sweep_table(summary), annot=True, fmt=".2f", vmin=0, vmax=1, cmap="viridis", ax=axes[0])
+    axes[0].set(title="final held-out reward (mean over seeds)")
+    sns.heatmap(sweep_table(summary.assign(found=summary.found.astype(float)), "found"), annot=True, fmt=".2f",
+                vmin=0, vmax=1, cmap="viridis", ax=axes[1])
+    axes[1].set(title="fraction of seeds on the correct chain")
+    sns.heatmap(sweep_table(summary, "start_entropy_final"), annot=True, fmt=".2f", vmin=0, cmap="magma", ax=axes[2])
+    axes[2].set(title="start-state entropy after RL (nats)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_sweep_curves(curves: pd.DataFrame, cfg: Config):
+    """Held-out reward against RL step for every cell of the sweep grid: one panel per alpha, one
+    line per epsilon (mean and min-max band over seeds)."""
+    import seaborn as sns
+
+    grid = curves.epsilon.isin(cfg.synthetic.epsilons) & curves.alpha.isin(cfg.synthetic.alphas)
+    ev = curves[grid & (curves.kind == "eval")].rename(columns={"epsilon": "ε", "alpha": "α"})
+    g = sns.relplot(data=ev, x="step", y="eval_reward", hue="ε", col="α", kind="line", errorbar=("pi", 100),
+                    palette="viridis", height=3.2, aspect=1.1)
+    g.set_axis_labels("RL step", "held-out reward (ε = 0)")
+    g.set_titles("α = {col_name}")
+    return g.figure
+
+
+def plot_prior(cfg: Config):
+    """The prior P = softmax(L_0) with the rewarding edges marked."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    mdp, P = study_mdp(cfg)
+    names = state_names(mdp)
+    fig, ax = plt.subplots(figsize=(5.6, 4.4))
+    annot = np.where(mdp.edges, "•", "")
+    sns.heatmap(P.numpy(), annot=annot, fmt="", cmap="viridis", vmin=0, vmax=1, square=True, ax=ax,
+                xticklabels=names, yticklabels=names, cbar_kws={"label": "P(z_t = j | z_{t-1} = i)"})
+    ax.set(title="prior softmax(L_0) (• rewarding edge)", xlabel="next state j", ylabel="state i")
+    fig.tight_layout()
+    return fig
+
+
+def plot_recovery(recovery: pd.DataFrame):
+    """Mean and max row TV error of softmax(L) fitted on n chains, against n (log-log), with an
+    n^(-1/2) reference through the mean error at the smallest n."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    long = recovery.melt(id_vars=["chains", "seed"], value_vars=["mean_tv", "max_tv"], var_name="error", value_name="TV")
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    sns.lineplot(data=long, x="chains", y="TV", hue="error", marker="o", errorbar=("pi", 100), ax=ax)
+    n = np.array(sorted(recovery.chains.unique()), dtype=float)
+    ref = recovery[recovery.chains == n[0]].mean_tv.mean() * np.sqrt(n[0] / n)
+    ax.plot(n, ref, ls="--", c="k", lw=1, label="∝ n^(-1/2)")
+    ax.set(xscale="log", yscale="log", xlabel="chains sampled from P", ylabel="TV(softmax(L), P) per row",
+           title="recovering the transition matrix")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
