@@ -270,22 +270,22 @@ class JudgeConfig:
 class SyntheticConfig:
     """The controlled latent-chain study (ctrls.synthetic): the MDP, its prior, and the RL budget."""
 
-    n_states: int = 8  # K latent states (>= 2 * horizon + 1)
-    horizon: int = 3  # T steps: the correct chain and the easy path have T states each
-    easy_reward: float = 0.5  # reward of the easy path's answer; the correct answer earns 1
-    p_rare: float = 0.15  # prior: P(start -> first state of the correct chain)
-    p_follow: float = 0.95  # prior: P(stay on the correct chain) at each later step
-    noise: float = 0.02  # uniform mass mixed into every prior row
-    concentration: float = 5.0  # initial Dirichlet concentration c
-    steps: int = 200  # RL steps per run
-    group_size: int = 16  # chains per step
-    lr: float = 0.05
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    epsilons: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.3])  # the sweep grid
-    alphas: list[float] = field(default_factory=lambda: [0.0, 0.01, 0.1])
-    eval_every: int = 20
-    eval_samples: int = 512  # chains per evaluation (Monte Carlo)
-    recovery_chains: list[int] = field(default_factory=lambda: [10, 30, 100, 300, 1000, 3000])
+    n_states: int = key(8, at_least(3))  # K latent states (>= 2 * horizon + 1, checked by ctrls.synthetic)
+    horizon: int = key(3, at_least(1))  # T steps: the correct chain and the easy path have T states each
+    easy_reward: float = key(0.5, Rule("in [0, 1)", lambda v: 0 <= v < 1))  # the easy answer's reward; the correct one earns 1
+    p_rare: float = key(0.15, between(0, 1))  # prior: P(start -> first state of the correct chain)
+    p_follow: float = key(0.95, between(0, 1))  # prior: P(stay on the correct chain) at each later step
+    noise: float = key(0.02, Rule("in (0, 1]", lambda v: 0 < v <= 1))  # uniform mass mixed into every prior row
+    concentration: float = key(5.0, above(0))  # initial Dirichlet concentration c
+    steps: int = key(200, at_least(1))  # RL steps per run
+    group_size: int = key(16, at_least(2))  # chains per step
+    lr: float = key(0.05, above(0))
+    seeds: list[int] = key([0, 1, 2], at_least(0), nonempty=True, unique=True)
+    epsilons: list[float] = key([0.0, 0.1, 0.3], between(0, 1), nonempty=True, unique=True)  # the sweep grid
+    alphas: list[float] = key([0.0, 0.01, 0.1], at_least(0), nonempty=True, unique=True)
+    eval_every: int = key(20, at_least(1))
+    eval_samples: int = key(512, at_least(1))  # chains per evaluation (Monte Carlo)
+    recovery_chains: list[int] = key([10, 30, 100, 300, 1000, 3000], at_least(1), nonempty=True, unique=True)
 
 
 @dataclass
