@@ -15,7 +15,8 @@ Each sequence stops on its own: at EOS, after the final-answer line, after T ste
 Randomness is per sample, not per batch. Sample m of prompt i draws every random number from a
 stream keyed by (seed_i, m) alone: its t-th token by Gumbel-max with counter-based noise
 u = splitmix64(key, t, j) (exact sampling from the top-k softmax, vectorised over the batch), its
-state draws from a ``torch.Generator`` seeded by (key, draw index). So a sample does not depend on
+state draws from the same kind of stream keyed by (key, draw index) (``policy.sample_policy_log_streams``,
+vectorised over the rows). So a sample does not depend on
 its batch-mates, the batch size, the device's RNG or the process that draws it: data-parallel
 sharding (``ctrls.distributed``) reproduces a single-process run, up to floating-point batch effects.
 """
@@ -212,12 +213,15 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, keys: torch.Tens
 
 
 def _draw_states(model: "CTRLSModel", prev: torch.Tensor, rows: Sequence["_Row"], epsilon: float) -> torch.Tensor:
-    """log s_{t+1}, s_{t+1} ~ pi~(. | s_t) for each row (float64), from a generator seeded by
-    (row key, draw index). The exact log-actions are kept for Eq. 14 (``policy`` module docstring)."""
+    """log s_{t+1} (B, K), s_{t+1} ~ pi~(. | s_t) for every row at once (float64): row b's draw comes from
+    its counter-based stream (row key, draw index) alone (``policy.sample_policy_log_streams``), so it
+    does not depend on its batch-mates. The exact log-actions are kept for Eq. 14 (``policy`` module
+    docstring). Per-row policies plug in through the concentration (B, K) and epsilon (B,) arguments of
+    ``sample_policy_log_streams``."""
     dev = model.policy.L.device
-    out = [model.policy.sample_log(prev[j:j + 1], epsilon, generator=seeded(stream_key(r.key, len(r.states)) & _MASK, dev))
-           for j, r in enumerate(rows)]
-    return torch.cat(out)
+    keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
+    counters = torch.tensor([len(r.states) for r in rows], dtype=torch.int64, device=dev)
+    return model.policy.sample_log_streams(prev, epsilon, keys, counters)
 
 
 def _record_states(rows: Sequence["_Row"], log_a: torch.Tensor) -> None:
