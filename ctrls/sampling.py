@@ -87,6 +87,7 @@ class PreallocatedLayer(DynamicLayer):
     transformers' ``DynamicLayer`` concatenates on every token, copying the whole cache each step
     (on 2 CPU cores that copy took as long as every matmul of SmolLM2 together). Here the keys
     and values are views of a buffer of ``capacity`` positions that grows by doubling if needed.
+    When rows end (``batch_select_indices``) only the kept rows' live prefix is copied.
     """
 
     def __init__(self, capacity: int = 256):
@@ -116,16 +117,27 @@ class PreallocatedLayer(DynamicLayer):
             v[:, :, :self._len] = self._v[:, :, :self._len]
         self._k, self._v = k, v
 
-    def _reindex(self, fn) -> None:
-        if self._len:
-            self._k, self._v = fn(self._k), fn(self._v)
-            self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+    def _reindex(self, indices: torch.Tensor) -> None:
+        """Row i of the cache becomes old row ``indices[i]``. Only the live prefix (``_len`` positions) of
+        the kept rows is copied, by ``index_select`` straight into a new buffer of the same capacity:
+        ``n x _len`` positions read and written, not the whole ``n x capacity`` buffer (the positions
+        after ``_len`` hold nothing yet)."""
+        if not self._len:
+            return
+        indices = indices.to(self._k.device)
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            new = old.new_empty((len(indices),) + tuple(old.shape[1:]))
+            torch.index_select(old[:, :, :self._len], 0, indices, out=new[:, :, :self._len])
+            setattr(self, name, new)
+        self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self._reindex(lambda t: t.repeat_interleave(repeats, dim=0))
+        if self._len:
+            self._reindex(torch.arange(self._k.shape[0], device=self._k.device).repeat_interleave(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._reindex(lambda t: t[indices])
+        self._reindex(indices)
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove < 0 and self._len:
