@@ -237,9 +237,10 @@ def _draw_states(model: "CTRLSModel", prev: torch.Tensor, rows: Sequence["_Row"]
 
 
 def _record_states(rows: Sequence["_Row"], log_a: torch.Tensor) -> None:
-    for r, la in zip(rows, log_a):
-        r.log_actions.append(la.double().cpu())
-        r.states.append(la.exp().float().cpu())
+    log_a = log_a.double().cpu()  # one device-to-host copy for all rows
+    for r, la, s in zip(rows, log_a, log_a.exp().float()):
+        r.log_actions.append(la)
+        r.states.append(s)
 
 
 @torch.no_grad()
