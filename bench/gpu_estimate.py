@@ -1363,8 +1363,8 @@ def analytic_markdown(data: dict, json_path: str) -> str:
         lines += [f"On {W} GPUs the hours do not divide by {W}: pretraining (b)-(f) runs on rank 0 alone, the "
                   f"{data['estimate']['rl_eval_questions_used']} test questions leave small batches, and an RL "
                   "step's trajectories split across the ranks, which saves little when an iteration costs "
-                  "about the same at any batch size. For comparison, the RL runs trained one after another but side "
-                  f"by side, one per GPU, would take about {_f(est_n['rl_runs_side_by_side_wall_hours']['mean'])}-"
+                  "about the same at any batch size. For comparison, sequential (not lockstep) RL runs placed one per "
+                  f"GPU would take about {_f(est_n['rl_runs_side_by_side_wall_hours']['mean'])}-"
                   f"{_f(est_n['rl_runs_side_by_side_wall_hours']['cap'])} h of wall time on {W} GPUs.", ""]
     b0 = data["backbones"][names[0]]["iterations"]
     ours_bounds = {it[e]["bound"] for b in data["backbones"].values() for k, it in b["iterations"].items()
@@ -1374,8 +1374,8 @@ def analytic_markdown(data: dict, json_path: str) -> str:
     lines += ["**Lockstep RL.** "
               + (f"Every RL run of a pair ({est['rl_runs_per_pair']} runs: settings x seeds, with the Table 2 "
                  f"runs) takes its step in one shared decode batch of {b0['ctrls_lockstep']['rows']} rows "
-                 f"({est['rl_runs_per_pair']} runs x {rl_rows} trajectories), with per-row policies; the "
-                 f"{est['rl_runs_per_pair']} x steps sequential batches of {rl_rows} rows become steps batches. "
+                 f"({est['rl_runs_per_pair']} runs x {rl_rows} trajectories), with per-row policies: one batch "
+                 f"per RL step instead of {est['rl_runs_per_pair']} sequential batches of {rl_rows} rows. "
                  f"RL training: {_f(est['stages_hours']['RL training']['mean'])}-"
                  f"{_f(est['stages_hours']['RL training']['cap'])} h lockstep, against "
                  f"{_f(seq.get('mean', float('nan')))}-{_f(seq.get('cap', float('nan')))} h run after run "
