@@ -635,12 +635,12 @@ def estimate(cfg, measured_: dict, mean_tokens: dict, steps_per_cot: dict, accep
     n_evals = 1 + cfg.rl.steps // cfg.rl.eval_every + (1 if cfg.rl.steps % cfg.rl.eval_every else 0)
     runs = rl_runs(cfg)
     shard = lambda n: -(-n // world)  # noqa: E731 - the largest block of World.shard
-    rows, disk = [], {}
+    rows, disk, seq_hours = [], {}, {}
     for bname, ds in cfg.pairs():
         m = measured_["backbones"].get(bname)
         if m is None:
             raise KeyError(f"no measurement for backbone {bname!r}")
-        runs_m = {k: m[k] for k in ("base_b160", "ctrls_b160", "ctrls_rl")}
+        runs_m = {k: m[k] for k in ("base_b160", "ctrls_b160", "ctrls_rl", "ctrls_lockstep") if k in m}
         pt = m["pretrain"]
         L = mean_tokens[ds]
         kept = cfg.data.n_train * cfg.pretrain.samples_per_question * acceptance[ds]
@@ -700,8 +700,16 @@ def estimate(cfg, measured_: dict, mean_tokens: dict, steps_per_cot: dict, accep
                  f"{T} eta x {rows_cfg - 1} eps x {test_q} q x {cfg.grid.n_samples}: "
                  f"{T * (rows_cfg - 1) * nb} batches{per}")
         G = cfg.rl.questions_per_step * cfg.rl.group_size
-        sampling("RL training", "ctrls_rl", runs * cfg.rl.steps,
-                 f"{runs} runs x {cfg.rl.steps} steps, {shard(G)} of the step's {G} trajectories{per}")
+        for bound, length in (("mean", L), ("cap", cap)):  # for comparison: one run after another
+            seq_hours.setdefault(bound, 0.0)
+            seq_hours[bound] += runs * cfg.rl.steps * seconds_at(runs_m["ctrls_rl"], length) / 3600
+        if "ctrls_lockstep" in runs_m:  # lockstep: every run's step in one decode batch
+            sampling("RL training", "ctrls_lockstep", cfg.rl.steps,
+                     f"{cfg.rl.steps} lockstep steps, each one batch of {runs} runs x {G} trajectories "
+                     f"({shard(runs * G)} rows{per})")
+        else:
+            sampling("RL training", "ctrls_rl", runs * cfg.rl.steps,
+                     f"{runs} runs x {cfg.rl.steps} steps, {shard(G)} of the step's {G} trajectories{per}")
         nb = batches(eval_q, cfg.rl.eval_samples)
         sampling("RL evaluation", "ctrls_b160", runs * n_evals * nb,
                  f"{runs} runs x {n_evals} evals x {eval_q} q x {cfg.rl.eval_samples}: {nb} batches each{per}")
@@ -717,6 +725,8 @@ def estimate(cfg, measured_: dict, mean_tokens: dict, steps_per_cot: dict, accep
     return {"world_size": world, "rows": rows, "stages_hours": stages, "pairs_hours": pairs, "total_hours": total,
             "total_gpu_hours": {b: world * h for b, h in total.items()},
             "rl_runs_per_pair": runs, "rl_evals_per_run": n_evals, "rl_eval_questions_used": eval_q,
+            "rl_lockstep": all("ctrls_lockstep" in measured_["backbones"][b] for b, _ in cfg.pairs()),
+            "rl_training_sequential_hours": seq_hours,
             "features_disk_gib": disk,
             "assumptions": {"mean_tokens": mean_tokens, "steps_per_cot": steps_per_cot, "acceptance": acceptance,
                             "cap_tokens": cap, "judge": "excluded (API-bound)"}}
@@ -817,7 +827,7 @@ class DecodeProbe(TorchDispatchMode):
     def _reset(self):
         self.cur = {}
         self.post_s = self.draw_s = 0.0
-        self.rows = 0
+        self.rows = self.calls = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         key = f"{self.region[-1]}/{op_kind(func)}"
@@ -832,7 +842,8 @@ class DecodeProbe(TorchDispatchMode):
 
     def _body_post(self, module, args, output):
         self.region = ["launch"]
-        self.iters.append({"ops": self.cur, "post_s": self.post_s, "draw_s": self.draw_s, "redraw_rows": self.rows})
+        self.iters.append({"ops": self.cur, "post_s": self.post_s, "draw_s": self.draw_s, "redraw_rows": self.rows,
+                           "draw_calls": self.calls})
         self._reset()
 
     def _push_layer(self, module, args):
@@ -853,6 +864,7 @@ class DecodeProbe(TorchDispatchMode):
         out = self._orig_draw(model, prev, rows, epsilon)
         self.draw_s += time.perf_counter() - t
         self.rows += len(rows)
+        self.calls += 1
         self.region.pop()
         return out
 
@@ -891,7 +903,8 @@ class DecodeProbe(TorchDispatchMode):
         return {"iterations": len(its), "ops": {k: sum(it["ops"].get(k, 0) for it in its) / len(its) for k in keys},
                 "post_s_median": post[len(post) // 2], "post_s_min": post[0],
                 "draw_s": sum(it["draw_s"] for it in its) / len(its),
-                "redraw_rows": sum(it["redraw_rows"] for it in its) / len(its)}
+                "redraw_rows": sum(it["redraw_rows"] for it in its) / len(its),
+                "draw_calls": sum(it.get("draw_calls", 0) for it in its) / len(its)}
 
 
 def _ops(s: dict, region: str, kinds=("kernel", "sync")) -> float:
@@ -1002,8 +1015,12 @@ def measure_analytic_inputs(name: str, args, tok, cfg) -> dict:
     model = random_ctrls(bb, K, k, r)
     n_s, B = cfg.grid.n_samples, cfg.sampling.batch_size
     G = cfg.rl.questions_per_step * cfg.rl.group_size
+    runs = rl_runs(cfg)  # lockstep RL: every run's step decodes in one batch (runs x questions_per_step prompts)
+    n_ls = runs * cfg.rl.questions_per_step
     batches = {"b160": (prompts[:max(1, B // n_s)], starts[:max(1, B // n_s)], n_s, args.host_tokens),
-               "rl": (prompts[:1], starts[:1], G, 2 * args.host_tokens)}
+               "rl": (prompts[:1], starts[:1], G, 2 * args.host_tokens),
+               "lockstep": ([prompts[i % len(prompts)] for i in range(n_ls)], [starts[i % len(starts)] for i in range(n_ls)],
+                            cfg.rl.group_size, args.host_tokens)}
     host = {"model": f"tiny width ({TINY}), vocabulary {len(tok)}, float32, CPU", "newline_bias": bias,
             "torch_threads": torch.get_num_threads()}
     decode_ours(bb, prompts[:2], starts[:2], 2, 4)  # warm-up
@@ -1055,7 +1072,8 @@ def iteration_ops(inp: dict, sampler: str, batch: str, step_tokens: float) -> di
     real-batch count; for CTRLS the state redraws' ops (CTRLS's post phase minus Base's, per row redrawn,
     pooled over both batches) at one redraw per row every ``step_tokens`` tokens."""
     L = inp["shape"]["layers"]
-    src = inp["counts_real_width"][batch]["hf_generate" if sampler == "hf" else f"ours_{sampler}"]
+    # a lockstep batch has several prompts of different lengths: the structure of the batch of 160
+    src = inp["counts_real_width"]["b160" if batch == "lockstep" else batch]["hf_generate" if sampler == "hf" else f"ours_{sampler}"]
     n_layers = 2
 
     def by(kinds):
@@ -1072,14 +1090,22 @@ def iteration_ops(inp: dict, sampler: str, batch: str, step_tokens: float) -> di
         out["post_ops"] = _ops(base, "post", ("kernel", "sync", "view"))  # host side: its measured time is charged
         out["host_serial_measured_s"] = base["timed"]["post_s_median"]
         if sampler == "ctrls":
-            extra = rows = 0.0
-            for b in ("b160", "rl"):
+            # the state redraws: one vectorised call (_draw_states) per iteration in which some row redraws,
+            # whatever the number of rows; its ops (and _record_states') pooled over the measured batches
+            extra = calls = rows = 0.0
+            for b in ("b160", "rl", "lockstep"):
+                if f"ctrls_{b}" not in h:
+                    continue
                 ct, bs = h[f"ctrls_{b}"], h[f"base_{b}"]
                 extra += ct["iterations"] * (_ops(ct, "post") + _ops(ct, "draw") - _ops(bs, "post") - _ops(bs, "draw"))
+                calls += ct["iterations"] * ct.get("draw_calls", 0.0)
                 rows += ct["iterations"] * ct["redraw_rows"]
-            out["redraw_ops_per_row"] = extra / rows if rows else 0.0
+            out["redraw_ops_per_call"] = extra / calls if calls else 0.0
+            out["redraw_rows_per_call"] = rows / calls if calls else 0.0
             out["redraw_rows_per_iteration"] = base["rows"] / step_tokens
-            out["redraw_ops"] = out["redraw_ops_per_row"] * out["redraw_rows_per_iteration"]
+            # P(some row of the batch ends a step in an iteration), each row every step_tokens tokens
+            out["redraw_calls_per_iteration"] = 1 - (1 - 1 / step_tokens) ** base["rows"]
+            out["redraw_ops"] = out["redraw_ops_per_call"] * out["redraw_calls_per_iteration"]
     out["dispatches_per_iteration"] = out["all"]["body"] + out["all"]["launch"] + out["post_ops"] + out["redraw_ops"]
     out["charged_ops"] = out["launch_ops"] + out["redraw_ops"]  # x the per-op overhead
     return out
@@ -1094,8 +1120,12 @@ def analytic_backbone(inp: dict, c: dict, cfg, step_tokens: float, new: int) -> 
     n_s, B = cfg.grid.n_samples, cfg.sampling.batch_size
     G = cfg.rl.questions_per_step * cfg.rl.group_size
     out: dict = {"prompt_tokens": inp["prompt_tokens"], "iterations": {}}
-    for batch, rows, n_prompts in (("b160", max(1, B // n_s) * n_s, max(1, B // n_s)), ("rl", G, 1)):
-        for sampler in ("base", "ctrls", "hf"):
+    structures = [("b160", max(1, B // n_s) * n_s, max(1, B // n_s)), ("rl", G, 1)]
+    if "base_lockstep" in inp["host"]:  # lockstep RL: every run of the pair in one batch
+        runs = rl_runs(cfg)
+        structures.append(("lockstep", runs * G, runs * cfg.rl.questions_per_step))
+    for batch, rows, n_prompts in structures:
+        for sampler in (("base", "ctrls") if batch == "lockstep" else ("base", "ctrls", "hf")):
             ops = iteration_ops(inp, sampler, batch, step_tokens)
             host_s = 0.0 if sampler == "hf" else ops["host_serial_measured_s"] + ops["redraw_ops"] * c["per_op_s"]
             kv_passes = 3.0 if sampler == "hf" else 1.0  # DynamicLayer's torch.cat reads and rewrites the cache
@@ -1120,8 +1150,8 @@ def analytic_backbone(inp: dict, c: dict, cfg, step_tokens: float, new: int) -> 
                                       # the share of an iteration the GPU has work (its floors over the total)
                                       "gpu_busy_fraction": {"first": max(first["t_mem"], first["t_flop"]) / first["seconds"],
                                                             "last": max(last["t_mem"], last["t_flop"]) / last["seconds"]}}
-            if sampler != "hf":  # PreallocatedLayer.batch_select_indices copies the whole buffer when rows end
-                out["iterations"][key]["row_drop_copy_s"] = (2 * rows * (T + cap + 1) * sh["kv_bytes_per_token"]
+            if sampler != "hf":  # PreallocatedLayer.batch_select_indices copies the kept rows' live prefix
+                out["iterations"][key]["row_drop_copy_s"] = (2 * rows * (T + cap) * sh["kv_bytes_per_token"]
                                                              / (c["hbm_bytes_per_s"] * c["bw_efficiency"]))
     # pretraining (b): one forward per question of samples_per_question CoTs (prompt + CoT), the LM head on
     # every position (Backbone.hidden_states runs the CausalLM), every layer's hidden states kept
@@ -1250,10 +1280,13 @@ def analytic_markdown(data: dict, json_path: str) -> str:
               "vocabulary nor the width changes the number of ops), decoding "
               f"{cw['tokens']} tokens from short prompts in the two batch structures of the profile: "
               f"{cw['b160']['prompts']} prompts of different lengths x {cw['b160']['rows'] // cw['b160']['prompts']} "
-              f"samples (left padding, as in a batch of {b160_rows}) and 1 prompt x {cw['rl']['rows']} samples (as in an RL "
-              "step). Scaled to the real depth as fixed + per layer x layers. The post-token loop is counted and "
-              "timed at the real batch on a model of tiny width. 'kernel' ops launch a kernel on CUDA (host reads "
-              "of a device tensor, which synchronise, included); 'all' adds views and allocations.", "",
+              f"samples (left padding, as in a batch of {b160_rows}; also used for the lockstep RL batch) and 1 prompt x "
+              f"{cw['rl']['rows']} samples (as in a sequential RL step). Scaled to the real depth as fixed + per layer x "
+              "layers. The post-token loop is counted and timed at the real batch on a model of tiny width. 'kernel' "
+              "ops launch a kernel on CUDA (host reads of a device tensor, which synchronise, included); 'all' adds "
+              "views and allocations. CTRLS's state redraws are one vectorised call (`_draw_states`) for all the rows "
+              "that end a step in an iteration: its ops per call x the probability that some row of the batch ends a "
+              f"step (each row once every {c['step_tokens']:g} tokens).", "",
               "| backbone | sampler | batch | body: fixed + per layer x layers (kernel) | LM head, sampling, "
               "adapter (kernel) | post-token loop (all, host) | state redraws (kernel) | all dispatches | "
               "kernel ops charged |", "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -1261,15 +1294,18 @@ def analytic_markdown(data: dict, json_path: str) -> str:
         b = data["backbones"][name]
         L = b["inputs"]["shape"]["layers"]
         for key, label in (("base_b160", "ours, Base"), ("ctrls_b160", "ours, CTRLS"), ("hf_b160", "HF generate"),
-                           ("base_rl", "ours, Base"), ("ctrls_rl", "ours, CTRLS"), ("hf_rl", "HF generate")):
+                           ("base_rl", "ours, Base"), ("ctrls_rl", "ours, CTRLS"), ("hf_rl", "HF generate"),
+                           ("base_lockstep", "ours, Base, lockstep RL"), ("ctrls_lockstep", "ours, CTRLS, lockstep RL")):
+            if key not in b["iterations"]:
+                continue
             it = b["iterations"][key]
             o = it["ops"]
             k = o["kernel"]
             red = o["redraw_ops"]
             lines.append(f"| {name} | {label} | {it['rows']} | {k['body_fixed']:.0f} + {k['per_layer']:.0f} x {L} = "
                          f"{k['body']:.0f} | {k['launch']:.0f} | {o['post_ops']:.0f} | "
-                         + (f"{red:.0f} ({o['redraw_ops_per_row']:.0f} per row x {o['redraw_rows_per_iteration']:.2f})"
-                            if "redraw_ops_per_row" in o else "-")
+                         + (f"{red:.0f} ({o['redraw_ops_per_call']:.0f} per call x {o['redraw_calls_per_iteration']:.2f})"
+                            if "redraw_ops_per_call" in o else "-")
                          + f" | {o['dispatches_per_iteration']:.0f} | {o['charged_ops']:.0f} |")
     lines.append("")
     # per-iteration costs
@@ -1281,7 +1317,10 @@ def analytic_markdown(data: dict, json_path: str) -> str:
     for name in names:
         b = data["backbones"][name]
         for key, label in (("base_b160", "ours, Base"), ("ctrls_b160", "ours, CTRLS"), ("hf_b160", "HF generate"),
-                           ("base_rl", "ours, Base"), ("ctrls_rl", "ours, CTRLS"), ("hf_rl", "HF generate")):
+                           ("base_rl", "ours, Base"), ("ctrls_rl", "ours, CTRLS"), ("hf_rl", "HF generate"),
+                           ("base_lockstep", "ours, Base, lockstep RL"), ("ctrls_lockstep", "ours, CTRLS, lockstep RL")):
+            if key not in b["iterations"]:
+                continue
             it = b["iterations"][key]
             f0, f1 = it["first"], it["last"]
             sh = b["inputs"]["shape"]
@@ -1323,27 +1362,47 @@ def analytic_markdown(data: dict, json_path: str) -> str:
     if est_n:
         lines += [f"On {W} GPUs the hours do not divide by {W}: pretraining (b)-(f) runs on rank 0 alone, the "
                   f"{data['estimate']['rl_eval_questions_used']} test questions leave small batches, and an RL "
-                  f"step's {rl_rows} trajectories split into one per rank, which saves little when an iteration costs "
-                  "about the same at any batch size, while the RL runs' steps stay sequential. The RL runs are "
-                  f"independent: run side by side, one per GPU (not how `ctrls` schedules them), RL training would "
-                  f"take about {_f(est_n['rl_runs_side_by_side_wall_hours']['mean'])}-"
+                  "step's trajectories split across the ranks, which saves little when an iteration costs "
+                  "about the same at any batch size. For comparison, sequential (not lockstep) RL runs placed one per "
+                  f"GPU would take about {_f(est_n['rl_runs_side_by_side_wall_hours']['mean'])}-"
                   f"{_f(est_n['rl_runs_side_by_side_wall_hours']['cap'])} h of wall time on {W} GPUs.", ""]
     b0 = data["backbones"][names[0]]["iterations"]
     ours_bounds = {it[e]["bound"] for b in data["backbones"].values() for k, it in b["iterations"].items()
                    if not k.startswith("hf") for e in ("first", "last")}
+    ls = "ctrls_lockstep" in b0
+    seq = est.get("rl_training_sequential_hours") or {}
+    lines += ["**Lockstep RL.** "
+              + (f"Every RL run of a pair ({est['rl_runs_per_pair']} runs: settings x seeds, with the Table 2 "
+                 f"runs) takes its step in one shared decode batch of {b0['ctrls_lockstep']['rows']} rows "
+                 f"({est['rl_runs_per_pair']} runs x {rl_rows} trajectories), with per-row policies: one batch "
+                 f"per RL step instead of {est['rl_runs_per_pair']} sequential batches of {rl_rows} rows. "
+                 f"RL training: {_f(est['stages_hours']['RL training']['mean'])}-"
+                 f"{_f(est['stages_hours']['RL training']['cap'])} h lockstep, against "
+                 f"{_f(seq.get('mean', float('nan')))}-{_f(seq.get('cap', float('nan')))} h run after run "
+                 "(the same model and constants). RL evaluation and the Table 2 samples already fill batches "
+                 f"of {b160_rows} rows, so batching the runs together leaves their count unchanged."
+                 if ls else "not modelled (the inputs have no lockstep batch)."), ""]
     lines += ["**Where the time goes.** "
               + ("In this model every decode iteration of our sampler is launch-bound" if ours_bounds == {"launch"}
                  else "Our sampler's iterations are bound by " + " or ".join(sorted(ours_bounds)) + " (table above)")
               + ": at the RL batch the GPU has work for "
               + ", ".join(f"{100 * data['backbones'][n]['iterations']['ctrls_rl']['gpu_busy_fraction']['first']:.0f}%"
                           for n in names)
-              + f" of an iteration ({', '.join(names)}), so the hours scale with the per-op overhead (sensitivity "
-              "below) and hardly with the bandwidth. Two costs of our sampler that HF `generate` does not have: "
+              + f" of an iteration ({', '.join(names)})"
+              + (", at the lockstep batch for "
+                 + ", ".join(f"{100 * data['backbones'][n]['iterations']['ctrls_lockstep']['gpu_busy_fraction']['first']:.0f}%"
+                             for n in names) if ls else "")
+              + ", so the hours scale with the per-op overhead (sensitivity below) and hardly with the bandwidth. "
+              "After lockstep RL, "
+              + ", ".join(f"{s_} {_f(h['mean'])}-{_f(h['cap'])} h" for s_, h in
+                          sorted(est["stages_hours"].items(), key=lambda kv: -kv[1]["cap"])[:2])
+              + " are the largest stages. Two costs of our sampler that HF `generate` does not have: "
               "the per-row Python loop after each token (the post-token ops above, host-serial), and CTRLS's state "
-              "redraws, drawn row by row (`_draw_states`: a Dirichlet draw per row, "
-              f"{b0['ctrls_b160']['ops']['redraw_ops_per_row']:.0f} ops each, with a host synchronisation per "
-              "rejection round). Not in the hours (both bounds keep every row to the batch's end): when rows "
-              "end early, `PreallocatedLayer.batch_select_indices` copies the whole KV buffer of the batch, "
+              "redraws (`_draw_states`: one vectorised counter-based Dirichlet draw for all the rows that redraw, "
+              f"{b0['ctrls_b160']['ops']['redraw_ops_per_call']:.0f} ops per call, with a host synchronisation per "
+              "input check and one per 4 rejection rounds). Not in the hours (both bounds keep every row to the "
+              "batch's end): when rows end early, `PreallocatedLayer.batch_select_indices` copies the kept rows' "
+              "live prefix of the KV cache, at most "
               + ", ".join(f"{1e3 * data['backbones'][n]['iterations']['ctrls_b160']['row_drop_copy_s']:.1f} ms"
                           for n in names)
               + f" at {b160_rows} rows, once per iteration in which some row ends.", ""]
@@ -1547,7 +1606,7 @@ def main(argv=None) -> dict:
         multi = data.get(f"estimate_{args.gpus}gpu")
         if multi:  # the RL runs are independent: side by side, one per GPU (not how ctrls schedules them)
             multi["rl_runs_side_by_side_wall_hours"] = {b: h / args.gpus for b, h in
-                                                        data["estimate"]["stages_hours"]["RL training"].items()}
+                                                        data["estimate"]["rl_training_sequential_hours"].items()}
     if args.out:
         Path(args.out).write_text(json.dumps(data, indent=1, default=str))
         print(f"\nwrote {args.out}")

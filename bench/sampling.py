@@ -5,13 +5,24 @@
    on a 4-shot prompt.
 3. The matmul limit: measured 2048^2 GEMM GFLOP/s (fp32, bf16), 2 x parameters FLOPs per token,
    and the fraction of the matmul-bound tokens/s that the engine reaches at batch 128.
-The last line is a JSON object of the ratios. Usage: python bench/sampling.py [--dtype float32|bfloat16|both]
+4. Ops and host synchronisations per decode iteration and per generated token, Base and CTRLS
+   (``dispatch_counts``): aten ops counted with a ``TorchDispatchMode`` ('kernel': would launch a
+   kernel on a GPU; 'view': views and allocations), host syncs = ``aten::_local_scalar_dense``
+   (``bool()``/``item()`` of a tensor) + ``Tensor.cpu()`` calls (a device-to-host copy on a GPU), over
+   the decode iterations ``--count-from`` .. ``--count-to`` (two runs with the same seeds, the
+   difference of their counts: the prefill and the first state draw cancel).
+5. The goals, measured side by side in one run: CTRLS / Base tokens/s (goal >= 0.95) and Base / the
+   fp32 matmul-bound limit (goal >= 0.40).
+The last line is a JSON object of the ratios and counts. Usage: python bench/sampling.py [--dtype float32|bfloat16|both]
 """
 import argparse
 import json
+import os
 import time
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ctrls.backbone import load_backbone
 from ctrls.model import CTRLSConfig, CTRLSModel
@@ -60,7 +71,62 @@ def ours(bb, prompts, new, n=1, model=None, share=True):
     return len(prompts) * n * new / (time.perf_counter() - t)
 
 
-def run(dtype, batch=128, new=48):
+_NO_KERNEL = {"aten::lift_fresh", "aten::detach", "aten::alias", "aten::empty", "aten::empty_strided",
+              "aten::new_empty", "aten::new_empty_strided"}
+
+
+class DispatchCounter(TorchDispatchMode):
+    """Counts aten ops by kind: 'sync' (``_local_scalar_dense``: the host reads a tensor), 'view' (views and
+    allocations, no kernel on a GPU), 'kernel' (the rest: a kernel launch on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {"kernel": 0, "view": 0, "sync": 0, "cpu_copy": 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        kind = ("sync" if name == "aten::_local_scalar_dense"
+                else "view" if getattr(func, "is_view", False) or name in _NO_KERNEL else "kernel")
+        self.counts[kind] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class CpuCopyCounter(TorchFunctionMode):
+    """Counts ``Tensor.cpu()`` calls (no aten op on a CPU tensor; a device-to-host copy and sync on a GPU)."""
+
+    def __init__(self, counts):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "cpu":
+            self.counts["cpu_copy"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def dispatch_counts(bb, prompts, n, model, lo, hi):
+    """Ops and host syncs per decode iteration and per generated token over iterations lo .. hi
+    (module docstring, item 4)."""
+    res = []
+    for new in (lo, hi):
+        p = SampleParams(temperature=0.7, top_k=50, max_new_tokens=new, max_steps=10**6, stop_at_answer=False,
+                         ignore_eos=True, batch_size=len(prompts) * n, epsilon=0.1)
+        with torch.no_grad(), DispatchCounter() as d, CpuCopyCounter(d.counts):
+            gens = sample(bb, prompts, n, p, model=model, seeds=list(range(len(prompts))))
+        states = sum(len(g.states) for gs in gens for g in gs) if model is not None else 0
+        res.append((dict(d.counts), states))
+    rows, iters = len(prompts) * n, hi - lo
+    diff = {k: res[1][0][k] - res[0][0][k] for k in res[0][0]}
+    per_it = {"kernel_ops": diff["kernel"] / iters, "all_ops": (diff["kernel"] + diff["view"] + diff["sync"]) / iters,
+              "host_syncs": (diff["sync"] + diff["cpu_copy"]) / iters}
+    out = {"rows": rows, "iterations": [lo, hi], "per_iteration": per_it,
+           "per_token": {k: v / rows for k, v in per_it.items()}}
+    if model is not None:
+        out["state_redraws_per_iteration"] = (res[1][1] - res[0][1]) / iters
+    return out
+
+
+def run(dtype, batch=128, new=48, count=(8, 24)):
     bb = load_backbone("smollm2-135m-instruct", dtype=dtype)
     tok = bb.tokenizer
     n_params = sum(p.numel() for p in bb.model.parameters())
@@ -77,6 +143,10 @@ def run(dtype, batch=128, new=48):
     res["base_shared20"] = ours(bb, few, new, n=20)
     gf = gemm_gflops(getattr(torch, dtype))
     limit = gf * 1e9 / (2 * n_params)
+    counts = {}
+    if count:
+        for label, mm in (("base", None), ("ctrls", m)):
+            counts[label] = dispatch_counts(bb, short, 4, mm, *count)
     print(f"\n[{dtype}] SmolLM2-135M ({n_params / 1e6:.0f}M parameters: {2 * n_params / 1e9:.2f} GFLOP per token), "
           f"batch {batch}, {new} forced tokens, {torch.get_num_threads()} threads")
     print(f"  2048^2 GEMM: {gf:.0f} GFLOP/s -> matmul-bound limit {limit:.0f} tokens/s")
@@ -88,7 +158,21 @@ def run(dtype, batch=128, new=48):
     print(f"    generate(num_return_sequences=20) {res['hf_nrs20']:8.1f} tok/s")
     print(f"    ours with prefix sharing          {res['base_shared20']:8.1f} tok/s   "
           f"({res['base_shared20'] / res['hf_nrs20']:.2f}x)")
-    return {f"{dtype}_ctrls_over_generate": round(res["ctrls"] / res["hf"], 2),
+    ratio, frac = res["ctrls"] / res["base"], res["base"] / limit
+    print(f"  goals (side by side, this run): CTRLS / Base = {ratio:.2f}x (goal >= 0.95: "
+          f"{'met' if ratio >= 0.95 else 'NOT met'}); Base = {frac:.0%} of the matmul-bound limit (goal >= 40%: "
+          f"{'met' if frac >= 0.40 else 'NOT met'})")
+    for label, c in counts.items():
+        it, tk = c["per_iteration"], c["per_token"]
+        extra = (f", {c['state_redraws_per_iteration']:.2f} state redraws per iteration"
+                 if "state_redraws_per_iteration" in c else "")
+        print(f"  {label:5s} per decode iteration ({c['rows']} rows, iterations {c['iterations'][0]}-{c['iterations'][1]}): "
+              f"{it['kernel_ops']:.0f} kernel ops ({it['all_ops']:.0f} all), {it['host_syncs']:.1f} host syncs; "
+              f"per generated token {tk['kernel_ops']:.1f} kernel ops, {tk['host_syncs']:.2f} host syncs{extra}")
+    return {f"{dtype}_ctrls_over_base": round(ratio, 3), f"{dtype}_base_fraction_of_limit": round(frac, 3),
+            f"{dtype}_base_tok_s": round(res["base"], 1), f"{dtype}_ctrls_tok_s": round(res["ctrls"], 1),
+            f"{dtype}_ops": counts,
+            f"{dtype}_ctrls_over_generate": round(res["ctrls"] / res["hf"], 2),
             f"{dtype}_shared20_over_generate": round(res["base_shared20"] / res["hf_nrs20"], 2),
             f"{dtype}_gemm_gflops": round(gf, 1), f"{dtype}_fraction_of_limit_base": round(res["base"] / limit, 3),
             f"{dtype}_fraction_of_limit_ctrls": round(res["ctrls"] / limit, 3)}
@@ -99,11 +183,18 @@ def main():
     ap.add_argument("--dtype", default="both", choices=["float32", "bfloat16", "both"])
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--new", type=int, default=48)
+    ap.add_argument("--count-from", type=int, default=8, help="op counts: first decode iteration counted")
+    ap.add_argument("--count-to", type=int, default=24, help="op counts: decode iterations counted up to here")
+    ap.add_argument("--out", help="also write the JSON object here")
     a = ap.parse_args()
-    out = {}
+    out = {"torch_threads": torch.get_num_threads(), "load_average": list(os.getloadavg()), "cpus": os.cpu_count()}
     for dt in (["float32", "bfloat16"] if a.dtype == "both" else [a.dtype]):
-        out.update(run(dt, a.batch, a.new if dt == "float32" else min(a.new, 16)))
+        out.update(run(dt, a.batch, a.new if dt == "float32" else min(a.new, 16),
+                       (a.count_from, a.count_to) if dt == "float32" else None))
     print(json.dumps(out))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

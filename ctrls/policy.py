@@ -33,6 +33,13 @@ Sampling is seeded by a ``torch.Generator``: torch's Gamma/Dirichlet samplers ac
 ``sample_dirichlet`` draws Gamma variates with the Marsaglia-Tsang method from ``torch.randn`` /
 ``torch.rand`` with the generator (same generator state, same draws, on any device), and
 normalises them in log space (softmax), which stays exact for tiny concentrations.
+
+The decoder (``sampling._draw_states``) draws all rows of a batch at once with
+``sample_policy_log_streams`` / ``TransitionPolicy.sample_log_streams``: the same Marsaglia-Tsang
+method, but every uniform (and every normal, by Box-Muller) comes from the row's counter-based
+splitmix64 stream (``sampling.stream_uniform``), keyed by (row key, draw index) and a round counter,
+with per-row concentrations (B, K) and per-row epsilon (B,). A row's draw depends on nothing else
+(not its batch-mates, not the batch size, not the device), in a fixed number of vectorised ops.
 """
 from __future__ import annotations
 
@@ -105,6 +112,97 @@ def sample_dirichlet(alpha: torch.Tensor, generator: torch.Generator | None = No
     return sample_dirichlet_log(alpha, generator).exp().to(alpha.dtype)
 
 
+# ---- counter-based draws (vectorised over rows) -------------------------------------------------
+#
+# Stream layout of one draw (``sample_log_streams``): row b's draw uses the sub-stream
+# sub_b = stream_key(keys[b], counters[b]) (the row key and the draw index), and from it
+#   counter 0: uniform 0 chooses the epsilon-greedy branch, uniforms 1..K the alpha < 1 boosts;
+#   counter 1 + r: Marsaglia-Tsang round r, uniforms (u1, u2, u) x K: a normal x = sqrt(-2 log u1)
+#   cos(2 pi u2) (Box-Muller) and the acceptance uniform u.
+# Entry j of row b takes the first accepted round. Nothing depends on another row or the batch size.
+STREAM_ROUNDS = 4  # rounds drawn together before the one host check (P(entry pending) < 0.05^4 per entry)
+
+
+def stream_subkeys(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """stream_key(keys[b], counters[b]) for every row (int64), vectorised (equal to ``sampling.stream_key``)."""
+    from ctrls.sampling import _GOLDEN, _mix, _signed
+
+    g = _signed(_GOLDEN)
+    return _mix(_mix(keys.to(torch.int64) + g) + counters.to(torch.int64) + g)
+
+
+def _log_standard_gamma_streams(a: torch.Tensor, sub: torch.Tensor, u0: torch.Tensor) -> torch.Tensor:
+    """log Gamma(a, 1) (B, K), float64, by Marsaglia-Tsang from each row's sub-stream (layout above);
+    ``u0`` (B, K): the boost uniforms (counter 0, uniforms 1..K)."""
+    from ctrls.sampling import stream_uniform
+
+    B, K = a.shape
+    small = a < 1
+    a1 = torch.where(small, a + 1, a)
+    d = a1 - 1.0 / 3.0
+    c = 1.0 / torch.sqrt(9.0 * d)
+    out = torch.zeros_like(a)
+    pending = torch.ones_like(a, dtype=torch.bool)
+    r0 = 0
+    while True:
+        n = min(STREAM_ROUNDS, MAX_REJECTION_ROUNDS - r0)
+        rounds = torch.arange(r0 + 1, r0 + n + 1, device=a.device, dtype=torch.int64)
+        u = stream_uniform(sub.repeat(n), rounds.repeat_interleave(B), 3 * K).view(n, B, 3, K)
+        x = torch.sqrt(-2.0 * torch.log(u[:, :, 0])) * torch.cos(2 * math.pi * u[:, :, 1])  # Box-Muller
+        v = (1 + c * x) ** 3
+        log_v = torch.log(v.clamp(min=1e-300))
+        ok = (v > 0) & (torch.log(u[:, :, 2]) < 0.5 * x * x + d - d * v + d * log_v)  # (n, B, K)
+        val = torch.log(d) + log_v
+        first = ok.to(torch.uint8).argmax(0, keepdim=True)  # the first accepted round of each entry
+        take = pending & ok.any(0)
+        out = torch.where(take, val.gather(0, first).squeeze(0), out)
+        pending = pending & ~take
+        r0 += n
+        if not bool(pending.any()):  # one host check per STREAM_ROUNDS rounds
+            break
+        if r0 >= MAX_REJECTION_ROUNDS:
+            raise RuntimeError(f"Gamma sampler: {int(pending.sum())} draws still rejected after "
+                               f"{MAX_REJECTION_ROUNDS} rounds (alpha in [{float(a.min())}, {float(a.max())}])")
+    return torch.where(small, out + torch.log(u0) / a, out)
+
+
+def sample_policy_log_streams(alpha: torch.Tensor, epsilon: torch.Tensor | float, keys: torch.Tensor,
+                              counters: torch.Tensor) -> torch.Tensor:
+    """log a (B, K), float64, a ~ (1 - eps_b) Dir(alpha_b) + eps_b Dir(1, ..., 1) for every row b:
+    per-row concentrations ``alpha`` (B, K), per-row ``epsilon`` (B,) (or one float), row b's random
+    numbers from the counter-based stream (keys[b], counters[b]) alone (layout above), so a row's
+    draw is the same alone or in any batch. Exact in log space (log a = logGamma - logsumexp, module
+    docstring); no generator, and no host synchronisation but the input checks and one per
+    ``STREAM_ROUNDS`` rejection rounds."""
+    from ctrls.sampling import stream_uniform
+
+    if alpha.dim() != 2:
+        raise ValueError(f"alpha must be (B, K), got shape {tuple(alpha.shape)}")
+    B, K = alpha.shape
+    a = check_finite(alpha, "Dirichlet concentration").detach().double()
+    if bool((a <= 0).any()):
+        raise ValueError(f"Dirichlet concentrations must be > 0, got min {float(a.min())}")
+    dev = a.device
+    eps = torch.as_tensor(epsilon, dtype=torch.float64, device=dev).expand(B)
+    if bool(((eps < 0) | (eps > 1) | ~torch.isfinite(eps)).any()):
+        raise ValueError(f"epsilon must be in [0, 1], got {eps.tolist()}")
+    keys, counters = keys.to(dev, torch.int64), counters.to(dev, torch.int64)
+    if keys.shape != (B,) or counters.shape != (B,):
+        raise ValueError(f"keys and counters must be ({B},), got {tuple(keys.shape)} and {tuple(counters.shape)}")
+    sub = stream_subkeys(keys, counters)
+    u0 = stream_uniform(sub, torch.zeros_like(sub), K + 1)
+    explore = u0[:, 0] < eps  # epsilon-greedy branch
+    a = torch.where(explore[:, None], torch.ones_like(a), a)
+    g = _log_standard_gamma_streams(a, sub, u0[:, 1:])
+    return g - torch.logsumexp(g, dim=-1, keepdim=True)
+
+
+def sample_dirichlet_log_streams(alpha: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """log a (B, K) for a ~ Dir(alpha_b), row b from the stream (keys[b], counters[b]): the epsilon = 0
+    case of ``sample_policy_log_streams`` (the same draws)."""
+    return sample_policy_log_streams(alpha, 0.0, keys, counters)
+
+
 class TransitionPolicy(torch.nn.Module):
     """L (K x K logits) and log_c: the transition prior P_theta and the epsilon-greedy Dirichlet policy pi~."""
 
@@ -148,6 +246,13 @@ class TransitionPolicy(torch.nn.Module):
         explore = (torch.rand(conc.shape[:-1], generator=generator, device=dev) < epsilon).to(conc.device)
         conc = torch.where(explore[..., None], torch.ones_like(conc), conc)
         return sample_dirichlet_log(conc, generator).to(conc.device)
+
+    @torch.no_grad()
+    def sample_log_streams(self, s: torch.Tensor, epsilon: torch.Tensor | float, keys: torch.Tensor,
+                           counters: torch.Tensor) -> torch.Tensor:
+        """log a (B, K), a ~ pi~(. | s_b) for each row of s (B, K), drawn from the counter-based stream
+        (keys[b], counters[b]) of each row (``sample_policy_log_streams``); ``epsilon`` a float or (B,)."""
+        return sample_policy_log_streams(self.concentration(s.to(self.L.device)), epsilon, keys, counters)
 
     @torch.no_grad()
     def sample(self, s: torch.Tensor, epsilon: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -15,7 +15,8 @@ Each sequence stops on its own: at EOS, after the final-answer line, after T ste
 Randomness is per sample, not per batch. Sample m of prompt i draws every random number from a
 stream keyed by (seed_i, m) alone: its t-th token by Gumbel-max with counter-based noise
 u = splitmix64(key, t, j) (exact sampling from the top-k softmax, vectorised over the batch), its
-state draws from a ``torch.Generator`` seeded by (key, draw index). So a sample does not depend on
+state draws from the same kind of stream keyed by (key, draw index) (``policy.sample_policy_log_streams``,
+vectorised over the rows). So a sample does not depend on
 its batch-mates, the batch size, the device's RNG or the process that draws it: data-parallel
 sharding (``ctrls.distributed``) reproduces a single-process run, up to floating-point batch effects.
 """
@@ -86,6 +87,7 @@ class PreallocatedLayer(DynamicLayer):
     transformers' ``DynamicLayer`` concatenates on every token, copying the whole cache each step
     (on 2 CPU cores that copy took as long as every matmul of SmolLM2 together). Here the keys
     and values are views of a buffer of ``capacity`` positions that grows by doubling if needed.
+    When rows end (``batch_select_indices``) only the kept rows' live prefix is copied.
     """
 
     def __init__(self, capacity: int = 256):
@@ -115,16 +117,27 @@ class PreallocatedLayer(DynamicLayer):
             v[:, :, :self._len] = self._v[:, :, :self._len]
         self._k, self._v = k, v
 
-    def _reindex(self, fn) -> None:
-        if self._len:
-            self._k, self._v = fn(self._k), fn(self._v)
-            self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+    def _reindex(self, indices: torch.Tensor) -> None:
+        """Row i of the cache becomes old row ``indices[i]``. Only the live prefix (``_len`` positions) of
+        the kept rows is copied, by ``index_select`` straight into a new buffer of the same capacity:
+        ``n x _len`` positions read and written, not the whole ``n x capacity`` buffer (the positions
+        after ``_len`` hold nothing yet)."""
+        if not self._len:
+            return
+        indices = indices.to(self._k.device)
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            new = old.new_empty((len(indices),) + tuple(old.shape[1:]))
+            torch.index_select(old[:, :, :self._len], 0, indices, out=new[:, :, :self._len])
+            setattr(self, name, new)
+        self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self._reindex(lambda t: t.repeat_interleave(repeats, dim=0))
+        if self._len:
+            self._reindex(torch.arange(self._k.shape[0], device=self._k.device).repeat_interleave(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._reindex(lambda t: t[indices])
+        self._reindex(indices)
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove < 0 and self._len:
@@ -212,18 +225,22 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, keys: torch.Tens
 
 
 def _draw_states(model: "CTRLSModel", prev: torch.Tensor, rows: Sequence["_Row"], epsilon: float) -> torch.Tensor:
-    """log s_{t+1}, s_{t+1} ~ pi~(. | s_t) for each row (float64), from a generator seeded by
-    (row key, draw index). The exact log-actions are kept for Eq. 14 (``policy`` module docstring)."""
+    """log s_{t+1} (B, K), s_{t+1} ~ pi~(. | s_t) for every row at once (float64): row b's draw comes from
+    its counter-based stream (row key, draw index) alone (``policy.sample_policy_log_streams``), so it
+    does not depend on its batch-mates. The exact log-actions are kept for Eq. 14 (``policy`` module
+    docstring). Per-row policies plug in through the concentration (B, K) and epsilon (B,) arguments of
+    ``sample_policy_log_streams``."""
     dev = model.policy.L.device
-    out = [model.policy.sample_log(prev[j:j + 1], epsilon, generator=seeded(stream_key(r.key, len(r.states)) & _MASK, dev))
-           for j, r in enumerate(rows)]
-    return torch.cat(out)
+    keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
+    counters = torch.tensor([len(r.states) for r in rows], dtype=torch.int64, device=dev)
+    return model.policy.sample_log_streams(prev, epsilon, keys, counters)
 
 
 def _record_states(rows: Sequence["_Row"], log_a: torch.Tensor) -> None:
-    for r, la in zip(rows, log_a):
-        r.log_actions.append(la.double().cpu())
-        r.states.append(la.exp().float().cpu())
+    log_a = log_a.double().cpu()  # one device-to-host copy for all rows
+    for r, la, s in zip(rows, log_a, log_a.exp().float()):
+        r.log_actions.append(la)
+        r.states.append(s)
 
 
 @torch.no_grad()

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from ctrls.policy import TransitionPolicy, fit_transitions, kl_to_prior, sample_dirichlet
+from ctrls.policy import (TransitionPolicy, fit_transitions, kl_to_prior, sample_dirichlet,
+                          sample_dirichlet_log_streams, sample_policy_log_streams, stream_subkeys)
 
 TRUE = torch.tensor([[0.7, 0.1, 0.1, 0.1],
                      [0.2, 0.5, 0.2, 0.1],
@@ -125,15 +126,24 @@ def sharp_policy(K=16, diag=0.98, c=20.0):
     return pol
 
 
-def score_batches(pol, s, eps, n_batches=40, per=500, seed=0, log_prob=None):
+SAMPLERS = ["generator", "streams"]
+
+
+def score_batches(pol, s, eps, n_batches=40, per=500, seed=0, log_prob=None, sampler="generator"):
     """Batch means of the score grad_theta log pi~(a | s), a ~ pi~(. | s): (n_batches, K*K + 1),
-    the L entries then log c. The batch means are iid, so their mean and standard error give a z-test."""
+    the L entries then log c. The batch means are iid, so their mean and standard error give a z-test.
+    ``sampler``: ``sample_log`` with a generator, or ``sample_log_streams`` (row i of batch b: stream
+    (seed, b * per + i), draw index 0)."""
     g = torch.Generator().manual_seed(seed)
     log_prob = log_prob or (lambda log_a, ss: pol.log_prob_log(log_a, ss, eps))
     out = []
-    for _ in range(n_batches):
+    for b in range(n_batches):
         ss = s.expand(per, pol.n_states)
-        log_a = pol.sample_log(ss, eps, generator=g)
+        if sampler == "streams":
+            keys = torch.full((per,), seed, dtype=torch.long) * 1_000_003 + b * per + torch.arange(per)
+            log_a = pol.sample_log_streams(ss, eps, keys, torch.zeros(per, dtype=torch.long))
+        else:
+            log_a = pol.sample_log(ss, eps, generator=g)
         pol.zero_grad()
         log_prob(log_a, ss).mean().backward()
         out.append(torch.cat([pol.L.grad.flatten(), pol.log_c.grad.view(1)]).double())
@@ -147,20 +157,22 @@ def z_scores(G):
     return mean[moving] / se[moving], mean, se
 
 
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("eps", [0.0, 0.3])
 @pytest.mark.parametrize("case", ["sharp K=16", "flat K=64"])
-def test_the_score_has_mean_zero(one_thread, eps, case):
-    """E_{a ~ pi~}[grad log pi~(a | s)] = 0 for L and log c (the identity REINFORCE rests on).
-    The old clamp-then-log evaluation gave +11.4 for d/d log c on the sharp row."""
+def test_the_score_has_mean_zero(one_thread, eps, case, sampler):
+    """E_{a ~ pi~}[grad log pi~(a | s)] = 0 for L and log c (the identity REINFORCE rests on), with
+    either sampler. The old clamp-then-log evaluation gave +11.4 for d/d log c on the sharp row."""
     if case == "sharp K=16":
         pol, s = sharp_policy(), torch.nn.functional.one_hot(torch.tensor([3]), 16).float()
     else:
         pol, s = TransitionPolicy(64, concentration=20.0), torch.softmax(torch.randn(1, 64), -1)
-    z, mean, se = z_scores(score_batches(pol, s, eps))
+    z, mean, se = z_scores(score_batches(pol, s, eps, sampler=sampler))
     assert z.abs().max() < 5.0, f"max |z| {float(z.abs().max()):.1f}; d/dlog c mean {float(mean[-1]):.3f} +- {float(se[-1]):.3f}"
 
 
-def test_the_old_clamped_score_is_detectably_biased(one_thread):
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_the_old_clamped_score_is_detectably_biased(one_thread, sampler):
     """The same z-test sees the bias of a clamped log-density: the test above can fail."""
     pol, s = sharp_policy(), torch.nn.functional.one_hot(torch.tensor([3]), 16).float()
 
@@ -168,7 +180,7 @@ def test_the_old_clamped_score_is_detectably_biased(one_thread):
         a = log_a.exp().float().clamp(min=1e-6)
         return pol.log_prob_log((a / a.sum(-1, keepdim=True)).log(), ss, 0.0)
 
-    z, mean, _ = z_scores(score_batches(pol, s, 0.0, log_prob=clamped))
+    z, mean, _ = z_scores(score_batches(pol, s, 0.0, log_prob=clamped, sampler=sampler))
     assert z.abs().max() > 10 and float(mean[-1]) > 5  # d/d log c: about +11
 
 
@@ -194,9 +206,17 @@ def test_non_finite_parameters_raise_instead_of_hanging(alpha):
         sample_dirichlet(torch.tensor([1.0, 0.0, 2.0]))
 
 
-def test_dirichlet_sampler_matches_the_moments(one_thread):
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_dirichlet_sampler_matches_the_moments(one_thread, sampler):
     alpha = torch.tensor([0.3, 1.0, 2.5, 8.0])  # below and above 1: both branches of the sampler
-    a = sample_dirichlet(alpha.expand(40000, 4), torch.Generator().manual_seed(0))
+    if sampler == "streams":
+        la = sample_dirichlet_log_streams(alpha.expand(40000, 4), torch.arange(40000) * 7919 - 5,
+                                          torch.full((40000,), 3))
+        assert la.dtype == torch.float64
+        torch.testing.assert_close(torch.logsumexp(la, -1), torch.zeros(40000, dtype=torch.float64))
+        a = la.exp().float()
+    else:
+        a = sample_dirichlet(alpha.expand(40000, 4), torch.Generator().manual_seed(0))
     mean = alpha / alpha.sum()
     var = mean * (1 - mean) / (alpha.sum() + 1)
     assert torch.allclose(a.sum(-1), torch.ones(40000)) and (a >= 0).all()
@@ -239,3 +259,64 @@ def test_entropy_and_gradients():
     assert pol.log_c.grad is not None and pol.log_c.grad != 0
     with pytest.raises(ValueError):
         pol.entropy(s, kind="renyi")
+
+
+def test_stream_subkeys_equal_the_scalar_stream_key():
+    from ctrls.sampling import stream_key
+
+    keys, counters = torch.tensor([0, 5, -7, 2**62 + 3]), torch.tensor([0, 3, 9, 1])
+    assert stream_subkeys(keys, counters).tolist() == [stream_key(int(k), int(c)) for k, c in zip(keys, counters)]
+
+
+def test_a_stream_draw_depends_only_on_its_row():
+    """A row's draw (concentration, epsilon, key, draw index) is the same alone or in a batch of 64
+    with other concentrations, epsilons and keys, and at another position in the batch."""
+    g = torch.Generator().manual_seed(0)
+    B, K = 64, 16
+    alpha = torch.exp(3 * torch.randn(B, K, generator=g) - 2)  # 0.0002 ... 400: both branches, tiny c p
+    eps = torch.rand(B, generator=g)
+    keys, counters = torch.randint(-2**62, 2**62, (B,), generator=g), torch.randint(0, 20, (B,), generator=g)
+    batch = sample_policy_log_streams(alpha, eps, keys, counters)
+    assert batch.dtype == torch.float64 and torch.isfinite(batch).all()
+    assert batch.min() < -50  # tiny concentrations: log a far below any float floor, kept exactly
+    for b in (0, 17, 63):
+        alone = sample_policy_log_streams(alpha[b:b + 1], eps[b:b + 1], keys[b:b + 1], counters[b:b + 1])
+        assert torch.equal(alone[0], batch[b])
+    perm = torch.randperm(B, generator=g)
+    assert torch.equal(sample_policy_log_streams(alpha[perm], eps[perm], keys[perm], counters[perm]), batch[perm])
+    # another draw index or key gives another draw
+    assert not torch.equal(sample_policy_log_streams(alpha, eps, keys, counters + 1), batch)
+    # the method's epsilon equals the function's with the policy's concentrations
+    pol = _policy(c=4.0)
+    s = torch.softmax(torch.randn(5, 3, generator=g), -1)
+    torch.testing.assert_close(pol.sample_log_streams(s, 0.3, keys[:5], counters[:5]),
+                               sample_policy_log_streams(pol.concentration(s), 0.3, keys[:5], counters[:5]), rtol=0, atol=0)
+
+
+def test_stream_epsilon_mixes_in_the_uniform_draws(one_thread):
+    """Per-row epsilon: rows with eps = 1 are uniform on the simplex (mean 1/K), rows with eps = 0 follow
+    Dir(alpha), and eps = 0.5 mixes the two half and half."""
+    n, K = 20000, 3
+    alpha = torch.tensor([40.0, 5.0, 5.0]).expand(n, K)
+    keys, zero = torch.arange(n), torch.zeros(n, dtype=torch.long)
+    a0 = sample_policy_log_streams(alpha, torch.zeros(n), keys, zero).exp()
+    a1 = sample_policy_log_streams(alpha, torch.ones(n), keys, zero).exp()
+    torch.testing.assert_close(a0.mean(0), alpha[0].double() / 50, atol=5e-3, rtol=0)
+    torch.testing.assert_close(a1.mean(0), torch.full((K,), 1 / 3, dtype=torch.float64), atol=1e-2, rtol=0)
+    half = sample_policy_log_streams(alpha, torch.tensor([0.0, 0.5]).repeat(n // 2), keys, zero).exp()
+    torch.testing.assert_close(half[0::2], a0[0::2], rtol=0, atol=0)  # eps = 0 rows: unchanged
+    far = lambda x: float(((x[:, 0] - 0.8).abs() > 0.3).double().mean())  # noqa: E731
+    assert far(a0) < 0.01 and far(half[1::2]) == pytest.approx(0.5 * far(a1), abs=0.03)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
+def test_stream_sampler_rejects_bad_concentrations(bad):
+    alpha = torch.ones(3, 4)
+    alpha[1, 2] = bad
+    keys = torch.arange(3)
+    with pytest.raises(ValueError, match="concentration" if bad != bad or bad == float("inf") else "> 0"):
+        sample_dirichlet_log_streams(alpha, keys, keys)
+    with pytest.raises(ValueError, match="epsilon"):
+        sample_policy_log_streams(torch.ones(3, 4), torch.tensor([0.0, 1.5, 0.0]), keys, keys)
+    with pytest.raises(ValueError, match=r"\(B, K\)"):
+        sample_dirichlet_log_streams(torch.ones(4), keys[:1], keys[:1])

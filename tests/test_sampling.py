@@ -198,3 +198,55 @@ def test_stream_noise_samples_the_softmax():
     # top-k: tokens outside the top k are never drawn
     picks3 = _pick(logits.expand(n, -1), T, 3, torch.full((n,), 6), torch.arange(n))
     assert set(picks3.tolist()) == {0, 1, 4}
+
+
+# ---- the KV cache: PreallocatedLayer against transformers' DynamicLayer -------------------------
+
+def test_preallocated_layer_equals_dynamic_layer_through_growth_and_row_drops():
+    """Every update, row selection (rows ending, a reordering) and expansion gives the same keys and
+    values as transformers' concatenating DynamicLayer; the buffer keeps its capacity after a drop."""
+    from transformers.cache_utils import DynamicLayer
+
+    from ctrls.sampling import PreallocatedLayer
+
+    g = torch.Generator().manual_seed(0)
+    ours, ref = PreallocatedLayer(capacity=8), DynamicLayer()
+    kv = lambda b, n: (torch.randn(b, 2, n, 4, generator=g), torch.randn(b, 2, n, 4, generator=g))  # noqa: E731
+
+    def step(b, n):
+        k, v = kv(b, n)
+        a, b_ = ours.update(k, v), ref.update(k, v)
+        assert torch.equal(a[0], b_[0]) and torch.equal(a[1], b_[1])
+
+    step(3, 5)
+    ours.batch_repeat_interleave(2), ref.batch_repeat_interleave(2)  # prefix sharing: 3 prompts -> 6 rows
+    step(6, 1)
+    for sel in ([0, 2, 3, 5], [1, 2, 3], [2, 0]):  # rows end (and a reordering)
+        idx = torch.tensor(sel)
+        ours.batch_select_indices(idx), ref.batch_select_indices(idx)
+        assert torch.equal(ours.keys, ref.keys) and torch.equal(ours.values, ref.values)
+        assert ours._k.shape[2] >= 8  # the capacity is kept
+        step(len(sel), 1)
+    step(2, 6)  # past the capacity: the buffer grows
+    assert ours._k.shape[2] >= 16
+
+
+def test_decoding_with_rows_ending_equals_the_concatenating_cache(tiny_llama, monkeypatch):
+    """Tokens sampled with PreallocatedLayer equal those with transformers' DynamicCache while rows end
+    at different times (many token ids made EOS): the row drops copy the right rows."""
+    import ctrls.sampling as S
+    from transformers import DynamicCache
+
+    monkeypatch.setattr(tiny_llama.model.generation_config, "eos_token_id", list(range(0, 49152, 40)))
+    prompts = _prompts(tiny_llama.tokenizer)
+    p = SampleParams(temperature=1.0, top_k=0, max_new_tokens=24, max_steps=10_000, stop_at_answer=False)
+    drops = []
+    orig = S.PreallocatedLayer.batch_select_indices
+    monkeypatch.setattr(S.PreallocatedLayer, "batch_select_indices",
+                        lambda self, idx: (drops.append(len(idx)), orig(self, idx))[1])
+    ours = sample(tiny_llama, prompts, 4, p, seeds=[1, 2, 3])
+    monkeypatch.setattr(S, "new_cache", lambda model, capacity: DynamicCache(config=model.config))
+    ref = sample(tiny_llama, prompts, 4, p, seeds=[1, 2, 3])
+    lengths = {g.n_tokens for gs in ours for g in gs}
+    assert len(lengths) > 3 and min(lengths) < 24 and drops, "the test needs rows that end at different times"
+    assert [[g.token_ids for g in gs] for gs in ours] == [[g.token_ids for g in gs] for gs in ref]
