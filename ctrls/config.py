@@ -122,12 +122,15 @@ class RLConfig:
     entropy_coef: float = 0.01  # alpha
     temperature: float = 0.7
     eval_every: int = 20
-    eval_questions: int = 20
+    eval_questions: int = 20  # held-out test questions of the curves (the first of the RL test pool); the paper: 500
     eval_samples: int = 4
     checkpoint_every: int = 10
     seeds: list[int] = field(default_factory=lambda: [0, 1])
     settings: list[str] = field(default_factory=lambda: ["none", "epsilon", "entropy", "both"])  # the curves
     table2: list[str] = field(default_factory=lambda: ["H=0", "H=0.01", "eps=0.1", "eps=0.3"])  # Table 2 rows
+    n_test: int | None = None  # Table 2's test questions per dataset (None: data.n_test, Base from exploration); the paper: 500
+    lockstep: bool = True  # train all RL runs of a pair in one shared decode batch (equal to sequential runs)
+    tensorboard: bool = False  # also log curves live to TensorBoard under the RL stage dir (parquet stays the source)
 
 
 @dataclass
@@ -138,6 +141,9 @@ class JudgeConfig:
     local_model: str = "smollm2-135m-instruct"
     local_max_new_tokens: int = 120  # reply length of the local backend
     samples_per_config: int = 100
+    pair: list[str] | None = None  # [backbone, dataset] whose outputs Table 3 scores; None: the profile's only pair
+    settings: list[str] = field(default_factory=lambda: ["eps=0.0,H=0.0", "eps=0.1,H=0.0", "eps=0.1,H=0.01", "eps=0.3,H=0.0",
+                                                         "eps=0.3,H=0.01"])  # Table 3's RL rows (besides Base)
     temperature: float = 0.1
     max_retries: int = 4
     timeout_s: float = 60.0
