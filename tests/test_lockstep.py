@@ -17,17 +17,17 @@ SETTINGS = [Setting("none", 0.0, 0.0), Setting("epsilon", 0.3, 0.0), Setting("en
 
 
 def cfg_for(steps, **rl):
-    return load_config("smoke", [f"rl.steps={steps}", "rl.lr=0.1", "rl.group_size=6", "rl.questions_per_step=2",
+    return load_config("smoke", [f"rl.steps={steps}", "rl.lr=0.1", "rl.group_size=4", "rl.questions_per_step=2",
                                  "rl.eval_every=2", *[f"rl.{k}={v}" for k, v in rl.items()]])
 
 
 def mdp_eval(policy, step):
     """A deterministic function of the policy and step (what evaluate must be)."""
     trajs = mdp_sampler(policy)([0], [range(16)], 0.0, [1000 + step])
-    return {"accuracy": sum(t.reward for t in trajs) / len(trajs), "c": float(policy.log_c.exp())}
+    return {"accuracy": sum(t.reward for t in trajs) / len(trajs), "c": float(policy.log_c.detach().exp())}
 
 
-def mdp_trainers(cfg, root, seeds=(0, 1)):
+def mdp_trainers(cfg, root, seeds=(0,)):
     out = []
     for s in SETTINGS:
         for seed in seeds:
@@ -87,18 +87,18 @@ def test_lockstep_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path):
     for t in full:
         t.run(6, progress=False)
     cut = mdp_trainers(cfg, tmp_path / "cut")
-    real_save = cut[3].save
+    real_save = cut[2].save
 
-    def killed_saving():  # killed while saving step 4: runs 0-2 have their step-4 checkpoint, the rest step 2
-        if cut[3].step == 4:
+    def killed_saving():  # killed while saving step 4: runs 0-1 have their step-4 checkpoint, the rest step 2
+        if cut[2].step == 4:
             raise KeyboardInterrupt
         real_save()
 
-    cut[3].save = killed_saving
+    cut[2].save = killed_saving
     with pytest.raises(KeyboardInterrupt):
         run_lockstep(cut, 6, sample_many=batched_mdp, progress=False)
     resumed = mdp_trainers(cfg, tmp_path / "cut")
-    assert [t.step for t in resumed] == [4, 4, 4] + [2] * (len(resumed) - 3)
+    assert [t.step for t in resumed] == [4, 4] + [2] * (len(resumed) - 2)
     run_lockstep(resumed, 6, sample_many=batched_mdp, progress=False)
     assert_runs_equal(full, resumed)
     for t in resumed:

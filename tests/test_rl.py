@@ -240,3 +240,33 @@ def test_reward_rate_counts_trajectories_from_the_logs():
                            "kind": ["train", "train", "train", "train", "eval"], "reward": [0.0, 0.25, 0.5, 0.0, 1.0]})
     r = reward_rate(cfg, curves).iloc[0]
     assert (r.trajectories, r.correct, r.runs) == (32, 6, 2) and r["reward rate"] == 6 / 32
+
+
+def _has_tensorboard():
+    import importlib.util
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+@pytest.mark.skipif(not _has_tensorboard(), reason="the tensorboard package is not installed")
+def test_tensorboard_event_file_is_written_when_on(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = cfg_for(steps=2, eval_every=1)
+    policy = TransitionPolicy(K, concentration=5.0)
+    tr = Trainer(policy, cfg, Setting("x", 0.1, 0.01), 0, tmp_path / "run", mdp_sampler(policy), 1,
+                 evaluate=lambda p, step: {"accuracy": 0.5}, tensorboard=tmp_path / "tb")
+    tr.run(2, progress=False)
+    acc = EventAccumulator(str(tmp_path / "tb")).Reload()
+    tags = acc.Tags()["scalars"]
+    assert {"train/reward", "train/policy_entropy", "train/concentration", "eval/accuracy"} <= set(tags)
+    assert [e.step for e in acc.Scalars("train/reward")] == [1, 2]
+    assert [e.step for e in acc.Scalars("eval/accuracy")] == [0, 1, 2]
+
+
+@pytest.mark.skipif(_has_tensorboard(), reason="tensorboard is installed")
+def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
+    policy = TransitionPolicy(K, concentration=5.0)
+    with pytest.raises(ImportError, match="rl.tensorboard"):
+        Trainer(policy, cfg_for(steps=1), Setting("x", 0.0, 0.0), 0, tmp_path / "run", mdp_sampler(policy), 1,
+                tensorboard=tmp_path / "tb")
+    assert not (tmp_path / "tb").exists()
