@@ -551,11 +551,14 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         for row in table_rows(cfg, bname, ds):
             t = trainers[row.epsilon, row.alpha, rl.seeds[0]]
             todo.append((t.model, row.label, row.epsilon, row.alpha, t.seed))
-        todo = [x for x in todo if not (parts / f"{pair}__{safe_name(x[1])}.parquet").exists()]
+        def part(label, eps, alpha):  # an ASCII file name per table row
+            return parts / f"{pair}__{'Base' if label == BASE else safe_name(f'eps{_num(eps)}_H{_num(alpha)}')}.parquet"
+
+        todo = [x for x in todo if not part(*x[1:4]).exists()]
         reqs = [(m, idx, [range(pc.grid.n_samples)] * len(idx), 0.0 if m is None else eps,
                  [_seed(seed, "table2", label, test[i].id) for i in idx]) for m, label, eps, _, seed in todo]
         for (m, label, eps, alpha, seed), res in zip(todo, generate("test", reqs, rl.lockstep)):
-            _write_table_part(pc, parts / f"{pair}__{safe_name(label)}.parquet", res,
+            _write_table_part(pc, part(label, eps, alpha), res,
                               {"config": label, "epsilon": eps, "alpha": alpha, "seed": seed})
     w.barrier()
     if w.is_main:
