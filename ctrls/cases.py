@@ -1,6 +1,7 @@
 """Case studies (Sec. 6.4, Figures 5-7): Base vs CTRLS step traces with each step's latent state.
 
-The selection rule is code, never a hand pick (``select_cases``): at each temperature, questions
+Cases are chosen per backbone (each backbone's Base against its own CTRLS). The selection rule is
+code, never a hand pick (``select_cases``): for each backbone and temperature, questions
 on which no Base sample is correct and at least one CTRLS sample is, in question-id order; for each,
 the first correct CTRLS sample (lowest epsilon, then lowest sample index) is shown beside the first
 Base sample with a valid answer (else Base sample 0). When no question qualifies, questions where
@@ -25,8 +26,17 @@ def _first(g: pd.DataFrame) -> pd.Series:
     return g.sort_values(["_eps", "sample_index"]).iloc[0]
 
 
-def select_cases(samples: pd.DataFrame, n: int = 3) -> tuple[pd.DataFrame, str]:
-    """Pairs (Base, CTRLS) by the module's rule; returns them and the rule that was applied."""
+def select_cases(samples: pd.DataFrame, n: int = 3, backbone: str | None = None) -> tuple[pd.DataFrame, str]:
+    """Pairs (Base, CTRLS) of one backbone by the module's rule; returns them and the rule that was
+    applied. ``backbone`` may be omitted only when the samples hold one backbone."""
+    names = list(dict.fromkeys(samples.backbone)) if "backbone" in samples else []
+    if backbone is None:
+        if len(names) > 1:
+            raise ValueError(f"samples of {len(names)} backbones {names}: case studies are per backbone, pass backbone=")
+    else:
+        if backbone not in names:
+            raise ValueError(f"no samples of backbone {backbone!r}; the samples have {names}")
+        samples = samples[samples.backbone == backbone]
     df = samples.assign(_eps=samples.epsilon.fillna(-1.0))
     per_q = df.groupby(["temperature", "question_id", "config"]).correct.sum().unstack("config", fill_value=0)
     ctrls_cols = [c for c in per_q.columns if c != BASE]
@@ -86,15 +96,20 @@ def find_paper_cases(cfg) -> dict[str, "object"]:
     return found
 
 
-def sample_paper_cases(cfg, n: int = 4) -> pd.DataFrame:
-    """Base and CTRLS samples for the paper's MATH case questions, with the first pair's checkpoint."""
+def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None) -> pd.DataFrame:
+    """Base and CTRLS samples for the paper's MATH case questions with one backbone (default: the
+    first) and its checkpoint: the MATH one if the profile trains it, else its first dataset's."""
     from ctrls.backbone import load_backbone
     from ctrls.exploration import generation_rows
     from ctrls.pretrain import load_pretrained
     from ctrls.prompts import encode_prompt
     from ctrls.sampling import SampleParams, sample, seeded
 
-    bname, ds = cfg.pairs()[0]
+    bname = backbone or cfg.pairs()[0][0]
+    mine = [d for b, d in cfg.pairs() if b == bname]
+    if not mine:
+        raise ValueError(f"backbone {bname!r} is not in grid.backbones {cfg.grid.backbones}")
+    ds = "math" if "math" in mine else mine[0]
     pc = cfg.for_pair(bname, ds)
     bb = load_backbone(bname, pc.backbone.device, pc.backbone.dtype, pc.backbone.cache_dir)
     model = load_pretrained(pc, bb)

@@ -244,13 +244,15 @@ class RLConfig:
     entropy_coef: float = key(0.01, at_least(0))  # alpha
     temperature: float = key(0.7, above(0))  # eta; one of grid.temperatures (Base rows of Table 2 and the judge)
     eval_every: int = key(20, at_least(1))
-    # held-out questions of each evaluation; more than data.n_test is allowed and evaluates all n_test
-    eval_questions: int = key(20, at_least(1))
+    eval_questions: int = key(20, at_least(1))  # held-out test questions of the curves (the first of the RL test pool); the paper: 500
     eval_samples: int = key(4, at_least(1))
     checkpoint_every: int = key(10, at_least(1))
     seeds: list[int] = key([0, 1], at_least(0), nonempty=True, unique=True)
     settings: list[str] = key(["none", "epsilon", "entropy", "both"], RL_SETTING, unique=True)  # the curves (may be empty)
     table2: list[str] = key(["H=0", "H=0.01", "eps=0.1", "eps=0.3"], RL_SETTING, unique=True)  # Table 2 rows
+    n_test: int | None = key(None, at_least(1))  # Table 2's test questions per dataset (None: data.n_test, Base from exploration); the paper: 500
+    lockstep: bool = True  # train all RL runs of a pair in one shared decode batch (equal to sequential runs)
+    tensorboard: bool = False  # also log curves live to TensorBoard under the RL stage dir (parquet stays the source)
 
 
 @dataclass
@@ -261,6 +263,10 @@ class JudgeConfig:
     local_model: str = key("smollm2-135m-instruct", text())
     local_max_new_tokens: int = key(120, at_least(1))  # reply length of the local backend
     samples_per_config: int = key(100, at_least(1))
+    # [backbone, dataset] whose outputs Table 3 scores; None: the profile's only pair
+    pair: list[str] | None = key(None, text())
+    settings: list[str] = key(["eps=0.0,H=0.0", "eps=0.1,H=0.0", "eps=0.1,H=0.01", "eps=0.3,H=0.0", "eps=0.3,H=0.01"],
+                              RL_SETTING, unique=True)  # Table 3's RL rows (besides Base)
     temperature: float = key(0.1, between(0, 2))  # 0: greedy (the OpenAI API allows 0..2)
     max_retries: int = key(4, at_least(0))
     timeout_s: float = key(60.0, above(0))
@@ -382,10 +388,21 @@ def _check_subset_sizes(cfg: Config) -> None:
             n = getattr(cfg.data, k.split(".")[1])
             if ds in sizes and n > sizes[ds][split]:
                 raise _refuse(k, n, f"1 to {sizes[ds][split]} for dataset {ds!r}", f"the size of its {split} split")
+        if cfg.rl.n_test is not None and ds in sizes and cfg.rl.n_test > sizes[ds]["test"]:
+            raise _refuse("rl.n_test", cfg.rl.n_test, f"1 to {sizes[ds]['test']} for dataset {ds!r}",
+                          "the size of its test split")
+
+
+def _check_judge_pair(cfg: Config) -> None:
+    pair = cfg.judge.pair
+    if pair is not None and (len(pair) != 2 or tuple(pair) not in cfg.pairs()):
+        raise _refuse("judge.pair", pair, f"one of the grid's [backbone, dataset] pairs {[list(p) for p in cfg.pairs()]}",
+                      "Table 3 scores one pair")
 
 
 # Each takes the whole config and raises ConfigError naming the key it refuses.
-CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes]
+CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes,
+                                                _check_judge_pair]
 
 
 def validate(cfg: Config) -> Config:

@@ -1,7 +1,9 @@
 """The rubric judge of Table 3 and Appendix D ("GPT-as-judge Evaluation Details").
 
 Appendix D's pipeline, step by step:
-1. Sampling: ``subsample`` draws up to 100 outputs per configuration (seeded).
+1. Sampling: ``subsample`` draws up to 100 outputs per configuration (seeded), from one named
+   (backbone, dataset) pair (``judge.pair``; the paper: Qwen2.5-3B-Instruct x GSM8K), for the
+   paper's six rows (Base and ``judge.settings``).
 2. Prompt construction: ``build_prompt`` gives the question, the ground-truth answer, the
    numbered reasoning steps and the model's final answer.
 3. Evaluation: a judge model (GPT-4 in the paper, temperature 0.1) answers strictly in JSON
@@ -362,23 +364,61 @@ def rubric_table(judged: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.
 # ---- the judge stage ------------------------------------------------------------------------------------
 
 
+def judge_pair(cfg) -> tuple[str, str]:
+    """The (backbone, dataset) pair whose outputs Table 3 scores: ``judge.pair``, or the profile's
+    only pair when it is not set (the paper: Qwen2.5-3B-Instruct x GSM8K)."""
+    pairs = cfg.pairs()
+    if cfg.judge.pair is None:
+        if len(pairs) != 1:
+            raise ValueError(f"judge.pair is not set and the profile has {len(pairs)} (backbone, dataset) pairs "
+                             f"{pairs}: name the one Table 3 scores, e.g. -o 'judge.pair=[{pairs[0][0]}, {pairs[0][1]}]'")
+        return pairs[0]
+    if len(cfg.judge.pair) != 2:
+        raise ValueError(f"judge.pair must be [backbone, dataset], got {cfg.judge.pair!r}")
+    pair = (cfg.judge.pair[0], cfg.judge.pair[1])
+    if pair not in pairs:
+        raise ValueError(f"judge.pair {list(pair)} is not one of the profile's pairs (grid.backbones x grid.datasets): {pairs}")
+    return pair
+
+
+def table3_labels(cfg) -> list[str]:
+    """Table 3's rows: Base, then each policy of ``judge.settings`` labelled like the paper's."""
+    from ctrls.rl import parse_setting
+
+    return ["Base"] + list(dict.fromkeys(parse_setting(s, cfg).label for s in cfg.judge.settings))
+
+
 def judged_configs(cfg) -> pd.DataFrame:
-    """The outputs Table 3 scores: Base from the exploration stage and every RL policy of Table 2,
-    at eta = rl.temperature, labelled in the paper's "ε=…, H=…" style."""
+    """The outputs Table 3 scores, of the judge's pair only (``judge_pair``): Base and each RL
+    policy of ``judge.settings``, labelled by ``rl.setting_label`` (the paper's "ε=…, H=…"), at eta =
+    rl.temperature. Base is the RL stage's own Base samples when it has them (``rl.n_test``), else
+    the exploration stage's."""
     from ctrls.exploration import BASE, load_samples
     from ctrls.rl import load_table2_samples
 
-    ex = load_samples(cfg)
-    base = ex[(ex.config == BASE) & (ex.temperature == cfg.rl.temperature)].assign(setting="Base")
-    parts = [base]
+    backbone, dataset = judge_pair(cfg)
+    labels = table3_labels(cfg)
+
+    def mine(df):
+        return df[(df.backbone == backbone) & (df.dataset == dataset) & (df.temperature == cfg.rl.temperature)]
+
+    ex = mine(load_samples(cfg))
     try:
-        rl = load_table2_samples(cfg)
-        parts.append(rl.assign(setting=[f"ε={e:.1f}, H={a:g}" for e, a in zip(rl.epsilon, rl.alpha)]))
+        rl = mine(load_table2_samples(cfg))
     except FileNotFoundError:  # no RL stage: judge the exploration rows instead
-        ctrls_rows = ex[(ex.config != BASE) & (ex.temperature == cfg.rl.temperature)]
-        parts.append(ctrls_rows.assign(setting=[f"ε={e:.1f}, H=0 (no RL)" for e in ctrls_rows.epsilon]))
-    out = pd.concat(parts, ignore_index=True)
-    return out.assign(config=out.setting)
+        base = ex[ex.config == BASE].assign(setting="Base")
+        ctrls_rows = ex[ex.config != BASE]
+        out = pd.concat([base, ctrls_rows.assign(setting=[f"ε={e:.1f}, H=0 (no RL)" for e in ctrls_rows.epsilon])],
+                        ignore_index=True)
+        return out.assign(config=out.setting)
+    base = rl[rl.config == BASE] if (rl.config == BASE).any() else ex[ex.config == BASE]
+    policies = rl[rl.config.isin(labels[1:])]
+    missing = sorted(set(labels[1:]) - set(policies.config))
+    if missing:
+        raise ValueError(f"no RL samples for Table 3 rows {missing} of {backbone} x {dataset}: re-run the RL stage "
+                         f"(it trains judge.settings for judge.pair)")
+    out = pd.concat([base.assign(config="Base"), policies], ignore_index=True)
+    return out.assign(setting=out.config)
 
 
 def run_judge(cfg, force: bool = False, progress: bool = True) -> pd.DataFrame:

@@ -35,6 +35,7 @@ from ctrls.prompts import ANSWER_LINE, newline_token_ids
 
 if TYPE_CHECKING:
     from ctrls.model import CTRLSModel
+    from ctrls.policy import TransitionPolicy
 
 
 @dataclass
@@ -79,6 +80,8 @@ class _Row:
     states: list[torch.Tensor] = field(default_factory=list)
     log_actions: list[torch.Tensor] = field(default_factory=list)
     finish: str | None = None
+    policy: "TransitionPolicy | None" = None  # this row's state policy (lockstep RL); None: model.policy
+    epsilon: float | None = None  # this row's epsilon; None: params.epsilon
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -227,13 +230,27 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, keys: torch.Tens
 def _draw_states(model: "CTRLSModel", prev: torch.Tensor, rows: Sequence["_Row"], epsilon: float) -> torch.Tensor:
     """log s_{t+1} (B, K), s_{t+1} ~ pi~(. | s_t) for every row at once (float64): row b's draw comes from
     its counter-based stream (row key, draw index) alone (``policy.sample_policy_log_streams``), so it
-    does not depend on its batch-mates. The exact log-actions are kept for Eq. 14 (``policy`` module
-    docstring). Per-row policies plug in through the concentration (B, K) and epsilon (B,) arguments of
-    ``sample_policy_log_streams``."""
+    does not depend on its batch-mates. Each row uses its own policy and epsilon when it has them
+    (lockstep RL: one batch, many policies), else ``model.policy`` and ``epsilon``. The exact
+    log-actions are kept for Eq. 14 (``policy`` module docstring)."""
+    from ctrls.policy import sample_policy_log_streams
+
     dev = model.policy.L.device
     keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
     counters = torch.tensor([len(r.states) for r in rows], dtype=torch.int64, device=dev)
-    return model.policy.sample_log_streams(prev, epsilon, keys, counters)
+    if all(r.policy is None and r.epsilon is None for r in rows):
+        return model.policy.sample_log_streams(prev, epsilon, keys, counters)
+    prev = prev.to(dev)
+    alpha = torch.empty(prev.shape, dtype=model.policy.L.dtype, device=dev)
+    groups: dict[int, list[int]] = {}
+    for j, r in enumerate(rows):
+        groups.setdefault(id(r.policy), []).append(j)
+    for idx in groups.values():  # one concentration per distinct policy in the batch
+        pol = rows[idx[0]].policy if rows[idx[0]].policy is not None else model.policy
+        sel = torch.as_tensor(idx, device=dev)
+        alpha[sel] = pol.concentration(prev[sel]).to(alpha.dtype)
+    eps = torch.tensor([epsilon if r.epsilon is None else r.epsilon for r in rows], dtype=torch.float64, device=dev)
+    return sample_policy_log_streams(alpha, eps, keys, counters)
 
 
 def _record_states(rows: Sequence["_Row"], log_a: torch.Tensor) -> None:
@@ -248,7 +265,8 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
            model: "CTRLSModel | None" = None, generator: torch.Generator | None = None,
            prompt_starts: Sequence[int] | None = None, share_prefix: bool = True,
            progress: bool = False, seeds: Sequence[int] | None = None,
-           sample_ids: Sequence[Sequence[int]] | None = None) -> list[list[Generation]]:
+           sample_ids: Sequence[Sequence[int]] | None = None, policies: "Sequence[TransitionPolicy] | None" = None,
+           epsilons: Sequence[float] | None = None) -> list[list[Generation]]:
     """Sample ``n`` chains of thought for each tokenized prompt; Base when ``model`` is None.
 
     ``prompt_starts[i]`` is the first token of prompt i whose hidden states encode s_0 (see
@@ -256,8 +274,11 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     streams: sample m of prompt i is a function of (seeds[i], m) alone (module docstring); without
     ``seeds`` they are drawn from ``generator`` (or torch's global RNG). ``sample_ids[i]`` picks
     which sample indices of prompt i to draw (default ``range(n)``): any subset gives the same
-    samples as the whole, which is how data-parallel ranks share a prompt's samples. Returns one
-    list of :class:`Generation` per prompt, in the order of its sample indices.
+    samples as the whole, which is how data-parallel ranks share a prompt's samples. ``policies[i]``
+    and ``epsilons[i]`` (CTRLS only) replace ``model.policy`` and ``params.epsilon`` for prompt i's
+    state draws, so runs that share the adapter but not the policy decode in one batch (lockstep
+    RL); a sample is the same whichever batch it is in. Returns one list of :class:`Generation` per
+    prompt, in the order of its sample indices.
     """
     starts = list(prompt_starts) if prompt_starts is not None else [0] * len(prompts)
     params = params or SampleParams()
@@ -269,6 +290,12 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     ids = [list(s) for s in sample_ids] if sample_ids is not None else [list(range(n))] * len(prompts)
     if len(ids) != len(prompts):
         raise ValueError(f"{len(ids)} sample_ids lists for {len(prompts)} prompts")
+    for name, per in (("policies", policies), ("epsilons", epsilons)):
+        if per is not None and (model is None or len(per) != len(prompts)):
+            raise ValueError(f"{name} needs a CTRLS model and one entry per prompt: {len(per)} for {len(prompts)} prompts"
+                             + ("" if model is not None else " (model is None)"))
+    pol = list(policies) if policies is not None else [None] * len(prompts)
+    eps = list(epsilons) if epsilons is not None else [None] * len(prompts)
     out: list[list[Generation]] = [[] for _ in prompts]
     if share_prefix:  # prompts in groups of at most batch_size sequences (at least one prompt each)
         jobs = [[(i, ids[i])] for i in range(len(prompts)) if ids[i]]
@@ -283,7 +310,8 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
         groups = [flat[j:j + params.batch_size] for j in range(0, len(flat), params.batch_size)]
     for group in tqdm(groups, desc="sampling", unit="batch", disable=not progress):
         gens = _decode(backbone, [prompts[i] for i, _ in group], [starts[i] for i, _ in group],
-                       [m for _, m in group], [seeds[i] for i, _ in group], [i for i, _ in group], params, model)
+                       [m for _, m in group], [seeds[i] for i, _ in group], [i for i, _ in group], params, model,
+                       [pol[i] for i, _ in group], [eps[i] for i, _ in group])
         for (i, _), gs in zip(group, gens):
             out[i].extend(gs)
     return out
@@ -291,7 +319,7 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
 
 def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
             seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams,
-            model: "CTRLSModel | None") -> list[list[Generation]]:
+            model: "CTRLSModel | None", policies: Sequence = (), epsilons: Sequence = ()) -> list[list[Generation]]:
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = _body(lm), lm.get_output_embeddings()
@@ -315,7 +343,10 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
              past_key_values=cache, use_cache=True).last_hidden_state
 
     # ---- expand each prompt to its samples ----------------------------------------------------
-    rows = [_Row(prompt_index[i], m, stream_key(seeds[i], m)) for i, ms in enumerate(sample_ids) for m in ms]
+    policies = list(policies) or [None] * len(prompts)
+    epsilons = list(epsilons) or [None] * len(prompts)
+    rows = [_Row(prompt_index[i], m, stream_key(seeds[i], m), policy=policies[i], epsilon=epsilons[i])
+            for i, ms in enumerate(sample_ids) for m in ms]
     expand = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor([len(ms) for ms in sample_ids]))
     if len(expand) != len(prompts) or bool((expand != torch.arange(len(prompts))).any()):
         cache.batch_select_indices(expand.to(dev))

@@ -175,3 +175,98 @@ def test_settings():
     assert parse_setting("H=0.01", cfg) == Setting("H=0.01", 0.0, 0.01)
     with pytest.raises(ValueError, match="unknown RL setting"):
         parse_setting("greedy", cfg)
+
+
+def test_labels_merge_with_the_papers_tables_for_the_judge_pair():
+    from ctrls.judge import PAPER_TABLE3, judge_pair, table3_labels
+    from ctrls.rl import paper_table2, rl_runs, setting_label, table_rows
+
+    assert setting_label(0.0, 0.0) == "ε=0.0, H=0.0" and setting_label(0.1, 0.01) == "ε=0.1, H=0.01"
+    cfg = load_config("paper")
+    b, d = judge_pair(cfg)
+    assert (b, d) == ("Qwen/Qwen2.5-3B-Instruct", "gsm8k")
+    # Table 3: exactly the paper's six rows, every one of them trained
+    assert table3_labels(cfg) == list(PAPER_TABLE3.setting)
+    rows = {s.label for s in table_rows(cfg, b, d)}
+    assert set(table3_labels(cfg)[1:]) <= rows
+    runs = rl_runs(cfg, b, d)
+    assert all((s.epsilon, s.alpha, cfg.rl.seeds[0]) in runs for s in table_rows(cfg, b, d))
+    assert len(runs) == len(set(runs))  # each (epsilon, alpha, seed) once
+    # other pairs train Table 2 and the curves, not Table 3's extra rows
+    other = {s.label for s in table_rows(cfg, "meta-llama/Llama-3.2-3B-Instruct", "math")}
+    assert "ε=0.3, H=0.01" not in other
+    # Table 2: every paper row of every pair has one of ours with the same label
+    ours = {"Base"} | {parse_setting(s, cfg).label for s in cfg.rl.table2}
+    paper = paper_table2()
+    assert set(paper.config) <= ours, set(paper.config) - ours
+    merged = paper.merge(pd.DataFrame({"config": sorted(ours)}), on="config", how="left", indicator=True)
+    assert (merged._merge == "both").all()
+
+
+def test_the_judge_pair_is_named_or_the_only_one():
+    from ctrls.judge import judge_pair
+
+    assert judge_pair(load_config("demo")) == ("smollm2-135m-instruct", "gsm8k")
+    two = load_config("demo", ["grid.datasets=[gsm8k, math]"])
+    with pytest.raises(ValueError, match="judge.pair is not set"):
+        judge_pair(two)
+    assert judge_pair(load_config("demo", ["grid.datasets=[gsm8k, math]", "judge.pair=[smollm2-135m-instruct, math]"])) == \
+        ("smollm2-135m-instruct", "math")
+    with pytest.raises(ValueError, match="not one of the profile's pairs"):
+        judge_pair(load_config("demo", ["judge.pair=[smollm2-135m-instruct, math]"]))
+
+
+def test_the_paper_profile_sizes():
+    cfg = load_config("paper")
+    assert cfg.data.n_test == 40  # Table 1
+    assert cfg.rl.n_test == 500 and cfg.rl.eval_questions == 500  # Table 2 and the RL curves
+    assert cfg.judge.samples_per_config == 100
+
+
+def test_wilson_interval_matches_the_closed_form_reference():
+    from ctrls.rl import wilson
+
+    lo, hi = wilson(0, 20)  # k = 0: [0, z^2 / (n + z^2)]
+    assert lo == pytest.approx(0.0, abs=1e-12) and hi == pytest.approx(1.959964**2 / (20 + 1.959964**2), rel=1e-6)
+    lo, hi = wilson(5, 10)  # symmetric around 1/2; reference value 0.2366 .. 0.7634
+    assert lo == pytest.approx(0.23659, abs=1e-4) and hi == pytest.approx(0.76341, abs=1e-4)
+
+
+def test_reward_rate_counts_trajectories_from_the_logs():
+    from ctrls.rl import reward_rate
+
+    cfg = load_config("smoke", ["rl.questions_per_step=2", "rl.group_size=4"])
+    curves = pd.DataFrame({"pair": "p", "setting": ["a", "a", "b", "b", "a"], "seed": 0,
+                           "kind": ["train", "train", "train", "train", "eval"], "reward": [0.0, 0.25, 0.5, 0.0, 1.0]})
+    r = reward_rate(cfg, curves).iloc[0]
+    assert (r.trajectories, r.correct, r.runs) == (32, 6, 2) and r["reward rate"] == 6 / 32
+
+
+def _has_tensorboard():
+    import importlib.util
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+@pytest.mark.skipif(not _has_tensorboard(), reason="the tensorboard package is not installed")
+def test_tensorboard_event_file_is_written_when_on(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = cfg_for(steps=2, eval_every=1)
+    policy = TransitionPolicy(K, concentration=5.0)
+    tr = Trainer(policy, cfg, Setting("x", 0.1, 0.01), 0, tmp_path / "run", mdp_sampler(policy), 1,
+                 evaluate=lambda p, step: {"accuracy": 0.5}, tensorboard=tmp_path / "tb")
+    tr.run(2, progress=False)
+    acc = EventAccumulator(str(tmp_path / "tb")).Reload()
+    tags = acc.Tags()["scalars"]
+    assert {"train/reward", "train/policy_entropy", "train/concentration", "eval/accuracy"} <= set(tags)
+    assert [e.step for e in acc.Scalars("train/reward")] == [1, 2]
+    assert [e.step for e in acc.Scalars("eval/accuracy")] == [0, 1, 2]
+
+
+@pytest.mark.skipif(_has_tensorboard(), reason="tensorboard is installed")
+def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
+    policy = TransitionPolicy(K, concentration=5.0)
+    with pytest.raises(ImportError, match="rl.tensorboard"):
+        Trainer(policy, cfg_for(steps=1), Setting("x", 0.0, 0.0), 0, tmp_path / "run", mdp_sampler(policy), 1,
+                tensorboard=tmp_path / "tb")
+    assert not (tmp_path / "tb").exists()
