@@ -92,7 +92,7 @@ def paper_comparisons() -> pd.DataFrame:
     """Every CTRLS-vs-Base pair the paper reports: Table 1 (each eps row vs Base at the same
     backbone, dataset and eta) and Table 2 (each RL row vs Base), pass@20 and Succ., in %."""
     from ctrls.exploration import BASE, PAPER_TABLE1
-    from ctrls.rl import PAPER_TABLE2
+    from ctrls.rl import PAPER_TABLE2, setting_label
 
     rows = []
     for (bb, ds), by_eta in PAPER_TABLE1.items():
@@ -104,7 +104,7 @@ def paper_comparisons() -> pd.DataFrame:
         for ds, by_row in by_ds.items():
             for label, vals in by_row.items():
                 if label != BASE:
-                    rows.append(("Table 2", bb, ds, math.nan, label, vals, by_row[BASE]))
+                    rows.append(("Table 2", bb, ds, math.nan, setting_label(*label), vals, by_row[BASE]))
     out = []
     for table, bb, ds, eta, label, vals, base in rows:
         for i, metric in enumerate(("pass@20", "Succ.")):

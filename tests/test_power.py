@@ -51,7 +51,7 @@ def test_paper_power_covers_every_reported_difference():
     assert (t.table == "Table 1").sum() == 48 and (t.table == "Table 2").sum() == 32
     assert set(t[t.table == "Table 1"].n) == {40} and set(t[t.table == "Table 2"].n) == {500}
     row = t[(t.table == "Table 2") & (t.backbone == "Qwen2.5-3B-Instruct") & (t.dataset == "gsm8k")
-            & (t.config == "H=0.01") & (t.metric == "pass@20")].iloc[0]
+            & (t.config == "ε=0.0, H=0.01") & (t.metric == "pass@20")].iloc[0]
     d, lo, hi = newcombe_interval(332, 500, 321, 500)  # 66.4% and 64.2% of 500
     assert (row["diff (pp)"], row["lo (pp)"], row["hi (pp)"]) == pytest.approx((100 * d, 100 * lo, 100 * hi))
     assert row["diff (pp)"] == pytest.approx(2.2) and not row["excludes 0"] and row["below MDD"]
@@ -63,7 +63,7 @@ def test_an_interval_that_excludes_zero_is_flagged():
     # the same percentages on 100x the questions: Table 2's 2-point differences become resolvable
     t = paper_power(n={"Table 1": 4000, "Table 2": 50000})
     row = t[(t.table == "Table 2") & (t.backbone == "Llama-3.2-3B-Instruct") & (t.dataset == "gsm8k")
-            & (t.config == "H=0") & (t.metric == "pass@20")].iloc[0]
+            & (t.config == "ε=0.0, H=0.0") & (t.metric == "pass@20")].iloc[0]
     assert row["diff (pp)"] == pytest.approx(2.0) and row["lo (pp)"] > 0 and row["excludes 0"]
     assert not row["below MDD"]
 
