@@ -1,6 +1,6 @@
 """Adapter pretraining (Algorithm 1 (f)): ELBO epochs on cached features vs re-running the backbone.
 
-With last-hidden injection (DESIGN.md) the frozen backbone's last hidden states do not depend on the
+With last-hidden injection (design notes: book/design.md) the frozen backbone's last hidden states do not depend on the
 adapter, so pretraining runs the backbone once and trains the adapter on the cache (mode A). The
 alternative a user would pick without the cache re-runs the backbone forward (no grad) every epoch
 before the same ELBO step (mode B). For reference, input-embedding injection (``inject_at:
@@ -42,7 +42,7 @@ def make_data(n: int, vocab: int, seed: int = 0) -> dict:
 
 
 def predictor_positions() -> tuple[torch.Tensor, torch.Tensor]:
-    """DESIGN.md's rule: a step at [a, b) is predicted by positions a-1 .. b-2. Returns (pos, step)."""
+    """The position rule of the design notes (book/design.md): a step at [a, b) is predicted by positions a-1 .. b-2. Returns (pos, step)."""
     pos, step = [], []
     for t in range(STEPS):
         a = PROMPT + t * STEP_TOKENS

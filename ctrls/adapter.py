@@ -19,11 +19,12 @@ Dtypes: the adapter's weights stay float32. Inputs of another dtype (bf16 on GPU
 float32, the adapter runs in float32, and E' is cast back to E's dtype. A fresh adapter computes
 E + 0 in float32 and casts back, which is exact, so the identity holds in every dtype.
 
-Injection point (DESIGN.md, config ``adapter.inject_at``): ``"last_hidden"`` (default) rewrites
+Injection point (design notes: book/design.md; config ``adapter.inject_at``): ``"last_hidden"`` (default) rewrites
 the last hidden state (after the final norm) right before the LM head, so the backbone runs
 untouched and its features can be cached; ``"input_embeds"`` rewrites the input embeddings
-instead (Algorithm 1's wording), which backpropagates through the frozen backbone.
-``adapted_logits`` computes the logits of either mode.
+instead (Alg. 1's wording), which backpropagates through the frozen backbone.
+``adapted_logits`` computes the logits of either mode, but only ``last_hidden`` is wired into the
+stages: the config refuses ``input_embeds`` when it loads (ctrls.config, INJECT_AT_WHY).
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def adapted_logits(model: torch.nn.Module, adapter: StateAdapter, input_ids: tor
     """Logits (B, S, V) of the frozen causal LM ``model`` with the adapter applied at ``inject_at``.
 
     The state of each position is either a mixture ``s`` (B, S, K) with ``centroids`` (K, D), or a
-    dense ``z`` (B, S, D) (keyword); (B, 1, ·) applies one state to every position. DESIGN.md's
+    dense ``z`` (B, S, D) (keyword); (B, 1, ·) applies one state to every position. The design notes' (book/design.md)
     position rule decides which state a position carries: the positions a-1 .. b-2 that predict
     step t's tokens a .. b-1 carry z_t.
     """

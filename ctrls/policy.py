@@ -1,6 +1,6 @@
 """P_theta and pi_theta: the transition model and the Dirichlet policy (Sec. 5.3, 5.4; Eq. 13-14).
 
-One K x K logit matrix L serves both (DESIGN.md, "Transition model and policy"):
+One K x K logit matrix L serves both (the design notes (book/design.md, "Transition model and policy")):
 - transition prior: row j of softmax(L) is P_theta(. | state j); for a state distribution s the
   prior is p = s softmax(L).
 - policy: the next state distribution is a ~ Dir(c p), with mean p and a learned concentration

@@ -1,7 +1,7 @@
 """What the paper's own tables can resolve (Tables 1 and 2): intervals and minimal detectable differences.
 
 The paper reports each CTRLS row and Base as percentages, without intervals. Table 1's values are
-multiples of 2.5, i.e. 40 test questions; Table 2's are multiples of 0.2, i.e. 500 (DESIGN.md,
+multiples of 2.5, i.e. 40 test questions; Table 2's are multiples of 0.2, i.e. 500 (design notes: book/design.md,
 "Table sizes in the paper"). For each CTRLS-vs-Base difference (pass@20 and Succ.) this module gives
 
 - the 95% interval for a difference of two independent proportions at the paper's n, by Newcombe's
@@ -25,7 +25,7 @@ multiples of 2.5, i.e. 40 test questions; Table 2's are multiples of 0.2, i.e. 5
   (the far rejection tail is ignored, as usual).
 
 Succ. is treated like pass@20, as a proportion over the table's questions: its published values
-sit on the same question grid (DESIGN.md notes the discrepancy with the per-sample definition).
+sit on the same question grid (the design notes, book/design.md, note the discrepancy with the per-sample definition).
 """
 from __future__ import annotations
 

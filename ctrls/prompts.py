@@ -1,6 +1,6 @@
 """Prompts x_0 and reasoning steps x_1..x_T (Sec. 4 and App. F of the paper).
 
-A step is one non-empty line of the model's output (DESIGN.md). The prompt asks for one step per
+A step is one non-empty line of the model's output (design notes: book/design.md). The prompt asks for one step per
 line and a final line "The answer is X." Chat models get their own chat template; models without
 one get few-shot chain-of-thought exemplars in the style of Wei et al. (2022). The exemplars below
 are our own, not benchmark items.

@@ -4,7 +4,7 @@ For each prompt x_0 the prompt is run through the backbone once; its KV cache is
 prompt's n samples (prefix sharing). With a CTRLS model, s_0 = Q_phi(x_0) encodes the prompt, and
 at every step boundary (a newline token) the next state s_{t+1} ~ pi~_theta(. | s_t) is drawn from
 the epsilon-greedy Dirichlet policy; the adapter then rewrites the last hidden state of every token
-position that predicts step t+1 with z_{t+1} = s_{t+1} Gamma (Eq. 7). DESIGN.md's position rule:
+position that predicts step t+1 with z_{t+1} = s_{t+1} Gamma (Eq. 7). the position rule of the design notes (book/design.md):
 the newline that ends step t is consumed by a forward pass whose logits (predicting step t+1's
 first token) already use the new state. Without a CTRLS model the loop is plain sampling: the
 "Base" rows of the paper's tables.

@@ -15,7 +15,7 @@ Two routes to the same rows:
   zero-padded to the chunk's longest step: zero rows of E add zero eigenvalues to E E^T and
   leave the nonzero part of S V^T unchanged.
 
-Conventions (DESIGN.md): each v_i's sign is fixed so that its largest-magnitude entry is positive;
+Conventions (design notes: book/design.md): each v_i's sign is fixed so that its largest-magnitude entry is positive;
 rows beyond the numerical rank of E_t (always when n_t < k) are zero, where singular values below
 max(n, d) * eps_float32 * s_1 count as zero (numpy's matrix_rank rule at float32 precision: the
 hidden states are float32 at best); E_t is divided by sqrt(n_t) first (flag ``normalize``) so

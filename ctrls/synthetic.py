@@ -20,7 +20,7 @@ uniform; every row is mixed with ``noise`` uniform mass, so every entry is posit
 
 **Actions and latent states.** The policy is ``ctrls.policy.TransitionPolicy`` as it is:
 a_t ~ pi~(. | s_{t-1}) (the eps-greedy Dirichlet of Eq. 13-14), and s_t = a_t, as in the LLM path
-(DESIGN.md: the next state is s_{t+1} = a). The latent state the reward sees is
+(design notes, book/design.md: the next state is s_{t+1} = a). The latent state the reward sees is
 z_t = argmax_j a_tj, the state that dominates the draw (exact from log a: the argmax is the same).
 With this reading the policy sees its own state up to the soft mixing s_t softmax(L), as an LLM
 step generated under the mixed z = sum_j a_tj gamma_j would.
