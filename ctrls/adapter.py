@@ -93,7 +93,7 @@ class StateAdapter(torch.nn.Module):
             raise ValueError(f"the state (code shape {tuple(code.shape)}) does not broadcast to the hidden "
                              f"states {tuple(E.shape)}: give one state per position or (..., 1, ·)") from None
         h = torch.cat([self.down(x), code], dim=-1)
-        return (x + self.up(F.gelu(h))).to(E.dtype)
+        return (x + self.up(F.gelu(h))).to(E.dtype)  # Eq. 7
 
     def forward(self, E: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """E (..., n, d), z (..., n, D) or broadcastable (..., 1, D) -> E' (..., n, d) in E's dtype."""

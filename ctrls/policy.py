@@ -276,7 +276,7 @@ class TransitionPolicy(torch.nn.Module):
             return log_dir
         if epsilon == 1:
             return log_uniform
-        return torch.logaddexp(log_dir + math.log1p(-epsilon), log_uniform + math.log(epsilon))  # log pi~
+        return torch.logaddexp(log_dir + math.log1p(-epsilon), log_uniform + math.log(epsilon))  # Eq. 14: log pi~(a | s)
 
     def log_prob(self, a: torch.Tensor, s: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
         """log pi~(a | s) for a plain simplex vector a strictly inside the simplex (every a_j > 0).
@@ -353,7 +353,7 @@ def fit_transitions(s_prev: torch.Tensor, s_next: torch.Tensor, n_states: int, s
     history: list[float] = []
     best = L.detach().clone()
     for step in range(steps + 1):
-        loss = kl_to_prior(s_next, s_prev, L).mean()
+        loss = kl_to_prior(s_next, s_prev, L).mean()  # Thm. 5.3: the KL term, mixture-prior form
         history.append(float(loss.detach()))
         if history[-1] <= min(history):
             best = L.detach().clone()

@@ -71,7 +71,7 @@ def spectral_embedding(E: torch.Tensor, k: int, normalize: bool = True) -> torch
     n, d = E.shape
     _, S, Vh = torch.linalg.svd(E, full_matrices=False)
     m = min(k, S.shape[0])
-    return _finish(S[:m, None] * Vh[:m], S[:m], k, max(n, d)).reshape(k * d)
+    return _finish(S[:m, None] * Vh[:m], S[:m], k, max(n, d)).reshape(k * d)  # Eq. 5: sqrt(lambda_i) q_i = sigma_i v_i
 
 
 def spectral_embeddings(steps: Sequence[torch.Tensor], k: int, normalize: bool = True, batch_size: int = 64,
@@ -104,5 +104,5 @@ def spectral_embeddings(steps: Sequence[torch.Tensor], k: int, normalize: bool =
         U_top = U[..., -m:].flip(-1)  # (b, n, m), descending
         sv = evals[..., -m:].flip(-1).clamp(min=0).sqrt()
         size = torch.tensor([[max(E.shape[0], d)] for E in prepared], dtype=sv.dtype, device=dev)
-        out[idx] = _finish(U_top.transpose(1, 2) @ batch, sv, k, size)
+        out[idx] = _finish(U_top.transpose(1, 2) @ batch, sv, k, size)  # Eq. 5: S V^T = U^T E
     return out.reshape(len(steps), k * d)

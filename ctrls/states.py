@@ -64,7 +64,7 @@ def soft_assign(d2: torch.Tensor, tau: float) -> torch.Tensor:
         raise ValueError(f"squared distances to the centroids overflow (max feature distance^2 = {float(d2.max())}): "
                          "the spectral features are too large for float32; check the hidden states or "
                          "keep spectral.normalize on")
-    return torch.softmax(-d2 / tau, dim=-1)
+    return torch.softmax(-d2 / tau, dim=-1)  # Sec. 5.2: Q_phi(z_t = gamma_j) = s_tj
 
 
 @dataclass
