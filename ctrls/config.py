@@ -94,8 +94,11 @@ class PretrainConfig:
     temperature: float = 0.7
     epochs: int = 5
     lr: float = 1e-3
-    batch_steps: int = 256  # steps per adapter-training batch
-    max_tokens_per_step: int = 64  # longer steps are truncated for the ELBO
+    batch_steps: int = 256  # steps per adapter-training (and bound-evaluation) batch
+    max_tokens_per_step: int = 64  # longer steps are truncated in training (the relaxed objective); never in the bound
+    heldout_fraction: float = 0.1  # questions whose CoTs are held out of (d)-(f), to report Thm 5.3's bound on
+    bound_samples: int = 0  # Thm 5.3's reconstruction: 0 exact over the K states; n >= 2 Monte Carlo draws per step
+    bound_every: int = 1  # evaluate the bound every n epochs (and after epoch 0 and the last)
 
 
 @dataclass
