@@ -591,9 +591,9 @@ def evaluate_bound(adapter, head: torch.nn.Module, centroids: torch.Tensor, L: t
             per_q[q] += [v, 1, n]
     if not per_q:
         return None
-    rec, kl, var, rrec, mkl, T = tot
+    rec, kl, var, rrec, mkl, T = tot.tolist()
     q = np.stack(list(per_q.values()))
-    S = q[:, 1].sum()
+    S = float(q[:, 1].sum())
     lo, hi = _ratio_ci(q[:, 0], q[:, 1], seed)
     return {"questions": len(q), "steps": int(S), "tokens": int(T), "elbo_per_step": (rec - kl) / S,
             "elbo_per_step_lo": lo, "elbo_per_step_hi": hi, "elbo_per_token": (rec - kl) / T,
@@ -627,11 +627,13 @@ def train_adapter(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path
     data = _StepData.load(stages)
     p = cfg.pretrain
     history = []
+    trained_on: set[str] = set()  # the questions whose steps the adapter was trained on
     for epoch in tqdm(range(p.epochs + 1), desc="(f) adapter", unit="epoch", disable=not progress):
         if epoch > 0:  # epoch 0 evaluates the fresh (identity) adapter: the frozen backbone's likelihood
-            for hidden, targets, step_index, s_post, s_prev, _ in _batches(data, "train", p.batch_steps,
-                                                                             p.max_tokens_per_step, cfg.seed + epoch):
+            for hidden, targets, step_index, s_post, s_prev, qids in _batches(data, "train", p.batch_steps,
+                                                                                p.max_tokens_per_step, cfg.seed + epoch):
                 train_step(adapter, opt, head, centroids, L, hidden, targets, step_index, s_post, s_prev)
+                trained_on.update(qids)
         if epoch % p.bound_every == 0 or epoch == p.epochs:
             for split in ("train", "heldout"):
                 row = evaluate_bound(adapter, head, centroids, L, data, split, p.batch_steps, p.bound_samples,
@@ -642,11 +644,13 @@ def train_adapter(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path
     hist = pd.DataFrame(history, columns=list(BOUND_COLUMNS))
     hist.to_parquet(out / "bound_history.parquet")
     torch.save(adapter.state_dict(), out / "adapter.pt")
+
     def at(epoch: int) -> dict:
         return {h["split"]: {k: v for k, v in h.items() if k not in ("epoch", "split")}
                 for h in history if h["epoch"] == epoch}
 
     return {"epochs": p.epochs, "bound": "exact" if p.bound_samples == 0 else f"monte_carlo ({p.bound_samples} draws)",
+            "trained_questions": len(trained_on), "trained_on_heldout": sorted(trained_on & data.heldout),
             "initial": at(0), "final": at(p.epochs)}
 
 

@@ -186,6 +186,41 @@ def test_elbo_bad_inputs_name_the_problem(tiny_llama):
         elbo_from_logliks(torch.zeros(3, K + 1), s_post, s_prev, L)
 
 
+def test_stage_f_bounds_every_token_and_trains_on_the_training_split_only(small_llama):
+    """Stage (f)'s wiring on hand-made cached features: the held-out row sums Thm. 5.3's bound over
+    every token of every held-out step, with s_0 before a first step; training batches truncate
+    steps to max_tokens and hold no held-out question."""
+    from ctrls.pretrain import _StepData, _batches, _transition_pairs, evaluate_bound
+
+    bb = small_llama
+    g = torch.Generator().manual_seed(0)
+    lengths = {"q0": [3, 9], "q1": [7], "q2": [2, 5, 4]}  # one trajectory per question: its step lengths
+    shards, index = [], []
+    for q, (qid, lens) in enumerate(lengths.items()):
+        ends = torch.tensor(lens).cumsum(0)
+        spans = torch.stack([ends - torch.tensor(lens), ends], 1)
+        shards.append({"qid": qid, "trajectories": [{"hidden": torch.randn(sum(lens) + 1, bb.hidden_size,
+                                                                           generator=g).half(),
+                                                     "targets": torch.randint(0, 512, (sum(lens),), generator=g),
+                                                     "spans": spans}]})
+        index += [(q, 0, t) for t in range(len(lens))]
+    states = {"index": torch.tensor(index), "s_post": torch.softmax(torch.randn(len(index), K, generator=g), -1),
+              "s0": torch.softmax(torch.randn(3, K, generator=g), -1)}
+    prev, post = _transition_pairs(states)
+    data = _StepData(shards, post, prev, {tuple(x): r for r, x in enumerate(index)}, {"q2"})
+    ad, C, L = _adapter(bb, std=0.05)
+    row = evaluate_bound(ad, bb.lm_head, C, L, data, "heldout", batch_steps=2)
+    tr, rows = shards[2]["trajectories"][0], [3, 4, 5]
+    s_post = states["s_post"][rows]
+    ref = elbo(ad, bb.lm_head, C, tr["hidden"][:11].float(), tr["targets"], torch.tensor([0] * 2 + [1] * 5 + [2] * 4),
+               s_post, torch.cat([states["s0"][2:], s_post[:-1]]), L)
+    assert (row["questions"], row["steps"], row["tokens"]) == (1, 3, 11)
+    assert row["elbo_per_step"] == pytest.approx(float(ref.value) / 3, rel=1e-9)
+    assert row["kl_per_step"] >= row["mixture_kl_per_step"]
+    train = list(_batches(data, "train", 2, max_tokens=4, shuffle_seed=0))
+    assert {q for b in train for q in b[5]} == {"q0", "q1"} and sum(len(b[1]) for b in train) == 3 + 4 + 4
+
+
 # ---- the relaxed objective (training) -----------------------------------------------------------
 
 
