@@ -1,9 +1,9 @@
-"""Adapter pretraining (Algorithm 1 (f)): ELBO epochs on cached features vs re-running the backbone.
+"""Adapter pretraining (Algorithm 1 (f)): relaxed-objective epochs on cached features vs re-running the backbone.
 
 With last-hidden injection (design notes: book/design.md) the frozen backbone's last hidden states do not depend on the
 adapter, so pretraining runs the backbone once and trains the adapter on the cache (mode A). The
 alternative a user would pick without the cache re-runs the backbone forward (no grad) every epoch
-before the same ELBO step (mode B). For reference, input-embedding injection (``inject_at:
+before the same training step (mode B). For reference, input-embedding injection (``inject_at:
 input_embeds``) must run the backbone forward and backward every epoch (mode C).
 
 Setup: the embedded SmolLM2-135M-Instruct on CPU in float32; 32 synthetic trajectories of 150
@@ -27,7 +27,7 @@ import torch
 
 from ctrls.adapter import StateAdapter, adapted_logits
 from ctrls.backbone import load_backbone
-from ctrls.elbo import elbo_loss, elbo_terms
+from ctrls.elbo import relaxed_loss, relaxed_terms
 from ctrls.policy import kl_to_prior
 
 PROMPT, STEPS, STEP_TOKENS, K, SPECTRAL_K, RANK, BATCH = 24, 6, 21, 16, 4, 64, 8
@@ -52,7 +52,7 @@ def predictor_positions() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def batch_tensors(hidden: torch.Tensor, ids: torch.Tensor, s_post: torch.Tensor, s_prev: torch.Tensor):
-    """Flatten a batch of B trajectories into the ELBO's (P, ·) / (S, K) format."""
+    """Flatten a batch of B trajectories into the relaxed objective's (P, ·) / (S, K) format."""
     pos, step = predictor_positions()
     B = ids.shape[0]
     h = hidden[:, pos].reshape(-1, hidden.shape[-1])
@@ -61,9 +61,9 @@ def batch_tensors(hidden: torch.Tensor, ids: torch.Tensor, s_post: torch.Tensor,
     return h, targets, step_index, s_post.reshape(-1, K), s_prev.reshape(-1, K)
 
 
-def elbo_step(adapter, opt, head, centroids, L, hidden, ids, s_post, s_prev) -> float:
-    terms = elbo_terms(adapter, head, centroids, *batch_tensors(hidden, ids, s_post, s_prev), L)
-    loss = elbo_loss(terms)
+def train_step(adapter, opt, head, centroids, L, hidden, ids, s_post, s_prev) -> float:
+    terms = relaxed_terms(adapter, head, centroids, *batch_tensors(hidden, ids, s_post, s_prev), L)
+    loss = relaxed_loss(terms)
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -119,11 +119,11 @@ def main() -> None:
         spent = dict.fromkeys(modes, 0.0)
         for i, b in enumerate(batches):  # the modes alternate batch by batch: they share the machine's load
             ids, s_post, s_prev = data["ids"][b], data["s_post"][b], data["s_prev"][b]
-            t0 = time.perf_counter()  # mode A: ELBO on the cached hidden states
-            loss_a = elbo_step(ad_a, opt_a, head, centroids, L, cache[i], ids, s_post, s_prev)
-            t1 = time.perf_counter()  # mode B: re-run the backbone forward, then the same ELBO step
+            t0 = time.perf_counter()  # mode A: the training step on the cached hidden states
+            loss_a = train_step(ad_a, opt_a, head, centroids, L, cache[i], ids, s_post, s_prev)
+            t1 = time.perf_counter()  # mode B: re-run the backbone forward, then the same training step
             hidden = last_hidden(ids)
-            loss_b = elbo_step(ad_b, opt_b, head, centroids, L, hidden, ids, s_post, s_prev)
+            loss_b = train_step(ad_b, opt_b, head, centroids, L, hidden, ids, s_post, s_prev)
             t2 = time.perf_counter()
             spent["cached"] += t1 - t0
             spent["rerun"] += t2 - t1

@@ -216,8 +216,11 @@ class PretrainConfig:
     temperature: float = key(0.7, above(0))  # eta of the sampled CoTs (greedy would repeat one CoT)
     epochs: int = key(5, at_least(0))  # 0: the fresh adapter, which leaves the backbone unchanged
     lr: float = key(1e-3, above(0))
-    batch_steps: int = key(256, at_least(1))  # steps per adapter-training batch
-    max_tokens_per_step: int = key(64, at_least(1))  # longer steps are truncated for the ELBO
+    batch_steps: int = key(256, at_least(1))  # steps per adapter-training (and bound-evaluation) batch
+    max_tokens_per_step: int = key(64, at_least(1))  # longer steps are truncated in training (the relaxed objective); never in the bound
+    heldout_fraction: float = key(0.1, Rule("in [0, 1)", lambda v: 0 <= v < 1))  # questions whose CoTs are held out of (d)-(f), to report Thm. 5.3's bound on
+    bound_samples: int = key(0, Rule("0 (exact over the K states) or >= 2 (Monte Carlo draws per step)", lambda v: v == 0 or v >= 2))  # Thm. 5.3's reconstruction term
+    bound_every: int = key(1, at_least(1))  # evaluate the bound every n epochs (and after epoch 0 and the last)
 
 
 @dataclass

@@ -10,17 +10,26 @@ import torch
 sns.set_theme(context="notebook", style="whitegrid")
 
 
-def elbo_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None) -> plt.Figure:
-    """ELBO terms over adapter-training epochs (epoch 0 = fresh adapter = the frozen backbone)."""
-    n = 3 if kl_history is not None else 2
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4))
-    sns.lineplot(data=history, x="epoch", y="rec_per_token", marker="o", ax=axes[0])
-    axes[0].set(title="reconstruction: log-likelihood / token", ylabel="nats")
-    sns.lineplot(data=history, x="epoch", y="kl_per_step", marker="o", color="C1", ax=axes[1])
-    axes[1].set(title="KL(s_t ‖ s_{t-1} softmax(L)) / step", ylabel="nats")
+def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None) -> plt.Figure:
+    """Theorem 5.3's bound (solid, with its 95% interval over questions) and the relaxed training
+    objective (dashed) over adapter-training epochs, per split (``PretrainRun.bound_history``;
+    epoch 0 = the fresh adapter = the frozen backbone), and the transition fit of stage (e)."""
+    n = 4 if kl_history is not None else 3
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6))
+    panels = [("elbo_per_step", "relaxed_per_step", "per step: ELBO and relaxed objective", "nats / step"),
+              ("rec_per_token", "relaxed_rec_per_token", "reconstruction / token", "nats / token"),
+              ("kl_per_step", "mixture_kl_per_step", "KL term / step", "nats / step")]
+    for ax, (solid, dashed, title, ylabel) in zip(axes, panels):
+        for i, (split, g) in enumerate(history.sort_values("epoch").groupby("split", sort=False)):
+            ax.plot(g.epoch, g[solid], marker="o", color=f"C{i}", label=f"{split}: Thm 5.3")
+            ax.plot(g.epoch, g[dashed], ls="--", marker=".", color=f"C{i}", label=f"{split}: relaxed")
+            if solid == "elbo_per_step":
+                ax.fill_between(g.epoch, g.elbo_per_step_lo, g.elbo_per_step_hi, color=f"C{i}", alpha=0.15, lw=0)
+        ax.set(title=title, xlabel="epoch", ylabel=ylabel)
+    axes[0].legend(fontsize=8)
     if kl_history is not None:
-        sns.lineplot(data=kl_history, x="step", y="kl", color="C2", ax=axes[2])
-        axes[2].set(title="transition fit (stage e)", xlabel="gradient step", ylabel="mean KL")
+        sns.lineplot(data=kl_history, x="step", y="kl", color="C2", ax=axes[3])
+        axes[3].set(title="transition fit (stage e)", xlabel="gradient step", ylabel="mean mixture-prior KL")
     fig.tight_layout()
     return fig
 

@@ -5,10 +5,15 @@
 (b) ``features``: one backbone forward per trajectory; cache the last-layer hidden states of its
                   steps (and of the question, for s_0) on disk.
 (c) ``spectral``: e_t of every step (Eq. 5) and e_0 of every question.
-(d) ``states``:   k-means centroids, tau, soft assignments s_t (Q_phi).
-(e) ``transitions``: fit L by minimising sum_t KL(s_t || s_{t-1} softmax(L)) (the ELBO's KL term).
-(f) ``adapter``:  train the adapter on the ELBO (Thm 5.3) from the cached hidden states (with
-                  last-hidden injection the backbone is not re-run).
+(d) ``states``:   k-means centroids, tau, soft assignments s_t (Q_phi). The CoTs of a seeded
+                  fraction of the questions (``pretrain.heldout_fraction``) are held out of the
+                  fits of (d), (e) and (f); their steps are assigned states, for evaluation only.
+(e) ``transitions``: fit L by minimising sum_t KL(s_t || s_{t-1} softmax(L)) (the mixture-prior KL).
+(f) ``adapter``:  train the adapter on the relaxed objective (``ctrls.elbo``: reconstruction at the
+                  mean state) from the cached hidden states (with last-hidden injection the backbone
+                  is not re-run); after epoch 0 (the fresh adapter), every ``pretrain.bound_every``
+                  epochs and after the last, evaluate Theorem 5.3's bound on the training and the
+                  held-out steps, in eval mode, into ``adapter/bound_history.parquet``.
 (g) ``checkpoint``: config.json + model.safetensors, reloadable with ``CTRLSModel.from_pretrained``.
 
 Each stage writes its outputs and then a ``done`` marker keyed by the config it depends on, so a
@@ -23,6 +28,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -31,9 +37,9 @@ from ctrls.answers import grade
 from ctrls.backbone import Backbone, load_backbone
 from ctrls.config import Config
 from ctrls.data import Problem, problems_from_config
-from ctrls.elbo import elbo_loss, elbo_terms
+from ctrls.elbo import elbo, relaxed_loss, relaxed_terms
 from ctrls.model import CTRLSConfig, CTRLSModel
-from ctrls.policy import fit_transitions
+from ctrls.policy import fit_transitions, kl_to_prior
 from ctrls.prompts import (encode_prompt, encode_solution, final_answer_line, newline_token_ids, split_steps,
                            step_spans)
 from ctrls.runs import Stage, pair_slug, safe_name
@@ -49,9 +55,10 @@ KEYS = {
                 "sampling.top_k", "pretrain.sources", "pretrain.samples_per_question", "pretrain.temperature"),
     "features": ("backbone.hidden_layer",),
     "spectral": ("spectral",),
-    "states": ("states",),
+    "states": ("states", "pretrain.heldout_fraction"),
     "transitions": ("policy",),
-    "adapter": ("adapter", "pretrain.epochs", "pretrain.lr", "pretrain.batch_steps", "pretrain.max_tokens_per_step"),
+    "adapter": ("adapter", "pretrain.epochs", "pretrain.lr", "pretrain.batch_steps", "pretrain.max_tokens_per_step",
+                "pretrain.bound_samples", "pretrain.bound_every"),
 }
 
 
@@ -70,8 +77,29 @@ class PretrainRun:
     def trajectories(self) -> pd.DataFrame:
         return pd.read_json(self.root / "collect" / "trajectories.jsonl", lines=True)
 
-    def elbo_history(self) -> pd.DataFrame:
-        return pd.read_parquet(self.root / "adapter" / "elbo_history.parquet")
+    def bound_history(self) -> pd.DataFrame:
+        """Theorem 5.3's bound and the relaxed objective per evaluated epoch and split (``BOUND_COLUMNS``)."""
+        return pd.read_parquet(self.root / "adapter" / "bound_history.parquet")
+
+    def bound_table(self) -> pd.DataFrame:
+        """Thm. 5.3's bound at epoch 0 and after the last epoch, per split, with n and a 95% interval
+        over questions, beside the relaxed objective (nats; columns explained in ``BOUND_COLUMNS``)."""
+        h = self.bound_history()
+        h = h[h.epoch.isin([h.epoch.min(), h.epoch.max()])].reset_index(drop=True)
+        t = pd.DataFrame({"epoch": h.epoch, "split": h.split, "questions": h.questions, "steps": h.steps,
+                          "tokens": h.tokens, "ELBO / step": h.elbo_per_step.round(2),
+                          "95% CI": [f"[{lo:.2f}, {hi:.2f}]" for lo, hi in zip(h.elbo_per_step_lo, h.elbo_per_step_hi)],
+                          "ELBO / token": h.elbo_per_token.round(3), "E_Q log P / token": h.rec_per_token.round(3),
+                          "E KL / step": h.kl_per_step.round(3), "relaxed / step": h.relaxed_per_step.round(2),
+                          "mean-z log P / token": h.relaxed_rec_per_token.round(3),
+                          "mixture KL / step": h.mixture_kl_per_step.round(3)})
+        if (h.elbo_mc_stderr_per_step > 0).any():
+            t.insert(7, "MC s.e. / step", h.elbo_mc_stderr_per_step.round(3))
+        return t
+
+    def split(self) -> dict:
+        """The held-out split: fraction, seed, the held-out question ids, and a note when none could be held out."""
+        return json.loads((self.root / "states" / "split.json").read_text())
 
     def transition_history(self) -> pd.DataFrame:
         return pd.read_parquet(self.root / "transitions" / "kl_history.parquet")
@@ -119,6 +147,7 @@ def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False,
              until: str | None = None) -> PretrainRun:
     """Run (or reuse) every stage of Algorithm 1 for ``cfg.backbone.name`` x ``cfg.data.dataset``
     (only up to stage ``until`` when given)."""
+    _check_bound_keys(cfg)
     stages = pretrain_stages(cfg)
     if until is not None:
         if until not in stages:
@@ -362,18 +391,43 @@ def compute_spectral(cfg: Config, features_dir: Path, out: Path, progress: bool 
 # ---- (d) states ----------------------------------------------------------------------------
 
 
+def heldout_questions(qids, fraction: float, seed: int) -> list[str]:
+    """The question ids whose CoTs are held out of the fits of stages (d)-(f), sorted.
+
+    round(fraction * N) of the N distinct ids, at least 1 when fraction > 0 and at most N - 1 (none
+    when N < 2), drawn by a permutation seeded by ``seed`` over the sorted ids: the split does not
+    depend on the order in which the questions were collected."""
+    if not 0 <= fraction < 1:
+        raise PretrainError(f"pretrain.heldout_fraction must be in [0, 1), got {fraction}")
+    ids = sorted(set(qids))
+    if fraction == 0 or len(ids) < 2:
+        return []
+    n = min(max(1, round(fraction * len(ids))), len(ids) - 1)
+    perm = torch.randperm(len(ids), generator=torch.Generator().manual_seed(zlib.crc32(f"heldout|{seed}".encode())))
+    return sorted(ids[i] for i in perm[:n].tolist())
+
+
 def cluster_states(cfg: Config, spectral_dir: Path, features_dir: Path, out: Path) -> dict:
     sp = torch.load(spectral_dir / "spectral.pt", weights_only=True)
-    ids = [f"q{q}/traj{t}/step{s}" for q, t, s in sp["index"].tolist()]
-    space = fit_states(sp["step_e"], cfg.states.n_states, seed=cfg.seed, minibatch_above=cfg.states.minibatch_above,
-                       tau=cfg.states.tau, reduce_k=cfg.states.reduce_k, ids=ids)
-    s_post = space.assign(sp["step_e"])
+    shards = _shards(features_dir)
+    qids = [sh["qid"] for sh in shards]
+    frac = cfg.pretrain.heldout_fraction
+    held = set(heldout_questions(qids, frac, cfg.seed))
+    heldout = torch.tensor([qids[q] in held for q, _, _ in sp["index"].tolist()], dtype=torch.bool)
+    note = None if held or frac == 0 else f"only {len(set(qids))} question(s) with a kept CoT: none held out"
+    (out / "split.json").write_text(json.dumps({"heldout_fraction": frac, "seed": cfg.seed, "questions": len(set(qids)),
+                                                "heldout_qids": sorted(held), "note": note}))
+    ids = [f"q{q}/traj{t}/step{s}" for (q, t, s), h in zip(sp["index"].tolist(), heldout.tolist()) if not h]
+    space = fit_states(sp["step_e"][~heldout], cfg.states.n_states, seed=cfg.seed,
+                       minibatch_above=cfg.states.minibatch_above, tau=cfg.states.tau, reduce_k=cfg.states.reduce_k,
+                       ids=ids)
+    s_post = space.assign(sp["step_e"])  # every step, the held-out ones included (for evaluation)
     s0 = space.assign(sp["prompt_e"])
     torch.save({"centroids": space.centroids, "tau": torch.tensor(space.tau), "s_post": s_post, "s0": s0,
-                "index": sp["index"], "requested_k": torch.tensor(space.requested_k)}, out / "states.pt")
+                "index": sp["index"], "requested_k": torch.tensor(space.requested_k), "heldout": heldout},
+               out / "states.pt")
     (out / "notes.json").write_text(json.dumps(space.notes))
     # one row per step, for the book's latent-state explorer
-    shards = _shards(features_dir)
     d2 = torch.cdist(sp["step_e"].float(), space.centroids.float()).pow(2)
     hard = s_post.argmax(-1)
     rows = []
@@ -381,10 +435,11 @@ def cluster_states(cfg: Config, spectral_dir: Path, features_dir: Path, out: Pat
         tr = shards[q]["trajectories"][t]
         rows.append({"qid": shards[q]["qid"], "trajectory": t, "source": tr["source"], "step": k,
                      "text": tr["steps"][k], "state": int(hard[r]), "p_state": float(s_post[r, hard[r]]),
-                     "dist2": float(d2[r, hard[r]])})
+                     "dist2": float(d2[r, hard[r]]), "heldout": bool(heldout[r])})
     pd.DataFrame(rows).to_parquet(out / "steps.parquet")
     return {"k": int(space.centroids.shape[0]), "requested_k": space.requested_k, "tau": float(space.tau),
-            "notes": space.notes}
+            "notes": space.notes, "heldout_questions": len(held), "heldout_steps": int(heldout.sum()),
+            "train_steps": int((~heldout).sum())}
 
 
 def _transition_pairs(states: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -402,6 +457,8 @@ def _transition_pairs(states: dict) -> tuple[torch.Tensor, torch.Tensor]:
 def fit_transition_model(cfg: Config, states_dir: Path, out: Path) -> dict:
     st = torch.load(states_dir / "states.pt", weights_only=True)
     prev, nxt = _transition_pairs(st)
+    train = ~st["heldout"]  # the held-out questions' steps stay out of the fit
+    prev, nxt = prev[train], nxt[train]
     L, history = fit_transitions(prev, nxt, st["s_post"].shape[1], steps=cfg.policy.fit_steps,
                                  lr=cfg.policy.fit_lr, smoothing=cfg.policy.count_smoothing)
     torch.save({"L": L.detach()}, out / "transitions.pt")
@@ -411,72 +468,190 @@ def fit_transition_model(cfg: Config, states_dir: Path, out: Path) -> dict:
 
 # ---- (f) adapter ---------------------------------------------------------------------------
 
+# the columns of adapter/bound_history.parquet: one row per evaluated epoch and split (nats)
+BOUND_COLUMNS = {
+    "epoch": "0 = the fresh adapter (the frozen backbone's own likelihood); n = after n training epochs",
+    "split": "train: the steps the states, L and the adapter were fitted on; heldout: the held-out questions' steps",
+    "questions": "questions in the split", "steps": "reasoning steps evaluated", "tokens": "tokens evaluated",
+    "elbo_per_step": "Thm. 5.3's bound, (sum_t rec_t - sum_t KL_t) / steps",
+    "elbo_per_step_lo": "95% bootstrap interval over questions (lower end)",
+    "elbo_per_step_hi": "95% bootstrap interval over questions (upper end)",
+    "elbo_per_token": "Thm. 5.3's bound / tokens",
+    "elbo_mc_stderr_per_step": "Monte Carlo standard error of elbo_per_step (0 when exact over the K states)",
+    "rec_per_token": "E_{z_t~Q}[log P(x_t | x_<t, z_t)] / tokens (exact over K, or Monte Carlo)",
+    "kl_per_step": "sum_i s_{t-1,i} KL(s_t || softmax(L)_i) / steps (the theorem's expected KL)",
+    "relaxed_per_step": "the relaxed objective (training), (rec at the mean z - mixture-prior KL) / steps; not a bound",
+    "relaxed_rec_per_token": "log P(x_t | x_<t, z_t = sum_j s_tj gamma_j) / tokens",
+    "mixture_kl_per_step": "KL(s_t || s_{t-1} softmax(L)) / steps (<= kl_per_step by convexity)",
+}
 
-def _batches(cfg: Config, stages: dict[str, Stage], shuffle_seed: int | None):
-    """Yield ELBO batches (hidden, targets, step_index, s_post, s_prev) from the cached features."""
-    st = torch.load(stages["states"].dir / "states.pt", weights_only=True)
-    prev, post = _transition_pairs(st)
-    row_of = {tuple(x): r for r, x in enumerate(st["index"].tolist())}
-    shards = _shards(stages["features"].dir)
-    items = [(qi, ti) for qi, sh in enumerate(shards) for ti in range(len(sh["trajectories"]))]
+
+@dataclass
+class _StepData:
+    """The cached features and states that stage (f) trains and evaluates on, loaded once."""
+
+    shards: list[dict]
+    post: torch.Tensor  # (N, K) s_t of every step
+    prev: torch.Tensor  # (N, K) s_{t-1} (s_0 of the question before a first step)
+    row_of: dict  # (question, trajectory, step) -> row of post / prev
+    heldout: set  # held-out question ids
+
+    @classmethod
+    def load(cls, stages: dict[str, Stage]) -> "_StepData":
+        st = torch.load(stages["states"].dir / "states.pt", weights_only=True)
+        prev, post = _transition_pairs(st)
+        held = {r for r, h in zip(st["index"][:, 0].tolist(), st["heldout"].tolist()) if h}
+        shards = _shards(stages["features"].dir)
+        return cls(shards, post, prev, {tuple(x): r for r, x in enumerate(st["index"].tolist())},
+                   {shards[q]["qid"] for q in held})
+
+    def trajectories(self, split: str) -> list[tuple[int, int]]:
+        want = split == "heldout"
+        return [(qi, ti) for qi, sh in enumerate(self.shards) if (sh["qid"] in self.heldout) == want
+                for ti in range(len(sh["trajectories"]))]
+
+
+def _batches(data: _StepData, split: str, batch_steps: int, max_tokens: int | None, shuffle_seed: int | None):
+    """Yield batches (hidden, targets, step_index, s_post, s_prev, qids) of one split's trajectories;
+    steps longer than ``max_tokens`` are truncated (None: every token)."""
+    items = data.trajectories(split)
     if shuffle_seed is not None:
         g = torch.Generator().manual_seed(shuffle_seed)
         items = [items[i] for i in torch.randperm(len(items), generator=g).tolist()]
-    m = cfg.pretrain.max_tokens_per_step
     buf: list = []
-    n_steps = 0
     for qi, ti in items:
-        tr = shards[qi]["trajectories"][ti]
+        tr = data.shards[qi]["trajectories"][ti]
         H = tr["hidden"]
         for t, (a, b) in enumerate(tr["spans"].tolist()):
-            b = min(b, a + m)
-            buf.append((H[a:b], tr["targets"][a:b], row_of[(qi, ti, t)]))
-            n_steps += 1
-        if n_steps >= cfg.pretrain.batch_steps:
-            yield _collate(buf, post, prev)
-            buf, n_steps = [], 0
+            b = b if max_tokens is None else min(b, a + max_tokens)
+            buf.append((H[a:b], tr["targets"][a:b], data.row_of[(qi, ti, t)], data.shards[qi]["qid"]))
+        if len(buf) >= batch_steps:
+            yield _collate(buf, data.post, data.prev)
+            buf = []
     if buf:
-        yield _collate(buf, post, prev)
+        yield _collate(buf, data.post, data.prev)
 
 
 def _collate(buf, post, prev):
-    hidden = torch.cat([h for h, _, _ in buf]).float()
-    targets = torch.cat([y for _, y, _ in buf])
-    step_index = torch.cat([torch.full((len(y),), i, dtype=torch.long) for i, (_, y, _) in enumerate(buf)])
-    rows = torch.as_tensor([r for _, _, r in buf])
-    return hidden, targets, step_index, post[rows], prev[rows]
+    hidden = torch.cat([h for h, _, _, _ in buf]).float()
+    targets = torch.cat([y for _, y, _, _ in buf])
+    step_index = torch.cat([torch.full((len(y),), i, dtype=torch.long) for i, (_, y, _, _) in enumerate(buf)])
+    rows = torch.as_tensor([r for _, _, r, _ in buf])
+    return hidden, targets, step_index, post[rows], prev[rows], [q for _, _, _, q in buf]
+
+
+def adapter_optimizer(adapter: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """Adam over the adapter's parameters only: the backbone and its LM head stay frozen."""
+    return torch.optim.Adam(adapter.parameters(), lr=lr)
+
+
+def train_step(adapter, opt: torch.optim.Optimizer, head: torch.nn.Module, centroids: torch.Tensor, L: torch.Tensor,
+               hidden: torch.Tensor, targets: torch.Tensor, step_index: torch.Tensor, s_post: torch.Tensor,
+               s_prev: torch.Tensor) -> float:
+    """One Adam step on the relaxed objective (``ctrls.elbo.relaxed_loss``); returns the loss."""
+    adapter.train()
+    dev = head.weight.device
+    terms = relaxed_terms(adapter, head, centroids, hidden.to(dev), targets.to(dev), step_index.to(dev),
+                          s_post.to(dev), s_prev.to(dev), L.to(dev))
+    loss = relaxed_loss(terms)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return float(loss.detach())
+
+
+def _ratio_ci(num: np.ndarray, den: np.ndarray, seed: int, n_boot: int = 2000) -> tuple[float, float]:
+    """95% percentile bootstrap interval of sum(num) / sum(den), resampling questions (rows)."""
+    if len(num) < 2:
+        return float("nan"), float("nan")
+    idx = np.random.default_rng(seed).integers(0, len(num), (n_boot, len(num)))
+    r = num[idx].sum(1) / den[idx].sum(1)
+    return float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))
+
+
+def evaluate_bound(adapter, head: torch.nn.Module, centroids: torch.Tensor, L: torch.Tensor, data: _StepData,
+                   split: str, batch_steps: int, samples: int = 0, seed: int = 0) -> dict | None:
+    """Theorem 5.3's bound (``ctrls.elbo.elbo``) and the relaxed objective on every step of a split,
+    every token of each step, with the adapter in eval mode: one row of ``BOUND_COLUMNS`` (None when
+    the split has no step). ``samples``: 0 exact over the K states, n Monte Carlo draws per step."""
+    adapter.eval()
+    dev = head.weight.device
+    gen = torch.Generator().manual_seed(zlib.crc32(f"bound|{seed}|{split}".encode()))
+    per_q: dict[str, np.ndarray] = {}  # question -> [sum_t (rec_t - KL_t), steps, tokens]
+    tot = np.zeros(6)  # rec, kl, mc variance, relaxed rec, mixture kl, tokens
+    for hidden, targets, step_index, s_post, s_prev, qids in _batches(data, split, batch_steps, None, None):
+        b = elbo(adapter, head, centroids, hidden.to(dev), targets.to(dev), step_index.to(dev), s_post.to(dev),
+                 s_prev.to(dev), L.to(dev), samples=samples, generator=gen)
+        mix = kl_to_prior(s_post.double(), s_prev.double(), L.double())
+        tot += [float(b.rec_per_step.sum()), float(b.kl_per_step.sum()), float(b.rec_var_per_step.sum()),
+                float(b.relaxed_rec_per_step.sum()), float(mix.sum()), float(b.n_tokens.sum())]
+        step_elbo = (b.rec_per_step - b.kl_per_step).cpu().numpy()
+        for q, v, n in zip(qids, step_elbo, b.n_tokens.cpu().numpy()):
+            per_q.setdefault(q, np.zeros(3))
+            per_q[q] += [v, 1, n]
+    if not per_q:
+        return None
+    rec, kl, var, rrec, mkl, T = tot.tolist()
+    q = np.stack(list(per_q.values()))
+    S = float(q[:, 1].sum())
+    lo, hi = _ratio_ci(q[:, 0], q[:, 1], seed)
+    return {"questions": len(q), "steps": int(S), "tokens": int(T), "elbo_per_step": (rec - kl) / S,
+            "elbo_per_step_lo": lo, "elbo_per_step_hi": hi, "elbo_per_token": (rec - kl) / T,
+            "elbo_mc_stderr_per_step": var ** 0.5 / S, "rec_per_token": rec / T, "kl_per_step": kl / S,
+            "relaxed_per_step": (rrec - mkl) / S, "relaxed_rec_per_token": rrec / T, "mixture_kl_per_step": mkl / S}
+
+
+def _check_bound_keys(cfg: Config) -> None:
+    p = cfg.pretrain
+    if not 0 <= p.heldout_fraction < 1:
+        raise PretrainError(f"pretrain.heldout_fraction must be in [0, 1), got {p.heldout_fraction}")
+    if p.bound_samples != 0 and p.bound_samples < 2:
+        raise PretrainError(f"pretrain.bound_samples must be 0 (exact over the K states) or at least 2 (Monte Carlo "
+                            f"with a standard error), got {p.bound_samples}")
+    if p.bound_every < 1:
+        raise PretrainError(f"pretrain.bound_every must be a positive number of epochs, got {p.bound_every}")
 
 
 def train_adapter(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path, progress: bool = True) -> dict:
+    """Train the adapter on the relaxed objective over the training split; evaluate Thm. 5.3's bound
+    on both splits at epoch 0, every ``pretrain.bound_every`` epochs and after the last."""
+    _check_bound_keys(cfg)
     st = torch.load(stages["states"].dir / "states.pt", weights_only=True)
     L = torch.load(stages["transitions"].dir / "transitions.pt", weights_only=True)["L"]
     torch.manual_seed(cfg.seed)  # the adapter's initialisation, whatever ran before in this process
     model = _build_model(cfg, bb, st, L)
     adapter = model.adapter.to(bb.device)
     head = bb.lm_head
-    opt = torch.optim.Adam(adapter.parameters(), lr=cfg.pretrain.lr)
+    opt = adapter_optimizer(adapter, cfg.pretrain.lr)
     centroids = model.centroids.to(bb.device)
+    data = _StepData.load(stages)
+    p = cfg.pretrain
     history = []
-    for epoch in tqdm(range(cfg.pretrain.epochs + 1), desc="(f) adapter ELBO", unit="epoch", disable=not progress):
-        rec = kl = tokens = steps = 0.0
-        for hidden, targets, step_index, s_post, s_prev in _batches(cfg, stages, shuffle_seed=cfg.seed + epoch):
-            dev = bb.device
-            terms = elbo_terms(adapter, head, centroids, hidden.to(dev), targets.to(dev), step_index.to(dev),
-                               s_post.to(dev), s_prev.to(dev), L.to(dev))
-            if epoch > 0:  # epoch 0 measures the fresh (identity) adapter: the backbone's own ELBO
-                opt.zero_grad()
-                elbo_loss(terms).backward()
-                opt.step()
-            rec += float(terms.rec_per_step.detach().sum())
-            kl += float(terms.kl_per_step.sum())
-            tokens += float(terms.n_tokens.sum())
-            steps += len(terms.kl_per_step)
-        history.append({"epoch": epoch, "rec_per_token": rec / tokens, "kl_per_step": kl / steps,
-                        "elbo_per_step": (rec - kl) / steps, "tokens": int(tokens), "steps": int(steps)})
-        log.info("epoch %d: %s", epoch, history[-1])
-    pd.DataFrame(history).to_parquet(out / "elbo_history.parquet")
+    trained_on: set[str] = set()  # the questions whose steps the adapter was trained on
+    for epoch in tqdm(range(p.epochs + 1), desc="(f) adapter", unit="epoch", disable=not progress):
+        if epoch > 0:  # epoch 0 evaluates the fresh (identity) adapter: the frozen backbone's likelihood
+            for hidden, targets, step_index, s_post, s_prev, qids in _batches(data, "train", p.batch_steps,
+                                                                                p.max_tokens_per_step, cfg.seed + epoch):
+                train_step(adapter, opt, head, centroids, L, hidden, targets, step_index, s_post, s_prev)
+                trained_on.update(qids)
+        if epoch % p.bound_every == 0 or epoch == p.epochs:
+            for split in ("train", "heldout"):
+                row = evaluate_bound(adapter, head, centroids, L, data, split, p.batch_steps, p.bound_samples,
+                                     cfg.seed + epoch)
+                if row is not None:
+                    history.append({"epoch": epoch, "split": split, **row})
+                    log.info("epoch %d %s: %s", epoch, split, row)
+    hist = pd.DataFrame(history, columns=list(BOUND_COLUMNS))
+    hist.to_parquet(out / "bound_history.parquet")
     torch.save(adapter.state_dict(), out / "adapter.pt")
-    return {"epochs": cfg.pretrain.epochs, "final": history[-1], "initial": history[0]}
+
+    def at(epoch: int) -> dict:
+        return {h["split"]: {k: v for k, v in h.items() if k not in ("epoch", "split")}
+                for h in history if h["epoch"] == epoch}
+
+    return {"epochs": p.epochs, "bound": "exact" if p.bound_samples == 0 else f"monte_carlo ({p.bound_samples} draws)",
+            "trained_questions": len(trained_on), "trained_on_heldout": sorted(trained_on & data.heldout),
+            "initial": at(0), "final": at(p.epochs)}
 
 
 def _build_model(cfg: Config, bb: Backbone, st: dict, L: torch.Tensor, notes: list[str] | None = None) -> CTRLSModel:
