@@ -4,7 +4,9 @@ For every backbone x dataset pair, temperature eta and row (Base, then each epsi
 we draw ``grid.n_samples`` chains of thought per test question and grade them. Results are written
 per question as parquet parts of the dataset directory ``runs/<profile>/exploration/samples.parquet/``
 (atomic renames): after a kill -9 a rerun recomputes only the missing questions, with the same seeds,
-so nothing is lost or duplicated.
+so nothing is lost or duplicated. A part is reused only if it reads as a parquet file of
+``grid.n_samples`` rows; once the stage is finished, its ``done`` marker holds every part's sha256,
+and a rerun redoes a part that is missing or changed (``ctrls.runs``).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from ctrls.pretrain import pretrain_stages
 from ctrls.pretrain import load_pretrained
 from ctrls.prompts import encode_prompt
 from ctrls.report import with_pct_ci
-from ctrls.runs import Stage, pair_slug, slug
+from ctrls.runs import Stage, pair_slug, read_parquet, slug, valid_part
 from ctrls.sampling import Generation, SampleParams, sample
 
 log = logging.getLogger(__name__)
@@ -56,8 +58,8 @@ def samples_dir(cfg: Config) -> Path:
 
 
 def _stage(cfg: Config) -> Stage:
-    upstream = tuple(pretrain_stages(cfg.for_pair(b, d))["adapter"].key for b, d in cfg.pairs())
-    return Stage(cfg, "exploration", KEYS, upstream=upstream)
+    adapters = tuple(pretrain_stages(cfg.for_pair(b, d))["adapter"] for b, d in cfg.pairs())
+    return Stage(cfg, "exploration", KEYS, upstream=tuple(a.key for a in adapters), inputs=adapters)
 
 
 def _seed(*parts) -> int:
@@ -110,7 +112,7 @@ def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         for eta, eps, chunk in bar:
             label = row_label(eps)
             parts = {j: out / f"{pair_slug(bname, ds)}__eta{eta:g}__{label}__{slug(problems[j].id)}.parquet" for j in chunk}
-            todo = [j for j in chunk if not parts[j].exists()]
+            todo = [j for j in chunk if not valid_part(parts[j], g.n_samples)]
             if not todo:
                 continue
             bar.set_postfix_str(f"eta={eta:g} {label}")
@@ -144,7 +146,7 @@ def load_samples(cfg: Config) -> pd.DataFrame:
     files = sorted(d.glob("*.parquet"))
     if not files:
         raise FileNotFoundError(f"no exploration samples in {d}; run the exploration stage first")
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    return pd.concat([read_parquet(f) for f in files], ignore_index=True)
 
 
 # ---- tables and curves -----------------------------------------------------------------------

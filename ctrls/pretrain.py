@@ -16,8 +16,11 @@
                   held-out steps, in eval mode, into ``adapter/bound_history.parquet``.
 (g) ``checkpoint``: config.json + model.safetensors, reloadable with ``CTRLSModel.from_pretrained``.
 
-Each stage writes its outputs and then a ``done`` marker keyed by the config it depends on, so a
-rerun reuses finished stages, and (a) and (b) resume per question after an interruption.
+Each stage writes its outputs and then a ``done`` marker keyed by the config it depends on, with
+the sha256 of each output (``ctrls.runs``), so a rerun reuses finished stages whose files are
+intact, and (a) and (b) resume per question after an interruption. (a) commits a question by
+writing its ``_end`` row after its rows; a resumed run first cuts the rows after the last
+committed question off the JSONL, so a question cut by a kill is neither lost nor counted twice.
 """
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ from ctrls.model import CTRLSConfig, CTRLSModel
 from ctrls.policy import fit_transitions, kl_to_prior
 from ctrls.prompts import (encode_prompt, encode_solution, final_answer_line, newline_token_ids, split_steps,
                            step_spans)
-from ctrls.runs import Stage, pair_slug, safe_name
+from ctrls.runs import (ArtifactError, Stage, artifact_error, check_safetensors, load_torch, pair_slug,
+                        read_parquet, safe_name)
 from ctrls.sampling import SampleParams, sample
 from ctrls.spectral import spectral_embeddings
 from ctrls.states import fit_states
@@ -75,11 +79,12 @@ class PretrainRun:
     summaries: dict[str, dict]
 
     def trajectories(self) -> pd.DataFrame:
-        return pd.read_json(self.root / "collect" / "trajectories.jsonl", lines=True)
+        """Every collected row (kept or not) of the committed questions, in file order."""
+        return read_trajectories(self.root / "collect" / "trajectories.jsonl")
 
     def bound_history(self) -> pd.DataFrame:
         """Theorem 5.3's bound and the relaxed objective per evaluated epoch and split (``BOUND_COLUMNS``)."""
-        return pd.read_parquet(self.root / "adapter" / "bound_history.parquet")
+        return read_parquet(self.root / "adapter" / "bound_history.parquet")
 
     def bound_table(self) -> pd.DataFrame:
         """Thm. 5.3's bound at epoch 0 and after the last epoch, per split, with n and a 95% interval
@@ -102,17 +107,17 @@ class PretrainRun:
         return json.loads((self.root / "states" / "split.json").read_text())
 
     def transition_history(self) -> pd.DataFrame:
-        return pd.read_parquet(self.root / "transitions" / "kl_history.parquet")
+        return read_parquet(self.root / "transitions" / "kl_history.parquet")
 
     def states(self) -> dict:
-        return torch.load(self.root / "states" / "states.pt", weights_only=True)
+        return load_torch(self.root / "states" / "states.pt", weights_only=True)
 
     def steps(self) -> pd.DataFrame:
         """One row per training step: question, trajectory, step index, text, hard state, distance."""
-        return pd.read_parquet(self.root / "states" / "steps.parquet")
+        return read_parquet(self.root / "states" / "steps.parquet")
 
     def model(self, backbone: Backbone | None = None) -> CTRLSModel:
-        return CTRLSModel.from_pretrained(self.checkpoint, backbone)
+        return load_checkpoint(self.checkpoint, backbone)
 
     def nearest_steps(self, n_states: int = 4, per_state: int = 3) -> pd.DataFrame:
         """For the ``n_states`` most used states, the training steps nearest their centroid."""
@@ -133,11 +138,19 @@ class PretrainRun:
         return one[["step", "state", "p_state", "text"]].reset_index(drop=True)
 
 
+# the stages whose outputs each stage reads: it runs again when one of them is redone with other outputs
+READS = {"collect": (), "features": ("collect",), "spectral": ("features",), "states": ("spectral", "features"),
+         "transitions": ("states",), "adapter": ("features", "states", "transitions")}
+
+
 def pretrain_stages(cfg: Config) -> dict[str, Stage]:
     pair = pair_slug(cfg.backbone.name, cfg.data.dataset)
     out, upstream = {}, ()
     for name, keys in KEYS.items():
-        st = Stage(cfg, "pretrain", keys, pair, name, upstream=upstream)
+        # the adapter stage also writes the checkpoint next to its directory
+        extra = (cfg.stage_dir("pretrain", pair, "checkpoint"),) if name == "adapter" else ()
+        st = Stage(cfg, "pretrain", keys, pair, name, upstream=upstream, inputs=tuple(out[r] for r in READS[name]),
+                   extra=extra)
         out[name] = st
         upstream = (st.key,)
     return out
@@ -214,15 +227,18 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
     if unknown or not cfg.pretrain.sources:
         raise PretrainError(f"pretrain.sources must be a non-empty subset of [samples, reference], got {cfg.pretrain.sources}")
     path = out / "trajectories.jsonl"
+    from ctrls.distributed import world
+
+    w = world()
+    if w.is_main:
+        _drop_uncommitted(path)
+    w.barrier()
     done = _done_questions(path)
     tok = bb.tokenizer
     n = cfg.pretrain.samples_per_question
     params = SampleParams(temperature=cfg.pretrain.temperature, top_k=cfg.sampling.top_k,
                           max_new_tokens=cfg.sampling.max_new_tokens, max_steps=cfg.prompt.max_steps,
                           batch_size=cfg.sampling.batch_size)
-    from ctrls.distributed import world
-
-    w = world()
     per_chunk = max(1, cfg.sampling.batch_size // max(n, 1))
     # data parallel: each round covers the next `size * per_chunk` questions, every rank sampling its
     # contiguous block of them (perhaps empty) so that the gathers line up; gathered in rank order,
@@ -251,15 +267,14 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
                 rows.append({"qid": p.id, "source": "reference", "sample_index": -1,
                              "solution_ids": encode_solution(tok, steps), "steps": steps, "valid": True,
                              "correct": True, "pred": p.answer, "kept": True, "finish": "reference"})
-            rows.append({"qid": p.id, "source": "_end", "sample_index": -2})  # marks the question complete
+            rows.append({"qid": p.id, "source": "_end", "sample_index": -2})  # commits the question (after its rows)
         rows, sizes = w.gather_list(rows), w.gather(len(chunk))
         if rows and w.is_main:
             _append_jsonl(path, rows)
         bar.update(sum(sizes))
     bar.close()
     w.barrier()
-    df = pd.read_json(path, lines=True)
-    df = df[df.source != "_end"]
+    df = read_trajectories(path)
     sampled = df[df.source == "samples"]
     kept = df[df.kept.astype(bool)]
     if kept.empty:
@@ -275,43 +290,100 @@ def _question_seed(seed: int, qid: str) -> int:
     return zlib.crc32(f"collect|{seed}|{qid}".encode())
 
 
+# The JSONL protocol of (a): a question's rows, then its `_end` row, which commits it. Questions are
+# appended in order, so the file is a run of committed blocks and, after a kill, an uncommitted tail.
+
+TRAJ_COLUMNS = ["qid", "source", "sample_index", "solution_ids", "steps", "valid", "correct", "pred", "kept", "finish"]
+
+
+def _is_end(line: bytes) -> bool:
+    if b'"_end"' not in line or not line.endswith(b"\n"):
+        return False
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(row, dict) and row.get("source") == "_end"
+
+
+def _drop_uncommitted(path: Path) -> None:
+    """Cut the rows after the last committed question (a question whose write a kill cut short) off
+    the JSONL, so that redoing that question does not add its rows twice."""
+    if not path.exists():
+        return
+    end = pos = 0
+    with open(path, "rb") as f:
+        for line in f:
+            pos += len(line)
+            if _is_end(line):
+                end = pos
+    if end < pos:
+        log.info("%s: dropping %d bytes after the last committed question (a write cut short); "
+                 "that question is sampled again", path, pos - end)
+        with open(path, "rb+") as f:
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def _done_questions(path: Path) -> set[str]:
     if not path.exists():
         return set()
-    done = set()
-    with open(path) as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a kill: the question is redone
-                continue
-            if row.get("source") == "_end":
-                done.add(row["qid"])
-    return done
+    with open(path, "rb") as f:
+        return {json.loads(line)["qid"] for line in f if _is_end(line)}
 
 
 def _append_jsonl(path: Path, rows: list[dict]) -> None:
-    """Append whole rows; a partial last line from an earlier kill is cut off first."""
-    if path.exists() and path.stat().st_size:
-        with open(path, "rb+") as f:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                data = path.read_bytes()
-                f.seek(0)
-                f.truncate(data.rfind(b"\n") + 1)
-    # rows of questions not marked complete are dropped on read (see kept_trajectories)
+    """Append whole rows and sync them to disk (a question counts once its `_end` row is written)."""
     with open(path, "a") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
         f.flush()
         os.fsync(f.fileno())
 
 
+def read_trajectories(path: Path) -> pd.DataFrame:
+    """The rows of every committed question, in file order, without the `_end` rows.
+
+    A question's rows are those just before its `_end` row. Rows after the last `_end` (a write cut
+    by a kill) are not read. Runs resumed by older versions could also hold such cut rows between
+    blocks: rows of another question are dropped, and a row repeated within a block counts once
+    (the last). A line that is not JSON inside a committed block is an error naming the line."""
+    rows: list[dict] = []
+    block: list[tuple[int, dict | None]] = []
+    seen: set[str] = set()
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise artifact_error(path, e) from e
+    with f:
+        for n, line in enumerate(f, 1):
+            if not line.endswith("\n"):
+                break  # cut by a kill: uncommitted
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict):
+                row = None
+            if row is None or row.get("source") != "_end":
+                block.append((n, row))
+                continue
+            bad = [k for k, r in block if r is None]
+            if bad:
+                raise ArtifactError(f"{path}, line {bad[0]}: not a JSON row; the file is corrupt: delete it "
+                                    "and rerun the pretraining stage")
+            qid = row["qid"]
+            if qid not in seen:
+                seen.add(qid)
+                mine = {(r["source"], r["sample_index"]): r for _, r in block if r["qid"] == qid}
+                rows += mine.values()
+            block = []
+    return pd.DataFrame(rows, columns=TRAJ_COLUMNS)
+
+
 def kept_trajectories(collect_dir: Path) -> pd.DataFrame:
-    """The kept trajectories of completed questions, in file order, without duplicates."""
-    df = pd.read_json(collect_dir / "trajectories.jsonl", lines=True)
-    complete = set(df.qid[df.source == "_end"])
-    df = df[(df.source != "_end") & df.qid.isin(complete)]
-    df = df.drop_duplicates(subset=["qid", "source", "sample_index"], keep="last")
+    """The kept trajectories of committed questions, in file order."""
+    df = read_trajectories(collect_dir / "trajectories.jsonl")
     return df[df.kept.astype(bool)].reset_index(drop=True)
 
 
@@ -329,7 +401,7 @@ def cache_features(cfg: Config, bb: Backbone, problems: list[Problem], collect_d
     groups = sorted(traj.groupby("qid", sort=False), key=lambda kv: order.get(kv[0], len(order)))
     for qid, g in tqdm(groups, desc="(b) hidden states", unit="q", disable=not progress):
         f = out / f"{safe_name(qid)}.pt"
-        if f.exists():
+        if f.exists() and _valid_shard(f, qid, len(g)):
             n_traj += len(g)
             continue
         p = by_q[qid]
@@ -360,8 +432,21 @@ def cache_features(cfg: Config, bb: Backbone, problems: list[Problem], collect_d
     return {"trajectories": n_traj, "questions": len(groups)}
 
 
+def _valid_shard(f: Path, qid: str, n_traj: int) -> bool:
+    """Whether a shard written earlier can be reused: it loads, for this question and its trajectories."""
+    try:
+        shard = torch.load(f, weights_only=False, mmap=True)  # reads the zip index, not the tensors
+        ok = shard["qid"] == qid and len(shard["trajectories"]) == n_traj
+        why = f"it holds {shard['qid']!r} with {len(shard['trajectories'])} trajectories, expected {qid!r} with {n_traj}"
+    except Exception as e:
+        ok, why = False, f"{type(e).__name__}: {e}"
+    if not ok:
+        log.warning("features shard %s is unusable (%s): recomputing it", f, why)
+    return ok
+
+
 def _shards(features_dir: Path) -> list[dict]:
-    return [torch.load(f, weights_only=False) for f in sorted(features_dir.glob("*.pt"))]
+    return [load_torch(f, weights_only=False) for f in sorted(features_dir.glob("*.pt"))]
 
 
 # ---- (c) spectral --------------------------------------------------------------------------
@@ -408,7 +493,7 @@ def heldout_questions(qids, fraction: float, seed: int) -> list[str]:
 
 
 def cluster_states(cfg: Config, spectral_dir: Path, features_dir: Path, out: Path) -> dict:
-    sp = torch.load(spectral_dir / "spectral.pt", weights_only=True)
+    sp = load_torch(spectral_dir / "spectral.pt", weights_only=True)
     shards = _shards(features_dir)
     qids = [sh["qid"] for sh in shards]
     frac = cfg.pretrain.heldout_fraction
@@ -455,7 +540,7 @@ def _transition_pairs(states: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fit_transition_model(cfg: Config, states_dir: Path, out: Path) -> dict:
-    st = torch.load(states_dir / "states.pt", weights_only=True)
+    st = load_torch(states_dir / "states.pt", weights_only=True)
     prev, nxt = _transition_pairs(st)
     train = ~st["heldout"]  # the held-out questions' steps stay out of the fit
     prev, nxt = prev[train], nxt[train]
@@ -674,6 +759,26 @@ def _save_checkpoint(cfg: Config, bb: Backbone, stages: dict[str, Stage], adapte
 def load_pretrained(cfg: Config, backbone: Backbone | None = None) -> CTRLSModel:
     """The checkpoint of a finished pretraining run for ``cfg``'s backbone and dataset."""
     stages = pretrain_stages(cfg)
-    if not stages["adapter"].is_done():
-        raise PretrainError(f"no finished pretraining run in {stages['adapter'].dir.parent}; run the pretraining stage first")
-    return CTRLSModel.from_pretrained(stages["adapter"].dir.parent / "checkpoint", backbone)
+    adapter = stages["adapter"]
+    if not adapter.is_done():
+        if adapter.problems:
+            raise PretrainError(f"the pretraining run in {adapter.dir.parent} is damaged: {'; '.join(adapter.problems)}; "
+                                "rerun the pretraining stage to redo it")
+        raise PretrainError(f"no finished pretraining run in {adapter.dir.parent}; run the pretraining stage first")
+    return load_checkpoint(adapter.dir.parent / "checkpoint", backbone)
+
+
+def load_checkpoint(path: Path, backbone: Backbone | None = None) -> CTRLSModel:
+    """``CTRLSModel.from_pretrained``, with errors that name the file that could not be read."""
+    path = Path(path)
+    try:
+        json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise artifact_error(path / "config.json", e) from e
+    check_safetensors(path / "model.safetensors")
+    try:
+        return CTRLSModel.from_pretrained(path, backbone)
+    except ValueError:  # a backbone of another hidden size: the message names the checkpoint
+        raise
+    except Exception as e:
+        raise artifact_error(path / "model.safetensors", e) from e

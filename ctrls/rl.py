@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from ctrls.config import Config
 from ctrls.policy import TransitionPolicy
-from ctrls.runs import safe_name
+from ctrls.runs import parquet_rows, read_parquet, safe_name, valid_part
 
 log = logging.getLogger(__name__)
 
@@ -201,25 +201,50 @@ class Trainer:
     def ckpt(self) -> Path:
         return self.out / "checkpoint.pt"
 
+    @property
+    def curve_file(self) -> Path:
+        return self.out / "curve.parquet"
+
     def _resume(self) -> None:
+        """Continue from the checkpoint. One that cannot be read (truncated, corrupt, or not a
+        checkpoint of this trainer) is logged by name and the run starts again from step 0."""
         if not self.ckpt.exists():
             return
-        state = torch.load(self.ckpt, weights_only=False, map_location=self.policy.L.device)
-        self.policy.load_state_dict(state["policy"])
-        self.opt.load_state_dict(state["opt"])
-        self.step = state["step"]
-        self.log = state["log"]
+        fresh = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+        try:
+            state = torch.load(self.ckpt, weights_only=False, map_location=self.policy.L.device)
+            step, history = int(state["step"]), list(state["log"])
+            self.policy.load_state_dict(state["policy"])
+            self.opt.load_state_dict(state["opt"])
+        except Exception as e:
+            log.warning("RL checkpoint %s is unusable (%s: %s): training this run again from step 0",
+                        self.ckpt, type(e).__name__, e)
+            self.policy.load_state_dict(fresh)
+            self.opt = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.rl.lr)
+            return
+        self.step, self.log = step, history
         log.info("resumed %s at step %d", self.out, self.step)
+        # the curve is written after the checkpoint: a kill in between leaves it behind (or cut)
+        if self.world.is_main and (not self.curve_file.exists() or parquet_rows(self.curve_file) != len(self.log)):
+            log.warning("%s does not match checkpoint %s: rewriting it from the checkpoint's log", self.curve_file,
+                        self.ckpt)
+            self._write_curve()
+
+    def _write_curve(self) -> None:
+        tmp = self.curve_file.with_name(self.curve_file.name + ".tmp")
+        pd.DataFrame(self.log).assign(setting=self.setting.name, epsilon=self.setting.epsilon, alpha=self.setting.alpha,
+                                      seed=self.seed).to_parquet(tmp)
+        tmp.replace(self.curve_file)
 
     def save(self) -> None:
+        """Write the checkpoint, then the curve (each atomically, by rename)."""
         if not self.world.is_main:
             return
         tmp = self.ckpt.with_suffix(".tmp")
         torch.save({"policy": self.policy.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                     "log": self.log, "setting": self.setting.__dict__, "seed": self.seed}, tmp)
         tmp.replace(self.ckpt)
-        pd.DataFrame(self.log).assign(setting=self.setting.name, epsilon=self.setting.epsilon, alpha=self.setting.alpha,
-                                      seed=self.seed).to_parquet(self.out / "curve.parquet")
+        self._write_curve()
 
     def step_plan(self, step: int) -> tuple[list[int], list[int]]:
         """The questions of ``step`` (drawn with replacement) and one sampling seed per question slot."""
@@ -384,8 +409,8 @@ def _rl_stage(cfg: Config):
     from ctrls.pretrain import pretrain_stages
     from ctrls.runs import Stage
 
-    upstream = tuple(pretrain_stages(cfg.for_pair(b, d))["adapter"].key for b, d in cfg.pairs())
-    return Stage(cfg, "rl", RL_KEYS, upstream=upstream)
+    adapters = tuple(pretrain_stages(cfg.for_pair(b, d))["adapter"] for b, d in cfg.pairs())
+    return Stage(cfg, "rl", RL_KEYS, upstream=tuple(a.key for a in adapters), inputs=adapters)
 
 
 def table_rows(cfg: Config, backbone: str, dataset: str) -> list[Setting]:
@@ -554,7 +579,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         def part(label, eps, alpha):  # an ASCII file name per table row
             return parts / f"{pair}__{'Base' if label == BASE else safe_name(f'eps{_num(eps)}_H{_num(alpha)}')}.parquet"
 
-        todo = [x for x in todo if not part(*x[1:4]).exists()]
+        todo = [x for x in todo if not valid_part(part(*x[1:4]), n_table * pc.grid.n_samples)]  # a truncated part is redone
         reqs = [(m, idx, [range(pc.grid.n_samples)] * len(idx), 0.0 if m is None else eps,
                  [_seed(seed, "table2", label, test[i].id) for i in idx]) for m, label, eps, _, seed in todo]
         for (m, label, eps, alpha, seed), res in zip(todo, generate("test", reqs, rl.lockstep)):
@@ -586,7 +611,7 @@ def load_curves(cfg: Config) -> pd.DataFrame:
     root = cfg.stage_dir("rl")
     frames = []
     for f in sorted(root.glob("*/*/curve.parquet")):
-        frames.append(pd.read_parquet(f).assign(pair=f.parent.parent.name))
+        frames.append(read_parquet(f).assign(pair=f.parent.parent.name))
     if not frames:
         raise FileNotFoundError(f"no RL curves under {root}; run the RL stage first")
     return pd.concat(frames, ignore_index=True)
@@ -596,7 +621,7 @@ def load_table2_samples(cfg: Config) -> pd.DataFrame:
     files = sorted((cfg.stage_dir("rl") / "table2.parquet").glob("*.parquet"))
     if not files:
         raise FileNotFoundError("no Table 2 samples; run the RL stage first")
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    return pd.concat([read_parquet(f) for f in files], ignore_index=True)
 
 
 # Table 2 of the paper (pass@20, Succ. in %), after RL, by (epsilon, alpha): the paper's rows

@@ -1,0 +1,243 @@
+"""Kill and resume, and damaged files, compared artifact by artifact with an uninterrupted run.
+
+Each stage (pretraining's collection, the exploration grid, RL) is interrupted at a point inside
+it, by an exception raised from a monkeypatched function (what a kill leaves on disk: everything
+written before that point, nothing after), then rerun. Every artifact of the resumed run must equal
+the uninterrupted run's (parquet rows equal with floats at rtol 1e-4, other files byte for byte),
+as in test_distributed.py. Then files of finished stages are truncated: a rerun must name each
+one, redo it, and again give the uninterrupted run's artifacts.
+
+The RL Trainer's own resume paths (an unusable checkpoint, a curve left behind by a kill between
+the checkpoint and the curve) are checked first, on the synthetic MDP of test_rl.py.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import SMOKE_OVERRIDES, requires_data
+from ctrls.config import load_config
+from ctrls.policy import TransitionPolicy
+from ctrls.rl import Setting, Trainer
+from test_rl import K, cfg_for, mdp_sampler
+
+
+class Killed(BaseException):
+    """Stands for a kill: no `except Exception` in the code under test catches it."""
+
+
+def truncate(path: Path, keep: float = 0.6) -> None:
+    b = path.read_bytes()
+    path.write_bytes(b[: int(len(b) * keep)])
+
+
+# ---- the RL Trainer on the MDP (unit) ----------------------------------------------------------
+
+
+def mdp_trainer(out, cfg):
+    pol = TransitionPolicy(K, concentration=5.0)
+    return Trainer(pol, cfg, Setting("x", 0.1, 0.01), 0, out, mdp_sampler(pol), 1)
+
+
+def test_an_unusable_rl_checkpoint_is_named_and_the_run_redone(tmp_path, caplog):
+    cfg = cfg_for(steps=4, checkpoint_every=2)
+    full = mdp_trainer(tmp_path / "full", cfg)
+    full.run(4, progress=False)
+
+    cut = mdp_trainer(tmp_path / "cut", cfg)
+    cut.run(2, progress=False)
+    truncate(cut.ckpt)
+    with caplog.at_level(logging.WARNING, logger="ctrls.rl"):
+        again = mdp_trainer(tmp_path / "cut", cfg)
+    assert f"RL checkpoint {cut.ckpt} is unusable" in caplog.text
+    assert again.step == 0 and again.log == []
+    again.run(4, progress=False)
+    pd.testing.assert_frame_equal(pd.DataFrame(full.log), pd.DataFrame(again.log))
+    assert torch.equal(full.policy.L, again.policy.L)
+    pd.testing.assert_frame_equal(pd.read_parquet(full.curve_file), pd.read_parquet(again.curve_file))
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "stale"])
+def test_a_curve_behind_its_checkpoint_is_rewritten_on_resume(tmp_path, caplog, damage):
+    """A kill between writing checkpoint.pt and curve.parquet leaves the curve one save behind."""
+    cfg = cfg_for(steps=4, checkpoint_every=2)
+    tr = mdp_trainer(tmp_path / "run", cfg)
+    tr.run(2, progress=False)
+    stale = tr.curve_file.read_bytes()
+    tr.run(4, progress=False)
+    whole = tr.curve_file.read_bytes()
+    if damage == "delete":
+        tr.curve_file.unlink()
+    elif damage == "truncate":
+        truncate(tr.curve_file)
+    else:
+        tr.curve_file.write_bytes(stale)
+    with caplog.at_level(logging.WARNING):
+        again = mdp_trainer(tmp_path / "run", cfg)
+    assert again.step == 4 and str(tr.curve_file) in caplog.text
+    assert tr.curve_file.read_bytes() == whole
+
+
+# ---- the real stages on the smoke profile (integration) ------------------------------------------
+
+RL_OVR = ["rl.steps=2", "rl.settings=[]"]  # one RL run (the Table 2 row), two steps: a kill can fall between
+
+
+def smoke_cfg(run_dir):
+    return load_config("smoke", [*SMOKE_OVERRIDES, *RL_OVR, f"run_dir={run_dir}"])
+
+
+def pair_cfg(run_dir):
+    cfg = smoke_cfg(run_dir)
+    return cfg.for_pair(*cfg.pairs()[0])
+
+
+def artifacts(root: Path) -> dict[str, Path]:
+    skip = {"config.yaml", "done"}  # config.yaml names the run directory; done holds wall times
+    return {str(p.relative_to(root)): p for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in skip and not p.name.endswith(".tmp")}
+
+
+def summaries(root: Path) -> dict[str, dict]:
+    drop = {"wall_s", "files", "inputs"}
+    return {str(p.relative_to(root)): {k: v for k, v in json.loads(p.read_text()).items() if k not in drop}
+            for p in sorted(root.rglob("done"))}
+
+
+def assert_same_artifacts(ref: Path, got: Path) -> None:
+    a, b = artifacts(ref), artifacts(got)
+    assert sorted(a) == sorted(b)
+    for rel, p in a.items():
+        if p.suffix == ".parquet":
+            pd.testing.assert_frame_equal(pd.read_parquet(p), pd.read_parquet(b[rel]), check_exact=False,
+                                          rtol=1e-4, atol=1e-6, obj=rel)
+        else:
+            assert p.read_bytes() == b[rel].read_bytes(), rel
+    assert summaries(ref) == summaries(got)
+
+
+def copy_stages(src: Path, dst: Path, *stages: str) -> None:
+    for s in stages:
+        shutil.copytree(src / "smoke" / s, dst / "smoke" / s)
+
+
+@pytest.fixture(scope="module")
+def reference(smoke_runs, tmp_path_factory) -> Path:
+    """One uninterrupted run of every stage: the session's smoke pretraining and exploration, then RL."""
+    from ctrls.rl import run_rl
+
+    src, _, _ = smoke_runs
+    d = tmp_path_factory.mktemp("uninterrupted")
+    copy_stages(src, d, "pretrain", "exploration")
+    run_rl(smoke_cfg(d), progress=False)
+    return d
+
+
+@pytest.mark.integration
+@requires_data
+def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path, monkeypatch):
+    import ctrls.pretrain as P
+
+    real, calls = P._append_jsonl, []
+
+    def killed_after_two_rows(path, rows):
+        calls.append(rows)
+        if len(calls) == 2:  # the second question: 2 of its 4 rows (2 samples, reference, _end) reach the disk
+            real(path, rows[:2])
+            raise Killed
+        real(path, rows)
+
+    monkeypatch.setattr(P, "_append_jsonl", killed_after_two_rows)
+    with pytest.raises(Killed):
+        P.pretrain(pair_cfg(tmp_path), progress=False)
+    assert [len(r) for r in calls] == [4, 4]
+    traj = P.pretrain_stages(pair_cfg(tmp_path))["collect"].dir / "trajectories.jsonl"
+    assert len(traj.read_text().splitlines()) == 6
+
+    monkeypatch.setattr(P, "_append_jsonl", real)
+    run = P.pretrain(pair_cfg(tmp_path), progress=False)
+    c = run.summaries["collect"]
+    assert c["questions"] == 4 and c["sampled"] == 4 * 2  # not 10: the cut question counted once
+    assert_same_artifacts(reference / "smoke" / "pretrain", tmp_path / "smoke" / "pretrain")
+
+
+@pytest.mark.integration
+@requires_data
+def test_exploration_killed_mid_grid_gives_the_same_samples(reference, tmp_path, monkeypatch, caplog):
+    import ctrls.exploration as E
+
+    copy_stages(reference, tmp_path, "pretrain")
+    real, written = E.write_part, []
+
+    def killed_at_the_third_part(df, path):
+        if len(written) == 2:
+            raise Killed
+        real(df, path)
+        written.append(path)
+
+    monkeypatch.setattr(E, "write_part", killed_at_the_third_part)
+    with pytest.raises(Killed):
+        E.explore(smoke_cfg(tmp_path), progress=False)
+    monkeypatch.setattr(E, "write_part", real)
+    truncate(written[1])  # a part cut short on disk must not be reused
+    with caplog.at_level(logging.WARNING):
+        E.explore(smoke_cfg(tmp_path), progress=False)
+    assert str(written[1]) in caplog.text
+    assert_same_artifacts(reference / "smoke" / "exploration", tmp_path / "smoke" / "exploration")
+
+
+@pytest.mark.integration
+@requires_data
+def test_rl_killed_mid_training_gives_the_same_curve_policy_and_table2(reference, tmp_path, monkeypatch):
+    import ctrls.rl as R
+
+    copy_stages(reference, tmp_path, "pretrain", "exploration")
+    real, steps = R.Trainer.train_step, []
+
+    def killed_in_step_two(self):
+        steps.append(self.step)
+        if len(steps) == 2:
+            raise Killed
+        return real(self)
+
+    monkeypatch.setattr(R.Trainer, "train_step", killed_in_step_two)
+    with pytest.raises(Killed):
+        R.run_rl(smoke_cfg(tmp_path), progress=False)
+    ckpts = list((tmp_path / "smoke" / "rl").rglob("checkpoint.pt"))
+    assert len(ckpts) == 1 and torch.load(ckpts[0], weights_only=False)["step"] == 1
+    monkeypatch.setattr(R.Trainer, "train_step", real)
+    R.run_rl(smoke_cfg(tmp_path), progress=False)
+    assert_same_artifacts(reference / "smoke" / "rl", tmp_path / "smoke" / "rl")
+
+
+@pytest.mark.integration
+@requires_data
+def test_damaged_files_of_finished_stages_are_named_and_redone(reference, tmp_path, caplog):
+    from ctrls.exploration import explore
+    from ctrls.pretrain import PretrainError, load_pretrained, pretrain
+    from ctrls.rl import run_rl
+
+    copy_stages(reference, tmp_path, "pretrain", "exploration", "rl")
+    root = tmp_path / "smoke"
+    damaged = [sorted((root / "pretrain").rglob("features/*.pt"))[1],  # one shard: redone alone
+               next((root / "pretrain").rglob("checkpoint/model.safetensors")),  # written by the adapter stage
+               sorted((root / "exploration").rglob("*.parquet/*.parquet"))[2],
+               next((root / "rl").rglob("curve.parquet"))]  # rewritten from the RL checkpoint's log
+    for f in damaged:
+        truncate(f)
+    with pytest.raises(PretrainError, match=re.escape(f"{damaged[1]} is corrupt")):  # not a safetensors error with no name
+        load_pretrained(pair_cfg(tmp_path))
+    with caplog.at_level(logging.WARNING):
+        pretrain(pair_cfg(tmp_path), progress=False)
+        explore(smoke_cfg(tmp_path), progress=False)
+        run_rl(smoke_cfg(tmp_path), progress=False)
+    for f in damaged:
+        assert f"{f} is corrupt" in caplog.text
+    assert_same_artifacts(reference / "smoke", root)
