@@ -46,6 +46,7 @@ class SampleParams:
     epsilon: float = 0.0  # epsilon-greedy mixture weight of the state policy
     stop_at_answer: bool = True  # stop after the final-answer line
     ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
+    transitions: bool = True  # False: every step keeps the prompt's s_0 and no state is drawn (the "fixed s0" ablation)
 
 
 @dataclass
@@ -304,7 +305,7 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     if model is not None:
         for r, a in zip(rows, state):
             r.states.append(a.float().cpu())
-        s1 = _draw_states(model, state, rows, params.epsilon)
+        s1 = _draw_states(model, state, rows, params.epsilon) if params.transitions else state
         for r, b in zip(rows, s1):
             r.states.append(b.float().cpu())
         state = s1
@@ -354,7 +355,8 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
             active = [active[j] for j in keep]
         if model is not None and redraw:
             idx = torch.as_tensor(redraw, device=dev)
-            new = _draw_states(model, state[idx], [rows[active[j]] for j in redraw], params.epsilon)
+            new = (_draw_states(model, state[idx], [rows[active[j]] for j in redraw], params.epsilon)
+                   if params.transitions else state[idx])
             state = state.clone()
             state[idx] = new.to(state.dtype)
             for k, j in enumerate(redraw):
