@@ -107,6 +107,7 @@ class GridConfig:
     temperatures: list[float] = field(default_factory=lambda: [0.5, 0.7])
     epsilons: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5])
     n_samples: int = 20  # samples per question (pass@n)
+    fixed_state: bool = True  # add the "fixed s0" row: the trained adapter with the prompt's s_0 at every step, no transitions (ablation)
 
 
 @dataclass
