@@ -98,6 +98,12 @@ def _stage(cfg: Config) -> Stage:
     return Stage(cfg, "exploration", KEYS, upstream=upstream)
 
 
+def stage_summary(cfg: Config) -> dict:
+    """The exploration stage's ``done`` record: wall_s, samples, questions, reencode_s (the seconds
+    its last run spent re-encoding steps and drawing Base's state chains), or {} before it ran."""
+    return _stage(cfg).summary()
+
+
 def _seed(*parts) -> int:
     return zlib.crc32(repr(parts).encode())
 
@@ -439,7 +445,7 @@ def state_usage(df: pd.DataFrame) -> pd.DataFrame:
 
 __all__ = ["BASE", "FIXED", "PAPER_TABLE1", "explore", "load_samples", "table1", "ablation_table",
            "controllability_table", "diversity_table", "paper_table1", "pass_at_k_curves", "state_usage", "row_label",
-           "grid_rows", "matrices", "matrix_frame", "layout", "paper_layout",
+           "grid_rows", "matrices", "matrix_frame", "stage_summary", "layout", "paper_layout",
            "ablation_view", "controllability_view", "diversity_view"]
 
 
