@@ -91,7 +91,7 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
                       past_key_values=cache, use_cache=True, output_hidden_states=want))
         # generated token j sits at position P + j: step [a, b) is h[i, a:b] (pretraining's H[1+a : 1+b])
         steps = [feature_precision(h[i, a:b]) for i, g in enumerate(gens) for a, b in g.spans]
-    hard = model.assign(model.embed(steps)).argmax(-1).tolist() if steps else []
+    hard = model.assign(model.embed(steps)).argmax(-1).tolist() if steps else []  # Q_phi: Eq. 5, nearest centroid (Sec. 5.2)
     out_states, k = [], 0
     for g in generations:
         m = len(g.spans) if len(g.token_ids) else 0
@@ -112,7 +112,7 @@ def draw_chains(policy: "TransitionPolicy", s0: torch.Tensor, lengths: Sequence[
     prev = s0.to(policy.L.device, policy.L.dtype).reshape(1, -1).expand(len(lengths), -1)
     hard = []
     for _ in range(max(lengths)):
-        prev = policy.sample(prev, epsilon, generator=generator)
+        prev = policy.sample(prev, epsilon, generator=generator)  # a_{t+1} ~ pi~(. | a_t) (Sec. 5.4)
         hard.append(prev.argmax(-1).cpu())
     H = torch.stack(hard, dim=1).tolist()
     return [row[:n] for row, n in zip(H, lengths)]

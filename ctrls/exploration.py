@@ -6,9 +6,10 @@ thought per test question and grade them. The rows: Base (the backbone alone); "
 transition drawn, which separates what the adapter learned from what the state transitions add);
 and CTRLS(epsilon) for each epsilon of the profile. Every step of every sample is also re-encoded by
 the pretrained Q_phi, and every Base sample gets state chains drawn from the policy without being
-generated under them (``ctrls.controllability``): the controllability table reads both. Results are written
-per question as parquet parts of the dataset directory ``runs/<profile>/exploration/samples.parquet/``
-(atomic renames): after a kill -9 a rerun recomputes only the missing questions, with the same seeds,
+generated under them (``ctrls.controllability``): the controllability table reads both.
+
+Results are written per question as parquet parts of the dataset directory
+``runs/<profile>/exploration/samples.parquet/`` (atomic renames): after a kill -9 a rerun recomputes only the missing questions, with the same seeds,
 so nothing is lost or duplicated.
 """
 from __future__ import annotations
@@ -24,8 +25,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from ctrls.answers import grade, normalize
 from ctrls import controllability as ctl
+from ctrls.answers import grade, normalize
 from ctrls.backbone import load_backbone
 from ctrls.config import Config
 from ctrls.data import problems_from_config
