@@ -232,6 +232,7 @@ class GridConfig:
     temperatures: list[float] = key([0.5, 0.7], Rule(">= 0 (0: greedy)", lambda v: v >= 0), nonempty=True, unique=True)
     epsilons: list[float] = key([0.1, 0.3, 0.5], between(0, 1), unique=True)  # empty: the Base rows only
     n_samples: int = key(20, at_least(1))  # samples per question (pass@n)
+    fixed_state: bool = True  # add the "fixed s0" row: the trained adapter with the prompt's s_0 at every step, no transitions (ablation)
 
 
 @dataclass

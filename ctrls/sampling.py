@@ -48,6 +48,7 @@ class SampleParams:
     epsilon: float = 0.0  # epsilon-greedy mixture weight of the state policy
     stop_at_answer: bool = True  # stop after the final-answer line
     ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
+    transitions: bool = True  # False: every step keeps the prompt's s_0 and no state is drawn (the "fixed s0" ablation)
 
 
 @dataclass
@@ -361,9 +362,13 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     if model is not None:
         for r, a in zip(rows, state):
             r.states.append(a.float().cpu())
-        log_s1 = _draw_states(model, state, rows, params.epsilon)
-        _record_states(rows, log_s1)
-        state = log_s1.exp().to(state.dtype)
+        if params.transitions:
+            log_s1 = _draw_states(model, state, rows, params.epsilon)
+            _record_states(rows, log_s1)
+            state = log_s1.exp().to(state.dtype)
+        else:  # the fixed-s0 ablation: no state is drawn; s_0 is recorded for every step
+            for r, b in zip(rows, state.float().cpu()):
+                r.states.append(b)
 
     for _ in range(params.max_new_tokens):
         hh = model.adapt(h_last, state) if model is not None else h_last
@@ -410,10 +415,15 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
             active = [active[j] for j in keep]
         if model is not None and redraw:
             idx = torch.as_tensor(redraw, device=dev)
-            log_new = _draw_states(model, state[idx], [rows[active[j]] for j in redraw], params.epsilon)
-            _record_states([rows[active[j]] for j in redraw], log_new)
-            state = state.clone()
-            state[idx] = log_new.exp().to(state.dtype)
+            redraw_rows = [rows[active[j]] for j in redraw]
+            if params.transitions:
+                log_new = _draw_states(model, state[idx], redraw_rows, params.epsilon)
+                _record_states(redraw_rows, log_new)
+                state = state.clone()
+                state[idx] = log_new.exp().to(state.dtype)
+            else:  # the fixed-s0 ablation: the state stays s_0, recorded once per step
+                for r, b in zip(redraw_rows, state[idx].float().cpu()):
+                    r.states.append(b)
         attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
         h_last = body(input_ids=nxt[:, None].to(dev), attention_mask=attn, position_ids=next_pos[:, None],
                       past_key_values=cache, use_cache=True).last_hidden_state[:, -1]

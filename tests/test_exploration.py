@@ -1,31 +1,209 @@
-"""The exploration grid: samples per question, resumable after kill -9, Table 1 from them."""
+"""The exploration grid: samples per question, resumable after kill -9, Table 1 from them; the
+fixed-s0 ablation, the controllability and diversity tables, and the matrices' completeness check."""
+import math
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from conftest import requires_data
 from ctrls.config import load_config
-from ctrls.exploration import BASE, explore, load_samples, samples_dir, table1
+from ctrls.exploration import (BASE, FIXED, ablation_table, controllability_table, diversity_table, explore,
+                               load_samples, matrices, samples_dir, table1)
 from test_pretrain import OVR, kill_when, run_in_subprocess
 
-pytestmark = [pytest.mark.integration, requires_data]
 
 
+@pytest.mark.integration
+@requires_data
 def test_grid_and_table(smoke_runs):
     _, cfg, _ = smoke_runs
     df = load_samples(cfg)
     g = cfg.grid
-    assert len(df) == cfg.data.n_test * g.n_samples * len(g.temperatures) * (1 + len(g.epsilons))
+    assert g.fixed_state
+    assert len(df) == cfg.data.n_test * g.n_samples * len(g.temperatures) * (2 + len(g.epsilons))
     assert not df.duplicated(["temperature", "config", "question_id", "sample_index"]).any()
-    assert set(df.config) == {BASE, *(f"eps={e:g}" for e in g.epsilons)}
+    assert set(df.config) == {BASE, FIXED, *(f"eps={e:g}" for e in g.epsilons)}
     ctrls_rows = df[df.config != BASE]
     assert all(len(s) == len(st) for s, st in zip(ctrls_rows.steps, ctrls_rows.states))  # a state per step
+    assert all(len(s) == len(e) for s, e in zip(df.steps, df.encoded))  # every step re-encoded, Base too
+    fixed = df[df.config == FIXED]
+    assert fixed.epsilon.isna().all()
+    assert all(len(set(st)) <= 1 for st in fixed.states)  # s_0 repeated, no transition drawn
+    base = df[df.config == BASE]
+    assert all(len(c) == len(e) for cs, e in zip(base.chains, base.encoded) for c in cs)
+    assert all(list(ce) == list(g.epsilons) for ce in base.chain_eps)
     t = table1(df, n_boot=100)
     assert set(t.config) == set(df.config) and t.questions.eq(cfg.data.n_test).all()
+    assert list(t.config) == [BASE, FIXED, *(f"eps={e:g}" for e in g.epsilons)] * len(g.temperatures)
     assert ((t["pass@n lo"] <= t["pass@n"]) & (t["pass@n"] <= t["pass@n hi"])).all()
+    a = ablation_table(df, n_boot=100)
+    assert list(a.comparison) == [f"{FIXED} − {BASE}", *(f"eps={e:g} − {FIXED}" for e in g.epsilons)] * len(g.temperatures)
+    c = controllability_table(df, n_boot=100)
+    assert set(c.config) == {FIXED, *(f"eps={e:g}" for e in g.epsilons)}
+    assert ((c["follows lo"] <= c["follows"]) & (c["follows"] <= c["follows hi"])).all()
+    assert c.chance.eq(1 / c.K).all() and c["Base, random states"].between(0, 1).all()
+    d = diversity_table(df, n_boot=100)
+    assert d["distinct answers"].between(0, g.n_samples).all()
 
 
+@pytest.mark.integration
+@requires_data
+def test_reencoding_reproduces_pretraining_states(smoke_runs):
+    """Re-encoding the training trajectories with the exploration stage's path gives back the states
+    pretraining's Q_phi assigned to their steps (runs/.../states/steps.parquet): the same code path."""
+    from ctrls.backbone import load_backbone
+    from ctrls.controllability import encode_generations
+    from ctrls.data import problems_from_config
+    from ctrls.pretrain import kept_trajectories, pretrain_stages
+    from ctrls.prompts import encode_prompt, newline_token_ids, step_spans
+
+    _, cfg, run = smoke_runs
+    pc = cfg.for_pair(*cfg.pairs()[0])
+    bb = load_backbone(pc.backbone.name)
+    model = run.model(bb)
+    steps = run.steps()
+    traj = kept_trajectories(pretrain_stages(pc)["collect"].dir)
+    by_q = {p.id: p for p in problems_from_config(pc, "train")}
+    nl = newline_token_ids(bb.tokenizer)
+    checked, seen = 0, set()
+    for qid, g in traj.groupby("qid", sort=False):
+        ids, start = encode_prompt(bb.tokenizer, by_q[qid].question, pc.prompt.use_chat_template, pc.prompt.few_shot)
+
+        class Gen:
+            def __init__(self, s):
+                self.token_ids = list(s)
+                self.spans = step_spans(self.token_ids, nl, bb.tokenizer, max_steps=pc.prompt.max_steps)
+
+        gens = [Gen(s) for s in g.solution_ids]
+        _, states = encode_generations(bb, model, ids, start, gens, layer=pc.backbone.hidden_layer)
+        for t, st in enumerate(states):
+            ref = steps[(steps.qid == qid) & (steps.trajectory == t)].sort_values("step").state.tolist()
+            assert st == ref, (qid, t)
+            checked += len(st)
+            seen.update(st)
+    assert checked == len(steps) and len(seen) == model.config.n_states > 1  # every training step, every state
+
+
+# ---- tables on hand-made samples -------------------------------------------------------------------------
+
+
+def _samples(correct: dict[str, list[list[bool]]], eta: float = 0.7, **extra) -> pd.DataFrame:
+    """Rows of a fake exploration run: ``correct[config][question][sample]``; valid = correct unless
+    ``valid`` gives other values the same way."""
+    valid = extra.pop("valid", {})
+    rows = []
+    for cfg_label, by_q in correct.items():
+        for qi, samples in enumerate(by_q):
+            for m, c in enumerate(samples):
+                v = valid.get(cfg_label, by_q)[qi][m] if cfg_label in valid else c
+                rows.append({"backbone": "b", "dataset": "d", "temperature": eta, "config": cfg_label,
+                             "epsilon": float(cfg_label.split("=")[1]) if cfg_label.startswith("eps=") else math.nan,
+                             "question_id": f"q{qi}", "sample_index": m, "correct": c, "valid": v,
+                             "pred": str(qi) if c else ("x" if v else None)})
+    return pd.DataFrame(rows)
+
+
+def test_a_missing_sample_is_an_error_naming_config_and_question():
+    """A sample missing from a question would enter the pass@n / Succ. matrix as NaN, which bool()
+    counts as correct: it is an error naming the (config, question) that is short."""
+    df = _samples({"eps=0.1": [[False, False, False], [True, False, False]]})
+    assert matrices(df, "correct").tolist() == [[False, False, False], [True, False, False]]
+    short = df.drop(index=df[(df.question_id == "q0") & (df.sample_index == 1)].index)
+    with pytest.raises(ValueError, match=r"config 'eps=0.1'.*question 'q0' is short.*sample index \[1\]"):
+        matrices(short, "correct")
+    with pytest.raises(ValueError, match=r"config 'eps=0.1'.*question 'q0' is short"):
+        table1(short, n_boot=10)
+    with pytest.raises(ValueError, match=r"question 'q1' has sample 2 more than once"):
+        matrices(pd.concat([df, df.iloc[[5]]]), "correct")
+    nan_value = df.astype({"correct": object})
+    nan_value.loc[0, "correct"] = None
+    with pytest.raises(ValueError, match="question 'q0' is short"):
+        matrices(nan_value, "correct")
+
+
+def test_table1_pairs_base_by_question():
+    """The Δ vs Base is computed on the same questions: same shape, other questions -> no comparison."""
+    df = _samples({BASE: [[False, False], [False, False]], "eps=0.1": [[True, False], [False, False]]})
+    t = table1(df, n_boot=50)
+    assert t.set_index("config").loc["eps=0.1", "Δ pass@n vs Base"] == pytest.approx(0.5)
+    other = df.assign(question_id=np.where(df.config == BASE, df.question_id + "x", df.question_id))
+    assert math.isnan(table1(other, n_boot=50).set_index("config").loc["eps=0.1", "Δ pass@n vs Base"])
+
+
+def test_ablation_table_known_differences():
+    """fixed s0 − Base and CTRLS − fixed s0, in pass@n and Succ., on hand-made samples."""
+    n = [False] * 4
+    df = _samples({BASE: [n, n, n, n],
+                   FIXED: [[True, False, False, False], [True, False, False, False], n, n],
+                   "eps=0.1": [[True] * 4, [True] * 4, [True] * 4, n]},
+                  valid={BASE: [n, n, n, n], FIXED: [[True] * 4] * 4, "eps=0.1": [[True] * 4] * 4})
+    a = ablation_table(df, n_boot=200).set_index("comparison")
+    assert list(a.index) == [f"{FIXED} − {BASE}", f"eps=0.1 − {FIXED}"]
+    assert a.loc[f"{FIXED} − {BASE}", "Δ pass@n"] == pytest.approx(0.5)
+    assert a.loc[f"{FIXED} − {BASE}", "Δ Succ."] == pytest.approx(1.0)
+    assert a.loc[f"eps=0.1 − {FIXED}", "Δ pass@n"] == pytest.approx(0.25)
+    assert a.loc[f"eps=0.1 − {FIXED}", "Δ Succ."] == pytest.approx(0.0)
+    row = a.loc[f"{FIXED} − {BASE}"]
+    assert row["Δ Succ. lo"] == row["Δ Succ. hi"] == 1.0 and row["p (Succ.)"] == 0.0
+    assert ablation_table(df[df.config != FIXED], n_boot=10).empty  # no ablation row, no comparison
+    with pytest.raises(ValueError, match="same questions"):
+        ablation_table(df[~((df.config == BASE) & (df.question_id == "q3"))], n_boot=10)
+
+
+def _with_states(df: pd.DataFrame, K: int = 4) -> pd.DataFrame:
+    """Add the controllability columns: CTRLS rows follow their drawn states exactly on q0 and q1 and
+    never on q2, q3; Base steps are encoded as state 0, and Base's chains are all state 1 (eps=0.1)."""
+    rows = []
+    for r in df.to_dict("records"):
+        q = int(r["question_id"][1:])
+        T = 3
+        if r["config"] == BASE:
+            r.update(states=[], encoded=[0] * T, chains=[[1] * T], chain_eps=[0.1])
+        elif r["config"] == FIXED:
+            r.update(states=[2] * T, encoded=[2] * T if q < 2 else [0] * T, chains=[], chain_eps=[])
+        else:
+            drawn = [(q + t) % K for t in range(T)]
+            r.update(states=drawn, encoded=drawn if q < 2 else [(s + 1) % K for s in drawn], chains=[], chain_eps=[])
+        r.update(s0=2 if q % 2 == 0 else 0, n_states=K)
+        rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def test_controllability_table_known_rates():
+    n = [False] * 2
+    df = _with_states(_samples({BASE: [n] * 4, FIXED: [n] * 4, "eps=0.1": [n] * 4}))
+    c = controllability_table(df, n_boot=200).set_index("config")
+    assert list(c.index) == [FIXED, "eps=0.1"]
+    for label in (FIXED, "eps=0.1"):
+        assert c.loc[label, "follows"] == pytest.approx(0.5)  # q0, q1 follow; q2, q3 do not
+        assert c.loc[label, "steps"] == 4 * 2 * 3 and c.loc[label, "K"] == 4 and c.loc[label, "chance"] == 0.25
+    # Base steps (all state 0) against the eps=0.1 chains (all state 1): never; against s_0: q1, q3 (s_0 = 0)
+    assert c.loc["eps=0.1", "Base, random states"] == 0.0
+    assert c.loc[FIXED, "Base, random states"] == pytest.approx(0.5)
+    assert c.loc["eps=0.1", "Δ vs Base"] == pytest.approx(0.5)
+    assert c.loc[FIXED, "Δ vs Base"] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="no state chain drawn with epsilon 0.1"):
+        controllability_table(df.assign(chain_eps=[[0.3] if c == BASE else [] for c in df.config]), n_boot=10)
+    with pytest.raises(ValueError, match="rerun the exploration stage"):
+        controllability_table(df.drop(columns="encoded"), n_boot=10)
+
+
+def test_diversity_table_known_values():
+    df = _with_states(_samples({BASE: [[True, False, False]] * 2, "eps=0.1": [[True, True, True]] * 2},
+                               valid={BASE: [[True, True, False]] * 2, "eps=0.1": [[True] * 3] * 2}))
+    d = diversity_table(df, n_boot=100).set_index("config")
+    # Base: answers "q", "x", None -> 2 distinct; eps=0.1: three times the same answer -> 1
+    assert d.loc[BASE, "distinct answers"] == 2.0 and d.loc["eps=0.1", "distinct answers"] == 1.0
+    assert d.loc[BASE, "encoded-state entropy (bits)"] == 0.0  # every Base step encoded as state 0
+    # eps=0.1 on q0: drawn states 0,1,2 three times -> log2(3) bits; the same on q1 (1,2,3)
+    assert d.loc["eps=0.1", "drawn-state entropy (bits)"] == pytest.approx(math.log2(3))
+    assert math.isnan(d.loc[BASE, "drawn-state entropy (bits)"])
+
+
+@pytest.mark.integration
+@requires_data
 def test_resume_after_kill_loses_and_duplicates_nothing(smoke_runs, tmp_path):
     ref_dir, cfg, _ = smoke_runs
     shutil.copytree(ref_dir / "smoke" / "pretrain", tmp_path / "smoke" / "pretrain")
@@ -48,6 +226,8 @@ def test_resume_after_kill_loses_and_duplicates_nothing(smoke_runs, tmp_path):
     pd.testing.assert_frame_equal(a, b)
 
 
+@pytest.mark.integration
+@requires_data
 def test_your_own_dataset_through_the_cli(tmp_path):
     """A directory of train/test JSONL runs pretraining and exploration by the README's override."""
     import subprocess
@@ -73,4 +253,4 @@ def test_your_own_dataset_through_the_cli(tmp_path):
     assert set(df.dataset) == {str(d)} and df.question_id.str.startswith("arith-test-").all()
     assert df.question_id.nunique() == 3
     t = table1(df, n_boot=50)
-    assert set(t.config) == {BASE, "eps=0.1"} and t.questions.eq(3).all()
+    assert set(t.config) == {BASE, FIXED, "eps=0.1"} and t.questions.eq(3).all()

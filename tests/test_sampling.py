@@ -250,3 +250,110 @@ def test_decoding_with_rows_ending_equals_the_concatenating_cache(tiny_llama, mo
     lengths = {g.n_tokens for gs in ours for g in gs}
     assert len(lengths) > 3 and min(lengths) < 24 and drops, "the test needs rows that end at different times"
     assert [[g.token_ids for g in gs] for gs in ours] == [[g.token_ids for g in gs] for gs in ref]
+
+
+# ---- the "fixed s0" ablation: SampleParams(transitions=False) ----------------------------------
+
+
+def _frequent_boundaries(monkeypatch):
+    """Declare every token a newline, so that a tiny random model (whose greedy output repeats one
+    token) closes a step at every non-blank token and the state redraw path runs."""
+    import ctrls.sampling as sampling_mod
+
+    monkeypatch.setattr(sampling_mod, "newline_token_ids", lambda tok: frozenset(range(len(tok))))
+
+
+def _teacher_forced(bb, model, prompt, g, s_of_token, params=None, key=None):
+    """The tokens the sampler's rule picks under teacher forcing, the state of each position given per
+    generated token: greedy, or (``params.temperature > 0``) Gumbel-max with the sample's own noise
+    stream ``key`` (ctrls.sampling's module docstring)."""
+    from ctrls.sampling import _pick
+
+    full = torch.tensor([prompt + g.token_ids[:-1]])
+    s_all = torch.zeros(1, full.shape[1], model.config.n_states)
+    s_all[0, len(prompt) - 1:] = s_of_token
+    with torch.no_grad():
+        logits = adapted_logits(bb.model, model.adapter, full, s_all, model.centroids)[0, len(prompt) - 1:]
+    if params is None or params.temperature <= 0:
+        return logits.argmax(-1).tolist()
+    n = logits.shape[0]
+    return _pick(logits, params.temperature, params.top_k, torch.full((n,), key), torch.arange(n)).tolist()
+
+
+def test_fixed_state_decodes_with_s0_at_every_position(tiny_llama, monkeypatch):
+    """transitions=False: every generated position carries the prompt's s_0 (teacher forcing with
+    z = z_0 everywhere reproduces the sampled tokens, noise stream included), the rows' states are
+    s_0 repeated per step, and no state is drawn (the policy's sampler is never called)."""
+    from ctrls.sampling import stream_key
+
+    _frequent_boundaries(monkeypatch)
+    bb = tiny_llama
+    prompts = _prompts(bb.tokenizer)
+    model = random_ctrls(bb, K=5, trained=True, scale=5.0, seed=2)
+    with torch.no_grad():
+        model.adapter.state.weight.mul_(10)  # the state moves the logits by several units: the test can tell
+    fixed = SampleParams(temperature=1.0, top_k=0, max_new_tokens=20, max_steps=10_000, stop_at_answer=False,
+                         epsilon=0.5, transitions=False)
+    seeds = [1, 2, 3]
+
+    def no_draws(*a, **k):
+        raise AssertionError("a state was drawn with transitions=False")
+
+    with monkeypatch.context() as m:
+        m.setattr(model.policy, "sample", no_draws)
+        gens = sample(bb, prompts, 2, fixed, model=model, seeds=seeds)
+    for i, gs in enumerate(gens):
+        for g in gs:
+            assert len(g.spans) >= 3, "the test needs step boundaries"
+            assert g.states.shape == (len(g.spans) + 1, 5)
+            assert torch.equal(g.states, g.states[:1].expand_as(g.states))  # s_0 repeated, one row per step
+            key = stream_key(seeds[i], g.sample_index)
+            assert _teacher_forced(bb, model, prompts[i], g, g.states[0], fixed, key) == g.token_ids
+    # the test can tell: with transitions the states move, and s_0 alone no longer reproduces the tokens
+    moving = sample(bb, prompts, 2, SampleParams(**{**fixed.__dict__, "transitions": True}), model=model, seeds=seeds)
+    differs = 0
+    for i, gs in enumerate(moving):
+        for g in gs:
+            assert not torch.equal(g.states, g.states[:1].expand_as(g.states))
+            key = stream_key(seeds[i], g.sample_index)
+            differs += _teacher_forced(bb, model, prompts[i], g, g.states[0], fixed, key) != g.token_ids
+    assert differs >= 3
+
+
+def test_fixed_state_draws_consume_no_state_randomness(tiny_qwen2, monkeypatch):
+    """With transitions=False the samples do not depend on anything a state draw would read: not the
+    transition logits L, not epsilon (temperature > 0, so token noise is still drawn)."""
+    _frequent_boundaries(monkeypatch)
+    bb = tiny_qwen2
+    prompts = _prompts(bb.tokenizer)
+    model = random_ctrls(bb, K=4, trained=True, scale=0.5, seed=4)
+    p = SampleParams(temperature=1.0, top_k=20, max_new_tokens=16, max_steps=10_000, stop_at_answer=False,
+                     epsilon=0.3, transitions=False)
+    a = sample(bb, prompts, 3, p, model=model, seeds=[5, 6, 7])
+    with torch.no_grad():
+        model.policy.L.copy_(torch.randn_like(model.policy.L) * 3)
+    b = sample(bb, prompts, 3, SampleParams(**{**p.__dict__, "epsilon": 0.9}), model=model, seeds=[5, 6, 7])
+    assert [g.token_ids for gs in a for g in gs] == [g.token_ids for gs in b for g in gs]
+    assert all(torch.equal(x.states, y.states) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+    # the same change moves the samples when transitions are drawn
+    on = SampleParams(**{**p.__dict__, "transitions": True})
+    c = sample(bb, prompts, 3, on, model=model, seeds=[5, 6, 7])
+    with torch.no_grad():
+        model.policy.L.copy_(torch.randn_like(model.policy.L) * 3)
+    d = sample(bb, prompts, 3, on, model=model, seeds=[5, 6, 7])
+    assert [g.states.argmax(-1).tolist() for gs in c for g in gs] != [g.states.argmax(-1).tolist() for gs in d for g in gs]
+
+
+@pytest.mark.integration
+def test_fixed_state_follows_the_design_rule_on_the_real_backbone(smollm):
+    """The real backbone's own step boundaries: with transitions=False teacher forcing with s_0 at
+    every position reproduces the sampler's greedy tokens."""
+    tok = smollm.tokenizer
+    model = random_ctrls(smollm, K=6, trained=True, scale=0.05, seed=3)
+    ids = prompt_ids(tok, "A shop sells pens at $3 each and books at $7 each. Ann buys 4 pens and 2 books, then "
+                          "pays with a $50 bill. How much change does she get?", few_shot=1)
+    params = SampleParams(temperature=0.0, max_new_tokens=60, epsilon=0.5, stop_at_answer=False, transitions=False)
+    (g,), = sample(smollm, [ids], 1, params, model=model, seeds=[11])
+    assert len(g.spans) >= 2, "the test needs at least one step boundary"
+    assert torch.equal(g.states, g.states[:1].expand_as(g.states))
+    assert _teacher_forced(smollm, model, ids, g, g.states[0]) == g.token_ids
