@@ -272,6 +272,7 @@ def table1(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Table 1 in long form: one row per (backbone, dataset, eta, config) with pass@n and Succ.
     (fractions, with 95% bootstrap CIs over questions) and a paired comparison to Base (on the same
     questions; left empty where Base has other questions or sample counts)."""
+    # Table 1: pass@n and Succ. per (backbone, dataset, eta, row)
     out = []
     for (b, ds, eta), grp in df.groupby(["backbone", "dataset", "temperature"], sort=False):
         base_c = matrix_frame(grp[grp.config == BASE], "correct") if (grp.config == BASE).any() else None

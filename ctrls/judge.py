@@ -346,6 +346,7 @@ def rubric_table(judged: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.
     """Table 3 from judged rows: per config, n, the mean score per criterion as "mean [lo, hi]"
     with a 95% percentile-bootstrap interval over the judged rows, and how many of the config's
     n x 5 scores were read by regex, clipped, or defaulted."""
+    # Table 3: the rubric scores per setting
     from ctrls.metrics import bootstrap_ci
 
     out = []

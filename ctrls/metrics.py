@@ -57,7 +57,7 @@ def pass_at_k(correct: np.ndarray, k: int) -> float:
     # fail[j] = prod_{i=j+1}^{n} t_i for j = 0..n (fail[n] = 1); only j = n - c >= k is used
     fail = np.append(np.cumprod(t[::-1])[::-1], 1.0)
     miss = n - c
-    return float(np.where(miss < k, 1.0, 1.0 - fail[miss]).mean())
+    return float(np.where(miss < k, 1.0, 1.0 - fail[miss]).mean())  # pass@k (Table 1, Table 2), unbiased
 
 
 def success_rate(valid: np.ndarray) -> float:

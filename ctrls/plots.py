@@ -64,6 +64,7 @@ def pass_at_k_curves(curves: pd.DataFrame) -> plt.Figure:
 def learning_curves(curves: pd.DataFrame, y: str = "accuracy", kind: str = "eval", ylabel: str | None = None,
                     smooth: int = 1) -> plt.Figure:
     """A metric against RL step, mean and band over seeds, one panel per (backbone, dataset)."""
+    # Fig.: the on-policy learning curves (appendix figures "On-policy learning curves")
     d = curves[curves.kind == kind].copy()
     if smooth > 1:
         d[y] = d.groupby(["pair", "setting", "seed"])[y].transform(lambda v: v.rolling(smooth, min_periods=1).mean())

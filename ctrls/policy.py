@@ -244,7 +244,7 @@ class TransitionPolicy(torch.nn.Module):
         conc = self.concentration(s.to(self.L.device))
         dev = generator.device if generator is not None else conc.device
         explore = (torch.rand(conc.shape[:-1], generator=generator, device=dev) < epsilon).to(conc.device)
-        conc = torch.where(explore[..., None], torch.ones_like(conc), conc)
+        conc = torch.where(explore[..., None], torch.ones_like(conc), conc)  # Sec. 5.4: pi~ = (1 - eps) Dir(c p) + eps Dir(1)
         return sample_dirichlet_log(conc, generator).to(conc.device)
 
     @torch.no_grad()

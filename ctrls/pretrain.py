@@ -160,6 +160,7 @@ def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False,
              until: str | None = None) -> PretrainRun:
     """Run (or reuse) every stage of Algorithm 1 for ``cfg.backbone.name`` x ``cfg.data.dataset``
     (only up to stage ``until`` when given)."""
+    # Alg. 1: collect correct CoTs, cache features, Eq. 5, k-means Q_phi, fit P_theta, train the adapter
     _check_bound_keys(cfg)
     stages = pretrain_stages(cfg)
     if until is not None:

@@ -456,6 +456,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
 
     Data parallel under a launcher (``ctrls.distributed``): trajectory slots, evaluation questions
     and table questions are sharded by rank and gathered; the result equals a single process's."""
+    # Alg. 2: sample trajectories with pi~ (ctrls.sampling), reward, Eq. 14 update per run
     import copy
 
     from ctrls.answers import grade
@@ -650,6 +651,7 @@ def table2(cfg: Config) -> pd.DataFrame:
     ``setting_label``), with pass@n and Succ. and their CIs (see exploration.table1). Base is the
     RL stage's own Base samples when ``rl.n_test`` is set (the same questions), else the
     exploration stage's at eta = rl.temperature. Table 3's extra rows are left out."""
+    # Table 2: pass@n and Succ. after RL, Base and each RL policy
     from ctrls.exploration import BASE, load_samples, table1
 
     rl_samples = load_table2_samples(cfg)
