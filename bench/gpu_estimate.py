@@ -437,7 +437,7 @@ def synthetic_collect(out: Path, tok, n_q: int, per_q: int, length: int, steps: 
 
 
 def pretrain_stages(bb, cfg, n_q: int, length: int, steps: int) -> dict:
-    """Stages (b)-(f) of Algorithm 1 on synthetic collected CoTs; seconds and peak memory of each."""
+    """Stages (b)-(f) of Alg. 1 on synthetic collected CoTs; seconds and peak memory of each."""
     from ctrls.config import override
     from ctrls.pretrain import (cache_features, cluster_states, compute_spectral, fit_transition_model,
                                 train_adapter)

@@ -1,4 +1,4 @@
-"""Adapter pretraining (Algorithm 1 (f)): relaxed-objective epochs on cached features vs re-running the backbone.
+"""Adapter pretraining (Alg. 1 (f)): relaxed-objective epochs on cached features vs re-running the backbone.
 
 With last-hidden injection (design notes: book/design.md) the frozen backbone's last hidden states do not depend on the
 adapter, so pretraining runs the backbone once and trains the adapter on the cache (mode A). The

@@ -1,4 +1,4 @@
-"""Time of on-policy RL (Algorithm 2) on the CPU with SmolLM2-135M.
+"""Time of on-policy RL (Alg. 2) on the CPU with SmolLM2-135M.
 
 1. Per step: sampling vs grading vs update (one run).
 2. Lockstep vs sequential, side by side in one process on the demo profile's RL sizes: every run

@@ -1,6 +1,6 @@
-"""Theorem 5.3's evidence lower bound (Eq. 8), and the relaxed objective the adapter is trained on.
+"""Thm. 5.3's evidence lower bound, and the relaxed objective the adapter is trained on.
 
-The model, with z discrete (DESIGN.md, "The ELBO (Thm 5.3), read with discrete z"):
+The model, with z discrete (design notes: book/design.md, "The ELBO (Thm. 5.3) with discrete z"):
 - states z_t in {gamma_1 .. gamma_K} (the k-means centroids); z_0 ~ s_0, the prompt's encoding
   (x_0, the prompt, is given, not modelled);
 - transition P_theta(z_t = gamma_j | z_{t-1} = gamma_i) = softmax(L)_ij;
@@ -9,7 +9,7 @@ The model, with z discrete (DESIGN.md, "The ELBO (Thm 5.3), read with discrete z
 - variational posterior Q(z_{0:T}) = prod_t Q(z_t), Q(z_t = gamma_j) = s_tj (the soft assignment
   Q_phi), Q(z_0) = s_0 = P(z_0), so z_0 adds no KL.
 
-Thm. 5.3 (Eq. 8) then reads, in nats,
+Thm. 5.3 then reads, in nats,
 
     log P(x_{1:T} | x_0) >= ELBO = sum_t sum_j s_tj log P_omega(x_t | x_<t, z_t = gamma_j)             (reconstruction)
                                   - sum_t sum_i s_{t-1,i} KL(s_t || softmax(L)_i)                      (expected KL)
@@ -25,7 +25,7 @@ not a bound on log P(x): the mean-z likelihood is not the expectation over z, an
 the KL the mixture-prior KL is at most the expected KL (``expected_kl``). Only ``elbo`` is called
 an ELBO.
 
-Position rule (DESIGN.md): if step t's tokens sit at positions a .. b-1, the hidden states at
+Position rule (design notes: book/design.md): if step t's tokens sit at positions a .. b-1, the hidden states at
 positions a-1 .. b-2 predict them and carry z_t. With last-hidden injection the frozen backbone's
 last hidden states are cached once; a step's log-likelihood is then
 sum log_softmax(lm_head(adapter(H, z_t)))[target].
@@ -174,7 +174,7 @@ def _token_logprob(adapter: StateAdapter, lm_head: torch.nn.Module, hidden: torc
 def elbo(adapter: StateAdapter, lm_head: torch.nn.Module, centroids: torch.Tensor, hidden: torch.Tensor,
          targets: torch.Tensor, step_index: torch.Tensor, s_post: torch.Tensor, s_prev: torch.Tensor,
          L: torch.Tensor, samples: int = 0, generator: torch.Generator | None = None, chunk: int = 1024) -> Elbo:
-    """Thm. 5.3's bound (Eq. 8) for a batch of S steps, with z_t discrete, Q(z_t = gamma_j) = s_tj.
+    """Thm. 5.3's bound for a batch of S steps, with z_t discrete, Q(z_t = gamma_j) = s_tj.
 
     Inputs as for ``relaxed_terms`` (every token of a step should be included: a truncated step
     drops factors log P <= 0 and the sum is then no longer a bound). ``samples=0``: the

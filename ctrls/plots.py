@@ -11,7 +11,7 @@ sns.set_theme(context="notebook", style="whitegrid")
 
 
 def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None) -> plt.Figure:
-    """Theorem 5.3's bound (solid, with its 95% interval over questions) and the relaxed training
+    """Thm. 5.3's bound (solid, with its 95% interval over questions) and the relaxed training
     objective (dashed) over adapter-training epochs, per split (``PretrainRun.bound_history``;
     epoch 0 = the fresh adapter = the frozen backbone), and the transition fit of stage (e)."""
     n = 4 if kl_history is not None else 3
@@ -21,7 +21,7 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None) -
               ("kl_per_step", "mixture_kl_per_step", "KL term / step", "nats / step")]
     for ax, (solid, dashed, title, ylabel) in zip(axes, panels):
         for i, (split, g) in enumerate(history.sort_values("epoch").groupby("split", sort=False)):
-            ax.plot(g.epoch, g[solid], marker="o", color=f"C{i}", label=f"{split}: Thm 5.3")
+            ax.plot(g.epoch, g[solid], marker="o", color=f"C{i}", label=f"{split}: Thm. 5.3")
             ax.plot(g.epoch, g[dashed], ls="--", marker=".", color=f"C{i}", label=f"{split}: relaxed")
             if solid == "elbo_per_step":
                 ax.fill_between(g.epoch, g.elbo_per_step_lo, g.elbo_per_step_hi, color=f"C{i}", alpha=0.15, lw=0)

@@ -1,4 +1,4 @@
-"""P_theta and pi_theta: the transition model and the Dirichlet policy (Sec. 5.3, 5.4; Eq. 13-14).
+"""P_theta and pi_theta: the transition model and the Dirichlet policy (Sec. 5.3, 5.4; Eq. 13 and Eq. 14).
 
 One K x K logit matrix L serves both (the design notes (book/design.md, "Transition model and policy")):
 - transition prior: row j of softmax(L) is P_theta(. | state j); for a state distribution s the
@@ -10,7 +10,7 @@ One K x K logit matrix L serves both (the design notes (book/design.md, "Transit
 - entropy bonus H (Eq. 13): the entropy of the categorical p (the paper's discrete sum); the
   Dirichlet's differential entropy is an option.
 Offline (pretraining), L is fitted by minimising sum_t KL(s_t || s_{t-1} softmax(L)), the ELBO's
-KL term (Thm 5.3): ``fit_transitions``. RL then fine-tunes L and log_c only.
+KL term (Thm. 5.3): ``fit_transitions``. RL then fine-tunes L and log_c only.
 
 Log-actions, never clamped actions (Eq. 14's score must be unbiased):
 after pretraining many Dirichlet parameters c p_j are tiny (~0.03) and a sampled a_j is then
@@ -317,7 +317,7 @@ def _check_epsilon(epsilon: float) -> None:
 
 
 def kl_to_prior(s_post: torch.Tensor, s_prev: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
-    """KL(s_t || s_{t-1} softmax(L)) (M,) per row: the ELBO's KL term (Thm 5.3).
+    """KL(s_t || s_{t-1} softmax(L)) (M,) per row: the ELBO's KL term (Thm. 5.3).
     0 log 0 = 0; the prior is clamped to at least ``PROB_FLOOR`` inside the log."""
     prior = s_prev.to(L.dtype) @ torch.softmax(L, -1)
     post = s_post.to(L.dtype)

@@ -1,4 +1,4 @@
-"""Algorithm 1 (offline CTRLS pretraining) as resumable stages under ``runs/<profile>/pretrain/<pair>/``.
+"""Alg. 1 (offline CTRLS pretraining) as resumable stages under ``runs/<profile>/pretrain/<pair>/``.
 
 (a) ``collect``:  sample n CoTs per training question from the backbone and keep the correct ones
                   (App. F); reference solutions are added when ``pretrain.sources`` says so.
@@ -12,7 +12,7 @@
 (f) ``adapter``:  train the adapter on the relaxed objective (``ctrls.elbo``: reconstruction at the
                   mean state) from the cached hidden states (with last-hidden injection the backbone
                   is not re-run); after epoch 0 (the fresh adapter), every ``pretrain.bound_every``
-                  epochs and after the last, evaluate Theorem 5.3's bound on the training and the
+                  epochs and after the last, evaluate Thm. 5.3's bound on the training and the
                   held-out steps, in eval mode, into ``adapter/bound_history.parquet``.
 (g) ``checkpoint``: config.json + model.safetensors, reloadable with ``CTRLSModel.from_pretrained``.
 
@@ -83,7 +83,7 @@ class PretrainRun:
         return read_trajectories(self.root / "collect" / "trajectories.jsonl")
 
     def bound_history(self) -> pd.DataFrame:
-        """Theorem 5.3's bound and the relaxed objective per evaluated epoch and split (``BOUND_COLUMNS``)."""
+        """Thm. 5.3's bound and the relaxed objective per evaluated epoch and split (``BOUND_COLUMNS``)."""
         return read_parquet(self.root / "adapter" / "bound_history.parquet")
 
     def bound_table(self) -> pd.DataFrame:
@@ -158,7 +158,7 @@ def pretrain_stages(cfg: Config) -> dict[str, Stage]:
 
 def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False, progress: bool = True,
              until: str | None = None) -> PretrainRun:
-    """Run (or reuse) every stage of Algorithm 1 for ``cfg.backbone.name`` x ``cfg.data.dataset``
+    """Run (or reuse) every stage of Alg. 1 for ``cfg.backbone.name`` x ``cfg.data.dataset``
     (only up to stage ``until`` when given)."""
     # Alg. 1: collect correct CoTs, cache features, Eq. 5, k-means Q_phi, fit P_theta, train the adapter
     _check_bound_keys(cfg)
@@ -657,7 +657,7 @@ def _ratio_ci(num: np.ndarray, den: np.ndarray, seed: int, n_boot: int = 2000) -
 
 def evaluate_bound(adapter, head: torch.nn.Module, centroids: torch.Tensor, L: torch.Tensor, data: _StepData,
                    split: str, batch_steps: int, samples: int = 0, seed: int = 0) -> dict | None:
-    """Theorem 5.3's bound (``ctrls.elbo.elbo``) and the relaxed objective on every step of a split,
+    """Thm. 5.3's bound (``ctrls.elbo.elbo``) and the relaxed objective on every step of a split,
     every token of each step, with the adapter in eval mode: one row of ``BOUND_COLUMNS`` (None when
     the split has no step). ``samples``: 0 exact over the K states, n Monte Carlo draws per step."""
     adapter.eval()

@@ -1,9 +1,9 @@
-"""Algorithm 2: on-policy REINFORCE of the transition policy (Eq. 14), adapter and backbone frozen.
+"""Alg. 2: on-policy REINFORCE of the transition policy (Eq. 14), adapter and backbone frozen.
 
 For each question x_0, G trajectories are sampled with the epsilon-greedy policy pi~_theta at
 temperature eta; each trajectory tau = (s_0, a_1, ..., a_T) earns R = 1{y = y*}. The objective is
 
-    J(theta) = E_tau[ R(tau) + alpha * sum_t H(pi_theta(s_t)) ]                       (Eq. 13/14)
+    J(theta) = E_tau[ R(tau) + alpha * sum_t H(pi_theta(s_t)) ]                       (Eq. 13 and Eq. 14)
 
 and the REINFORCE estimator (Eq. 14) weights sum_t grad log pi~_theta(a_t | s_t) by the return
 R + alpha * sum_t H. H depends on theta directly too; ``rl.entropy_grad = "full"`` (default) adds

@@ -1,4 +1,4 @@
-"""State-aware generation (the inner loop of Algorithm 2), one batched KV-cache loop for Base and CTRLS.
+"""State-aware generation (the inner loop of Alg. 2), one batched KV-cache loop for Base and CTRLS.
 
 For each prompt x_0 the prompt is run through the backbone once; its KV cache is expanded to the
 prompt's n samples (prefix sharing). With a CTRLS model, s_0 = Q_phi(x_0) encodes the prompt, and

@@ -1,4 +1,4 @@
-"""A controlled study of Alg. 2 (Eq. 13-14) on a synthetic latent chain whose optimum is known exactly.
+"""A controlled study of Alg. 2 (Eq. 13 and Eq. 14) on a synthetic latent chain whose optimum is known exactly.
 
 The real backbone of the demo almost never earns a reward, so its RL curves are flat. Here the same
 ``TransitionPolicy``, ``reinforce_loss`` and ``Trainer`` run on a small "reasoning" MDP in which
@@ -19,7 +19,7 @@ p_follow, else the easy path; the easy path continues; rows of answers and distr
 uniform; every row is mixed with ``noise`` uniform mass, so every entry is positive.
 
 **Actions and latent states.** The policy is ``ctrls.policy.TransitionPolicy`` as it is:
-a_t ~ pi~(. | s_{t-1}) (the eps-greedy Dirichlet of Eq. 13-14), and s_t = a_t, as in the LLM path
+a_t ~ pi~(. | s_{t-1}) (the eps-greedy Dirichlet of Eq. 13 and Eq. 14), and s_t = a_t, as in the LLM path
 (design notes, book/design.md: the next state is s_{t+1} = a). The latent state the reward sees is
 z_t = argmax_j a_tj, the state that dominates the draw (exact from log a: the argmax is the same).
 With this reading the policy sees its own state up to the soft mixing s_t softmax(L), as an LLM

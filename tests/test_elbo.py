@@ -57,7 +57,7 @@ def _reference_logprob(logits, ids):
 
 
 def _states_at_positions(ids, states):
-    """(1, S, K) with the state of step t at its predictor positions a-1 .. b-2 (DESIGN.md's rule)."""
+    """(1, S, K) with the state of step t at its predictor positions a-1 .. b-2 (the position rule of book/design.md)."""
     s_pos = torch.full((1, ids.shape[1], states.shape[1]), 1.0 / states.shape[1])
     for t, (a, b) in enumerate(SPANS):
         s_pos[0, a - 1:b - 1] = states[t]
@@ -242,7 +242,7 @@ def test_fresh_adapter_reconstruction_is_the_backbone_loglik(tiny_llama):
 
 def test_reconstruction_matches_teacher_forced_adapted_logits(tiny_qwen2):
     """A trained adapter on cached features gives the same log-likelihoods as the full adapted forward
-    pass with DESIGN.md's position rule, whatever the chunking."""
+    pass with the position rule of book/design.md, whatever the chunking."""
     bb = tiny_qwen2
     ids, hidden, targets, step_index, s_post, s_prev = _batch(bb, seed=3)
     ad, C, L = _adapter(bb, std=0.05)

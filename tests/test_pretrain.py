@@ -1,4 +1,4 @@
-"""Algorithm 1 on the smoke profile: end to end, resumable after kill -9, reloadable checkpoint."""
+"""Alg. 1 on the smoke profile: end to end, resumable after kill -9, reloadable checkpoint."""
 import json
 import os
 import signal
