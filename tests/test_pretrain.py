@@ -131,6 +131,9 @@ def test_resume_after_kill_loses_and_duplicates_nothing(reference_run, tmp_path)
     key = ["qid", "source", "sample_index"]
     assert not b.duplicated(subset=key).any()
     pd.testing.assert_frame_equal(a.sort_values(key).reset_index(drop=True), b.sort_values(key).reset_index(drop=True))
+    # the counts of the book's "Data collected" table: every sampled CoT once (4 questions x 2)
+    summary = {k: v for k, v in run.summaries["collect"].items() if k != "wall_s"}
+    assert summary == {k: v for k, v in ref.summaries["collect"].items() if k != "wall_s"} and summary["sampled"] == 8
     for f in sorted((ref.root / "features").glob("*.pt")):  # and the cached hidden states agree
         x, y = torch.load(f, weights_only=False), torch.load(run.root / "features" / f.name, weights_only=False)
         assert len(x["trajectories"]) == len(y["trajectories"])

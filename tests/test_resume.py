@@ -111,6 +111,25 @@ def summaries(root: Path) -> dict[str, dict]:
             for p in sorted(root.rglob("done"))}
 
 
+def assert_same_object(x, y, where: str) -> None:
+    """Equal values, exactly: tensors element for element, containers item for item."""
+    assert type(x) is type(y), where
+    if isinstance(x, dict):
+        assert list(x) == list(y), where
+        for k in x:
+            assert_same_object(x[k], y[k], f"{where}[{k!r}]")
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y), where
+        for i, (u, v) in enumerate(zip(x, y)):
+            assert_same_object(u, v, f"{where}[{i}]")
+    elif isinstance(x, torch.Tensor):
+        assert torch.equal(x, y), where
+    elif isinstance(x, float) and x != x:
+        assert y != y, where  # NaN
+    else:
+        assert x == y, where
+
+
 def assert_same_artifacts(ref: Path, got: Path) -> None:
     a, b = artifacts(ref), artifacts(got)
     assert sorted(a) == sorted(b)
@@ -118,6 +137,9 @@ def assert_same_artifacts(ref: Path, got: Path) -> None:
         if p.suffix == ".parquet":
             pd.testing.assert_frame_equal(pd.read_parquet(p), pd.read_parquet(b[rel]), check_exact=False,
                                           rtol=1e-4, atol=1e-6, obj=rel)
+        elif p.name == "checkpoint.pt":  # an RL checkpoint: a resumed run pickles its log and optimizer state
+            # with other object sharing (other bytes), so compare what it holds, exactly
+            assert_same_object(torch.load(p, weights_only=False), torch.load(b[rel], weights_only=False), rel)
         else:
             assert p.read_bytes() == b[rel].read_bytes(), rel
     assert summaries(ref) == summaries(got)
