@@ -224,13 +224,13 @@ def build_backbone(name: str, tok, dev: torch.device, dtype: torch.dtype, tiny: 
 def calibrate_newline_bias(bb, prompts, step_tokens: float, temperature: float = 0.7, top_k: int = 50) -> dict:
     """Set the LM-head bias on newline ids so that P(newline) is about 1 / step_tokens per token."""
     from ctrls.prompts import newline_token_ids
-    from ctrls.sampling import _body
+    from ctrls.backbone import decoder_body
 
     head, dev = bb.lm_head, bb.device
     V = head.out_features
     nl = torch.zeros(V, dtype=torch.bool, device=dev)
     nl[[i for i in newline_token_ids(bb.tokenizer) if i < V]] = True
-    hs = [_body(bb.model)(input_ids=torch.as_tensor([p], device=dev)).last_hidden_state[0] for p in prompts[:2]]
+    hs = [decoder_body(bb.model)(input_ids=torch.as_tensor([p], device=dev)).last_hidden_state[0] for p in prompts[:2]]
     h = torch.cat(hs)[:: max(1, sum(len(x) for x in hs) // 512)][:512]
     logits = torch.cat([head(h[a:a + 128]).float() for a in range(0, len(h), 128)])
     target = 1.0 / step_tokens
@@ -267,7 +267,7 @@ def timeline(bb):
     """Seconds from the block's start to the end of every forward of the decoder body (synchronised):
     entry 0 is the prefill, entry i the i-th decode iteration. The sampler and HF ``generate`` both
     synchronise with the host every iteration anyway, so the extra synchronisation costs ~nothing."""
-    from ctrls.sampling import _body
+    from ctrls.backbone import decoder_body
 
     marks: list[float] = []
     t0 = time.perf_counter()
@@ -276,7 +276,7 @@ def timeline(bb):
         sync(bb.device)
         marks.append(time.perf_counter() - t0)
 
-    handle = _body(bb.model).register_forward_hook(hook)
+    handle = decoder_body(bb.model).register_forward_hook(hook)
     try:
         yield marks
     finally:
@@ -360,9 +360,10 @@ def decode_hf(bb, prompts, n: int, new: int) -> dict:
 def forward_floor(bb, prompts, n: int, iters: int) -> dict:
     """Seconds per decode iteration of the bare model: body + LM head + top-k on the sampler's cache,
     with no sampling bookkeeping and no host synchronisation (the eager model's own limit)."""
-    from ctrls.sampling import _body, new_cache
+    from ctrls.backbone import decoder_body
+    from ctrls.sampling import new_cache
 
-    dev, body, head = bb.device, _body(bb.model), bb.lm_head
+    dev, body, head = bb.device, decoder_body(bb.model), bb.lm_head
     width = max(len(p) for p in prompts)
     ids = torch.zeros((len(prompts), width), dtype=torch.long)
     attn = torch.zeros_like(ids)
@@ -413,7 +414,7 @@ def synthetic_collect(out: Path, tok, n_q: int, per_q: int, length: int, steps: 
     token ids per question, with a newline token closing each of ``steps`` steps."""
     from ctrls.data import Problem
     from ctrls.prompts import newline_token_ids
-    from ctrls.pretrain import _append_jsonl
+    from ctrls.runs import append_jsonl
 
     g = torch.Generator().manual_seed(seed)
     nl_ids = sorted(newline_token_ids(tok))
@@ -432,7 +433,7 @@ def synthetic_collect(out: Path, tok, n_q: int, per_q: int, length: int, steps: 
                          "valid": True, "correct": True, "pred": "1", "kept": True, "finish": "answer"})
         rows.append({"qid": p.id, "source": "_end", "sample_index": -2})
     out.mkdir(parents=True, exist_ok=True)
-    _append_jsonl(out / "trajectories.jsonl", rows)
+    append_jsonl(out / "trajectories.jsonl", rows)
     return problems
 
 
@@ -875,9 +876,9 @@ class DecodeProbe(TorchDispatchMode):
 
     def __enter__(self):
         import ctrls.sampling as S
-        from ctrls.sampling import _body
+        from ctrls.backbone import decoder_body
 
-        body = _body(self.bb.model)
+        body = decoder_body(self.bb.model)
         self._handles = [body.register_forward_pre_hook(self._body_pre), body.register_forward_hook(self._body_post)]
         for layer in body.layers:
             self._handles += [layer.register_forward_pre_hook(self._push_layer), layer.register_forward_hook(self._pop)]

@@ -189,3 +189,9 @@ def tiny_backbone(arch: str = "llama", tokenizer: object | None = None, seed: in
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     return freeze(model, tokenizer, f"tiny-{arch}")
+
+
+def decoder_body(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack of a causal LM without its LM head (its output is the hidden states after
+    the final norm): ``model.<base_model_prefix>``, e.g. ``model.model`` for Llama and Qwen2."""
+    return getattr(model, model.base_model_prefix)

@@ -37,7 +37,7 @@ normalises them in log space (softmax), which stays exact for tiny concentration
 The decoder (``sampling._draw_states``) draws all rows of a batch at once with
 ``sample_policy_log_streams`` / ``TransitionPolicy.sample_log_streams``: the same Marsaglia-Tsang
 method, but every uniform (and every normal, by Box-Muller) comes from the row's counter-based
-splitmix64 stream (``sampling.stream_uniform``), keyed by (row key, draw index) and a round counter,
+splitmix64 stream (``streams.stream_uniform``), keyed by (row key, draw index) and a round counter,
 with per-row concentrations (B, K) and per-row epsilon (B,). A row's draw depends on nothing else
 (not its batch-mates, not the batch size, not the device), in a fixed number of vectorised ops.
 """
@@ -46,6 +46,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from ctrls.streams import stream_subkeys, stream_uniform
 
 CONC_FLOOR = 1e-3  # Dirichlet parameters c * p are clamped to at least this
 PROB_FLOOR = 1e-12  # probabilities inside logs (entropy, KL)
@@ -123,19 +125,9 @@ def sample_dirichlet(alpha: torch.Tensor, generator: torch.Generator | None = No
 STREAM_ROUNDS = 4  # rounds drawn together before the one host check (P(entry pending) < 0.05^4 per entry)
 
 
-def stream_subkeys(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """stream_key(keys[b], counters[b]) for every row (int64), vectorised (equal to ``sampling.stream_key``)."""
-    from ctrls.sampling import _GOLDEN, _mix, _signed
-
-    g = _signed(_GOLDEN)
-    return _mix(_mix(keys.to(torch.int64) + g) + counters.to(torch.int64) + g)
-
-
 def _log_standard_gamma_streams(a: torch.Tensor, sub: torch.Tensor, u0: torch.Tensor) -> torch.Tensor:
     """log Gamma(a, 1) (B, K), float64, by Marsaglia-Tsang from each row's sub-stream (layout above);
     ``u0`` (B, K): the boost uniforms (counter 0, uniforms 1..K)."""
-    from ctrls.sampling import stream_uniform
-
     B, K = a.shape
     small = a < 1
     a1 = torch.where(small, a + 1, a)
@@ -174,8 +166,6 @@ def sample_policy_log_streams(alpha: torch.Tensor, epsilon: torch.Tensor | float
     draw is the same alone or in any batch. Exact in log space (log a = logGamma - logsumexp, module
     docstring); no generator, and no host synchronisation but the input checks and one per
     ``STREAM_ROUNDS`` rejection rounds."""
-    from ctrls.sampling import stream_uniform
-
     if alpha.dim() != 2:
         raise ValueError(f"alpha must be (B, K), got shape {tuple(alpha.shape)}")
     B, K = alpha.shape

@@ -45,7 +45,7 @@ from ctrls.model import CTRLSConfig, CTRLSModel
 from ctrls.policy import fit_transitions, kl_to_prior
 from ctrls.prompts import (encode_prompt, encode_solution, final_answer_line, newline_token_ids, split_steps,
                            step_spans)
-from ctrls.runs import (ArtifactError, Stage, artifact_error, check_safetensors, load_torch, pair_slug,
+from ctrls.runs import (append_jsonl, ArtifactError, Stage, artifact_error, check_safetensors, load_torch, pair_slug,
                         read_parquet, safe_name)
 from ctrls.sampling import SampleParams, sample
 from ctrls.spectral import spectral_embeddings
@@ -271,7 +271,7 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
             rows.append({"qid": p.id, "source": "_end", "sample_index": -2})  # commits the question (after its rows)
         rows, sizes = w.gather_list(rows), w.gather(len(chunk))
         if rows and w.is_main:
-            _append_jsonl(path, rows)
+            append_jsonl(path, rows)
         bar.update(sum(sizes))
     bar.close()
     w.barrier()
@@ -332,14 +332,6 @@ def _done_questions(path: Path) -> set[str]:
         return set()
     with open(path, "rb") as f:
         return {json.loads(line)["qid"] for line in f if _is_end(line)}
-
-
-def _append_jsonl(path: Path, rows: list[dict]) -> None:
-    """Append whole rows and sync them to disk (a question counts once its `_end` row is written)."""
-    with open(path, "a") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in rows))
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def read_trajectories(path: Path) -> pd.DataFrame:

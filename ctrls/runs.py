@@ -259,3 +259,12 @@ class Stage:
         tmp.write_text(json.dumps(rec, indent=1, default=str))
         tmp.replace(self.done_file)
         self._files_ok = True
+
+
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    """Append whole rows to a JSON-lines file and sync them to disk (a reader that stops at the
+    last complete line never sees half a row)."""
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+        f.flush()
+        os.fsync(f.fileno())

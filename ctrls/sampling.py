@@ -28,6 +28,9 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
+
+from ctrls.backbone import decoder_body
+from ctrls.streams import stream_key, stream_uniform
 from transformers.cache_utils import DynamicLayer
 
 from ctrls.backbone import Backbone
@@ -158,60 +161,12 @@ def new_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
     return cache
 
 
-def _body(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder stack without the LM head (returns hidden states after the final norm)."""
-    return getattr(model, model.base_model_prefix)
-
-
 def _eos_ids(backbone: Backbone) -> set[int]:
     ids = {backbone.tokenizer.eos_token_id}
     gen = getattr(backbone.model, "generation_config", None)
     e = getattr(gen, "eos_token_id", None)
     ids.update(e if isinstance(e, (list, tuple)) else [e])
     return {i for i in ids if i is not None}
-
-
-# ---- counter-based random streams (splitmix64) -----------------------------------------------
-_MASK = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-
-
-def _signed(x: int) -> int:
-    x &= _MASK
-    return x - (1 << 64) if x >> 63 else x
-
-
-def stream_key(*parts: int) -> int:
-    """A 64-bit stream key (signed, for int64 tensors) from integers, by chained splitmix64."""
-    x = 0
-    for p in parts:
-        x = (x + (int(p) & _MASK) + _GOLDEN) & _MASK
-        x = ((x ^ (x >> 30)) * _M1) & _MASK
-        x = ((x ^ (x >> 27)) * _M2) & _MASK
-        x ^= x >> 31
-    return _signed(x)
-
-
-def _lsr(x: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic)."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser on int64 tensors (wrapping multiplication)."""
-    x = (x ^ _lsr(x, 30)) * _signed(_M1)
-    x = (x ^ _lsr(x, 27)) * _signed(_M2)
-    return x ^ _lsr(x, 31)
-
-
-def stream_uniform(keys: torch.Tensor, counters: torch.Tensor, width: int) -> torch.Tensor:
-    """(B, width) float64 uniforms in (0, 1): entry j of row b is a hash of (keys[b], counters[b], j),
-    the same on every device and in every batch."""
-    base = _mix(keys * _signed(_GOLDEN) + counters)
-    j = torch.arange(1, width + 1, device=keys.device, dtype=torch.int64)
-    x = _mix(base[:, None] + j * _signed(_GOLDEN))
-    return (_lsr(x, 11).double() + 0.5) * 2.0 ** -53
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_k: int, keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
@@ -323,7 +278,7 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
             model: "CTRLSModel | None", policies: Sequence = (), epsilons: Sequence = ()) -> list[list[Generation]]:
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
-    body, head = _body(lm), lm.get_output_embeddings()
+    body, head = decoder_body(lm), lm.get_output_embeddings()
     vocab = head.weight.shape[0]
     is_nl = torch.zeros(vocab, dtype=torch.bool)
     is_nl[list(i for i in newline_token_ids(tok) if i < vocab)] = True
@@ -477,4 +432,4 @@ def tokens_per_second(gens: list[list[Generation]], seconds: float) -> float:
     return sum(g.n_tokens for gs in gens for g in gs) / max(seconds, 1e-9)
 
 
-__all__ = ["Generation", "SampleParams", "sample", "seeded", "stream_key", "tokens_per_second"]
+__all__ = ["Generation", "SampleParams", "sample", "seeded", "tokens_per_second"]

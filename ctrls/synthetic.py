@@ -59,7 +59,7 @@ from ctrls.config import Config, override
 from ctrls.policy import TransitionPolicy, fit_transitions
 from ctrls.rl import Sampler, Setting, Trainer, Trajectory, parse_setting, state_usage_entropy
 from ctrls.runs import Stage, safe_name
-from ctrls.sampling import stream_key
+from ctrls.streams import stream_key
 
 _MASK = 2**63 - 1
 SETTINGS = ("none", "epsilon", "entropy", "both")  # the paper's four RL curves (App. F)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from ctrls.policy import (TransitionPolicy, fit_transitions, kl_to_prior, sample_dirichlet,
-                          sample_dirichlet_log_streams, sample_policy_log_streams, stream_subkeys)
+                          sample_dirichlet_log_streams, sample_policy_log_streams)
+from ctrls.streams import stream_subkeys
 
 TRUE = torch.tensor([[0.7, 0.1, 0.1, 0.1],
                      [0.2, 0.5, 0.2, 0.1],
@@ -262,7 +263,7 @@ def test_entropy_and_gradients():
 
 
 def test_stream_subkeys_equal_the_scalar_stream_key():
-    from ctrls.sampling import stream_key
+    from ctrls.streams import stream_key
 
     keys, counters = torch.tensor([0, 5, -7, 2**62 + 3]), torch.tensor([0, 3, 9, 1])
     assert stream_subkeys(keys, counters).tolist() == [stream_key(int(k), int(c)) for k, c in zip(keys, counters)]

@@ -168,7 +168,7 @@ def reference(smoke_runs, tmp_path_factory) -> Path:
 def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path, monkeypatch):
     import ctrls.pretrain as P
 
-    real, calls = P._append_jsonl, []
+    real, calls = P.append_jsonl, []
 
     def killed_after_two_rows(path, rows):
         calls.append(rows)
@@ -177,14 +177,14 @@ def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path
             raise Killed
         real(path, rows)
 
-    monkeypatch.setattr(P, "_append_jsonl", killed_after_two_rows)
+    monkeypatch.setattr(P, "append_jsonl", killed_after_two_rows)
     with pytest.raises(Killed):
         P.pretrain(pair_cfg(tmp_path), progress=False)
     assert [len(r) for r in calls] == [4, 4]
     traj = P.pretrain_stages(pair_cfg(tmp_path))["collect"].dir / "trajectories.jsonl"
     assert len(traj.read_text().splitlines()) == 6
 
-    monkeypatch.setattr(P, "_append_jsonl", real)
+    monkeypatch.setattr(P, "append_jsonl", real)
     run = P.pretrain(pair_cfg(tmp_path), progress=False)
     c = run.summaries["collect"]
     assert c["questions"] == 4 and c["sampled"] == 4 * 2  # not 10: the cut question counted once

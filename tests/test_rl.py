@@ -9,7 +9,7 @@ import torch
 from ctrls.config import load_config
 from ctrls.policy import TransitionPolicy
 from ctrls.rl import Setting, Trainer, Trajectory, parse_setting, reinforce_loss
-from ctrls.sampling import stream_key
+from ctrls.streams import stream_key
 
 K, T, GOAL = 4, 3, 2
 

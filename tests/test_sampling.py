@@ -182,7 +182,8 @@ def test_a_sample_depends_only_on_its_seed_and_index(tiny_qwen2):
 def test_stream_noise_samples_the_softmax():
     """Gumbel-max with the counter-based uniforms draws from softmax(logits / T): frequencies over
     many rows match the probabilities (a chi-square bound), and the uniforms look uniform."""
-    from ctrls.sampling import _pick, stream_uniform
+    from ctrls.sampling import _pick
+    from ctrls.streams import stream_uniform
 
     u = stream_uniform(torch.arange(2000), torch.zeros(2000, dtype=torch.long), 8)
     assert 0 < float(u.min()) and float(u.max()) < 1
@@ -284,7 +285,7 @@ def test_fixed_state_decodes_with_s0_at_every_position(tiny_llama, monkeypatch):
     """transitions=False: every generated position carries the prompt's s_0 (teacher forcing with
     z = z_0 everywhere reproduces the sampled tokens, noise stream included), the rows' states are
     s_0 repeated per step, and no state is drawn (the policy's sampler is never called)."""
-    from ctrls.sampling import stream_key
+    from ctrls.streams import stream_key
 
     _frequent_boundaries(monkeypatch)
     bb = tiny_llama
