@@ -440,8 +440,8 @@ def synthetic_collect(out: Path, tok, n_q: int, per_q: int, length: int, steps: 
 def pretrain_stages(bb, cfg, n_q: int, length: int, steps: int) -> dict:
     """Stages (b)-(f) of Alg. 1 on synthetic collected CoTs; seconds and peak memory of each."""
     from ctrls.config import override
-    from ctrls.pretrain import (cache_features, cluster_states, compute_spectral, fit_transition_model,
-                                train_adapter)
+    from ctrls.stages.collect import cache_features
+    from ctrls.stages.pretrain import cluster_states, compute_spectral, fit_transition_model, train_adapter
     from ctrls.prompts import encode_prompt
 
     per_q = cfg.pretrain.samples_per_question
@@ -611,7 +611,7 @@ def environment(dev: torch.device, dtype: torch.dtype) -> dict:
 def rl_runs(cfg) -> int:
     """Distinct RL trainings per pair, as ``rl.run_rl`` dedups them (a Table 2 row equal to a curve
     setting reuses its run)."""
-    from ctrls.rl import parse_setting
+    from ctrls.settings import parse_setting
 
     runs = set()
     for s in cfg.rl.settings:

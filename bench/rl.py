@@ -28,7 +28,8 @@ from ctrls.backbone import load_backbone
 from ctrls.config import load_config
 from ctrls.policy import TransitionPolicy
 from ctrls.prompts import prompt_ids
-from ctrls.rl import Trainer, Trajectory, reinforce_loss, rl_runs, run_lockstep
+from ctrls.rl import Trainer, Trajectory, reinforce_loss, run_lockstep
+from ctrls.stages.rl import rl_runs
 from ctrls.sampling import SampleParams, sample, seeded
 from sampling import QUESTIONS, random_ctrls
 

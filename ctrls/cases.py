@@ -13,13 +13,8 @@ import html
 
 import pandas as pd
 
-from ctrls.exploration import BASE
-
-# The paper's two MATH case questions (Figures 6-7), found in the MATH data by these fragments.
-PAPER_CASES = {
-    "arithmetic sequence a4/a2 = 3 (Fig. 6)": ("arithmetic sequence", "\\frac{a_4}{a_2} = 3"),
-    "sqrt(63 - sqrt(x)) (Fig. 7)": ("\\sqrt{63-\\sqrt{x}}",),
-}
+from ctrls.paper import PAPER_CASES
+from ctrls.settings import BASE
 
 
 def _first(g: pd.DataFrame) -> pd.Series:
@@ -100,8 +95,8 @@ def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None) -> pd.DataF
     """Base and CTRLS samples for the paper's MATH case questions with one backbone (default: the
     first) and its checkpoint: the MATH one if the profile trains it, else its first dataset's."""
     from ctrls.backbone import load_backbone
-    from ctrls.exploration import generation_rows
-    from ctrls.pretrain import load_pretrained
+    from ctrls.stages.exploration import generation_rows
+    from ctrls.stages.pretrain import load_pretrained
     from ctrls.prompts import encode_prompt
     from ctrls.sampling import SampleParams, sample, seeded
 
@@ -131,3 +126,9 @@ def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None) -> pd.DataF
         for (name, p), gs in zip(cases.items(), gens):
             rows += [{**r, "case": name} for r in generation_rows(gs, p, meta)]
     return pd.DataFrame(rows)
+
+
+def best_sample(samples: pd.DataFrame) -> pd.Series:
+    """The sample a case study shows of one side: a correct one if any, else a valid one, then the
+    lowest sample index (deterministic)."""
+    return samples.sort_values(["correct", "valid", "sample_index"], ascending=[False, False, True]).iloc[0]

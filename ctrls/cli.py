@@ -69,7 +69,7 @@ def run_notebook(stage: str, profile: str, run_dir: str, overrides: list[str], f
 def notebook_params(profile: str, run_dir: str, overrides: list[str], force: bool) -> dict:
     """The papermill parameters of a stage's notebook; ``overrides`` becomes one string that
     ``ctrls.report.notebook_config`` splits back into the same items (``ctrls.config.join_overrides``)."""
-    from ctrls.config import join_overrides
+    from ctrls.overrides import join_overrides
 
     return {"profile": profile, "run_dir": str(Path(run_dir).resolve()), "overrides": join_overrides(overrides),
             "force": force}
@@ -150,7 +150,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     """Run library stages without notebooks, in one process (data-parallel under ``accelerate launch``)."""
-    from ctrls.config import load_config, parse_overrides
+    from ctrls.config import load_config
+    from ctrls.overrides import parse_overrides
     from ctrls.distributed import shutdown, world
 
     cfg = load_config(args.profile, {**parse_overrides(args.override), "run_dir": str(Path(args.run_dir).resolve())})
@@ -158,17 +159,17 @@ def cmd_stage(args: argparse.Namespace) -> int:
     for name in args.names:
         t0 = time.time()
         if name == "pretrain":
-            from ctrls.pretrain import pretrain
+            from ctrls.stages.pretrain import pretrain
 
             for b, d in cfg.pairs():
                 pretrain(cfg.for_pair(b, d), force=args.force, progress=not args.quiet)
             out = cfg.stage_dir("pretrain")
         elif name == "exploration":
-            from ctrls.exploration import explore
+            from ctrls.stages.exploration import explore
 
             out = explore(cfg, force=args.force, progress=not args.quiet)
         else:
-            from ctrls.rl import run_rl
+            from ctrls.stages.rl import run_rl
 
             out = run_rl(cfg, force=args.force, progress=not args.quiet)
         if w.is_main:

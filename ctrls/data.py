@@ -44,12 +44,14 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import ctrls
-from ctrls.config import Config
+
+if TYPE_CHECKING:  # annotation only: ctrls.config reads DATASETS from here
+    from ctrls.config import Config
 
 log = logging.getLogger(__name__)
 

@@ -61,17 +61,6 @@ INSTRUCTIONS = """Score the solution below on each criterion with an integer fro
 Respond strictly with one JSON object with exactly these keys and integer values:
 {"self_reflection": <score>, "algebra": <score>, "coherence": <score>, "hallucination": <score>, "overall": <score>}"""
 
-# Table 3 of the paper: GPT-4 rubric scores on GSM8K with Qwen2.5-3B-Instruct, 100 samples per
-# setting (epsilon: exploration rate of the RL policy, H: entropy weight). Copied from the LaTeX.
-PAPER_TABLE3 = pd.DataFrame(
-    [("Base", 7.62, 8.44, 8.23, 8.51, 8.05),
-     ("ε=0.0, H=0.0", 7.82, 8.83, 8.43, 8.66, 8.34),
-     ("ε=0.1, H=0.0", 7.74, 8.65, 8.33, 8.51, 8.17),
-     ("ε=0.1, H=0.01", 7.73, 8.54, 8.35, 8.55, 8.16),
-     ("ε=0.3, H=0.0", 7.80, 8.77, 8.45, 8.68, 8.30),
-     ("ε=0.3, H=0.01", 7.72, 8.73, 8.37, 8.60, 8.20)],
-    columns=["setting", "S", "A", "C", "H", "Overall"])
-
 
 class JudgeError(RuntimeError):
     pass
@@ -342,99 +331,6 @@ def judge_samples(df: pd.DataFrame, backend: Backend, cache_dir: str | Path, tem
     return pd.concat([df.reset_index(drop=True), pd.DataFrame(rows, columns=columns)], axis=1)
 
 
-def rubric_table(judged: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Table 3 from judged rows: per config, n, the mean score per criterion as "mean [lo, hi]"
-    with a 95% percentile-bootstrap interval over the judged rows, and how many of the config's
-    n x 5 scores were read by regex, clipped, or defaulted."""
-    # Table 3: the rubric scores per setting
-    from ctrls.metrics import bootstrap_ci
-
-    out = []
-    for cfg, g in judged.groupby("config", sort=False):
-        row = {"config": cfg, "n": len(g)}
-        for k in CRITERIA:
-            m, lo, hi = bootstrap_ci(g[k].to_numpy(), n_boot=n_boot, seed=seed)
-            row[LABELS[k]] = f"{m:.2f} [{lo:.2f}, {hi:.2f}]"
-        how = g[[f"parse_{k}" for k in CRITERIA]].to_numpy().ravel()
-        row.update({"scores read by regex": int((how == "regex").sum()), "clipped": int((how == "clipped").sum()),
-                    "defaulted": int((how == "default").sum())})
-        out.append(row)
-    return pd.DataFrame(out)
-
-
 # ---- the judge stage ------------------------------------------------------------------------------------
 
 
-def judge_pair(cfg) -> tuple[str, str]:
-    """The (backbone, dataset) pair whose outputs Table 3 scores: ``judge.pair``, or the profile's
-    only pair when it is not set (the paper: Qwen2.5-3B-Instruct x GSM8K)."""
-    pairs = cfg.pairs()
-    if cfg.judge.pair is None:
-        if len(pairs) != 1:
-            raise ValueError(f"judge.pair is not set and the profile has {len(pairs)} (backbone, dataset) pairs "
-                             f"{pairs}: name the one Table 3 scores, e.g. -o 'judge.pair=[{pairs[0][0]}, {pairs[0][1]}]'")
-        return pairs[0]
-    if len(cfg.judge.pair) != 2:
-        raise ValueError(f"judge.pair must be [backbone, dataset], got {cfg.judge.pair!r}")
-    pair = (cfg.judge.pair[0], cfg.judge.pair[1])
-    if pair not in pairs:
-        raise ValueError(f"judge.pair {list(pair)} is not one of the profile's pairs (grid.backbones x grid.datasets): {pairs}")
-    return pair
-
-
-def table3_labels(cfg) -> list[str]:
-    """Table 3's rows: Base, then each policy of ``judge.settings`` labelled like the paper's."""
-    from ctrls.rl import parse_setting
-
-    return ["Base"] + list(dict.fromkeys(parse_setting(s, cfg).label for s in cfg.judge.settings))
-
-
-def judged_configs(cfg) -> pd.DataFrame:
-    """The outputs Table 3 scores, of the judge's pair only (``judge_pair``): Base and each RL
-    policy of ``judge.settings``, labelled by ``rl.setting_label`` (the paper's "ε=…, H=…"), at eta =
-    rl.temperature. Base is the RL stage's own Base samples when it has them (``rl.n_test``), else
-    the exploration stage's."""
-    from ctrls.exploration import BASE, load_samples
-    from ctrls.rl import load_table2_samples
-
-    backbone, dataset = judge_pair(cfg)
-    labels = table3_labels(cfg)
-
-    def mine(df):
-        return df[(df.backbone == backbone) & (df.dataset == dataset) & (df.temperature == cfg.rl.temperature)]
-
-    ex = mine(load_samples(cfg))
-    try:
-        rl = mine(load_table2_samples(cfg))
-    except FileNotFoundError:  # no RL stage: judge the exploration rows instead
-        base = ex[ex.config == BASE].assign(setting="Base")
-        ctrls_rows = ex[ex.config != BASE]
-        out = pd.concat([base, ctrls_rows.assign(setting=[f"ε={e:.1f}, H=0 (no RL)" for e in ctrls_rows.epsilon])],
-                        ignore_index=True)
-        return out.assign(config=out.setting)
-    base = rl[rl.config == BASE] if (rl.config == BASE).any() else ex[ex.config == BASE]
-    policies = rl[rl.config.isin(labels[1:])]
-    missing = sorted(set(labels[1:]) - set(policies.config))
-    if missing:
-        raise ValueError(f"no RL samples for Table 3 rows {missing} of {backbone} x {dataset}: re-run the RL stage "
-                         f"(it trains judge.settings for judge.pair)")
-    out = pd.concat([base.assign(config="Base"), policies], ignore_index=True)
-    return out.assign(setting=out.config)
-
-
-def run_judge(cfg, force: bool = False, progress: bool = True) -> pd.DataFrame:
-    """Subsample, judge (cached) and return the judged rows; written to runs/<profile>/judge/."""
-    from ctrls.runs import Stage
-
-    backend = make_backend(cfg.judge)
-    stage = Stage(cfg, "judge", ("judge", "seed", "grid", "rl", "data"), upstream=(backend.name, backend.model))
-    out = stage.dir / "judged.parquet"
-    if stage.is_done() and not force and out.exists():
-        return pd.read_parquet(out)
-    stage.begin(keep=True)  # never cleared: the reply cache lives here, keyed by prompt
-    picked = subsample(judged_configs(cfg), cfg.judge.samples_per_config, seed=cfg.seed)
-    judged = judge_samples(picked, backend, stage.dir / "cache", cfg.judge.temperature, progress)
-    judged.to_parquet(out)
-    stage.finish(rows=len(judged), backend=backend.name, model=backend.model,
-                 fallbacks=int((judged.parse != "json").sum()))
-    return judged

@@ -4,12 +4,16 @@ from __future__ import annotations
 import platform
 import subprocess
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
 import ctrls
-from ctrls.config import Config, load_config, parse_overrides
+from ctrls.config import Config, load_config
+from ctrls.overrides import parse_overrides
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def notebook_config(profile: str = "demo", run_dir: str = "runs", overrides: str | Iterable[str] = ()) -> Config:
@@ -61,3 +65,13 @@ def with_pct_ci(t, prefix: str = "") -> "pd.DataFrame":
     ``pass@n``/``succ`` columns and their ``lo``/``hi`` confidence bounds (Tables 1 and 2)."""
     return t.assign(**{f"{prefix}pass@n (%)": list(map(pct_ci, t["pass@n"], t["pass@n lo"], t["pass@n hi"])),
                        f"{prefix}Succ. (%)": list(map(pct_ci, t["succ"], t["succ lo"], t["succ hi"]))})
+
+
+def show_tables(tables: dict[str, "pd.DataFrame"]) -> None:
+    """Display each table under its heading (in a notebook): the backbone and dataset go in the
+    heading, not in every row, so wide tables fit the page."""
+    from IPython.display import Markdown, display
+
+    for heading, t in tables.items():
+        display(Markdown(f"**{heading}**"))
+        display(t)

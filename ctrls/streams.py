@@ -8,6 +8,8 @@ so data-parallel sharding and lockstep batching reproduce a single run (book/des
 """
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 MASK = (1 << 64) - 1
@@ -57,3 +59,9 @@ def stream_subkeys(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """stream_key(keys[b], counters[b]) for every row (int64), vectorised (equal to ``stream_key``)."""
     g = signed(GOLDEN)
     return mix(mix(keys.to(torch.int64) + g) + counters.to(torch.int64) + g)
+
+
+def seed_of(*parts) -> int:
+    """A 32-bit seed from any tuple of plain values (crc32 of its repr): the per-step and per-question
+    seeds of the stages, stable across processes and Python versions."""
+    return zlib.crc32(repr(parts).encode())

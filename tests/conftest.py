@@ -49,8 +49,8 @@ SMOKE_OVERRIDES = ["sampling.batch_size=2"]  # one question per sampling chunk: 
 def smoke_runs(tmp_path_factory):
     """A run directory where the smoke profile's pretraining and exploration stages have run once."""
     from ctrls.config import load_config
-    from ctrls.exploration import explore
-    from ctrls.pretrain import pretrain
+    from ctrls.stages.exploration import explore
+    from ctrls.stages.pretrain import pretrain
 
     d = tmp_path_factory.mktemp("smoke_runs")
     cfg = load_config("smoke", [*SMOKE_OVERRIDES, f"run_dir={d}"])

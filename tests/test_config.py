@@ -6,8 +6,8 @@ import pytest
 
 from conftest import requires_data
 from ctrls import config as C
-from ctrls.config import (Config, ConfigError, available_profiles, join_overrides, load_config, override,
-                          parse_overrides, split_overrides)
+from ctrls.config import Config, ConfigError, available_profiles, load_config, override
+from ctrls.overrides import join_overrides, parse_overrides, split_overrides
 
 
 def test_profiles_load_and_differ():
@@ -175,7 +175,7 @@ def test_sampling_temperature_is_gone_and_stage_keys_resolve():
     with pytest.raises(ConfigError, match="was removed"):  # nested, as an old profile writes it
         override(Config(), {"sampling": {"temperature": 0.7}})
     # every fingerprint a stage keys its cache on still resolves, and tracks its keys
-    from ctrls import exploration, pretrain, rl
+    from ctrls.stages import exploration, pretrain, rl
 
     cfg = load_config("smoke")
     for keys in [*pretrain.KEYS.values(), exploration.KEYS, rl.RL_KEYS, ("judge", "seed", "grid", "rl", "data")]:

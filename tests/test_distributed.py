@@ -64,7 +64,8 @@ def train_mdp(out: Path, name: str) -> tuple[pd.DataFrame, dict]:
     from test_rl import K, cfg_for, mdp_sampler
 
     from ctrls.policy import TransitionPolicy
-    from ctrls.rl import Setting, Trainer
+    from ctrls.rl import Trainer
+    from ctrls.settings import Setting
 
     eps, alpha, rl = SETTINGS[name]
     cfg = cfg_for(alpha, eps, steps=MDP_STEPS, questions_per_step=3, **{"group_size": 5, **rl})

@@ -8,7 +8,7 @@ from ctrls.adapter import StateAdapter, adapted_logits
 from ctrls.elbo import (elbo, elbo_from_logliks, expected_kl, relaxed_loss, relaxed_terms,
                         state_token_logprobs)
 from ctrls.policy import kl_to_prior
-from ctrls.pretrain import adapter_optimizer, train_step
+from ctrls.stages.pretrain import adapter_optimizer, train_step
 
 K, k = 4, 2
 SPANS = [(5, 9), (9, 15), (15, 20)]  # prompt = 5 tokens, then three steps
@@ -190,7 +190,7 @@ def test_stage_f_bounds_every_token_and_trains_on_the_training_split_only(small_
     """Stage (f)'s wiring on hand-made cached features: the held-out row sums Thm. 5.3's bound over
     every token of every held-out step, with s_0 before a first step; training batches truncate
     steps to max_tokens and hold no held-out question."""
-    from ctrls.pretrain import _StepData, _batches, _transition_pairs, evaluate_bound
+    from ctrls.stages.pretrain import _StepData, _batches, _transition_pairs, evaluate_bound
 
     bb = small_llama
     g = torch.Generator().manual_seed(0)

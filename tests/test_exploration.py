@@ -9,8 +9,9 @@ import pytest
 
 from conftest import requires_data
 from ctrls.config import load_config
-from ctrls.exploration import (BASE, FIXED, ablation_table, controllability_table, diversity_table, explore,
-                               load_samples, matrices, samples_dir, table1)
+from ctrls.settings import BASE, FIXED
+from ctrls.stages.exploration import explore, load_samples, samples_dir
+from ctrls.tables import ablation_table, controllability_table, diversity_table, matrices, table1
 from test_pretrain import OVR, kill_when, run_in_subprocess
 
 
@@ -56,7 +57,8 @@ def test_reencoding_reproduces_pretraining_states(smoke_runs):
     from ctrls.backbone import load_backbone
     from ctrls.controllability import encode_generations
     from ctrls.data import problems_from_config
-    from ctrls.pretrain import kept_trajectories, pretrain_stages
+    from ctrls.stages.collect import kept_trajectories
+    from ctrls.stages.pretrain import pretrain_stages
     from ctrls.prompts import encode_prompt, newline_token_ids, step_spans
 
     _, cfg, run = smoke_runs
@@ -212,7 +214,7 @@ def test_resume_after_kill_loses_and_duplicates_nothing(smoke_runs, tmp_path):
     def some_parts():
         return out.exists() and len(list(out.glob("*.parquet"))) >= 2
 
-    proc = run_in_subprocess(tmp_path, "from ctrls.exploration import explore\n"
+    proc = run_in_subprocess(tmp_path, "from ctrls.stages.exploration import explore\n"
                                        "explore(load_config('smoke', %r), progress=False)\n" % [*OVR, f"run_dir={tmp_path}"])
     kill_when(proc, some_parts)
     n_before = len(list(out.glob("*.parquet")))

@@ -2,7 +2,8 @@
 (``_x``) imported from another module by the library, the notebooks or the benchmarks.
 
 Imports are read statically (``ast``), at module level and inside functions alike, since a local
-import that closes a cycle is still a cycle a reader has to untangle. Tests may import private
+import that closes a cycle is still a cycle a reader has to untangle; imports under
+``if TYPE_CHECKING:`` (annotations only) are not counted. Tests may import private
 helpers: they check internals on purpose.
 """
 from __future__ import annotations
@@ -22,10 +23,19 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def walk(node: ast.AST):
+    """ast.walk, minus ``if TYPE_CHECKING:`` blocks: an annotation-only import runs nothing."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and getattr(child.test, "id", getattr(child.test, "attr", None)) == "TYPE_CHECKING":
+            continue
+        yield from walk(child)
+
+
 def imports(source: str, here: str) -> list[tuple[str, list[str], int]]:
     """(module, names, line) for every ``import ctrls...`` / ``from ctrls... import ...`` in source."""
     out = []
-    for node in ast.walk(ast.parse(source)):
+    for node in walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
             mod = node.module or ""
             if node.level:  # relative: resolve against the importing package

@@ -19,8 +19,9 @@ import pandas as pd
 import pytest
 
 from ctrls import judge
-from ctrls.judge import (CRITERIA, DEFAULT_SCORE, PAPER_TABLE3, JudgeError, LocalBackend, OpenAIBackend, build_prompt,
-                         judge_samples, make_backend, parse_scores, rubric_table, subsample)
+from ctrls.judge import CRITERIA, DEFAULT_SCORE, JudgeError, LocalBackend, OpenAIBackend, build_prompt, judge_samples, make_backend, parse_scores, subsample
+from ctrls.paper import PAPER_TABLE3
+from ctrls.tables import rubric_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,8 @@ import torch
 
 from ctrls.config import load_config
 from ctrls.policy import TransitionPolicy
-from ctrls.rl import Setting, Trainer, Trajectory, run_lockstep
+from ctrls.rl import Trainer, Trajectory, run_lockstep
+from ctrls.settings import Setting
 from ctrls.sampling import SampleParams, sample
 from tests.test_rl import K, mdp_sampler
 from tests.test_sampling import _prompts, random_ctrls

@@ -14,7 +14,8 @@ from conftest import ROOT, SMOKE_OVERRIDES, requires_data
 from ctrls.config import load_config
 from ctrls.elbo import elbo
 from ctrls.model import CTRLSModel
-from ctrls.pretrain import kept_trajectories, pretrain
+from ctrls.stages.collect import kept_trajectories
+from ctrls.stages.pretrain import pretrain
 from ctrls.states import fit_states
 
 OVR = SMOKE_OVERRIDES
@@ -121,7 +122,7 @@ def test_resume_after_kill_loses_and_duplicates_nothing(reference_run, tmp_path)
     def one_question_done():
         return traj.exists() and traj.read_text().count('"_end"') >= 1
 
-    code = "from ctrls.pretrain import pretrain\npretrain(cfg, progress=False, until='features')\n"
+    code = "from ctrls.stages.pretrain import pretrain\npretrain(cfg, progress=False, until='features')\n"
     kill_when(run_in_subprocess(tmp_path, code), one_question_done)
     with open(traj, "a") as f:  # a kill can also cut a line in half
         f.write('{"qid": "gsm8k-train-')

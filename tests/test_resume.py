@@ -25,7 +25,8 @@ import torch
 from conftest import SMOKE_OVERRIDES, requires_data
 from ctrls.config import load_config
 from ctrls.policy import TransitionPolicy
-from ctrls.rl import Setting, Trainer
+from ctrls.rl import Trainer
+from ctrls.settings import Setting
 from test_rl import K, cfg_for, mdp_sampler
 
 
@@ -154,7 +155,7 @@ def copy_stages(src: Path, dst: Path, *stages: str) -> None:
 @pytest.fixture(scope="module")
 def reference(smoke_runs, tmp_path_factory) -> Path:
     """One uninterrupted run of every stage: the session's smoke pretraining and exploration, then RL."""
-    from ctrls.rl import run_rl
+    from ctrls.stages.rl import run_rl
 
     src, _, _ = smoke_runs
     d = tmp_path_factory.mktemp("uninterrupted")
@@ -166,9 +167,10 @@ def reference(smoke_runs, tmp_path_factory) -> Path:
 @pytest.mark.integration
 @requires_data
 def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path, monkeypatch):
-    import ctrls.pretrain as P
+    import ctrls.stages.collect as C
+    import ctrls.stages.pretrain as P
 
-    real, calls = P.append_jsonl, []
+    real, calls = C.append_jsonl, []
 
     def killed_after_two_rows(path, rows):
         calls.append(rows)
@@ -177,14 +179,14 @@ def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path
             raise Killed
         real(path, rows)
 
-    monkeypatch.setattr(P, "append_jsonl", killed_after_two_rows)
+    monkeypatch.setattr(C, "append_jsonl", killed_after_two_rows)
     with pytest.raises(Killed):
         P.pretrain(pair_cfg(tmp_path), progress=False)
     assert [len(r) for r in calls] == [4, 4]
     traj = P.pretrain_stages(pair_cfg(tmp_path))["collect"].dir / "trajectories.jsonl"
     assert len(traj.read_text().splitlines()) == 6
 
-    monkeypatch.setattr(P, "append_jsonl", real)
+    monkeypatch.setattr(C, "append_jsonl", real)
     run = P.pretrain(pair_cfg(tmp_path), progress=False)
     c = run.summaries["collect"]
     assert c["questions"] == 4 and c["sampled"] == 4 * 2  # not 10: the cut question counted once
@@ -194,7 +196,7 @@ def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path
 @pytest.mark.integration
 @requires_data
 def test_exploration_killed_mid_grid_gives_the_same_samples(reference, tmp_path, monkeypatch, caplog):
-    import ctrls.exploration as E
+    import ctrls.stages.exploration as E
 
     copy_stages(reference, tmp_path, "pretrain")
     real, written = E.write_part, []
@@ -220,6 +222,7 @@ def test_exploration_killed_mid_grid_gives_the_same_samples(reference, tmp_path,
 @requires_data
 def test_rl_killed_mid_training_gives_the_same_curve_policy_and_table2(reference, tmp_path, monkeypatch):
     import ctrls.rl as R
+    from ctrls.stages.rl import run_rl
 
     copy_stages(reference, tmp_path, "pretrain", "exploration")
     real = R.Trainer.update  # both the lockstep and the sequential loop step through it
@@ -231,20 +234,21 @@ def test_rl_killed_mid_training_gives_the_same_curve_policy_and_table2(reference
 
     monkeypatch.setattr(R.Trainer, "update", killed_in_step_two)
     with pytest.raises(Killed):
-        R.run_rl(smoke_cfg(tmp_path), progress=False)
+        run_rl(smoke_cfg(tmp_path), progress=False)
     ckpts = list((tmp_path / "smoke" / "rl").rglob("checkpoint.pt"))
     assert ckpts and all(torch.load(c, weights_only=False)["step"] == 1 for c in ckpts)
     monkeypatch.setattr(R.Trainer, "update", real)
-    R.run_rl(smoke_cfg(tmp_path), progress=False)
+    run_rl(smoke_cfg(tmp_path), progress=False)
     assert_same_artifacts(reference / "smoke" / "rl", tmp_path / "smoke" / "rl")
 
 
 @pytest.mark.integration
 @requires_data
 def test_damaged_files_of_finished_stages_are_named_and_redone(reference, tmp_path, caplog):
-    from ctrls.exploration import explore
-    from ctrls.pretrain import PretrainError, load_pretrained, pretrain
-    from ctrls.rl import run_rl
+    from ctrls.stages.exploration import explore
+    from ctrls.stages.collect import PretrainError
+    from ctrls.stages.pretrain import load_pretrained, pretrain
+    from ctrls.stages.rl import run_rl
 
     copy_stages(reference, tmp_path, "pretrain", "exploration", "rl")
     root = tmp_path / "smoke"

@@ -8,7 +8,8 @@ import torch
 
 from ctrls.config import load_config
 from ctrls.policy import TransitionPolicy
-from ctrls.rl import Setting, Trainer, Trajectory, parse_setting, reinforce_loss
+from ctrls.rl import Trainer, Trajectory, reinforce_loss
+from ctrls.settings import Setting, parse_setting
 from ctrls.streams import stream_key
 
 K, T, GOAL = 4, 3, 2
@@ -178,8 +179,12 @@ def test_settings():
 
 
 def test_labels_merge_with_the_papers_tables_for_the_judge_pair():
-    from ctrls.judge import PAPER_TABLE3, judge_pair, table3_labels
-    from ctrls.rl import paper_table2, rl_runs, setting_label, table_rows
+    from ctrls.paper import PAPER_TABLE3
+    from ctrls.settings import judge_pair
+    from ctrls.stages.judge import table3_labels
+    from ctrls.paper import paper_table2
+    from ctrls.settings import setting_label
+    from ctrls.stages.rl import rl_runs, table_rows
 
     assert setting_label(0.0, 0.0) == "ε=0.0, H=0.0" and setting_label(0.1, 0.01) == "ε=0.1, H=0.01"
     cfg = load_config("paper")
@@ -204,7 +209,7 @@ def test_labels_merge_with_the_papers_tables_for_the_judge_pair():
 
 
 def test_the_judge_pair_is_named_or_the_only_one():
-    from ctrls.judge import judge_pair
+    from ctrls.settings import judge_pair
 
     assert judge_pair(load_config("demo")) == ("smollm2-135m-instruct", "gsm8k")
     two = load_config("demo", ["grid.datasets=[gsm8k, math]"])
@@ -225,7 +230,7 @@ def test_the_paper_profile_sizes():
 
 
 def test_wilson_interval_matches_the_closed_form_reference():
-    from ctrls.rl import wilson
+    from ctrls.tables import wilson
 
     lo, hi = wilson(0, 20)  # k = 0: [0, z^2 / (n + z^2)]
     assert lo == pytest.approx(0.0, abs=1e-12) and hi == pytest.approx(1.959964**2 / (20 + 1.959964**2), rel=1e-6)
@@ -234,7 +239,7 @@ def test_wilson_interval_matches_the_closed_form_reference():
 
 
 def test_reward_rate_counts_trajectories_from_the_logs():
-    from ctrls.rl import reward_rate
+    from ctrls.tables import reward_rate
 
     cfg = load_config("smoke", ["rl.questions_per_step=2", "rl.group_size=4"])
     curves = pd.DataFrame({"pair": "p", "setting": ["a", "a", "b", "b", "a"], "seed": 0,

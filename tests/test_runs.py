@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from ctrls.config import load_config
-from ctrls.pretrain import _done_questions, _drop_uncommitted, read_trajectories
+from ctrls.stages.collect import _done_questions, _drop_uncommitted, read_trajectories
 from ctrls.runs import (ArtifactError, Stage, check_safetensors, load_torch, read_parquet, sha256_file,
                         valid_part)
 

@@ -8,8 +8,10 @@ import torch
 
 from ctrls.config import load_config
 from ctrls.policy import TransitionPolicy
-from ctrls.rl import Setting, Trainer
+from ctrls.rl import Trainer
+from ctrls.settings import Setting
 from ctrls import synthetic as sy
+from ctrls.stages import synthetic as stage
 
 
 @pytest.fixture(autouse=True)
@@ -122,7 +124,7 @@ def test_reinforce_on_the_mdp_moves_the_reward_toward_the_optimum(tmp_path):
     with torch.no_grad():
         policy.L.copy_(P.log())
     torch.manual_seed(0)
-    trainer = Trainer(policy, sy.trainer_config(cfg), Setting("none", 0.0, 0.0), 0, tmp_path / "run",
+    trainer = Trainer(policy, stage.trainer_config(cfg), Setting("none", 0.0, 0.0), 0, tmp_path / "run",
                       sy.make_sampler(policy, mdp), 1, sy.make_evaluator(mdp, cfg.synthetic.eval_samples, 0))
     log = trainer.run(cfg.synthetic.steps, progress=False)
     ev = log[log.kind == "eval"].set_index("step")
@@ -168,10 +170,10 @@ def test_sample_chains_follow_the_matrix():
 
 def test_the_study_runs_its_runs_once_and_reports_every_claim(tmp_path):
     cfg = load_config("smoke", [f"run_dir={tmp_path}"])
-    out = sy.run_study(cfg, progress=False)
-    curves, recovery = sy.load_curves(cfg), sy.load_recovery(cfg)
+    out = stage.run_study(cfg, progress=False)
+    curves, recovery = stage.load_curves(cfg), stage.load_recovery(cfg)
     # 4 settings U (eps x alpha grid) with shared cells reused: (0,0) (0.1,0) (0,0.01) (0.1,0.01) x 2 seeds
-    assert len(sy.study_runs(cfg)) == 8 and curves.groupby(["epsilon", "alpha", "seed"]).ngroups == 8
+    assert len(stage.study_runs(cfg)) == 8 and curves.groupby(["epsilon", "alpha", "seed"]).ngroups == 8
     assert (curves[curves.kind == "train"].groupby(["epsilon", "alpha", "seed"]).size() == cfg.synthetic.steps).all()
     assert set(recovery.chains) == set(cfg.synthetic.recovery_chains)
     summary = sy.run_summary(curves)
@@ -179,7 +181,7 @@ def test_the_study_runs_its_runs_once_and_reports_every_claim(tmp_path):
     claims = sy.claims(summary, recovery, cfg)
     assert set(claims.verdict) <= {"supported", "not supported", "contradicted"} and len(claims) >= 4
     stamp = (out / "curves.parquet").stat().st_mtime_ns
-    sy.run_study(cfg, progress=False)  # cached: nothing is recomputed
+    stage.run_study(cfg, progress=False)  # cached: nothing is recomputed
     assert (out / "curves.parquet").stat().st_mtime_ns == stamp
 
 

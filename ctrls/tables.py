@@ -1,228 +1,28 @@
-"""The exploration grid of Table 1: Base vs CTRLS(epsilon) sampling at temperatures eta.
-
-For every backbone x dataset pair, temperature eta and row we draw ``grid.n_samples`` chains of
-thought per test question and grade them. The rows: Base (the backbone alone); "fixed s0" (with
-``grid.fixed_state``: the trained adapter decoding every step under the prompt's own state s_0, no
-transition drawn, which separates what the adapter learned from what the state transitions add);
-and CTRLS(epsilon) for each epsilon of the profile. Every step of every sample is also re-encoded by
-the pretrained Q_phi, and every Base sample gets state chains drawn from the policy without being
-generated under them (``ctrls.controllability``): the controllability table reads both.
-
-Results are written per question as parquet parts of the dataset directory
-``runs/<profile>/exploration/samples.parquet/`` (atomic renames): after a kill -9 a rerun recomputes only the missing questions, with the same seeds,
-so nothing is lost or duplicated. A part is reused only if it reads as a parquet file of
-``grid.n_samples`` rows; once the stage is finished, its ``done`` marker holds every part's sha256,
-and a rerun redoes a part that is missing or changed (``ctrls.runs``).
+"""The paper's tables and their layouts, built from our runs' artifacts: Table 1 (exploration) with
+its ablation, controllability and diversity companions, Table 2 (RL), Table 3's rubric table, and
+the reward-rate table of the RL page. Each takes the samples a stage wrote (or the config, to read
+them) and returns a DataFrame with n and 95% intervals; the ``*_view`` / ``layout`` functions lay a
+table out for a page (one notebook line per table). The paper's numbers come from ``ctrls.paper``.
 """
 from __future__ import annotations
 
-import logging
 import math
-import time
-import zlib
-from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from ctrls import controllability as ctl
-from ctrls.answers import grade, normalize
-from ctrls.backbone import load_backbone
+from ctrls.answers import normalize
 from ctrls.config import Config
-from ctrls.data import problems_from_config
-from ctrls.metrics import metric_with_ci, paired_bootstrap, pass_at_k, pass_at_k_paper, success_rate
-from ctrls.pretrain import pretrain_stages
-from ctrls.pretrain import load_pretrained
-from ctrls.prompts import encode_prompt
+from ctrls.judge import CRITERIA, LABELS
+from ctrls.metrics import bootstrap_ci, metric_with_ci, paired_bootstrap, pass_at_k, pass_at_k_paper, success_rate
+from ctrls.paper import PAPER_TABLE3, paper_table1, paper_table2
 from ctrls.report import with_pct_ci
-from ctrls.runs import Stage, pair_slug, read_parquet, slug, valid_part
-from ctrls.sampling import Generation, SampleParams, sample, seeded
-
-log = logging.getLogger(__name__)
-
-BASE = "Base"
-FIXED = "fixed s0"  # the ablation row: the trained adapter with s_0 at every step, no transitions
-KEYS = ("seed", "data", "prompt", "sampling", "grid")
-
-# Table 1 of the paper (pass@20 and Succ., in %), keyed by (backbone, dataset, eta, row).
-PAPER_TABLE1 = {
-    ("Llama-3.2-3B-Instruct", "gsm8k"): {0.5: {BASE: (72.5, 95.0), "eps=0.1": (77.5, 100.0), "eps=0.3": (75.0, 100.0), "eps=0.5": (82.5, 100.0)},
-                                         0.7: {BASE: (77.5, 100.0), "eps=0.1": (77.5, 100.0), "eps=0.3": (70.0, 100.0), "eps=0.5": (85.0, 100.0)}},
-    ("Llama-3.2-3B-Instruct", "math"): {0.5: {BASE: (50.0, 90.0), "eps=0.1": (47.5, 95.0), "eps=0.3": (60.0, 95.0), "eps=0.5": (52.5, 90.0)},
-                                        0.7: {BASE: (47.5, 97.5), "eps=0.1": (50.0, 97.5), "eps=0.3": (60.0, 97.5), "eps=0.5": (47.5, 90.0)}},
-    ("Qwen2.5-3B-Instruct", "gsm8k"): {0.5: {BASE: (87.5, 100.0), "eps=0.1": (90.0, 100.0), "eps=0.3": (87.5, 100.0), "eps=0.5": (87.5, 100.0)},
-                                       0.7: {BASE: (80.0, 100.0), "eps=0.1": (85.0, 97.5), "eps=0.3": (82.5, 97.5), "eps=0.5": (80.0, 97.5)}},
-    ("Qwen2.5-3B-Instruct", "math"): {0.5: {BASE: (65.0, 65.0), "eps=0.1": (57.5, 60.0), "eps=0.3": (62.5, 52.5), "eps=0.5": (65.0, 75.0)},
-                                      0.7: {BASE: (72.5, 67.5), "eps=0.1": (62.5, 65.0), "eps=0.3": (62.5, 67.5), "eps=0.5": (77.5, 67.5)}},
-}
+from ctrls.settings import BASE, FIXED, parse_setting
+from ctrls.stages.exploration import load_samples
+from ctrls.stages.rl import load_table2_samples
 
 
-def row_label(epsilon: float | None) -> str:
-    return BASE if epsilon is None else f"eps={epsilon:g}"
-
-
-class GridRow(NamedTuple):
-    """One row of Table 1: how its samples are drawn."""
-
-    label: str
-    epsilon: float | None  # epsilon of the state policy; None: no state is drawn
-    ctrls: bool  # decode with the trained adapter
-    transitions: bool  # draw s_{t+1} ~ pi~(. | s_t) at every step boundary (else keep s_0)
-
-
-def grid_rows(cfg: Config) -> list[GridRow]:
-    """Base, then "fixed s0" (when ``grid.fixed_state``), then CTRLS(epsilon) for each ``grid.epsilons``."""
-    rows = [GridRow(BASE, None, False, False)]
-    if cfg.grid.fixed_state:
-        rows.append(GridRow(FIXED, None, True, False))
-    return rows + [GridRow(row_label(e), e, True, True) for e in cfg.grid.epsilons]
-
-
-def _row_order(label: str) -> float:
-    """Table order: Base, fixed s0, then epsilon ascending, then anything else."""
-    if label == BASE:
-        return -2.0
-    if label == FIXED:
-        return -1.0
-    try:
-        return float(label.split("=")[1]) if label.startswith("eps=") else 99.0
-    except ValueError:
-        return 99.0
-
-
-def samples_dir(cfg: Config) -> Path:
-    return cfg.stage_dir("exploration") / "samples.parquet"
-
-
-def _stage(cfg: Config) -> Stage:
-    adapters = tuple(pretrain_stages(cfg.for_pair(b, d))["adapter"] for b, d in cfg.pairs())
-    return Stage(cfg, "exploration", KEYS, upstream=tuple(a.key for a in adapters), inputs=adapters)
-
-
-def stage_summary(cfg: Config) -> dict:
-    """The exploration stage's ``done`` record: wall_s, samples, questions, reencode_s (the seconds
-    its last run spent re-encoding steps and drawing Base's state chains), or {} before it ran."""
-    return _stage(cfg).summary()
-
-
-def _seed(*parts) -> int:
-    return zlib.crc32(repr(parts).encode())
-
-
-def generation_rows(gens: list[Generation], problem, meta: dict) -> list[dict]:
-    rows = []
-    for g in gens:
-        gr = grade(g.text, problem.answer)
-        states = g.states.argmax(-1).tolist()[1:] if g.states is not None else []
-        rows.append({**meta, "question_id": problem.id, "question": problem.question, "gold": problem.answer,
-                     "sample_index": g.sample_index, "text": g.text, "steps": g.steps, "states": states,
-                     "pred": gr.pred, "valid": gr.valid, "correct": gr.correct, "n_tokens": g.n_tokens,
-                     "finish": g.finish})
-    return rows
-
-
-def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
-    """Run (or resume, or reuse) the whole exploration grid; return the samples directory.
-
-    Under a data-parallel launch (``ctrls.distributed``) each process samples its block of the
-    test questions; every question's samples are seeded by its id, so the parts written are the
-    ones a single process writes."""
-    from ctrls.distributed import world
-
-    w = world()
-    stage = _stage(cfg)
-    out = samples_dir(cfg)
-    if stage.is_done() and not force:
-        return out
-    if w.is_main:
-        stage.begin(force=force)
-        out.mkdir(parents=True, exist_ok=True)
-    w.barrier()
-    g = cfg.grid
-    grid = grid_rows(cfg)
-    reencode_s = 0.0
-    for bname, ds in cfg.pairs():
-        pc = cfg.for_pair(bname, ds)
-        bb = load_backbone(bname, w.device(pc.backbone.device), pc.backbone.dtype, pc.backbone.cache_dir)
-        model = load_pretrained(pc, bb)
-        problems = problems_from_config(pc, "test")
-        mine = w.shard(range(len(problems)))
-        enc = {j: encode_prompt(bb.tokenizer, problems[j].question, pc.prompt.use_chat_template, pc.prompt.few_shot)
-               for j in mine}
-        per_chunk = max(1, pc.sampling.batch_size // g.n_samples)
-        jobs = [(eta, row, mine[i:i + per_chunk]) for eta in g.temperatures for row in grid
-                for i in range(0, len(mine), per_chunk)]
-        bar = tqdm(jobs, desc=f"exploration {pair_slug(bname, ds)}", unit="batch", disable=not (progress and w.is_main))
-        for eta, row, chunk in bar:
-            label = row.label
-            parts = {j: out / f"{pair_slug(bname, ds)}__eta{eta:g}__{label.replace(' ', '_')}__{slug(problems[j].id)}.parquet"
-                     for j in chunk}
-            todo = [j for j in chunk if not valid_part(parts[j], g.n_samples)]
-            if not todo:
-                continue
-            bar.set_postfix_str(f"eta={eta:g} {label}")
-            params = SampleParams(temperature=eta, top_k=pc.sampling.top_k, max_new_tokens=pc.sampling.max_new_tokens,
-                                  max_steps=pc.prompt.max_steps, batch_size=pc.sampling.batch_size,
-                                  epsilon=row.epsilon or 0.0, transitions=row.transitions)
-            # one seed per question: its samples do not depend on the chunking or on the process
-            seeds = [_seed(cfg.seed, bname, ds, eta, label, problems[j].id) for j in todo]
-            gens = sample(bb, [enc[j][0] for j in todo], g.n_samples, params, model=model if row.ctrls else None,
-                          seeds=seeds, prompt_starts=[enc[j][1] for j in todo])
-            meta = {"backbone": bname, "dataset": ds, "temperature": eta, "config": label,
-                    "epsilon": math.nan if row.epsilon is None else row.epsilon, "seed": cfg.seed}
-            for j, gs in zip(todo, gens):
-                t0 = time.perf_counter()
-                extra = _controllability_columns(cfg, pc, bb, model, enc[j], gs, row, eta, problems[j].id)
-                reencode_s += time.perf_counter() - t0
-                write_part(pd.DataFrame(generation_rows(gs, problems[j], meta)).assign(**extra), parts[j])
-        bar.close()
-    w.barrier()
-    if w.is_main:
-        df = load_samples(cfg)
-        # seconds this process spent re-encoding steps and drawing Base's chains (controllability)
-        stage.finish(samples=len(df), questions=int(df.question_id.nunique()), reencode_s=round(reencode_s, 1))
-    w.barrier()
-    return out
-
-
-def _controllability_columns(cfg: Config, pc: Config, bb, model, prompt: tuple[list[int], int], gens: list[Generation],
-                             row: GridRow, eta: float, qid: str) -> dict[str, list]:
-    """The columns the controllability and diversity tables read, one entry per generation:
-    ``encoded`` (Q_phi's state of each step, re-encoded), ``s0`` (the prompt's state), ``n_states``
-    (K); for Base rows ``chains`` / ``chain_eps``: one state chain per grid epsilon, drawn from the
-    policy pi~ from the prompt's s_0, as long as the sample (the states it is paired with)."""
-    s0, encoded = ctl.encode_generations(bb, model, prompt[0], prompt[1], gens, layer=pc.backbone.hidden_layer)
-    n = len(gens)
-    chains: list[list[list[int]]] = [[] for _ in range(n)]
-    chain_eps = [[] for _ in range(n)]
-    if not row.ctrls:
-        lengths = [len(e) for e in encoded]
-        for eps in cfg.grid.epsilons:
-            gen = seeded(_seed(cfg.seed, pc.backbone.name, pc.data.dataset, eta, "chain", eps, qid), model.policy.L.device)
-            for m, c in enumerate(ctl.draw_chains(model.policy, s0, lengths, eps, generator=gen)):
-                chains[m].append(c)
-                chain_eps[m].append(float(eps))
-    return {"encoded": encoded, "s0": [int(s0.argmax())] * n, "n_states": [int(model.config.n_states)] * n,
-            "chains": chains, "chain_eps": chain_eps}
-
-
-def write_part(df: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    df.to_parquet(tmp, index=False)
-    tmp.replace(path)
-
-
-def load_samples(cfg: Config) -> pd.DataFrame:
-    d = samples_dir(cfg)
-    files = sorted(d.glob("*.parquet"))
-    if not files:
-        raise FileNotFoundError(f"no exploration samples in {d}; run the exploration stage first")
-    return pd.concat([read_parquet(f) for f in files], ignore_index=True)
-
-
-# ---- tables and curves -----------------------------------------------------------------------
 
 
 def _where(df: pd.DataFrame) -> str:
@@ -421,16 +221,6 @@ def diversity_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     return t.sort_values(["backbone", "dataset", "temperature", "_o"]).drop(columns="_o").reset_index(drop=True)
 
 
-def paper_table1() -> pd.DataFrame:
-    rows = []
-    for (b, ds), by_eta in PAPER_TABLE1.items():
-        for eta, by_row in by_eta.items():
-            for label, (p20, succ) in by_row.items():
-                rows.append({"backbone": b, "dataset": ds, "temperature": eta, "config": label,
-                             "paper pass@20": p20, "paper Succ.": succ})
-    return pd.DataFrame(rows)
-
-
 def pass_at_k_curves(df: pd.DataFrame) -> pd.DataFrame:
     """Unbiased pass@k for k = 1..n per (backbone, dataset, eta, config)."""
     out = []
@@ -447,26 +237,10 @@ def state_usage(df: pd.DataFrame) -> pd.DataFrame:
     return d.groupby(["config", "states"]).size().rename("steps").reset_index()
 
 
-__all__ = ["BASE", "FIXED", "PAPER_TABLE1", "explore", "load_samples", "table1", "ablation_table",
-           "controllability_table", "diversity_table", "paper_table1", "pass_at_k_curves", "state_usage", "row_label",
-           "grid_rows", "matrices", "matrix_frame", "stage_summary", "layout", "paper_layout",
-           "ablation_view", "controllability_view", "diversity_view"]
-
-
 def layout(t: pd.DataFrame) -> pd.DataFrame:
     """Our Table 1 in the paper's layout: rows (eta, config), columns (backbone · dataset, metric)."""
     t = with_pct_ci(t).assign(model=t.backbone.str.split("/").str[-1] + " · " + t.dataset)
     wide = t.pivot_table(index=["temperature", "config"], columns="model", values=["pass@n (%)", "Succ. (%)"],
-                         aggfunc="first", sort=False)
-    wide = wide.swaplevel(0, 1, axis=1).sort_index(axis=1, level=0, sort_remaining=False)
-    wide.index = wide.index.set_names(["η", "exploration"])
-    return wide
-
-
-def paper_layout() -> pd.DataFrame:
-    p = paper_table1()
-    p = p.assign(model=p.backbone + " · " + p.dataset)
-    wide = p.pivot_table(index=["temperature", "config"], columns="model", values=["paper pass@20", "paper Succ."],
                          aggfunc="first", sort=False)
     wide = wide.swaplevel(0, 1, axis=1).sort_index(axis=1, level=0, sort_remaining=False)
     wide.index = wide.index.set_names(["η", "exploration"])
@@ -517,3 +291,140 @@ def diversity_view(t: pd.DataFrame) -> pd.DataFrame:
         if name in t:
             cols[name] = list(map(lambda *a: _fmt(*a, scale=1.0, digits=2), t[name], t[f"{name} lo"], t[f"{name} hi"]))
     return pd.DataFrame(cols)
+
+
+def table2(cfg: Config) -> pd.DataFrame:
+    """Table 2 in long form: Base and each RL policy of ``rl.table2`` (labelled by
+    ``setting_label``), with pass@n and Succ. and their CIs (see ``table1``). Base is the
+    RL stage's own Base samples when ``rl.n_test`` is set (the same questions), else the
+    exploration stage's at eta = rl.temperature. Table 3's extra rows are left out."""
+    # Table 2: pass@n and Succ. after RL, Base and each RL policy
+    rl_samples = load_table2_samples(cfg)
+    labels = [BASE] + list(dict.fromkeys(parse_setting(s, cfg).label for s in cfg.rl.table2))
+    if cfg.rl.n_test is None:
+        try:
+            base = load_samples(cfg)
+            base = base[(base.config == BASE) & (base.temperature == cfg.rl.temperature)]
+        except FileNotFoundError:
+            base = rl_samples.iloc[:0]
+        rl_samples = pd.concat([base, rl_samples[rl_samples.config != BASE]], ignore_index=True)
+    both = rl_samples[rl_samples.config.isin(labels)]
+    order = {c: i for i, c in enumerate(labels)}
+    t = table1(both, seed=cfg.seed)
+    return t.sort_values(["backbone", "dataset"], kind="stable").sort_values(
+        "config", key=lambda c: c.map(order), kind="stable").reset_index(drop=True)
+
+
+def reward_rate(cfg: Config, curves: pd.DataFrame) -> pd.DataFrame:
+    """The training reward rate of each pair, from the runs' logs: correct trajectories / sampled
+    trajectories over every training step of every run (each step samples
+    ``rl.questions_per_step x rl.group_size`` trajectories), with a 95% Wilson interval."""
+    per_step = cfg.rl.questions_per_step * cfg.rl.group_size
+    rows = []
+    for pair, g in curves[curves.kind == "train"].groupby("pair", sort=False):
+        n = len(g) * per_step
+        k = int(round(float((g.reward * per_step).sum())))
+        lo, hi = wilson(k, n)
+        rows.append({"pair": pair, "runs": int(g.groupby(["setting", "seed"]).ngroups), "trajectories": n,
+                     "correct": k, "reward rate": k / n if n else math.nan, "95% CI": (lo, hi)})
+    return pd.DataFrame(rows)
+
+
+def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion k/n (sound at k = 0, unlike the Wald one)."""
+    if n == 0:
+        return math.nan, math.nan
+    p = k / n
+    mid, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n)
+
+
+SYNTHETIC_PAGE = "07_synthetic.ipynb"  # the book's page "A controlled study on a synthetic latent chain"
+
+
+def reward_note(cfg: Config, rates: pd.DataFrame, low: float = 0.05) -> str:
+    """What the measured reward rate (``reward_rate``) means for the curves, in words built from the numbers."""
+    parts = []
+    for _, r in rates.iterrows():
+        lo, hi = r["95% CI"]
+        parts.append(f"**{r.pair}**: {r.correct} of {r.trajectories} training trajectories were rewarded "
+                     f"({r['reward rate']:.1%}, 95% CI {lo:.1%}–{hi:.1%}; {r.runs} runs × {cfg.rl.steps} steps)")
+    text = "Measured reward rate on the real backbone: " + "; ".join(parts) + "."
+    if len(rates) and (rates["reward rate"] < low).all():
+        text += (f" With under {low:.0%} of trajectories rewarded, almost every return is 0 (plus the entropy term "
+                 "α·ΣH), so the REINFORCE gradient carries almost no information about correctness: flat accuracy "
+                 "curves are what this size is expected to give, not a finding about CTRLS. How the policy learns, "
+                 "explores and collapses is studied where the reward is informative and the optimum known: "
+                 f"[A controlled study on a synthetic latent chain]({SYNTHETIC_PAGE}).")
+    else:
+        text += (" For the learning dynamics against a known optimum, see "
+                 f"[A controlled study on a synthetic latent chain]({SYNTHETIC_PAGE}).")
+    return text
+
+
+def rubric_table(judged: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Table 3 from judged rows: per config, n, the mean score per criterion as "mean [lo, hi]"
+    with a 95% percentile-bootstrap interval over the judged rows, and how many of the config's
+    n x 5 scores were read by regex, clipped, or defaulted."""
+    # Table 3: the rubric scores per setting
+    out = []
+    for cfg, g in judged.groupby("config", sort=False):
+        row = {"config": cfg, "n": len(g)}
+        for k in CRITERIA:
+            m, lo, hi = bootstrap_ci(g[k].to_numpy(), n_boot=n_boot, seed=seed)
+            row[LABELS[k]] = f"{m:.2f} [{lo:.2f}, {hi:.2f}]"
+        how = g[[f"parse_{k}" for k in CRITERIA]].to_numpy().ravel()
+        row.update({"scores read by regex": int((how == "regex").sum()), "clipped": int((how == "clipped").sum()),
+                    "defaulted": int((how == "default").sum())})
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _row_order(label: str) -> float:
+    """Table order: Base, fixed s0, then epsilon ascending, then anything else."""
+    if label == BASE:
+        return -2.0
+    if label == FIXED:
+        return -1.0
+    try:
+        return float(label.split("=")[1]) if label.startswith("eps=") else 99.0
+    except ValueError:
+        return 99.0
+
+
+# ---- ours beside the paper's (the summary page) --------------------------------------------------
+
+PAPER_NAMES = {"Llama-3.2-3B-Instruct": "Llama-3.2", "Qwen2.5-3B-Instruct": "Qwen2.5"}
+
+
+def _beside_paper(ours: pd.DataFrame, paper: pd.DataFrame, on: list[str]) -> dict[str, pd.DataFrame]:
+    """One table per (backbone, dataset) of ours, under a heading naming them: our pass@n and Succ.
+    (percent, with 95% intervals) and, one column per number, the paper's pass@20 and Succ. for each
+    of its backbones on the same dataset (the paper has no run on our backbone)."""
+    out = {}
+    for (b, ds), g in with_pct_ci(ours).groupby(["backbone", "dataset"], sort=False):
+        t = g[[*on, "questions", "samples", "pass@n (%)", "Succ. (%)"]].rename(
+            columns={"pass@n (%)": "ours pass@n (%)", "Succ. (%)": "ours Succ. (%)"})
+        for pb, p in paper[paper.dataset == ds].groupby("backbone", sort=False):
+            name = PAPER_NAMES.get(pb, pb)
+            cols = {"paper pass@20": f"{name} pass@20", "paper Succ.": f"{name} Succ."}
+            t = t.merge(p[[*on, *cols]].rename(columns=cols), on=on, how="left")
+        out[f"ours: {b} × {ds}; paper: {', '.join(PAPER_NAMES.get(x, x) for x in paper.backbone.unique())} × {ds}"] = t
+    return out
+
+
+def table1_vs_paper(samples: pd.DataFrame, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Table 1, ours beside the paper's (``ctrls.paper.PAPER_TABLE1``), per (backbone, dataset)."""
+    return _beside_paper(table1(samples, seed=seed), paper_table1(), ["temperature", "config"])
+
+
+def table2_vs_paper(cfg: Config) -> dict[str, pd.DataFrame]:
+    """Table 2, ours beside the paper's (``ctrls.paper.PAPER_TABLE2``), per (backbone, dataset)."""
+    return _beside_paper(table2(cfg), paper_table2(), ["config"])
+
+
+def table3_vs_paper(judged: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Table 3: our rubric scores (mean [95% interval]) beside the paper's GPT-4 scores, by setting;
+    a setting in only one of the two has empty cells in the other's columns."""
+    ours = rubric_table(judged, seed=seed).rename(columns={"config": "setting"})
+    return ours.merge(PAPER_TABLE3, on="setting", how="outer", suffixes=(" (ours)", " (paper)"))

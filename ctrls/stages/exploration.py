@@ -1,0 +1,195 @@
+"""The exploration grid of Table 1: Base vs CTRLS(epsilon) sampling at temperatures eta.
+
+For every backbone x dataset pair, temperature eta and row we draw ``grid.n_samples`` chains of
+thought per test question and grade them. The rows: Base (the backbone alone); "fixed s0" (with
+``grid.fixed_state``: the trained adapter decoding every step under the prompt's own state s_0, no
+transition drawn, which separates what the adapter learned from what the state transitions add);
+and CTRLS(epsilon) for each epsilon of the profile. Every step of every sample is also re-encoded by
+the pretrained Q_phi, and every Base sample gets state chains drawn from the policy without being
+generated under them (``ctrls.controllability``): the controllability table reads both.
+
+Results are written per question as parquet parts of the dataset directory
+``runs/<profile>/exploration/samples.parquet/`` (atomic renames): after a kill -9 a rerun recomputes only the missing questions, with the same seeds,
+so nothing is lost or duplicated. A part is reused only if it reads as a parquet file of
+``grid.n_samples`` rows; once the stage is finished, its ``done`` marker holds every part's sha256,
+and a rerun redoes a part that is missing or changed (``ctrls.runs``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from ctrls.streams import seed_of
+from ctrls import controllability as ctl
+from ctrls.answers import grade
+from ctrls.backbone import load_backbone
+from ctrls.config import Config
+from ctrls.data import problems_from_config
+from ctrls.prompts import encode_prompt
+from ctrls.runs import Stage, pair_slug, read_parquet, slug, valid_part
+from ctrls.sampling import Generation, SampleParams, sample, seeded
+from ctrls.settings import BASE, FIXED, row_label
+from ctrls.stages.pretrain import load_pretrained, pretrain_stages
+
+
+log = logging.getLogger(__name__)
+
+KEYS = ("seed", "data", "prompt", "sampling", "grid")
+
+
+class GridRow(NamedTuple):
+    """One row of Table 1: how its samples are drawn."""
+
+    label: str
+    epsilon: float | None  # epsilon of the state policy; None: no state is drawn
+    ctrls: bool  # decode with the trained adapter
+    transitions: bool  # draw s_{t+1} ~ pi~(. | s_t) at every step boundary (else keep s_0)
+
+
+def grid_rows(cfg: Config) -> list[GridRow]:
+    """Base, then "fixed s0" (when ``grid.fixed_state``), then CTRLS(epsilon) for each ``grid.epsilons``."""
+    rows = [GridRow(BASE, None, False, False)]
+    if cfg.grid.fixed_state:
+        rows.append(GridRow(FIXED, None, True, False))
+    return rows + [GridRow(row_label(e), e, True, True) for e in cfg.grid.epsilons]
+
+
+def samples_dir(cfg: Config) -> Path:
+    return cfg.stage_dir("exploration") / "samples.parquet"
+
+
+def _stage(cfg: Config) -> Stage:
+    adapters = tuple(pretrain_stages(cfg.for_pair(b, d))["adapter"] for b, d in cfg.pairs())
+    return Stage(cfg, "exploration", KEYS, upstream=tuple(a.key for a in adapters), inputs=adapters)
+
+
+def stage_summary(cfg: Config) -> dict:
+    """The exploration stage's ``done`` record: wall_s, samples, questions, reencode_s (the seconds
+    its last run spent re-encoding steps and drawing Base's state chains), or {} before it ran."""
+    return _stage(cfg).summary()
+
+
+
+def generation_rows(gens: list[Generation], problem, meta: dict) -> list[dict]:
+    rows = []
+    for g in gens:
+        gr = grade(g.text, problem.answer)
+        states = g.states.argmax(-1).tolist()[1:] if g.states is not None else []
+        rows.append({**meta, "question_id": problem.id, "question": problem.question, "gold": problem.answer,
+                     "sample_index": g.sample_index, "text": g.text, "steps": g.steps, "states": states,
+                     "pred": gr.pred, "valid": gr.valid, "correct": gr.correct, "n_tokens": g.n_tokens,
+                     "finish": g.finish})
+    return rows
+
+
+def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
+    """Run (or resume, or reuse) the whole exploration grid; return the samples directory.
+
+    Under a data-parallel launch (``ctrls.distributed``) each process samples its block of the
+    test questions; every question's samples are seeded by its id, so the parts written are the
+    ones a single process writes."""
+    from ctrls.distributed import world
+
+    w = world()
+    stage = _stage(cfg)
+    out = samples_dir(cfg)
+    if stage.is_done() and not force:
+        return out
+    if w.is_main:
+        stage.begin(force=force)
+        out.mkdir(parents=True, exist_ok=True)
+    w.barrier()
+    g = cfg.grid
+    grid = grid_rows(cfg)
+    reencode_s = 0.0
+    for bname, ds in cfg.pairs():
+        pc = cfg.for_pair(bname, ds)
+        bb = load_backbone(bname, w.device(pc.backbone.device), pc.backbone.dtype, pc.backbone.cache_dir)
+        model = load_pretrained(pc, bb)
+        problems = problems_from_config(pc, "test")
+        mine = w.shard(range(len(problems)))
+        enc = {j: encode_prompt(bb.tokenizer, problems[j].question, pc.prompt.use_chat_template, pc.prompt.few_shot)
+               for j in mine}
+        per_chunk = max(1, pc.sampling.batch_size // g.n_samples)
+        jobs = [(eta, row, mine[i:i + per_chunk]) for eta in g.temperatures for row in grid
+                for i in range(0, len(mine), per_chunk)]
+        bar = tqdm(jobs, desc=f"exploration {pair_slug(bname, ds)}", unit="batch", disable=not (progress and w.is_main))
+        for eta, row, chunk in bar:
+            label = row.label
+            parts = {j: out / f"{pair_slug(bname, ds)}__eta{eta:g}__{label.replace(' ', '_')}__{slug(problems[j].id)}.parquet"
+                     for j in chunk}
+            todo = [j for j in chunk if not valid_part(parts[j], g.n_samples)]
+            if not todo:
+                continue
+            bar.set_postfix_str(f"eta={eta:g} {label}")
+            params = SampleParams(temperature=eta, top_k=pc.sampling.top_k, max_new_tokens=pc.sampling.max_new_tokens,
+                                  max_steps=pc.prompt.max_steps, batch_size=pc.sampling.batch_size,
+                                  epsilon=row.epsilon or 0.0, transitions=row.transitions)
+            # one seed per question: its samples do not depend on the chunking or on the process
+            seeds = [seed_of(cfg.seed, bname, ds, eta, label, problems[j].id) for j in todo]
+            gens = sample(bb, [enc[j][0] for j in todo], g.n_samples, params, model=model if row.ctrls else None,
+                          seeds=seeds, prompt_starts=[enc[j][1] for j in todo])
+            meta = {"backbone": bname, "dataset": ds, "temperature": eta, "config": label,
+                    "epsilon": math.nan if row.epsilon is None else row.epsilon, "seed": cfg.seed}
+            for j, gs in zip(todo, gens):
+                t0 = time.perf_counter()
+                extra = _controllability_columns(cfg, pc, bb, model, enc[j], gs, row, eta, problems[j].id)
+                reencode_s += time.perf_counter() - t0
+                write_part(pd.DataFrame(generation_rows(gs, problems[j], meta)).assign(**extra), parts[j])
+        bar.close()
+    w.barrier()
+    if w.is_main:
+        df = load_samples(cfg)
+        # seconds this process spent re-encoding steps and drawing Base's chains (controllability)
+        stage.finish(samples=len(df), questions=int(df.question_id.nunique()), reencode_s=round(reencode_s, 1))
+    w.barrier()
+    return out
+
+
+def _controllability_columns(cfg: Config, pc: Config, bb, model, prompt: tuple[list[int], int], gens: list[Generation],
+                             row: GridRow, eta: float, qid: str) -> dict[str, list]:
+    """The columns the controllability and diversity tables read, one entry per generation:
+    ``encoded`` (Q_phi's state of each step, re-encoded), ``s0`` (the prompt's state), ``n_states``
+    (K); for Base rows ``chains`` / ``chain_eps``: one state chain per grid epsilon, drawn from the
+    policy pi~ from the prompt's s_0, as long as the sample (the states it is paired with)."""
+    s0, encoded = ctl.encode_generations(bb, model, prompt[0], prompt[1], gens, layer=pc.backbone.hidden_layer)
+    n = len(gens)
+    chains: list[list[list[int]]] = [[] for _ in range(n)]
+    chain_eps = [[] for _ in range(n)]
+    if not row.ctrls:
+        lengths = [len(e) for e in encoded]
+        for eps in cfg.grid.epsilons:
+            gen = seeded(seed_of(cfg.seed, pc.backbone.name, pc.data.dataset, eta, "chain", eps, qid), model.policy.L.device)
+            for m, c in enumerate(ctl.draw_chains(model.policy, s0, lengths, eps, generator=gen)):
+                chains[m].append(c)
+                chain_eps[m].append(float(eps))
+    return {"encoded": encoded, "s0": [int(s0.argmax())] * n, "n_states": [int(model.config.n_states)] * n,
+            "chains": chains, "chain_eps": chain_eps}
+
+
+def write_part(df: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    df.to_parquet(tmp, index=False)
+    tmp.replace(path)
+
+
+def load_samples(cfg: Config) -> pd.DataFrame:
+    d = samples_dir(cfg)
+    files = sorted(d.glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no exploration samples in {d}; run the exploration stage first")
+    return pd.concat([read_parquet(f) for f in files], ignore_index=True)
+
+
+# ---- tables and curves -----------------------------------------------------------------------
+
+
+__all__ = ["explore", "generation_rows", "grid_rows", "load_samples", "samples_dir", "stage_summary", "write_part"]
+
+

@@ -1,0 +1,242 @@
+"""The RL stage (Alg. 2 on a real backbone): every RL run of every pair, trained in lockstep, then
+the test samples of each table policy (Tables 2 and 3). Wires config, data, the pretrained CTRLS
+model, the sampler and ``ctrls.rl``'s Trainer; writes ``runs/<profile>/rl``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ctrls.streams import seed_of
+from ctrls.config import Config
+from ctrls.policy import TransitionPolicy
+from ctrls.rl import Trainer, Trajectory, run_lockstep, state_usage_entropy
+from ctrls.runs import read_parquet, safe_name, valid_part
+from ctrls.settings import Setting, format_number, parse_setting
+
+
+RL_KEYS = ("seed", "data", "prompt", "sampling", "rl", "grid.n_samples")
+
+
+def _rl_stage(cfg: Config):
+    from ctrls.stages.pretrain import pretrain_stages
+    from ctrls.runs import Stage
+
+    adapters = tuple(pretrain_stages(cfg.for_pair(b, d))["adapter"] for b, d in cfg.pairs())
+    return Stage(cfg, "rl", RL_KEYS, upstream=tuple(a.key for a in adapters), inputs=adapters)
+
+
+def table_rows(cfg: Config, backbone: str, dataset: str) -> list[Setting]:
+    """The RL policies whose test samples a pair needs: the rows of Table 2 (``rl.table2``) and, for
+    the judge's pair only (``judge.pair``), the rows of Table 3 (``judge.settings``); one per
+    (epsilon, alpha), in that order."""
+    from ctrls.settings import judge_pair
+
+    names = list(cfg.rl.table2) + (list(cfg.judge.settings) if (backbone, dataset) == judge_pair(cfg) else [])
+    rows: dict[tuple[float, float], Setting] = {}
+    for name in names:
+        s = parse_setting(name, cfg)
+        rows.setdefault((s.epsilon, s.alpha), s)
+    return list(rows.values())
+
+
+def rl_runs(cfg: Config, backbone: str, dataset: str) -> dict[tuple[float, float, int], Setting]:
+    """Every RL run a pair needs, each once: the curves (``rl.settings``) with every seed, and each
+    table row (``table_rows``) with the first seed; a row equal to a curve setting reuses its run."""
+    runs: dict[tuple[float, float, int], Setting] = {}
+    for s in (parse_setting(n, cfg) for n in cfg.rl.settings):
+        for seed in cfg.rl.seeds:
+            runs.setdefault((s.epsilon, s.alpha, seed), s)
+    for s in table_rows(cfg, backbone, dataset):
+        runs.setdefault((s.epsilon, s.alpha, cfg.rl.seeds[0]), s)
+    return runs
+
+
+def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
+    """Train every RL run of every pair (``rl_runs``), then sample the test questions with each
+    table policy (``table_rows``). Returns ``runs/<profile>/rl``.
+
+    Lockstep (``rl.lockstep``, default): all runs of a pair train together, every step's
+    trajectories of all runs decoded in one batch, each row with its own policy and epsilon (the
+    backbone and adapter are shared and frozen); evaluations and table samples are batched the
+    same way. Every sample draws from its own counter-based stream, so the result equals the
+    sequential runs (``rl.lockstep=false``).
+
+    Sizes: the curves evaluate on the first ``rl.eval_questions`` and Table 2 samples the first
+    ``rl.n_test`` (default ``data.n_test``) test questions of one seeded pool (the paper: 500
+    each, while Table 1 uses ``data.n_test`` = 40). With ``rl.n_test`` set, Base is sampled here
+    on the same questions; otherwise Table 2's Base is the exploration stage's.
+
+    Data parallel under a launcher (``ctrls.distributed``): trajectory slots, evaluation questions
+    and table questions are sharded by rank and gathered; the result equals a single process's."""
+    # Alg. 2: sample trajectories with pi~ (ctrls.sampling), reward, Eq. 14 update per run
+    import copy
+
+    from ctrls.answers import grade
+    from ctrls.backbone import load_backbone
+    from ctrls.config import override
+    from ctrls.data import problems_from_config
+    from ctrls.distributed import world
+    from ctrls.settings import BASE
+    from ctrls.stages.pretrain import load_pretrained
+    from ctrls.prompts import encode_prompt
+    from ctrls.runs import pair_slug
+    from ctrls.sampling import SampleParams, sample
+
+    w = world()
+    stage = _rl_stage(cfg)
+    if stage.is_done() and not force:
+        return stage.dir
+    if w.is_main:
+        stage.begin(force=force)
+    w.barrier()
+    rl = cfg.rl
+    for bname, ds in cfg.pairs():
+        pc = cfg.for_pair(bname, ds)
+        pair = pair_slug(bname, ds)
+        bb = load_backbone(bname, w.device(pc.backbone.device), pc.backbone.dtype, pc.backbone.cache_dir)
+        pretrained = load_pretrained(pc, bb)
+        train = problems_from_config(pc, "train")
+        n_table = rl.n_test if rl.n_test is not None else pc.data.n_test
+        test = problems_from_config(override(pc, {"data.n_test": max(n_table, rl.eval_questions)}), "test")
+        n_table, n_eval = min(n_table, len(test)), min(rl.eval_questions, len(test))
+        encoded: dict[tuple[str, int], tuple[list[int], int]] = {}
+
+        def enc(split: str, i: int) -> tuple[list[int], int]:
+            if (split, i) not in encoded:
+                p = (train if split == "train" else test)[i]
+                encoded[split, i] = encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot)
+            return encoded[split, i]
+
+        def params(eps: float) -> SampleParams:
+            return SampleParams(temperature=rl.temperature, top_k=pc.sampling.top_k, max_new_tokens=pc.sampling.max_new_tokens,
+                                max_steps=pc.prompt.max_steps, batch_size=pc.sampling.batch_size, epsilon=eps)
+
+        def generate(split, reqs, lockstep):
+            """reqs: [(model or None for Base, question indices, sample ids, epsilon, seeds)]; returns one
+            list of (problem, generations) per request. Lockstep: the CTRLS requests in one call, each
+            prompt with its request's policy and epsilon and the shared adapter (``pretrained``)."""
+            problems = train if split == "train" else test
+            together = [j for j, r in enumerate(reqs) if lockstep and r[0] is not None]
+            chunks = ([together] if together else []) + [[j] for j in range(len(reqs)) if j not in together]
+            out: list = [None] * len(reqs)
+            for chunk in chunks:
+                flat = [(j, i, ids, seed) for j in chunk for i, ids, seed in zip(reqs[j][1], reqs[j][2], reqs[j][4])]
+                if len(chunk) > 1 or (lockstep and reqs[chunk[0]][0] is not None):
+                    gens = sample(bb, [enc(split, i)[0] for _, i, _, _ in flat], params=params(0.0), model=pretrained,
+                                  seeds=[s for *_, s in flat], sample_ids=[ids for _, _, ids, _ in flat],
+                                  prompt_starts=[enc(split, i)[1] for _, i, _, _ in flat],
+                                  policies=[reqs[j][0].policy for j, *_ in flat], epsilons=[reqs[j][3] for j, *_ in flat])
+                else:
+                    m, _, _, eps, _ = reqs[chunk[0]]
+                    gens = sample(bb, [enc(split, i)[0] for _, i, _, _ in flat], params=params(eps), model=m,
+                                  seeds=[s for *_, s in flat], sample_ids=[ids for _, _, ids, _ in flat],
+                                  prompt_starts=[enc(split, i)[1] for _, i, _, _ in flat])
+                for j in chunk:
+                    out[j] = []
+                for (j, i, _, _), gs in zip(flat, gens):
+                    out[j].append((problems[i], gs))
+            return out
+
+        def trajectories(res) -> list[Trajectory]:
+            return [Trajectory(states=x.states, reward=float(grade(x.text, p.answer).correct), group=gi,
+                               log_actions=x.log_actions) for gi, (p, gs) in enumerate(res) for x in gs]
+
+        def eval_request(t: Trainer, step: int):
+            idx = w.shard(range(n_eval))
+            return (t.model, idx, [range(rl.eval_samples)] * len(idx), t.setting.epsilon,
+                    [seed_of(t.seed, "eval", step, test[i].id) for i in idx])
+
+        def metrics(policy: TransitionPolicy, res) -> dict:
+            correct = [[grade(x.text, p.answer).correct for x in gs] for p, gs in res]
+            valid = [[grade(x.text, p.answer).valid for x in gs] for p, gs in res]
+            states = [x.states for _, gs in res for x in gs if x.states is not None and len(x.states) > 1]
+            with torch.no_grad():
+                H = [float(policy.entropy(s[:-1].to(policy.L.device), kind=cfg.policy.entropy).mean()) for s in states]
+            hard = [int(k) for s in states for k in s[1:].argmax(-1)]
+            correct, valid = np.array(w.gather_list(correct)), np.array(w.gather_list(valid))
+            H, hard = w.gather_list(H), w.gather_list(hard)
+            return {"accuracy": float(correct.mean()), "pass@k": float(correct.any(1).mean()),
+                    "succ": float(valid.mean()), "policy_entropy": float(np.mean(H)) if H else math.nan,
+                    "state_usage_entropy": state_usage_entropy(hard, policy.L.shape[0])}
+
+        trainers: dict[tuple[float, float, int], Trainer] = {}
+        for key, setting in rl_runs(cfg, bname, ds).items():
+            seed = key[2]
+            model = copy.deepcopy(pretrained)
+            out = stage.dir / pair / f"{safe_name(setting.name)}__seed{seed}"
+            tb = stage.dir / "tensorboard" / pair / out.name if rl.tensorboard else None
+            t = Trainer(model.policy, pc, setting, seed, out, None, len(train), None, tensorboard=tb)
+            t.model = model
+            t.sampler = lambda qs, ids, eps, seeds, m=model: trajectories(generate("train", [(m, qs, ids, eps, seeds)], False)[0])
+            t.evaluate = lambda policy, step, t=t: metrics(policy, generate("test", [eval_request(t, step)], False)[0])
+            trainers[key] = t
+        if rl.lockstep:
+            run_lockstep(list(trainers.values()), rl.steps, progress=progress,
+                         sample_many=lambda plans: [trajectories(r) for r in generate(
+                             "train", [(t.model, p.questions, p.sample_ids, t.setting.epsilon, p.seeds) for t, p in plans], True)],
+                         evaluate_many=lambda due: [metrics(t.policy, r) for (t, _), r in zip(
+                             due, generate("test", [eval_request(t, step) for t, step in due], True))])
+        else:
+            for t in trainers.values():
+                t.run(rl.steps, progress=progress)
+
+        # the table samples: every test question grid.n_samples times with each table policy (Tables 2, 3)
+        parts = stage.dir / "table2.parquet"
+        idx = w.shard(range(n_table))
+        todo = []
+        if rl.n_test is not None:  # Base on the same questions (the exploration stage has data.n_test of them)
+            todo.append((None, BASE, math.nan, math.nan, cfg.seed))
+        for row in table_rows(cfg, bname, ds):
+            t = trainers[row.epsilon, row.alpha, rl.seeds[0]]
+            todo.append((t.model, row.label, row.epsilon, row.alpha, t.seed))
+        def part(label, eps, alpha):  # an ASCII file name per table row
+            return parts / f"{pair}__{'Base' if label == BASE else safe_name(f'eps{format_number(eps)}_H{format_number(alpha)}')}.parquet"
+
+        todo = [x for x in todo if not valid_part(part(*x[1:4]), n_table * pc.grid.n_samples)]  # a truncated part is redone
+        reqs = [(m, idx, [range(pc.grid.n_samples)] * len(idx), 0.0 if m is None else eps,
+                 [seed_of(seed, "table2", label, test[i].id) for i in idx]) for m, label, eps, _, seed in todo]
+        for (m, label, eps, alpha, seed), res in zip(todo, generate("test", reqs, rl.lockstep)):
+            _write_table_part(pc, part(label, eps, alpha), res,
+                              {"config": label, "epsilon": eps, "alpha": alpha, "seed": seed})
+    w.barrier()
+    if w.is_main:
+        stage.finish(pairs=len(cfg.pairs()))
+    w.barrier()
+    return stage.dir
+
+
+def _write_table_part(cfg: Config, part: Path, res, meta: dict) -> None:
+    """Gather one table policy's samples over ranks; rank 0 writes them."""
+    from ctrls.distributed import world
+    from ctrls.stages.exploration import generation_rows, write_part
+
+    w = world()
+    meta = {"backbone": cfg.backbone.name, "dataset": cfg.data.dataset, "temperature": cfg.rl.temperature, **meta}
+    rows = w.gather_list([r for p, gs in res for r in generation_rows(gs, p, meta)])
+    if w.is_main:
+        part.parent.mkdir(parents=True, exist_ok=True)
+        write_part(pd.DataFrame(rows), part)
+    w.barrier()
+
+
+def load_curves(cfg: Config) -> pd.DataFrame:
+    """Every run's logged curve, with its pair, setting and seed."""
+    root = cfg.stage_dir("rl")
+    frames = []
+    for f in sorted(root.glob("*/*/curve.parquet")):
+        frames.append(read_parquet(f).assign(pair=f.parent.parent.name))
+    if not frames:
+        raise FileNotFoundError(f"no RL curves under {root}; run the RL stage first")
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_table2_samples(cfg: Config) -> pd.DataFrame:
+    files = sorted((cfg.stage_dir("rl") / "table2.parquet").glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError("no Table 2 samples; run the RL stage first")
+    return pd.concat([read_parquet(f) for f in files], ignore_index=True)
