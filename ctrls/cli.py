@@ -132,6 +132,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     load_config(args.profile, args.override)  # fail fast on a bad profile or override
     book = copy_book(Path(args.book_dir)) if args.book_dir else BOOK
     t0 = time.time()
+    seconds: dict[str, float] = {}
     for i, stage in enumerate(stages, 1):
         print(f"[{i}/{len(stages)}] {stage}: {STAGES[stage]} (profile {args.profile})", flush=True)
         ts = time.time()
@@ -140,12 +141,35 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         except NotebookFailed as e:
             print(f"\nERROR: {e}", file=sys.stderr)
             return 1
-        print(f"[{i}/{len(stages)}] {stage} done in {time.time() - ts:.0f} s", flush=True)
+        seconds[stage] = round(time.time() - ts, 1)
+        print(f"[{i}/{len(stages)}] {stage} done in {seconds[stage]:.0f} s", flush=True)
     if not args.no_book:
+        tb = time.time()
         index = build_book(book, strict=args.strict)
+        seconds["book build"] = round(time.time() - tb, 1)
         print(f"book: {index}")
     print(f"total {time.time() - t0:.0f} s")
+    record_timings(Path(args.run_dir) / args.profile / "reproduce_timings.json", args, seconds, time.time() - t0)
     return 0
+
+
+def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, float], total: float) -> None:
+    """Write the wall time of each notebook and of the book build of this ``ctrls reproduce`` run,
+    with the commit and the machine, to ``runs/<profile>/reproduce_timings.json`` (the intro page's
+    timings come from such a file)."""
+    import json
+    import os
+    import platform
+
+    from ctrls.report import git_commit
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"profile": args.profile, "overrides": list(args.override or []), "commit": git_commit(),
+                                "cpu": cpu, "cores": os.cpu_count(), "seconds": seconds, "total_s": round(total, 1),
+                                "stages_reused": "runs already present are reused; rerun on an empty run_dir to time every stage"},
+                               indent=1) + "\n")
 
 
 def cmd_stage(args: argparse.Namespace) -> int:

@@ -103,3 +103,14 @@ def test_papermill_overrides_parameter_with_spaces(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     printed = nbformat.read(str(out), as_version=4).cells[-1].outputs[0].text
     assert json.loads(printed) == [[0.1, 0.3], 3, "smoke"]
+
+
+def test_reproduce_records_each_notebooks_wall_time(monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(cli, "run_notebook", lambda stage, *a, **k: ran.append(stage))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["reproduce", "--run-dir", str(tmp_path), "--profile", "smoke", "--no-book", "--only", "pretrain", "rl"])
+    assert e.value.code == 0
+    rec = json.loads((tmp_path / "smoke" / "reproduce_timings.json").read_text())
+    assert ran == ["pretrain", "rl"] and list(rec["seconds"]) == ran
+    assert rec["profile"] == "smoke" and rec["commit"] and rec["total_s"] >= sum(rec["seconds"].values())

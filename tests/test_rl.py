@@ -225,7 +225,8 @@ def test_the_judge_pair_is_named_or_the_only_one():
 def test_the_paper_profile_sizes():
     cfg = load_config("paper")
     assert cfg.data.n_test == 40  # Table 1
-    assert cfg.rl.n_test == 500 and cfg.rl.eval_questions == 500  # Table 2 and the RL curves
+    assert cfg.rl.n_test == 500  # Table 2
+    assert cfg.rl.eval_questions <= cfg.rl.n_test  # the curves evaluate on Table 2's first questions
     assert cfg.judge.samples_per_config == 100
 
 
