@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from ctrls.adapter import StateAdapter
 from ctrls.policy import TransitionPolicy
 from ctrls.spectral import spectral_embeddings
-from ctrls.states import soft_assign, sq_dists
+from ctrls.states import StateSpace
 
 
 @dataclass
@@ -58,18 +58,22 @@ class CTRLSModel(torch.nn.Module):
         """Spectral embeddings e_t (N, k*d) of steps' hidden states (Eq. 5)."""
         return spectral_embeddings(hidden, self.config.spectral_k, self.config.spectral_normalize)
 
+    @property
+    def states(self) -> StateSpace:
+        """Q_phi's state space (centroids, tau, the fit's record), on the model's device."""
+        return StateSpace(self.centroids, self.config.tau, self.config.requested_states, list(self.config.notes))
+
     def assign(self, e: torch.Tensor) -> torch.Tensor:
-        """Soft assignment s (N, K) = softmax(-||e - gamma_j||^2 / tau)."""
-        e = e.to(self.centroids.device, torch.float32)
-        return soft_assign(sq_dists(e, self.centroids), self.config.tau)
+        """Soft assignment s (N, K) = softmax(-||e - gamma_j||^2 / tau) (``StateSpace.assign``)."""
+        return self.states.assign(e)
 
     def encode(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
         """s_t = Q_phi(x_<=t) from each step's (or the prompt's) hidden states."""
         return self.assign(self.embed(hidden))
 
     def z(self, s: torch.Tensor) -> torch.Tensor:
-        """z_t = sum_j s_tj gamma_j."""
-        return s.to(self.centroids.dtype) @ self.centroids
+        """z_t = sum_j s_tj gamma_j (``StateSpace.z``)."""
+        return self.states.z(s)
 
     # ---- P_omega ----------------------------------------------------------------------------
     def adapt(self, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
