@@ -31,7 +31,7 @@ from ctrls.prompts import prompt_ids
 from ctrls.rl import Trainer, Trajectory, reinforce_loss, run_lockstep
 from ctrls.stages.rl import rl_runs
 from ctrls.sampling import SampleParams, sample, seeded
-from sampling import QUESTIONS, random_ctrls
+from common import QUESTIONS, random_ctrls
 
 
 def machine() -> str:
@@ -49,7 +49,7 @@ def lockstep_vs_sequential(steps: int | None = None, max_new_tokens: int | None 
     cfg = load_config("demo", [f"rl.steps={steps}"] if steps else [])
     bb = load_backbone(cfg.backbone.name)
     shared = random_ctrls(bb)
-    prompts = [prompt_ids(bb.tokenizer, q, few_shot=0) for q in QUESTIONS]
+    prompts = [prompt_ids(bb.tokenizer, q, few_shot=0) for q in QUESTIONS[:4]]
     eos = max_new_tokens or cfg.sampling.max_new_tokens
 
     def params(eps):
@@ -107,7 +107,7 @@ def main(steps=3, G=8):
     model = random_ctrls(bb)
     policy: TransitionPolicy = model.policy
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.rl.lr)
-    prompts = [prompt_ids(bb.tokenizer, q, few_shot=0) for q in QUESTIONS]
+    prompts = [prompt_ids(bb.tokenizer, q, few_shot=0) for q in QUESTIONS[:4]]
     params = SampleParams(temperature=0.7, max_new_tokens=cfg.sampling.max_new_tokens, epsilon=0.1, batch_size=128)
     t_sample = t_grade = t_update = 0.0
     tokens = 0

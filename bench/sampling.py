@@ -21,18 +21,11 @@ import os
 import time
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from common import QUESTIONS, CpuCopyCounter, DispatchCounter, forced_params, random_ctrls
 from ctrls.backbone import load_backbone
-from ctrls.model import CTRLSConfig, CTRLSModel
 from ctrls.prompts import prompt_ids
-from ctrls.sampling import SampleParams, sample, seeded
-
-QUESTIONS = ["A farmer has 17 sheep and buys 3 times as many goats. How many animals does he have?",
-             "A book costs $12 and a pen costs $3. How much do 4 books and 5 pens cost?",
-             "Sam reads 25 pages a day. How many days does he need for a 300-page book?",
-             "A tank holds 120 liters and leaks 4 liters an hour. How much is left after 9 hours?"]
+from ctrls.sampling import sample, seeded
 
 
 def gemm_gflops(dtype, n=2048, reps=3):
@@ -42,15 +35,6 @@ def gemm_gflops(dtype, n=2048, reps=3):
     for _ in range(reps):
         a @ a
     return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
-
-
-def random_ctrls(bb, K=16, k=4):
-    torch.manual_seed(0)
-    d = bb.hidden_size
-    conf = CTRLSConfig(hidden_size=d, n_states=K, requested_states=K, spectral_k=k, spectral_normalize=True, tau=50.0, rank=64)
-    m = CTRLSModel.build(conf, torch.randn(K, k * d), L=torch.randn(K, K))
-    torch.nn.init.normal_(m.adapter.up.weight, std=0.01)
-    return m.to(bb.device)
 
 
 def hf_generate(bb, prompts, new, n=1):
@@ -64,44 +48,10 @@ def hf_generate(bb, prompts, new, n=1):
 
 
 def ours(bb, prompts, new, n=1, model=None, share=True):
-    p = SampleParams(temperature=0.7, top_k=50, max_new_tokens=new, max_steps=10**6, stop_at_answer=False,
-                     ignore_eos=True, batch_size=len(prompts) * n, epsilon=0.1)
+    p = forced_params(len(prompts) * n, new)
     t = time.perf_counter()
     sample(bb, prompts, n, p, model=model, generator=seeded(0), share_prefix=share)
     return len(prompts) * n * new / (time.perf_counter() - t)
-
-
-_NO_KERNEL = {"aten::lift_fresh", "aten::detach", "aten::alias", "aten::empty", "aten::empty_strided",
-              "aten::new_empty", "aten::new_empty_strided"}
-
-
-class DispatchCounter(TorchDispatchMode):
-    """Counts aten ops by kind: 'sync' (``_local_scalar_dense``: the host reads a tensor), 'view' (views and
-    allocations, no kernel on a GPU), 'kernel' (the rest: a kernel launch on a GPU)."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts = {"kernel": 0, "view": 0, "sync": 0, "cpu_copy": 0}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name
-        kind = ("sync" if name == "aten::_local_scalar_dense"
-                else "view" if getattr(func, "is_view", False) or name in _NO_KERNEL else "kernel")
-        self.counts[kind] += 1
-        return func(*args, **(kwargs or {}))
-
-
-class CpuCopyCounter(TorchFunctionMode):
-    """Counts ``Tensor.cpu()`` calls (no aten op on a CPU tensor; a device-to-host copy and sync on a GPU)."""
-
-    def __init__(self, counts):
-        super().__init__()
-        self.counts = counts
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") == "cpu":
-            self.counts["cpu_copy"] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def dispatch_counts(bb, prompts, n, model, lo, hi):
@@ -109,8 +59,7 @@ def dispatch_counts(bb, prompts, n, model, lo, hi):
     (module docstring, item 4)."""
     res = []
     for new in (lo, hi):
-        p = SampleParams(temperature=0.7, top_k=50, max_new_tokens=new, max_steps=10**6, stop_at_answer=False,
-                         ignore_eos=True, batch_size=len(prompts) * n, epsilon=0.1)
+        p = forced_params(len(prompts) * n, new)
         with torch.no_grad(), DispatchCounter() as d, CpuCopyCounter(d.counts):
             gens = sample(bb, prompts, n, p, model=model, seeds=list(range(len(prompts))))
         states = sum(len(g.states) for gs in gens for g in gs) if model is not None else 0
@@ -130,7 +79,7 @@ def run(dtype, batch=128, new=48, count=(8, 24)):
     bb = load_backbone("smollm2-135m-instruct", dtype=dtype)
     tok = bb.tokenizer
     n_params = sum(p.numel() for p in bb.model.parameters())
-    short = [tok(q)["input_ids"] for q in QUESTIONS]
+    short = [tok(q)["input_ids"] for q in QUESTIONS[:4]]
     prompts = [short[i % len(short)] for i in range(batch)]
     ours(bb, prompts[:4], 4)  # warm-up
     res = {}
@@ -138,7 +87,7 @@ def run(dtype, batch=128, new=48, count=(8, 24)):
     res["hf"] = hf_generate(bb, prompts, new)
     res["base"] = ours(bb, prompts, new)
     res["ctrls"] = ours(bb, prompts, new, model=m)
-    few = [prompt_ids(tok, q, use_chat_template=False, few_shot=4) for q in QUESTIONS]
+    few = [prompt_ids(tok, q, use_chat_template=False, few_shot=4) for q in QUESTIONS[:4]]
     res["hf_nrs20"] = hf_generate(bb, few, new, n=20)
     res["base_shared20"] = ours(bb, few, new, n=20)
     gf = gemm_gflops(getattr(torch, dtype))

@@ -1,0 +1,86 @@
+"""What the benchmarks share: the questions, a random-weight CTRLS model, the forced-length sampling
+parameters, and the aten-op counters.
+
+Imported by ``bench/sampling.py``, ``bench/rl.py`` and ``bench/gpuest`` (each run as a script from the
+repository root, so ``bench/`` is on ``sys.path``). Running this file does nothing.
+"""
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ctrls.model import CTRLSConfig, CTRLSModel
+from ctrls.sampling import SampleParams
+
+# short GSM8K-like questions (not from the data set); bench/sampling.py and bench/rl.py use the first 4
+QUESTIONS = [
+    "A farmer has 17 sheep and buys 3 times as many goats. How many animals does he have?",
+    "A book costs $12 and a pen costs $3. How much do 4 books and 5 pens cost?",
+    "Sam reads 25 pages a day. How many days does he need for a 300-page book?",
+    "A tank holds 120 liters and leaks 4 liters an hour. How much is left after 9 hours?",
+    "Lena has 48 stickers and gives a quarter of them to her brother. How many does she keep?",
+    "A bus carries 42 people. 15 get off and 9 get on. How many people are on the bus now?",
+    "A shirt costs $25 and is on sale for 20% off. What is the sale price?",
+    "Tom runs 3 km every weekday and 5 km each weekend day. How far does he run in a week?",
+]
+
+
+def random_ctrls(bb, K: int = 16, k: int = 4, rank: int = 64) -> CTRLSModel:
+    """A CTRLS model with random weights for the backbone ``bb`` (seed 0): ``K`` states, spectral ``k``,
+    adapter ``rank``, a random transition logit matrix and a small random adapter output (std 0.01)."""
+    torch.manual_seed(0)
+    d = bb.hidden_size
+    conf = CTRLSConfig(hidden_size=d, n_states=K, requested_states=K, spectral_k=k, spectral_normalize=True,
+                       tau=50.0, rank=rank)
+    m = CTRLSModel.build(conf, torch.randn(K, k * d), L=torch.randn(K, K))
+    torch.nn.init.normal_(m.adapter.up.weight, std=0.01)
+    return m.to(bb.device)
+
+
+def forced_params(rows: int, new: int, epsilon: float = 0.1) -> SampleParams:
+    """Sampling parameters that make every one of ``rows`` rows decode exactly ``new`` tokens (EOS and
+    answers ignored, no step limit): temperature 0.7, top-k 50, one batch."""
+    return SampleParams(temperature=0.7, top_k=50, max_new_tokens=new, max_steps=10**6, stop_at_answer=False,
+                        ignore_eos=True, batch_size=rows, epsilon=epsilon)
+
+
+NO_KERNEL = {"aten::lift_fresh", "aten::detach", "aten::alias", "aten::empty", "aten::empty_strided",
+             "aten::new_empty", "aten::new_empty_strided"}
+
+
+def op_kind(func) -> str:
+    """'sync' (a tensor read by the host: a device-to-host copy and a synchronisation on CUDA), 'view'
+    (metadata only: views, allocations; no kernel on CUDA) or 'kernel' (launches a kernel on CUDA)."""
+    name = func._schema.name
+    if name == "aten::_local_scalar_dense":
+        return "sync"
+    if getattr(func, "is_view", False) or name in NO_KERNEL:
+        return "view"
+    return "kernel"
+
+
+class DispatchCounter(TorchDispatchMode):
+    """Counts aten ops by kind (``op_kind``): 'sync' (``_local_scalar_dense``: the host reads a tensor),
+    'view' (views and allocations, no kernel on a GPU), 'kernel' (the rest: a kernel launch on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {"kernel": 0, "view": 0, "sync": 0, "cpu_copy": 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[op_kind(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class CpuCopyCounter(TorchFunctionMode):
+    """Counts ``Tensor.cpu()`` calls (no aten op on a CPU tensor; a device-to-host copy and sync on a GPU)."""
+
+    def __init__(self, counts):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "cpu":
+            self.counts["cpu_copy"] += 1
+        return func(*args, **(kwargs or {}))
