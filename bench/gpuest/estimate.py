@@ -29,19 +29,22 @@ def seconds_at(rec: dict, length: float) -> float:
     return t[-1] + tail + (length - 1 - n_dec) * slope
 
 
-def rl_runs(cfg) -> int:
-    """Distinct RL trainings per pair, as ``rl.run_rl`` dedups them (a Table 2 row equal to a curve
-    setting reuses its run)."""
-    from ctrls.settings import parse_setting
+def rl_runs(cfg, pair: tuple[str, str] | None = None) -> int:
+    """Distinct RL trainings of a pair, as the RL stage dedups them (``ctrls.stages.rl.rl_runs``:
+    the curves x seeds, the Table 2 rows, and Table 3's rows for ``judge.pair``); without a pair,
+    the largest over the profile's pairs (the lockstep batch that is measured)."""
+    from ctrls.stages.rl import rl_runs as stage_runs
 
-    runs = set()
-    for s in cfg.rl.settings:
-        st = parse_setting(s, cfg)
-        runs |= {(st.epsilon, st.alpha, seed) for seed in cfg.rl.seeds}
-    for s in cfg.rl.table2:
-        st = parse_setting(s, cfg)
-        runs.add((st.epsilon, st.alpha, cfg.rl.seeds[0]))
-    return len(runs)
+    pairs = [pair] if pair is not None else cfg.pairs()
+    return max(len(stage_runs(cfg, b, d)) for b, d in pairs)
+
+
+def table_policies(cfg, pair: tuple[str, str]) -> int:
+    """Policies whose test samples the RL stage draws for a pair: the table rows, plus Base when
+    ``rl.n_test`` is set (Table 2's own Base on its own questions)."""
+    from ctrls.stages.rl import table_rows
+
+    return len(table_rows(cfg, *pair)) + (1 if cfg.rl.n_test is not None else 0)
 
 
 def estimate(cfg, measured_: dict, mean_tokens: dict, steps_per_cot: dict, acceptance: dict, world: int = 1) -> dict:
@@ -56,7 +59,6 @@ def estimate(cfg, measured_: dict, mean_tokens: dict, steps_per_cot: dict, accep
     that (``total_gpu_hours``)."""
     B, cap = cfg.sampling.batch_size, cfg.sampling.max_new_tokens
     n_evals = 1 + cfg.rl.steps // cfg.rl.eval_every + (1 if cfg.rl.steps % cfg.rl.eval_every else 0)
-    runs = rl_runs(cfg)
     shard = lambda n: -(-n // world)  # noqa: E731 - the largest block of World.shard
     rows, disk, seq_hours = [], {}, {}
     for bname, ds in cfg.pairs():
@@ -64,6 +66,7 @@ def estimate(cfg, measured_: dict, mean_tokens: dict, steps_per_cot: dict, accep
         if m is None:
             raise KeyError(f"no measurement for backbone {bname!r}")
         runs_m = {k: m[k] for k in ("base_b160", "ctrls_b160", "ctrls_rl", "ctrls_lockstep") if k in m}
+        runs, policies = rl_runs(cfg, (bname, ds)), table_policies(cfg, (bname, ds))
         pt = m["pretrain"]
         L = mean_tokens[ds]
         kept = cfg.data.n_train * cfg.pretrain.samples_per_question * acceptance[ds]
@@ -71,8 +74,9 @@ def estimate(cfg, measured_: dict, mean_tokens: dict, steps_per_cot: dict, accep
         prompt_tokens = sum(m["prompt_tokens"]) / len(m["prompt_tokens"])
         pt_steps = pt["spectral"]["steps"]
         batches = lambda questions, n: math.ceil(shard(questions) / max(1, B // n))  # noqa: E731
-        test_q = cfg.data.n_test
-        eval_q = min(cfg.rl.eval_questions, test_q)  # rl.run_rl evaluates the first min(eval_questions, n_test)
+        test_q = cfg.data.n_test  # Table 1
+        table_q = cfg.rl.n_test if cfg.rl.n_test is not None else test_q  # Table 2 (the RL stage's test questions)
+        eval_q = cfg.rl.eval_questions  # the RL curves: the first eval_questions of the same pool
 
         def sampling(label, kind, n_batches, detail):
             for bound, length in (("mean", L), ("cap", cap)):
@@ -137,9 +141,9 @@ def estimate(cfg, measured_: dict, mean_tokens: dict, steps_per_cot: dict, accep
         nb = batches(eval_q, cfg.rl.eval_samples)
         sampling("RL evaluation", "ctrls_b160", runs * n_evals * nb,
                  f"{runs} runs x {n_evals} evals x {eval_q} q x {cfg.rl.eval_samples}: {nb} batches each{per}")
-        nb = batches(test_q, cfg.grid.n_samples)
-        sampling("RL Table 2 samples", "ctrls_b160", len(cfg.rl.table2) * nb,
-                 f"{len(cfg.rl.table2)} policies x {test_q} q x {cfg.grid.n_samples}: {nb} batches each{per}")
+        nb = batches(table_q, cfg.grid.n_samples)
+        sampling("RL Table 2 samples", "ctrls_b160", policies * nb,
+                 f"{policies} policies x {table_q} q x {cfg.grid.n_samples}: {nb} batches each{per}")
     stages: dict[str, dict[str, float]] = {}
     pairs: dict[str, dict[str, float]] = {}
     for r in rows:
@@ -148,7 +152,7 @@ def estimate(cfg, measured_: dict, mean_tokens: dict, steps_per_cot: dict, accep
     total = {b: sum(s[b] for s in stages.values()) for b in ("mean", "cap")}
     return {"world_size": world, "rows": rows, "stages_hours": stages, "pairs_hours": pairs, "total_hours": total,
             "total_gpu_hours": {b: world * h for b, h in total.items()},
-            "rl_runs_per_pair": runs, "rl_evals_per_run": n_evals, "rl_eval_questions_used": eval_q,
+            "rl_runs_per_pair": rl_runs(cfg), "rl_evals_per_run": n_evals, "rl_eval_questions_used": eval_q,
             "rl_lockstep": all("ctrls_lockstep" in measured_["backbones"][b] for b, _ in cfg.pairs()),
             "rl_training_sequential_hours": seq_hours,
             "features_disk_gib": disk,
