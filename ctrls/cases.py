@@ -14,6 +14,7 @@ import html
 import pandas as pd
 
 from ctrls.paper import PAPER_CASES
+from ctrls.stages.common import backbone_for, sample_params
 from ctrls.settings import BASE
 
 
@@ -94,11 +95,10 @@ def find_paper_cases(cfg) -> dict[str, "object"]:
 def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None) -> pd.DataFrame:
     """Base and CTRLS samples for the paper's MATH case questions with one backbone (default: the
     first) and its checkpoint: the MATH one if the profile trains it, else its first dataset's."""
-    from ctrls.backbone import load_backbone
     from ctrls.stages.exploration import generation_rows
     from ctrls.stages.pretrain import load_pretrained
     from ctrls.prompts import encode_prompt
-    from ctrls.sampling import SampleParams, sample, seeded
+    from ctrls.sampling import sample, seeded
 
     bname = backbone or cfg.pairs()[0][0]
     mine = [d for b, d in cfg.pairs() if b == bname]
@@ -106,7 +106,7 @@ def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None) -> pd.DataF
         raise ValueError(f"backbone {bname!r} is not in grid.backbones {cfg.grid.backbones}")
     ds = "math" if "math" in mine else mine[0]
     pc = cfg.for_pair(bname, ds)
-    bb = load_backbone(bname, pc.backbone.device, pc.backbone.dtype, pc.backbone.cache_dir)
+    bb = backbone_for(pc, bname)
     model = load_pretrained(pc, bb)
     cases = find_paper_cases(cfg)
     probs = list(cases.values())
@@ -117,8 +117,7 @@ def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None) -> pd.DataF
     eps = cfg.grid.epsilons[0]
     rows = []
     for label, m, e in ((BASE, None, 0.0), (f"eps={eps:g}", model, eps)):
-        params = SampleParams(temperature=eta, top_k=pc.sampling.top_k, max_new_tokens=pc.sampling.max_new_tokens,
-                              max_steps=pc.prompt.max_steps, batch_size=pc.sampling.batch_size, epsilon=e)
+        params = sample_params(pc, eta, epsilon=e)
         gens = sample(bb, [x[0] for x in enc], n, params, model=m, generator=seeded(cfg.seed + 7, bb.device),
                       prompt_starts=[x[1] for x in enc])
         meta = {"backbone": bname, "dataset": "math", "temperature": eta, "config": label,

@@ -21,7 +21,8 @@ from ctrls.config import Config
 from ctrls.data import Problem
 from ctrls.prompts import encode_prompt, encode_solution, final_answer_line, newline_token_ids, split_steps, step_spans
 from ctrls.runs import ArtifactError, append_jsonl, artifact_error, load_torch, safe_name
-from ctrls.sampling import SampleParams, sample
+from ctrls.stages.common import sample_params
+from ctrls.sampling import sample
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,7 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
     done = _done_questions(path)
     tok = bb.tokenizer
     n = cfg.pretrain.samples_per_question
-    params = SampleParams(temperature=cfg.pretrain.temperature, top_k=cfg.sampling.top_k,
-                          max_new_tokens=cfg.sampling.max_new_tokens, max_steps=cfg.prompt.max_steps,
-                          batch_size=cfg.sampling.batch_size)
+    params = sample_params(cfg, cfg.pretrain.temperature)
     per_chunk = max(1, cfg.sampling.batch_size // max(n, 1))
     # data parallel: each round covers the next `size * per_chunk` questions, every rank sampling its
     # contiguous block of them (perhaps empty) so that the gathers line up; gathered in rank order,

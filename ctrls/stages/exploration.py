@@ -28,13 +28,13 @@ from tqdm.auto import tqdm
 from ctrls.streams import seed_of
 from ctrls import controllability as ctl
 from ctrls.answers import grade
-from ctrls.backbone import load_backbone
 from ctrls.config import Config
 from ctrls.data import problems_from_config
 from ctrls.prompts import encode_prompt
 from ctrls.runs import Stage, pair_slug, read_parquet, slug, valid_part
-from ctrls.sampling import Generation, SampleParams, sample, seeded
+from ctrls.sampling import Generation, sample, seeded
 from ctrls.settings import BASE, FIXED, row_label
+from ctrls.stages.common import backbone_for, sample_params
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages
 
 
@@ -110,7 +110,7 @@ def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     reencode_s = 0.0
     for bname, ds in cfg.pairs():
         pc = cfg.for_pair(bname, ds)
-        bb = load_backbone(bname, w.device(pc.backbone.device), pc.backbone.dtype, pc.backbone.cache_dir)
+        bb = backbone_for(pc, bname)
         model = load_pretrained(pc, bb)
         problems = problems_from_config(pc, "test")
         mine = w.shard(range(len(problems)))
@@ -128,9 +128,7 @@ def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             if not todo:
                 continue
             bar.set_postfix_str(f"eta={eta:g} {label}")
-            params = SampleParams(temperature=eta, top_k=pc.sampling.top_k, max_new_tokens=pc.sampling.max_new_tokens,
-                                  max_steps=pc.prompt.max_steps, batch_size=pc.sampling.batch_size,
-                                  epsilon=row.epsilon or 0.0, transitions=row.transitions)
+            params = sample_params(pc, eta, epsilon=row.epsilon or 0.0, transitions=row.transitions)
             # one seed per question: its samples do not depend on the chunking or on the process
             seeds = [seed_of(cfg.seed, bname, ds, eta, label, problems[j].id) for j in todo]
             gens = sample(bb, [enc[j][0] for j in todo], g.n_samples, params, model=model if row.ctrls else None,

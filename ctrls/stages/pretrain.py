@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ctrls.backbone import Backbone, load_backbone
+from ctrls.backbone import Backbone
 from ctrls.config import Config
 from ctrls.data import problems_from_config
 from ctrls.elbo import elbo, relaxed_loss, relaxed_terms
@@ -44,6 +44,7 @@ from ctrls.policy import fit_transitions, kl_to_prior
 from ctrls.runs import Stage, artifact_error, check_safetensors, load_torch, pair_slug, read_parquet
 from ctrls.spectral import spectral_embeddings
 from ctrls.stages.collect import PretrainError, feature_shards, read_trajectories, cache_features, collect
+from ctrls.stages.common import backbone_for
 from ctrls.states import fit_states
 
 
@@ -178,8 +179,7 @@ def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False,
     def need_backbone() -> Backbone:
         nonlocal bb
         if bb is None:
-            bb = backbone or load_backbone(cfg.backbone.name, w.device(cfg.backbone.device), cfg.backbone.dtype,
-                                           cfg.backbone.cache_dir)
+            bb = backbone or backbone_for(cfg)
         return bb
 
     problems = None

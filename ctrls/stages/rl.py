@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ctrls.stages.common import backbone_for, sample_params
 from ctrls.streams import seed_of
 from ctrls.config import Config
 from ctrls.policy import TransitionPolicy
@@ -77,7 +78,6 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     import copy
 
     from ctrls.answers import grade
-    from ctrls.backbone import load_backbone
     from ctrls.config import override
     from ctrls.data import problems_from_config
     from ctrls.distributed import world
@@ -98,7 +98,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     for bname, ds in cfg.pairs():
         pc = cfg.for_pair(bname, ds)
         pair = pair_slug(bname, ds)
-        bb = load_backbone(bname, w.device(pc.backbone.device), pc.backbone.dtype, pc.backbone.cache_dir)
+        bb = backbone_for(pc, bname)
         pretrained = load_pretrained(pc, bb)
         train = problems_from_config(pc, "train")
         n_table = rl.n_test if rl.n_test is not None else pc.data.n_test
@@ -113,8 +113,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             return encoded[split, i]
 
         def params(eps: float) -> SampleParams:
-            return SampleParams(temperature=rl.temperature, top_k=pc.sampling.top_k, max_new_tokens=pc.sampling.max_new_tokens,
-                                max_steps=pc.prompt.max_steps, batch_size=pc.sampling.batch_size, epsilon=eps)
+            return sample_params(pc, rl.temperature, epsilon=eps)
 
         def generate(split, reqs, lockstep):
             """reqs: [(model or None for Base, question indices, sample ids, epsilon, seeds)]; returns one
