@@ -6,11 +6,10 @@ repository root, so ``bench/`` is on ``sys.path``). Running this file does nothi
 """
 from __future__ import annotations
 
-import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ctrls.model import CTRLSConfig, CTRLSModel
+from ctrls.model import CTRLSModel
 from ctrls.sampling import SampleParams
 
 # short GSM8K-like questions (not from the data set); bench/sampling.py and bench/rl.py use the first 4
@@ -27,15 +26,9 @@ QUESTIONS = [
 
 
 def random_ctrls(bb, K: int = 16, k: int = 4, rank: int = 64) -> CTRLSModel:
-    """A CTRLS model with random weights for the backbone ``bb`` (seed 0): ``K`` states, spectral ``k``,
-    adapter ``rank``, a random transition logit matrix and a small random adapter output (std 0.01)."""
-    torch.manual_seed(0)
-    d = bb.hidden_size
-    conf = CTRLSConfig(hidden_size=d, n_states=K, requested_states=K, spectral_k=k, spectral_normalize=True,
-                       tau=50.0, rank=rank)
-    m = CTRLSModel.build(conf, torch.randn(K, k * d), L=torch.randn(K, K))
-    torch.nn.init.normal_(m.adapter.up.weight, std=0.01)
-    return m.to(bb.device)
+    """``CTRLSModel.random`` for the backbone ``bb`` (seed 0), on its device: ``K`` states, spectral ``k``,
+    adapter ``rank``, a small random adapter output (std 0.01)."""
+    return CTRLSModel.random(bb.hidden_size, K, k, rank).to(bb.device)
 
 
 def forced_params(rows: int, new: int, epsilon: float = 0.1) -> SampleParams:

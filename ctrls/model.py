@@ -118,3 +118,20 @@ class CTRLSModel(torch.nn.Module):
                 policy.L.copy_(L)
         adapter = StateAdapter(config.hidden_size, config.state_dim, config.rank)
         return cls(config, centroids, policy, adapter)
+
+    @classmethod
+    def random(cls, hidden_size: int, n_states: int = 16, spectral_k: int = 4, rank: int = 64, seed: int = 0,
+               centroid_scale: float = 1.0, concentration: float = 20.0, adapter_std: float | None = 0.01,
+               tau: float = 50.0) -> "CTRLSModel":
+        """A CTRLS model with random weights, for tests and benchmarks (no fitting): centroids and
+        transition logits L standard normal (centroids times ``centroid_scale``), drawn in that order
+        after ``torch.manual_seed(seed)``; the adapter's output layer normal with ``adapter_std`` (None:
+        the fresh adapter, which leaves the backbone's logits unchanged)."""
+        torch.manual_seed(seed)
+        conf = CTRLSConfig(hidden_size=hidden_size, n_states=n_states, requested_states=n_states, spectral_k=spectral_k,
+                           spectral_normalize=True, tau=tau, rank=rank)
+        centroids = torch.randn(n_states, spectral_k * hidden_size) * centroid_scale
+        model = cls.build(conf, centroids, concentration=concentration, L=torch.randn(n_states, n_states))
+        if adapter_std is not None:
+            torch.nn.init.normal_(model.adapter.up.weight, std=adapter_std)
+        return model

@@ -86,18 +86,13 @@ def test_stopping_rules_on_the_real_backbone(smollm):
 # ---- CTRLS: state-aware decoding --------------------------------------------------------------
 
 from ctrls.adapter import adapted_logits  # noqa: E402
-from ctrls.model import CTRLSConfig, CTRLSModel  # noqa: E402
+from ctrls.model import CTRLSModel
 
 
 def random_ctrls(bb, K=4, k=2, rank=8, seed=0, trained=False, scale=0.02):
-    torch.manual_seed(seed)
-    d = bb.hidden_size
-    conf = CTRLSConfig(hidden_size=d, n_states=K, requested_states=K, spectral_k=k, spectral_normalize=True,
-                       tau=50.0, rank=rank)
-    model = CTRLSModel.build(conf, torch.randn(K, k * d) * 0.5, concentration=5.0, L=torch.randn(K, K))
-    if trained:  # a non-zero output layer, so the state changes the logits
-        torch.nn.init.normal_(model.adapter.up.weight, std=scale)
-    return model
+    """A random CTRLS model for ``bb``; ``trained``: a non-zero adapter output, so the state changes the logits."""
+    return CTRLSModel.random(bb.hidden_size, K, k, rank, seed, centroid_scale=0.5, concentration=5.0,
+                             adapter_std=scale if trained else None)
 
 
 def test_fresh_ctrls_greedy_equals_base_greedy(tiny_llama):
