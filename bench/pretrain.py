@@ -26,7 +26,7 @@ import time
 import torch
 
 from ctrls.adapter import StateAdapter, adapted_logits
-from ctrls.backbone import load_backbone
+from ctrls.backbone import decoder_body, load_backbone
 from ctrls.elbo import relaxed_loss, relaxed_terms
 from ctrls.policy import kl_to_prior
 
@@ -94,7 +94,7 @@ def main() -> None:
     torch.manual_seed(0)
     bb = load_backbone("smollm2-135m-instruct", device="cpu", dtype="float32")
     model, head, d = bb.model, bb.lm_head, bb.hidden_size
-    body = model.get_decoder()
+    body = decoder_body(model)
     data = make_data(args.trajectories, model.config.vocab_size)
     batches = [slice(i, i + BATCH) for i in range(0, args.trajectories, BATCH)]
     n_c = min(args.input_embeds_batches, len(batches))

@@ -31,6 +31,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ctrls.backbone import decoder_body
+
 INJECTION_POINTS = ("last_hidden", "input_embeds")
 
 
@@ -127,7 +129,7 @@ def adapted_logits(model: torch.nn.Module, adapter: StateAdapter, input_ids: tor
     def adapt(E: torch.Tensor) -> torch.Tensor:
         return adapter(E, z) if z is not None else adapter.forward_s(E, s, centroids)
 
-    body = model.get_decoder()  # the transformer body (LlamaModel / Qwen2Model), final norm included
+    body = decoder_body(model)  # the transformer body (LlamaModel / Qwen2Model), final norm included
     head = model.get_output_embeddings()
     if inject_at == "last_hidden":
         h = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state

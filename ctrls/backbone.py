@@ -193,5 +193,6 @@ def tiny_backbone(arch: str = "llama", tokenizer: object | None = None, seed: in
 
 def decoder_body(model: torch.nn.Module) -> torch.nn.Module:
     """The decoder stack of a causal LM without its LM head (its output is the hidden states after
-    the final norm): ``model.<base_model_prefix>``, e.g. ``model.model`` for Llama and Qwen2."""
-    return getattr(model, model.base_model_prefix)
+    the final norm): transformers' ``get_decoder()``, e.g. ``model.model`` for Llama and Qwen2. The one
+    way the library reaches the body."""
+    return model.get_decoder()

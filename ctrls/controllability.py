@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Hashable, Sequence
 import numpy as np
 import torch
 
+from ctrls.backbone import decoder_body
 from ctrls.metrics import bootstrap_ci
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
     from transformers import DynamicCache
 
     lm = backbone.model
-    body = lm.get_decoder()
+    body = decoder_body(lm)
     dev = backbone.device
     P = len(prompt)
     want = layer != -1
