@@ -68,6 +68,22 @@ def check_finite(x: torch.Tensor, what: str) -> torch.Tensor:
     return x
 
 
+def _mt_setup(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Marsaglia-Tsang constants for Gamma(a, 1): (a < 1, d, c), with a < 1 drawn as Gamma(a + 1) and
+    boosted afterwards (``Gamma(a) = Gamma(a + 1) U^(1 / a)``)."""
+    small = a < 1
+    d = torch.where(small, a + 1, a) - 1.0 / 3.0
+    return small, d, 1.0 / torch.sqrt(9.0 * d)
+
+
+def _mt_accept(x: torch.Tensor, log_u: torch.Tensor, d: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Marsaglia-Tsang round from a standard normal ``x`` and log-uniform ``log_u``: (accepted,
+    log of the proposed Gamma draw d v)."""
+    v = (1 + c * x) ** 3
+    log_v = torch.log(v.clamp(min=1e-300))
+    return (v > 0) & (log_u < 0.5 * x * x + d - d * v + d * log_v), torch.log(d) + log_v
+
+
 def _log_standard_gamma(alpha: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """log of Gamma(alpha, 1) draws (Marsaglia & Tsang 2000), alpha > 0; alpha < 1 by the boost
     Gamma(alpha) = Gamma(alpha + 1) U^(1 / alpha), kept in log space. Raises on a non-finite or
@@ -77,10 +93,7 @@ def _log_standard_gamma(alpha: torch.Tensor, generator: torch.Generator | None) 
     a = check_finite(alpha, "Dirichlet concentration").detach().double().to(dev)
     if bool((a <= 0).any()):
         raise ValueError(f"Dirichlet concentrations must be > 0, got min {float(a.min())}")
-    small = a < 1
-    a1 = torch.where(small, a + 1, a)
-    d = a1 - 1.0 / 3.0
-    c = 1.0 / torch.sqrt(9.0 * d)
+    small, d, c = _mt_setup(a)
     out = torch.empty_like(a)
     pending = torch.ones_like(a, dtype=torch.bool)
     for _ in range(MAX_REJECTION_ROUNDS):  # each draw is accepted with probability > 0.95
@@ -88,10 +101,9 @@ def _log_standard_gamma(alpha: torch.Tensor, generator: torch.Generator | None) 
             break
         x = torch.randn(a.shape, generator=generator, device=dev, dtype=a.dtype)
         u = torch.rand(a.shape, generator=generator, device=dev, dtype=a.dtype)
-        v = (1 + c * x) ** 3
-        log_v = torch.log(v.clamp(min=1e-300))
-        ok = pending & (v > 0) & (torch.log(u) < 0.5 * x * x + d - d * v + d * log_v)
-        out = torch.where(ok, torch.log(d) + log_v, out)
+        ok, val = _mt_accept(x, torch.log(u), d, c)
+        ok &= pending
+        out = torch.where(ok, val, out)
         pending &= ~ok
     else:
         if pending.any():
@@ -129,10 +141,7 @@ def _log_standard_gamma_streams(a: torch.Tensor, sub: torch.Tensor, u0: torch.Te
     """log Gamma(a, 1) (B, K), float64, by Marsaglia-Tsang from each row's sub-stream (layout above);
     ``u0`` (B, K): the boost uniforms (counter 0, uniforms 1..K)."""
     B, K = a.shape
-    small = a < 1
-    a1 = torch.where(small, a + 1, a)
-    d = a1 - 1.0 / 3.0
-    c = 1.0 / torch.sqrt(9.0 * d)
+    small, d, c = _mt_setup(a)
     out = torch.zeros_like(a)
     pending = torch.ones_like(a, dtype=torch.bool)
     r0 = 0
@@ -141,10 +150,7 @@ def _log_standard_gamma_streams(a: torch.Tensor, sub: torch.Tensor, u0: torch.Te
         rounds = torch.arange(r0 + 1, r0 + n + 1, device=a.device, dtype=torch.int64)
         u = stream_uniform(sub.repeat(n), rounds.repeat_interleave(B), 3 * K).view(n, B, 3, K)
         x = torch.sqrt(-2.0 * torch.log(u[:, :, 0])) * torch.cos(2 * math.pi * u[:, :, 1])  # Box-Muller
-        v = (1 + c * x) ** 3
-        log_v = torch.log(v.clamp(min=1e-300))
-        ok = (v > 0) & (torch.log(u[:, :, 2]) < 0.5 * x * x + d - d * v + d * log_v)  # (n, B, K)
-        val = torch.log(d) + log_v
+        ok, val = _mt_accept(x, torch.log(u[:, :, 2]), d, c)  # (n, B, K)
         first = ok.to(torch.uint8).argmax(0, keepdim=True)  # the first accepted round of each entry
         take = pending & ok.any(0)
         out = torch.where(take, val.gather(0, first).squeeze(0), out)
