@@ -27,6 +27,7 @@ from ctrls.answers import grade
 from ctrls.backbone import load_backbone
 from ctrls.config import load_config
 from ctrls.policy import TransitionPolicy
+from ctrls.report import cpu_model
 from ctrls.prompts import prompt_ids
 from ctrls.rl import Trainer, Trajectory, reinforce_loss, run_lockstep
 from ctrls.stages.rl import rl_runs
@@ -35,11 +36,7 @@ from common import QUESTIONS, random_ctrls
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model() or platform.machine()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return f"{cpu}; {os.cpu_count()} cores; torch threads {torch.get_num_threads()}; load {load:.1f}"
 

@@ -161,10 +161,9 @@ def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, floa
     import os
     import platform
 
-    from ctrls.report import git_commit
+    from ctrls.report import cpu_model, git_commit
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    cpu = cpu_model() or platform.processor()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"profile": args.profile, "overrides": list(args.override or []), "commit": git_commit(),
                                 "cpu": cpu, "cores": os.cpu_count(), "seconds": seconds, "total_s": round(total, 1),

@@ -23,6 +23,17 @@ def notebook_config(profile: str = "demo", run_dir: str = "runs", overrides: str
     return load_config(profile, {**parse_overrides(overrides), "run_dir": run_dir})
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``, else None."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def git_commit() -> str:
     root = Path(ctrls.__file__).resolve().parents[1]
     try:

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 
 import torch
+
+from ctrls.report import cpu_model
 
 from .decode import timed_fields
 from .estimate import ACCEPTANCE, MEAN_TOKENS, STEPS_PER_COT, estimate, rl_runs
@@ -181,16 +182,6 @@ def analytic_sensitivity(data: dict, cfg, args, new: int) -> list[dict]:
         est = estimate(cfg, d, MEAN_TOKENS, STEPS_PER_COT, ACCEPTANCE)
         out.append({"change": change, "total_hours": est["total_hours"], "stages_hours": est["stages_hours"]})
     return out
-
-
-def cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
 
 
 def analytic_data(args, cfg) -> dict:
