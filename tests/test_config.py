@@ -126,38 +126,32 @@ def test_cross_key_checks():
     assert load_config("smoke", ["rl.eval_questions=500"]).rl.eval_questions == 500
 
 
+def config_keys(cls=Config, prefix=""):
+    """(dotted key, type, dataclass field) of every leaf key of the config."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from config_keys(tp, prefix + f.name + ".")
+        else:
+            yield prefix + f.name, tp, f
+
+
 def test_every_key_declares_its_values():
     """Each key has a declared rule (``config.key(default, rule)``), or a bool/Literal type that is
     its own set. A key added without one fails here: declare its allowed values."""
-    def walk(cls, prefix=""):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            tp = hints[f.name]
-            if dataclasses.is_dataclass(tp):
-                yield from walk(tp, prefix + f.name + ".")
-            else:
-                yield prefix + f.name, tp, f
-
     def self_evident(tp):
         args = typing.get_args(tp)
         return tp is bool or typing.get_origin(tp) is typing.Literal or \
             (typing.get_origin(tp) is list and len(args) == 1 and self_evident(args[0]))
 
-    undeclared = [k for k, tp, f in walk(Config) if f.metadata.get("rule") is None and not self_evident(tp)]
+    undeclared = [k for k, tp, f in config_keys() if f.metadata.get("rule") is None and not self_evident(tp)]
     assert not undeclared, f"keys without declared allowed values: {undeclared}"
-    assert len(list(walk(Config))) > 70
+    assert len(list(config_keys())) > 70
 
 
 def float_keys():
-    def walk(cls, prefix=""):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            tp = hints[f.name]
-            if dataclasses.is_dataclass(tp):
-                yield from walk(tp, prefix + f.name + ".")
-            elif float in (tp, *typing.get_args(tp)):
-                yield prefix + f.name, tp
-    return list(walk(Config))
+    return [(k, tp) for k, tp, _ in config_keys() if float in (tp, *typing.get_args(tp))]
 
 
 @pytest.mark.parametrize("key,tp", float_keys(), ids=[k for k, _ in float_keys()])
