@@ -13,9 +13,14 @@ import html
 
 import pandas as pd
 
+from ctrls.data import load_problems
 from ctrls.paper import PAPER_CASES
-from ctrls.stages.common import backbone_for, sample_params
+from ctrls.prompts import encode_prompt
+from ctrls.sampling import sample, seeded
 from ctrls.settings import BASE
+from ctrls.stages.common import backbone_for, sample_params
+from ctrls.stages.exploration import generation_rows
+from ctrls.stages.pretrain import load_pretrained
 
 
 def _first(g: pd.DataFrame) -> pd.Series:
@@ -80,8 +85,6 @@ def trace_html(question: str, gold: str, left: pd.Series, right: pd.Series, left
 
 def find_paper_cases(cfg) -> dict[str, "object"]:
     """The paper's two MATH case questions, looked up by text in the MATH data (both splits)."""
-    from ctrls.data import load_problems
-
     pool = load_problems("math", "test", data_dir=cfg.data.data_dir) + load_problems("math", "train", data_dir=cfg.data.data_dir)
     found = {}
     for name, fragments in PAPER_CASES.items():
@@ -95,11 +98,6 @@ def find_paper_cases(cfg) -> dict[str, "object"]:
 def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None) -> pd.DataFrame:
     """Base and CTRLS samples for the paper's MATH case questions with one backbone (default: the
     first) and its checkpoint: the MATH one if the profile trains it, else its first dataset's."""
-    from ctrls.stages.exploration import generation_rows
-    from ctrls.stages.pretrain import load_pretrained
-    from ctrls.prompts import encode_prompt
-    from ctrls.sampling import sample, seeded
-
     bname = backbone or cfg.pairs()[0][0]
     mine = [d for b, d in cfg.pairs() if b == bname]
     if not mine:

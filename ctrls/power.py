@@ -29,13 +29,14 @@ sit on the same question grid (the design notes, book/design.md, note the discre
 """
 from __future__ import annotations
 
-from ctrls.paper import PAPER_N
-
 import math
 
 import numpy as np
 import pandas as pd
 from scipy.stats import norm
+
+from ctrls.paper import PAPER_N, PAPER_TABLE1, PAPER_TABLE2
+from ctrls.settings import BASE, setting_label
 
 ALPHA = 0.05  # two-sided
 POWER = 0.8
@@ -92,11 +93,6 @@ def _count(pct: float, n: int, where: str) -> int:
 def paper_comparisons() -> pd.DataFrame:
     """Every CTRLS-vs-Base pair the paper reports: Table 1 (each eps row vs Base at the same
     backbone, dataset and eta) and Table 2 (each RL row vs Base), pass@20 and Succ., in %."""
-    from ctrls.paper import PAPER_TABLE1
-    from ctrls.settings import BASE
-    from ctrls.paper import PAPER_TABLE2
-    from ctrls.settings import setting_label
-
     rows = []
     for (bb, ds), by_eta in PAPER_TABLE1.items():
         for eta, by_row in by_eta.items():

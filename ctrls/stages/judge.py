@@ -7,13 +7,14 @@ from __future__ import annotations
 import pandas as pd
 
 from ctrls.judge import judge_samples, make_backend, subsample
-from ctrls.settings import judge_pair
+from ctrls.runs import Stage
+from ctrls.settings import BASE, judge_pair, parse_setting
+from ctrls.stages.exploration import load_samples
+from ctrls.stages.rl import load_table2_samples
 
 
 def table3_labels(cfg) -> list[str]:
     """Table 3's rows: Base, then each policy of ``judge.settings`` labelled like the paper's."""
-    from ctrls.settings import parse_setting
-
     return ["Base"] + list(dict.fromkeys(parse_setting(s, cfg).label for s in cfg.judge.settings))
 
 
@@ -22,10 +23,6 @@ def judged_configs(cfg) -> pd.DataFrame:
     policy of ``judge.settings``, labelled by ``rl.setting_label`` (the paper's "ε=…, H=…"), at eta =
     rl.temperature. Base is the RL stage's own Base samples when it has them (``rl.n_test``), else
     the exploration stage's."""
-    from ctrls.settings import BASE
-    from ctrls.stages.exploration import load_samples
-    from ctrls.stages.rl import load_table2_samples
-
     backbone, dataset = judge_pair(cfg)
     labels = table3_labels(cfg)
 
@@ -53,8 +50,6 @@ def judged_configs(cfg) -> pd.DataFrame:
 
 def run_judge(cfg, force: bool = False, progress: bool = True) -> pd.DataFrame:
     """Subsample, judge (cached) and return the judged rows; written to runs/<profile>/judge/."""
-    from ctrls.runs import Stage
-
     backend = make_backend(cfg.judge)
     stage = Stage(cfg, "judge", ("judge", "seed", "grid", "rl", "data"), upstream=(backend.name, backend.model))
     out = stage.dir / "judged.parquet"

@@ -11,22 +11,25 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ctrls.stages.common import backbone_for, sample_params
-from ctrls.streams import seed_of
-from ctrls.config import Config
+from ctrls.answers import grade
+from ctrls.config import Config, override
+from ctrls.data import problems_from_config
 from ctrls.policy import TransitionPolicy
+from ctrls.prompts import encode_prompt
 from ctrls.rl import Trainer, Trajectory, run_lockstep, state_usage_entropy
-from ctrls.runs import read_parquet, safe_name, valid_part
-from ctrls.settings import Setting, format_number, parse_setting
+from ctrls.runs import Stage, pair_slug, read_parquet, safe_name, valid_part
+from ctrls.sampling import SampleParams, sample
+from ctrls.settings import BASE, Setting, format_number, judge_pair, parse_setting
+from ctrls.stages.common import backbone_for, sample_params
+from ctrls.stages.exploration import generation_rows, write_part
+from ctrls.stages.pretrain import load_pretrained, pretrain_stages
+from ctrls.streams import seed_of
 
 
 RL_KEYS = ("seed", "data", "prompt", "sampling", "rl", "grid.n_samples")
 
 
 def _rl_stage(cfg: Config):
-    from ctrls.stages.pretrain import pretrain_stages
-    from ctrls.runs import Stage
-
     adapters = tuple(pretrain_stages(cfg.for_pair(b, d))["adapter"] for b, d in cfg.pairs())
     return Stage(cfg, "rl", RL_KEYS, upstream=tuple(a.key for a in adapters), inputs=adapters)
 
@@ -35,8 +38,6 @@ def table_rows(cfg: Config, backbone: str, dataset: str) -> list[Setting]:
     """The RL policies whose test samples a pair needs: the rows of Table 2 (``rl.table2``) and, for
     the judge's pair only (``judge.pair``), the rows of Table 3 (``judge.settings``); one per
     (epsilon, alpha), in that order."""
-    from ctrls.settings import judge_pair
-
     names = list(cfg.rl.table2) + (list(cfg.judge.settings) if (backbone, dataset) == judge_pair(cfg) else [])
     rows: dict[tuple[float, float], Setting] = {}
     for name in names:
@@ -77,15 +78,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     # Alg. 2: sample trajectories with pi~ (ctrls.sampling), reward, Eq. 14 update per run
     import copy
 
-    from ctrls.answers import grade
-    from ctrls.config import override
-    from ctrls.data import problems_from_config
     from ctrls.distributed import world
-    from ctrls.settings import BASE
-    from ctrls.stages.pretrain import load_pretrained
-    from ctrls.prompts import encode_prompt
-    from ctrls.runs import pair_slug
-    from ctrls.sampling import SampleParams, sample
 
     w = world()
     stage = _rl_stage(cfg)
@@ -212,7 +205,6 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
 def _write_table_part(cfg: Config, part: Path, res, meta: dict) -> None:
     """Gather one table policy's samples over ranks; rank 0 writes them."""
     from ctrls.distributed import world
-    from ctrls.stages.exploration import generation_rows, write_part
 
     w = world()
     meta = {"backbone": cfg.backbone.name, "dataset": cfg.data.dataset, "temperature": cfg.rl.temperature, **meta}
