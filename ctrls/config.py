@@ -39,6 +39,7 @@ from typing import Any, Callable, Literal, Union, get_args, get_origin
 import yaml
 
 from ctrls.overrides import ConfigError, parse_overrides
+from ctrls.settings import parse_setting
 
 # ---- declared allowed values -------------------------------------------------------------
 
@@ -114,9 +115,7 @@ def _few_shot_max() -> int:
 
 
 def _is_rl_setting(v: str) -> bool:
-    """One grammar: ``ctrls.rl.parse_setting``'s; its epsilon must be a probability, its alpha >= 0."""
-    from ctrls.settings import parse_setting
-
+    """One grammar: ``ctrls.settings.parse_setting``'s; its epsilon must be a probability, its alpha >= 0."""
     try:
         s = parse_setting(v, Config())
     except ValueError:
