@@ -15,8 +15,10 @@ runs a stage data-parallel (``ctrls.distributed``); ``ctrls reproduce`` then reu
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -157,10 +159,6 @@ def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, floa
     """Write the wall time of each notebook and of the book build of this ``ctrls reproduce`` run,
     with the commit and the machine, to ``runs/<profile>/reproduce_timings.json`` (the intro page's
     timings come from such a file)."""
-    import json
-    import os
-    import platform
-
     from ctrls.report import cpu_model, git_commit
 
     cpu = cpu_model() or platform.processor()
