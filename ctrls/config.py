@@ -38,53 +38,13 @@ from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
 
+from ctrls.names import slug
 from ctrls.overrides import ConfigError, parse_overrides
-from ctrls.settings import parse_setting
+from ctrls.rules import (Rule, above, anything, at_least, between, in_range, key, only, path_part,  # noqa: F401 (re-exported)
+                         text, token_temperature)
+from ctrls.settings import parse_setting, row_label
 
-# ---- declared allowed values -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rule:
-    """The values a key allows: ``ok(value)`` decides, ``allowed`` says it in words for the
-    error message, and ``why`` (optional) tells why the other values are refused."""
-
-    allowed: str
-    ok: Callable[[Any], bool]
-    why: str = ""
-
-
-def at_least(lo: float) -> Rule:
-    return Rule(f">= {lo:g}", lambda v: v >= lo)
-
-
-def above(lo: float) -> Rule:
-    return Rule(f"> {lo:g}", lambda v: v > lo)
-
-
-def between(lo: float, hi: float) -> Rule:
-    return Rule(f"in [{lo:g}, {hi:g}]", lambda v: lo <= v <= hi)
-
-
-def only(*values: Any, why: str = "") -> Rule:
-    return Rule("only " + " or ".join(repr(v) for v in values), lambda v: v in values, why)
-
-
-def text(what: str = "a non-empty string") -> Rule:
-    return Rule(what, lambda v: isinstance(v, str) and v.strip() != "")
-
-
-def anything(what: str) -> Rule:
-    """A key whose value is checked where it is used (a path, a URL's reachability)."""
-    return Rule(what, lambda v: True)
-
-
-def key(default: Any, rule: Rule | None = None, *, nonempty: bool = False, unique: bool = False) -> Any:
-    """A dataclass field with its default and its allowed values (see the module docstring)."""
-    meta = {"rule": rule, "nonempty": nonempty, "unique": unique}
-    if isinstance(default, list):
-        return field(default_factory=lambda d=tuple(default): list(d), metadata=meta)
-    return field(default=default, metadata=meta)
+# ---- declared allowed values (the rules themselves are in ctrls.rules) -------------------------
 
 
 def _is_dataset(v: str) -> bool:
@@ -120,11 +80,16 @@ def _is_rl_setting(v: str) -> bool:
         s = parse_setting(v, Config())
     except ValueError:
         return False
-    return math.isfinite(s.epsilon) and math.isfinite(s.alpha) and 0 <= s.epsilon <= 1 and s.alpha >= 0
+    return math.isfinite(s.epsilon) and math.isfinite(s.alpha) and 0 <= s.epsilon <= 1 and 0 <= s.alpha <= MAX_ALPHA
 
+
+# Coefficient ranges: beyond them a finite value overflows a loss, a density or the logits (issue 27).
+MAX_ALPHA = 10.0  # entropy weights: alpha * sum_t H with H <= log K
+MAX_LR = 10.0  # learning rates (Adam's step is about lr per entry)
+MAX_CONCENTRATION = 1e4  # Dirichlet concentrations c (lgamma of c p stays exact in float32)
 
 DATASET = Rule("gsm8k, math, gsm_symbolic, or a directory holding train.jsonl and test.jsonl", _is_dataset)
-RL_SETTING = Rule("none, epsilon, entropy, both, 'eps=X', 'H=Y' or 'eps=X,H=Y' with X in [0, 1], Y >= 0",
+RL_SETTING = Rule(f"none, epsilon, entropy, both, 'eps=X', 'H=Y' or 'eps=X,H=Y' with X in [0, 1], Y in [0, {MAX_ALPHA:g}]",
                   _is_rl_setting)
 HIDDEN_LAYER_WHY = ("pretraining would fit the states and train the adapter on that layer's hidden states while "
                     "decoding (ctrls.sampling) uses the last layer's; kept as a key for a future implementation "
@@ -175,16 +140,16 @@ class SpectralConfig:
 class StatesConfig:
     n_states: int = key(64, at_least(2))  # K (one state has no transitions to learn)
     minibatch_above: int = key(20000, at_least(0))  # MiniBatchKMeans above this many steps
-    tau: float | None = key(None, above(0))  # soft-assignment temperature; None: median rule
+    tau: float | None = key(None, between(1e-6, 1e6))  # soft-assignment temperature; None: median rule
     reduce_k: bool = True  # fewer distinct steps than K: reduce K (recorded) instead of failing
 
 
 @dataclass
 class PolicyConfig:
-    concentration: float = key(20.0, above(0))  # initial Dirichlet concentration c
+    concentration: float = key(20.0, in_range(0, MAX_CONCENTRATION, open_lo=True))  # initial Dirichlet concentration c
     fit_steps: int = key(300, at_least(0))  # gradient refinement steps of L after the soft-count start
-    fit_lr: float = key(0.05, above(0))
-    count_smoothing: float = key(0.1, above(0))  # pseudo-count added to the soft transition counts (0: log 0)
+    fit_lr: float = key(0.05, in_range(0, MAX_LR, open_lo=True))
+    count_smoothing: float = key(0.1, in_range(0, 1e6, open_lo=True))  # pseudo-count added to the soft transition counts (0: log 0)
     entropy: Literal["categorical", "dirichlet"] = "categorical"
 
 
@@ -209,9 +174,9 @@ class SamplingConfig:
 class PretrainConfig:
     sources: list[Literal["samples", "reference"]] = key(["samples", "reference"], nonempty=True, unique=True)
     samples_per_question: int = key(4, at_least(1))  # CoTs sampled per training question (kept when correct)
-    temperature: float = key(0.7, above(0))  # eta of the sampled CoTs (greedy would repeat one CoT)
+    temperature: float = key(0.7, token_temperature())  # eta of the sampled CoTs (greedy would repeat one CoT)
     epochs: int = key(5, at_least(0))  # 0: the fresh adapter, which leaves the backbone unchanged
-    lr: float = key(1e-3, above(0))
+    lr: float = key(1e-3, in_range(0, MAX_LR, open_lo=True))
     batch_steps: int = key(256, at_least(1))  # steps per adapter-training (and bound-evaluation) batch
     max_tokens_per_step: int = key(64, at_least(1))  # longer steps are truncated in training (the relaxed objective); never in the bound
     heldout_fraction: float = key(0.1, Rule("in [0, 1)", lambda v: 0 <= v < 1))  # questions whose CoTs are held out of (d)-(f), to report Thm. 5.3's bound on
@@ -225,7 +190,7 @@ class GridConfig:
 
     backbones: list[str] = key(["smollm2-135m-instruct"], text(), nonempty=True, unique=True)
     datasets: list[str] = key(["gsm8k"], DATASET, nonempty=True, unique=True)
-    temperatures: list[float] = key([0.5, 0.7], Rule(">= 0 (0: greedy)", lambda v: v >= 0), nonempty=True, unique=True)
+    temperatures: list[float] = key([0.5, 0.7], token_temperature(greedy=True), nonempty=True, unique=True)
     epsilons: list[float] = key([0.1, 0.3, 0.5], between(0, 1), unique=True)  # empty: the Base rows only
     n_samples: int = key(20, at_least(1))  # samples per question (pass@n)
     fixed_state: bool = True  # add the "fixed s0" row: the trained adapter with the prompt's s_0 at every step, no transitions (ablation)
@@ -236,13 +201,13 @@ class RLConfig:
     steps: int = key(100, at_least(0))
     questions_per_step: int = key(1, at_least(1))
     group_size: int = key(8, at_least(1))  # G trajectories per question (>= 2 with baseline group_mean)
-    lr: float = key(1e-2, above(0))
+    lr: float = key(1e-2, in_range(0, MAX_LR, open_lo=True))
     grad_clip: float = key(1.0, above(0))
     baseline: Literal["none", "group_mean"] = "none"
     entropy_grad: Literal["full", "eq14"] = "full"  # full: exact gradient of J; eq14: score-function term only
     epsilon: float = key(0.1, between(0, 1))
-    entropy_coef: float = key(0.01, at_least(0))  # alpha
-    temperature: float = key(0.7, above(0))  # eta; one of grid.temperatures (Base rows of Table 2 and the judge)
+    entropy_coef: float = key(0.01, between(0, MAX_ALPHA))  # alpha
+    temperature: float = key(0.7, token_temperature())  # eta; one of grid.temperatures (Base rows of Table 2 and the judge)
     eval_every: int = key(20, at_least(1))
     eval_questions: int = key(20, at_least(1))  # held-out test questions of the curves (the first of the RL test pool); the paper: 500
     eval_samples: int = key(4, at_least(1))
@@ -269,7 +234,7 @@ class JudgeConfig:
                               RL_SETTING, unique=True)  # Table 3's RL rows (besides Base)
     temperature: float = key(0.1, between(0, 2))  # 0: greedy (the OpenAI API allows 0..2)
     max_retries: int = key(4, at_least(0))
-    timeout_s: float = key(60.0, above(0))
+    timeout_s: float = key(60.0, in_range(0, 3600, open_lo=True))  # wall-clock per request
 
 
 @dataclass
@@ -282,13 +247,13 @@ class SyntheticConfig:
     p_rare: float = key(0.15, between(0, 1))  # prior: P(start -> first state of the correct chain)
     p_follow: float = key(0.95, between(0, 1))  # prior: P(stay on the correct chain) at each later step
     noise: float = key(0.02, Rule("in (0, 1]", lambda v: 0 < v <= 1))  # uniform mass mixed into every prior row
-    concentration: float = key(5.0, above(0))  # initial Dirichlet concentration c
+    concentration: float = key(5.0, in_range(0, MAX_CONCENTRATION, open_lo=True))  # initial Dirichlet concentration c
     steps: int = key(200, at_least(1))  # RL steps per run
     group_size: int = key(16, at_least(2))  # chains per step
-    lr: float = key(0.05, above(0))
+    lr: float = key(0.05, in_range(0, MAX_LR, open_lo=True))
     seeds: list[int] = key([0, 1, 2], at_least(0), nonempty=True, unique=True)
     epsilons: list[float] = key([0.0, 0.1, 0.3], between(0, 1), nonempty=True, unique=True)  # the sweep grid
-    alphas: list[float] = key([0.0, 0.01, 0.1], at_least(0), nonempty=True, unique=True)
+    alphas: list[float] = key([0.0, 0.01, 0.1], between(0, MAX_ALPHA), nonempty=True, unique=True)
     eval_every: int = key(20, at_least(1))
     eval_samples: int = key(512, at_least(1))  # chains per evaluation (Monte Carlo)
     recovery_chains: list[int] = key([10, 30, 100, 300, 1000, 3000], at_least(1), nonempty=True, unique=True)
@@ -296,7 +261,7 @@ class SyntheticConfig:
 
 @dataclass
 class Config:
-    profile: str = key("demo", text())
+    profile: str = key("demo", path_part())  # runs/<profile>/: one directory name
     run_dir: str = key("runs", text())  # runs/<profile>/<stage>/...
     seed: int = key(0, at_least(0))
     data: DataConfig = field(default_factory=DataConfig)
@@ -400,9 +365,56 @@ def _check_judge_pair(cfg: Config) -> None:
                       "Table 3 scores one pair")
 
 
+def _check_generated_sizes(cfg: Config) -> None:
+    from ctrls.data import GENERATED, MAX_GENERATED  # lazy: ctrls.data imports this module's names
+
+    for ds in dict.fromkeys([cfg.data.dataset, *cfg.grid.datasets]):
+        for k in ("data.n_train", "data.n_test", "rl.n_test"):
+            n = getattr(cfg.rl if k == "rl.n_test" else cfg.data, k.split(".")[1])
+            if ds in GENERATED and n is not None and n > MAX_GENERATED:
+                raise _refuse(k, n, f"1 to {MAX_GENERATED} for the generated dataset {ds!r}",
+                              "its problems are generated and held in memory")
+
+
+def _check_pair_dirs(cfg: Config) -> None:
+    """Every (backbone, dataset) pair gets its own directory ``<backbone>__<dataset>``: names that
+    map to the same directory (``d`` and ``d/``, two ``.../checkpoint-500``) are refused."""
+    for k, names in (("grid.backbones", cfg.grid.backbones), ("grid.datasets", cfg.grid.datasets),
+                     ("backbone.name", [cfg.backbone.name]), ("data.dataset", [cfg.data.dataset])):
+        for i, n in enumerate(names):
+            s = slug(n)
+            if not s.strip("._") or s in (".", ".."):
+                raise _refuse(k if len(names) == 1 and not k.startswith("grid") else f"{k}[{i}]", n,
+                              "a name whose directory name is not empty, '.' or '..'")
+        seen: dict[str, str] = {}
+        for i, n in enumerate(names):
+            s = slug(n).casefold()
+            if s in seen:
+                raise _refuse(f"{k}[{i}]", n, f"a name whose directory differs from {seen[s]!r}'s",
+                              f"both would write to runs/<profile>/<stage>/{slug(n)}")
+            seen[s] = n
+
+
+def _check_labels(cfg: Config) -> None:
+    """Rows and RL runs are found by their labels and file names: two settings that would share one
+    are refused (e.g. epsilons equal to 6 digits share the label eps=0.123457)."""
+    rows = [row_label(e) for e in cfg.grid.epsilons]
+    if len(set(rows)) < len(rows):
+        raise _refuse("grid.epsilons", cfg.grid.epsilons, "epsilons with distinct row labels",
+                      f"{next(r for r in rows if rows.count(r) > 1)} twice")
+    for k in ("rl.table2", "judge.settings"):
+        labels: dict[str, str] = {}
+        for name in getattr(cfg.rl if k == "rl.table2" else cfg.judge, k.split(".")[1]):
+            lab = parse_setting(name, cfg).label
+            if lab in labels:
+                raise _refuse(k, name, f"a setting other than {labels[lab]!r}", f"both are the row {lab!r}")
+            labels[lab] = name
+
+
 # Each takes the whole config and raises ConfigError naming the key it refuses.
 CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes,
-                                                _check_judge_pair]
+                                                _check_judge_pair, _check_generated_sizes, _check_pair_dirs,
+                                                _check_labels]
 
 
 def validate(cfg: Config) -> Config:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import ctrls
+from ctrls.names import colliding, file_name
 
 if TYPE_CHECKING:  # annotation only: ctrls.config reads DATASETS from here
     from ctrls.config import Config
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 DATASETS = ("gsm8k", "math", "gsm_symbolic")
 SPLITS = ("train", "test")
 GSM_SYMBOLIC_SIZE = 1000  # problems generated per gsm_symbolic split when no n is given
+GENERATED = ("gsm_symbolic",)  # datasets generated on demand: their size is whatever n asks for
+MAX_GENERATED = 100_000  # the most problems a generated split may have (they are held in memory)
 MAX_STEP_CHARS = 200  # MATH solution lines longer than this are split into sentences
 
 _CALC = re.compile(r"<<[^>]*>>")
@@ -360,6 +363,10 @@ def _parse_rows(name: str, dataset: str, split: str, rows: list[tuple[int, dict 
     dup = sorted(k for k, c in Counter(p.id for p in probs).items() if c > 1)
     if dup:
         raise DataError(f"{name}: {len(dup)} problem id(s) occur more than once, e.g. {dup[:3]}; ids must be unique")
+    clash = colliding(p.id for p in probs)
+    if clash:  # run files are named by id (ctrls.names.file_name): two ids must never share one
+        raise DataError(f"{name}: the problem ids {clash[0][0]!r} and {clash[0][1]!r} would share one run file name "
+                        f"({file_name(clash[0][0])!r}); rename one")
     return probs
 
 
@@ -431,8 +438,14 @@ def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
                         f"holding train.jsonl and test.jsonl")
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
-    if n is not None and n < 0:
-        raise DataError(f"asked for n={n} problems; n must be >= 0")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0):
+        raise DataError(f"asked for n={n!r} problems; n must be an integer >= 0")
+    if dataset in GENERATED and n is not None and n > MAX_GENERATED:
+        raise DataError(f"asked for n={n} {dataset}/{split} problems; a generated dataset holds at most "
+                        f"{MAX_GENERATED} (MAX_GENERATED)")
+    if isinstance(max_bad_fraction, bool) or not isinstance(max_bad_fraction, (int, float)) \
+            or not 0 <= max_bad_fraction <= 1:  # NaN fails this too: every comparison with it is False
+        raise DataError(f"max_bad_fraction must be a number in [0, 1], got {max_bad_fraction!r}")
     if dataset == "gsm_symbolic":
         return _gsm_symbolic(split, GSM_SYMBOLIC_SIZE if n is None else n, seed, max_bad_fraction)
     probs = (_load_local(local, split, max_bad_fraction) if local is not None

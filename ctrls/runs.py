@@ -10,7 +10,12 @@ What is on disk is verified, not trusted. The ``done`` marker records the sha256
 file (``files``) and a digest of the outputs of the stages it read (``inputs``). A rerun hashes
 the outputs again: a missing or changed file is logged by name and the stage runs again, after
 deleting the bad file, so a stage that resumes per shard (features, exploration parts, RL runs)
-redoes that shard only. A stage whose input stage was redone with other outputs runs again too.
+redoes that shard only; an output replaced by a directory is removed and redone the same way. A
+``done`` marker without checksums (from an older version) is not trusted: the stage is cleared and
+runs again. A stage whose input stage was redone with other outputs runs again too.
+
+Nothing outside ``run_dir`` is cleared or deleted: a stage directory, an extra output or a path
+named by a ``done`` marker that lies outside it is refused (``ctrls.names.check_inside``).
 Loads at stage boundaries go through :func:`load_torch`, :func:`read_parquet` and
 :func:`check_safetensors`, whose errors name the file.
 """
@@ -20,13 +25,14 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from ctrls.config import Config, save_config
+from ctrls.overrides import ConfigError
+from ctrls.names import check_inside, file_name, inside, slug  # noqa: F401 (file_name, slug: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +45,9 @@ class ArtifactError(RuntimeError):
     """A run artifact is missing, truncated or corrupt; the message names the file."""
 
 
-def slug(name: str) -> str:
-    """A filesystem-safe name for a backbone id or path."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name if "/" in name and Path(name).exists() else name)
-
-
 def safe_name(name: str) -> str:
-    """``name`` with every character but letters, digits, '-', '_' and '.' replaced by '_'."""
+    """``name`` with every character but letters, digits, '-', '_' and '.' replaced by '_'. Not
+    injective: for names that must not collide use :func:`file_name`."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
@@ -142,14 +144,23 @@ class Stage:
                  upstream: tuple[str, ...] = (), inputs: tuple["Stage", ...] = (), extra: tuple[Path, ...] = ()):
         self.cfg = cfg
         self.name = name
+        self.root = Path(cfg.run_dir)
         self.dir = cfg.stage_dir(name, *parts)
         self.inputs = tuple(inputs)
         self.extra = tuple(Path(p) for p in extra)
+        for p in (self.dir, *self.extra):  # everything a stage clears or deletes lies inside run_dir
+            try:
+                check_inside(p, self.root, f"stage {name!r}: the directory")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            if os.path.abspath(p) == os.path.abspath(self.root):
+                raise ConfigError(f"stage {name!r}: its directory would be the run directory {self.root} itself")
         h = hashlib.sha256(json.dumps([cfg.fingerprint(*sections), list(upstream)]).encode())
         self.key = h.hexdigest()[:16]
         self.bad: list[Path] = []  # outputs that failed verification: deleted when the stage begins again
         self.problems: list[str] = []  # what verification found, one line per file
         self._files_ok: bool | None = None  # verification result, computed once per Stage object
+        self._unverifiable = False  # a done marker without checksums: cleared and redone when the stage begins
 
     @property
     def done_file(self) -> Path:
@@ -174,21 +185,36 @@ class Stage:
         return self._files_ok and self._inputs_unchanged(rec.get("inputs"))
 
     def _verify(self, files: dict[str, str] | None) -> bool:
-        if files is None:
-            log.warning("%s finished before output checksums were recorded: its files are not verified", self.dir)
-            return True
         self.bad, self.problems = [], []
+        if not isinstance(files, dict):
+            # nothing to check the outputs against: a truncated file would pass for a finished one
+            self.problems.append(f"{self.done_file} records no output checksums")
+            self._unverifiable = True
+            log.warning("%s finished before output checksums were recorded: its outputs cannot be verified, so the "
+                        "stage runs again", self.dir)
+            return False
         for rel, sha in files.items():
-            p = Path(os.path.normpath(self.dir / rel))
+            p = Path(os.path.normpath(self.dir / str(rel)))
+            if not inside(p, self.root):
+                self.problems.append(f"{p} is outside the run directory")
+                log.warning("%s names %s, outside the run directory %s: not trusted, the stage runs again",
+                            self.done_file, p, self.root)
+                continue
             try:
                 actual = sha256_file(p)
             except FileNotFoundError:
                 self.problems.append(f"{p} is missing")
                 log.warning("%s is missing (an output of the finished stage %s): running the stage again", p, self.dir)
                 continue
+            except IsADirectoryError:
+                actual = "a directory"
             except OSError as e:
                 actual = f"unreadable: {e}"
-            if actual != sha:
+            if actual == "a directory":
+                self.problems.append(f"{p} is a directory, not the file the stage wrote")
+                log.warning("%s is a directory where the finished stage wrote a file: removing it and redoing it", p)
+                self.bad.append(p)
+            elif actual != sha:
                 self.problems.append(f"{p} is corrupt")
                 log.warning("%s is corrupt (its sha256 differs from the one recorded when the stage finished): "
                             "redoing it", p)
@@ -237,19 +263,33 @@ class Stage:
         (unless ``keep``: a stage whose directory holds a cache valid across configs). Outputs that
         failed verification are deleted, and the ``done`` marker removed: the stage is unfinished."""
         key_file = self.dir / "key"
-        stale = key_file.exists() and key_file.read_text().strip() != self.key
-        if (force or stale) and self.dir.exists() and not keep:
-            log.info("clearing %s (%s)", self.dir, "forced" if force else "config changed")
-            shutil.rmtree(self.dir)
+        stale = key_file.exists() and (not key_file.is_file() or key_file.read_text().strip() != self.key)
+        unverifiable = self._unverifiable
+        if (force or stale or unverifiable) and self.dir.exists() and not keep:
+            log.info("clearing %s (%s)", self.dir, "forced" if force else "config changed" if stale
+                     else "outputs without checksums")
+            self._remove(self.dir)
         for p in self.bad:
-            p.unlink(missing_ok=True)
-        self.bad, self.problems, self._files_ok = [], [], None
+            self._remove(p)
+        self.bad, self.problems, self._files_ok, self._unverifiable = [], [], None, False
         self.dir.mkdir(parents=True, exist_ok=True)
+        for m in MARKERS:  # a marker replaced by a directory is removed like a bad output
+            if (self.dir / m).is_dir():
+                self._remove(self.dir / m)
         self.done_file.unlink(missing_ok=True)
         key_file.write_text(self.key)
         save_config(self.cfg, self.dir / "config.yaml")
         self._t0 = time.time()
         return self
+
+    def _remove(self, p: Path) -> None:
+        """Delete a file or a directory tree, only inside the run directory."""
+        check_inside(p, self.root, f"stage {self.name!r}: the output")
+        if p.is_dir() and not p.is_symlink():
+            log.warning("removing the directory %s", p)
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
 
     def finish(self, **summary: Any) -> None:
         """Write the ``done`` marker: the summary, the sha256 of every output, and the inputs' digests."""

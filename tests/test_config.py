@@ -56,8 +56,8 @@ BAD = [
     ("data.n_train=0", "data.n_train", "0", ">= 1"),
     ("grid.n_samples=0", "grid.n_samples", "0", ">= 1"),
     ("rl.group_size=0", "rl.group_size", "0", ">= 1"),
-    ("pretrain.temperature=-1", "pretrain.temperature", "-1.0", "> 0"),
-    ("pretrain.temperature=0", "pretrain.temperature", "0.0", "> 0"),
+    ("pretrain.temperature=-1", "pretrain.temperature", "-1.0", "in [0.01, 10]"),
+    ("pretrain.temperature=0", "pretrain.temperature", "0.0", "in [0.01, 10]"),
     ("states.n_states=0", "states.n_states", "0", ">= 2"),
     ("states.n_states=1", "states.n_states", "1", ">= 2"),
     ("rl.epsilon=1.5", "rl.epsilon", "1.5", "in [0, 1]"),
@@ -65,17 +65,17 @@ BAD = [
     ("grid.epsilons=[0.1, -0.2]", "grid.epsilons[1]", "-0.2", "in [0, 1]"),
     ("sampling.max_new_tokens=0", "sampling.max_new_tokens", "0", ">= 1"),
     # the rest of the declared ranges
-    ("grid.temperatures=[-0.5]", "grid.temperatures[0]", "-0.5", ">= 0"),
+    ("grid.temperatures=[-0.5]", "grid.temperatures[0]", "-0.5", "0 (greedy) or in [0.01, 10]"),
     ("rl.steps=-1", "rl.steps", "-1", ">= 0"),
-    ("rl.lr=0", "rl.lr", "0.0", "> 0"),
-    ("pretrain.lr=-1e-3", "pretrain.lr", "-0.001", "> 0"),
-    ("policy.fit_lr=0", "policy.fit_lr", "0.0", "> 0"),
+    ("rl.lr=0", "rl.lr", "0.0", "in (0, 10]"),
+    ("pretrain.lr=-1e-3", "pretrain.lr", "-0.001", "in (0, 10]"),
+    ("policy.fit_lr=0", "policy.fit_lr", "0.0", "in (0, 10]"),
     ("rl.eval_every=0", "rl.eval_every", "0", ">= 1"),
     ("rl.checkpoint_every=0", "rl.checkpoint_every", "0", ">= 1"),
     ("rl.seeds=[]", "rl.seeds", "[]", "non-empty"),
     ("rl.seeds=[0, 0]", "rl.seeds", "[0, 0]", "without repeated"),
     ("rl.settings=['eps=1.5']", "rl.settings[0]", "'eps=1.5'", "X in [0, 1]"),
-    ("rl.table2=['H=-1']", "rl.table2[0]", "'H=-1'", "Y >= 0"),
+    ("rl.table2=['H=-1']", "rl.table2[0]", "'H=-1'", "Y in [0, 10]"),
     ("rl.settings=[greedy]", "rl.settings[0]", "'greedy'", "none, epsilon"),
     ("pretrain.sources=[]", "pretrain.sources", "[]", "non-empty"),
     ("grid.datasets=[gsm8k, nosuch]", "grid.datasets[1]", "'nosuch'", "gsm8k, math, gsm_symbolic"),
@@ -83,13 +83,26 @@ BAD = [
     ("prompt.few_shot=6", "prompt.few_shot", "6", "EXEMPLARS"),
     ("prompt.max_steps=0", "prompt.max_steps", "0", ">= 1"),
     ("spectral.k=0", "spectral.k", "0", ">= 1"),
-    ("states.tau=0", "states.tau", "0.0", "> 0, or null"),
+    ("states.tau=0", "states.tau", "0.0", "in [1e-06, 1e+06], or null"),
     ("data.max_bad_fraction=2", "data.max_bad_fraction", "2.0", "in [0, 1]"),
     ("judge.temperature=3", "judge.temperature", "3.0", "in [0, 2]"),
     ("judge.base_url=localhost:8000", "judge.base_url", "'localhost:8000'", "http(s) URL"),
-    ("judge.timeout_s=0", "judge.timeout_s", "0.0", "> 0"),
+    ("judge.timeout_s=0", "judge.timeout_s", "0.0", "in (0, 3600]"),
     ("backbone.device=gpu", "backbone.device", "'gpu'", "torch device"),
     ("seed=-3", "seed", "-3", ">= 0"),
+    # finite values that overflow a loss or the logits (issue 27, item 5): coefficients have ranges
+    ("rl.entropy_coef=1e308", "rl.entropy_coef", "1e+308", "in [0, 10]"),
+    ("rl.settings=['H=1e308']", "rl.settings[0]", "'H=1e308'", "Y in [0, 10]"),
+    ("judge.settings=['eps=0.1,H=1e308']", "judge.settings[0]", "'eps=0.1,H=1e308'", "Y in [0, 10]"),
+    ("synthetic.alphas=[1e308]", "synthetic.alphas[0]", "1e+308", "in [0, 10]"),
+    ("rl.lr=1e308", "rl.lr", "1e+308", "in (0, 10]"),
+    ("policy.concentration=1e308", "policy.concentration", "1e+308", "in (0, 10000]"),
+    ("synthetic.concentration=1e308", "synthetic.concentration", "1e+308", "in (0, 10000]"),
+    ("policy.count_smoothing=1e308", "policy.count_smoothing", "1e+308", "in (0, 1e+06]"),
+    ("rl.temperature=1e-320", "rl.temperature", "1e-320", "in [0.01, 10]"),
+    # names that become directories (issue 27, item 2)
+    ("profile=/abs/dir", "profile", "'/abs/dir'", "one directory name"),
+    ("profile=../../x", "profile", "'../../x'", "one directory name"),
     # NaN and infinities, in any float key
     ("rl.lr=.nan", "rl.lr", "nan", "finite"),
     ("states.tau=.inf", "states.tau", "inf", "finite"),
@@ -244,3 +257,49 @@ def test_builtin_split_sizes_match_the_data():
     sizes = C._builtin_sizes()
     assert {(d, s): len(load_problems(d, s)) for d in sizes for s in sizes[d]} == \
         {(d, s): n for d in sizes for s, n in sizes[d].items()}
+
+
+# ---- issue 27: bounded generated datasets, one directory per pair, distinct labels ---------------
+
+
+@pytest.mark.parametrize("key", ["data.n_test", "data.n_train", "rl.n_test"])
+def test_a_generated_dataset_size_is_bounded_at_load(key):
+    with pytest.raises(ConfigError, match=rf"config key '{key}': 1000000000000000000 is not allowed; allowed: 1 to 100000 "
+                                          r"for the generated dataset 'gsm_symbolic'"):
+        load_config("smoke", ["data.dataset=gsm_symbolic", "grid.datasets=[gsm_symbolic]", f"{key}={10**18}"])
+
+
+def test_load_problems_refuses_a_generated_size_beyond_the_bound():
+    from ctrls.data import DataError, load_problems
+
+    with pytest.raises(DataError, match="at most 100000"):
+        load_problems("gsm_symbolic", "test", n=10**18)
+
+
+def _dataset(d):
+    d.mkdir(parents=True)
+    for split in ("train", "test"):
+        (d / f"{split}.jsonl").write_text('{"question": "1+1?", "answer": 2}\n')
+    return d
+
+
+def test_two_pairs_sharing_one_run_directory_are_refused(tmp_path):
+    d = _dataset(tmp_path / "d")
+    other = _dataset(tmp_path / "elsewhere" / "d")
+    for datasets in ([str(d), f"{d}/"], [str(d), str(other)]):
+        with pytest.raises(ConfigError, match=r"grid.datasets\[1\].*both would write to runs/<profile>/<stage>/d"):
+            load_config("smoke", [f"data.dataset={d}", f"grid.datasets=[{', '.join(datasets)}]"])
+    b1, b2 = tmp_path / "run1" / "checkpoint-500", tmp_path / "run2" / "checkpoint-500"
+    b1.mkdir(parents=True)
+    b2.mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"grid.backbones\[1\]"):
+        load_config("smoke", [f"grid.backbones=[{b1}, {b2}]", f"backbone.name={b1}"])
+    with pytest.raises(ConfigError, match=r"grid.backbones\[1\]"):
+        load_config("smoke", ["grid.backbones=[org/model, org_model]", "backbone.name=org/model"])
+
+
+def test_settings_that_would_share_a_row_are_refused():
+    with pytest.raises(ConfigError, match="grid.epsilons"):
+        load_config("smoke", ["grid.epsilons=[0.1234567, 0.1234568]"])
+    with pytest.raises(ConfigError, match="rl.table2"):
+        load_config("smoke", ["rl.table2=['eps=0.1', 'epsilon=0.1']"])

@@ -3,13 +3,14 @@ verifies them; loads name the file they could not read; the collection JSONL's c
 import hashlib
 import json
 import logging
+import os
 
 import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from ctrls.config import load_config
+from ctrls.config import ConfigError, load_config
 from ctrls.stages.collect import _done_questions, _drop_uncommitted, read_trajectories
 from ctrls.runs import (ArtifactError, Stage, check_safetensors, load_torch, read_parquet, sha256_file,
                         valid_part)
@@ -75,15 +76,72 @@ def test_an_untouched_stage_is_reused_and_not_rewritten(tmp_path):
     assert (st.dir / "x.bin").read_bytes() == b"x" * 5000
 
 
-def test_a_marker_without_checksums_is_trusted_with_a_warning(tmp_path, caplog):
+def test_a_marker_without_checksums_is_not_trusted(tmp_path, caplog):
+    """Issue 27, item 12: a truncated output behind a marker without checksums is redone."""
     st = finished_stage(tmp_path)
     rec = json.loads(st.done_file.read_text())
     del rec["files"], rec["inputs"]
     st.done_file.write_text(json.dumps(rec))
     (st.dir / "x.bin").write_bytes(b"")
+    again = Stage(cfg_at(tmp_path), "a", ("seed",))
     with caplog.at_level(logging.WARNING, logger="ctrls.runs"):
-        assert Stage(cfg_at(tmp_path), "a", ("seed",)).is_done()
-    assert "not verified" in caplog.text
+        assert not again.is_done()
+    assert "cannot be verified" in caplog.text
+    again.begin()  # cleared: nothing of the unverifiable outputs is reused
+    assert not (st.dir / "x.bin").exists() and not again.done_file.exists()
+
+
+def test_an_output_replaced_by_a_directory_is_named_and_redone(tmp_path, caplog):
+    """Issue 27, item 9: no IsADirectoryError in Stage.begin."""
+    st = finished_stage(tmp_path)
+    (st.dir / "x.bin").unlink()
+    (st.dir / "x.bin").mkdir()
+    (st.dir / "x.bin" / "inner").write_text("?")
+    again = Stage(cfg_at(tmp_path), "a", ("seed",))
+    with caplog.at_level(logging.WARNING, logger="ctrls.runs"):
+        assert not again.is_done()
+    assert str(st.dir / "x.bin") in caplog.text and "directory" in " ".join(again.problems)
+    again.begin()
+    assert not (st.dir / "x.bin").exists() and (st.dir / "sub" / "y.txt").read_text() == "why"
+    (st.dir / "x.bin").write_bytes(b"x" * 5000)
+    again.finish()
+    assert Stage(cfg_at(tmp_path), "a", ("seed",)).is_done()
+
+
+def test_a_done_marker_cannot_make_a_rerun_delete_outside_the_run_dir(tmp_path, caplog):
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    runs = tmp_path / "runs"
+    st = finished_stage(runs)
+    rec = json.loads(st.done_file.read_text())
+    rec["files"][os.path.relpath(outside, st.dir)] = "0" * 64  # a wrong checksum for a file outside
+    st.done_file.write_text(json.dumps(rec))
+    again = Stage(cfg_at(runs), "a", ("seed",))
+    with caplog.at_level(logging.WARNING, logger="ctrls.runs"):
+        assert not again.is_done()
+    assert "outside the run directory" in caplog.text
+    again.begin()
+    assert outside.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("profile", ["/abs/elsewhere", "../../x", "..", "a/b"])
+def test_a_profile_that_is_a_path_is_refused(tmp_path, profile):
+    """Issue 27, item 2: `-o profile=/some/dir` moved stage directories outside run_dir."""
+    with pytest.raises(ConfigError, match="profile"):
+        load_config("smoke", [f"run_dir={tmp_path}", f"profile={profile}"])
+
+
+def test_a_stage_outside_the_run_dir_is_refused_before_anything_is_deleted(tmp_path):
+    victim = tmp_path / "victim"
+    (victim / "a").mkdir(parents=True)
+    (victim / "a" / "data").write_text("keep me")
+    cfg = cfg_at(tmp_path / "runs")
+    cfg.profile = str(victim)  # set in code, past the config's checks
+    with pytest.raises(ConfigError, match="outside the run directory"):
+        Stage(cfg, "a", ("seed",)).begin(force=True)
+    with pytest.raises(ConfigError, match="outside the run directory"):
+        Stage(cfg_at(tmp_path / "runs"), "a", ("seed",), extra=(tmp_path / "victim",))
+    assert (victim / "a" / "data").read_text() == "keep me"
 
 
 def test_a_stage_runs_again_when_its_input_was_redone_with_other_outputs(tmp_path):

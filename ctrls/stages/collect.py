@@ -20,7 +20,7 @@ from ctrls.backbone import Backbone
 from ctrls.config import Config
 from ctrls.data import Problem
 from ctrls.prompts import encode_prompt, encode_solution, final_answer_line, newline_token_ids, split_steps, step_spans
-from ctrls.runs import ArtifactError, append_jsonl, artifact_error, load_torch, safe_name
+from ctrls.runs import ArtifactError, append_jsonl, artifact_error, file_name, load_torch
 from ctrls.stages.common import sample_params
 from ctrls.sampling import sample
 
@@ -194,7 +194,7 @@ def cache_features(cfg: Config, bb: Backbone, problems: list[Problem], collect_d
     order = {p.id: i for i, p in enumerate(problems)}  # question order, whatever order (a) wrote them in
     groups = sorted(traj.groupby("qid", sort=False), key=lambda kv: order.get(kv[0], len(order)))
     for qid, g in tqdm(groups, desc="(b) hidden states", unit="q", disable=not progress):
-        f = out / f"{safe_name(qid)}.pt"
+        f = out / f"{file_name(qid)}.pt"
         if f.exists() and _valid_shard(f, qid, len(g)):
             n_traj += len(g)
             continue

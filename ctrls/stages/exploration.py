@@ -31,7 +31,7 @@ from ctrls.answers import grade
 from ctrls.config import Config
 from ctrls.data import problems_from_config
 from ctrls.prompts import encode_prompt
-from ctrls.runs import Stage, pair_slug, read_parquet, slug, valid_part
+from ctrls.runs import Stage, file_name, pair_slug, read_parquet, valid_part
 from ctrls.sampling import Generation, sample, seeded
 from ctrls.settings import BASE, FIXED, row_label
 from ctrls.stages.common import backbone_for, sample_params
@@ -122,7 +122,7 @@ def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         bar = tqdm(jobs, desc=f"exploration {pair_slug(bname, ds)}", unit="batch", disable=not (progress and w.is_main))
         for eta, row, chunk in bar:
             label = row.label
-            parts = {j: out / f"{pair_slug(bname, ds)}__eta{eta:g}__{label.replace(' ', '_')}__{slug(problems[j].id)}.parquet"
+            parts = {j: out / f"{pair_slug(bname, ds)}__eta{eta:g}__{label.replace(' ', '_')}__{file_name(problems[j].id)}.parquet"
                      for j in chunk}
             todo = [j for j in chunk if not valid_part(parts[j], g.n_samples)]
             if not todo:

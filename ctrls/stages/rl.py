@@ -17,9 +17,9 @@ from ctrls.data import problems_from_config
 from ctrls.policy import TransitionPolicy
 from ctrls.prompts import encode_prompt
 from ctrls.rl import Trainer, Trajectory, run_lockstep, state_usage_entropy
-from ctrls.runs import Stage, pair_slug, read_parquet, safe_name, valid_part
+from ctrls.runs import Stage, file_name, pair_slug, read_parquet, safe_name, valid_part
 from ctrls.sampling import SampleParams, sample
-from ctrls.settings import BASE, Setting, format_number, judge_pair, parse_setting
+from ctrls.settings import BASE, Setting, judge_pair, parse_setting
 from ctrls.stages.common import backbone_for, sample_params
 from ctrls.stages.exploration import generation_rows, write_part
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages
@@ -160,7 +160,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         for key, setting in rl_runs(cfg, bname, ds).items():
             seed = key[2]
             model = copy.deepcopy(pretrained)
-            out = stage.dir / pair / f"{safe_name(setting.name)}__seed{seed}"
+            out = stage.dir / pair / f"{file_name(setting.name)}__seed{seed}"
             tb = stage.dir / "tensorboard" / pair / out.name if rl.tensorboard else None
             t = Trainer(model.policy, pc, setting, seed, out, None, len(train), None, tensorboard=tb)
             t.model = model
@@ -187,7 +187,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             t = trainers[row.epsilon, row.alpha, rl.seeds[0]]
             todo.append((t.model, row.label, row.epsilon, row.alpha, t.seed))
         def part(label, eps, alpha):  # an ASCII file name per table row
-            return parts / f"{pair}__{'Base' if label == BASE else safe_name(f'eps{format_number(eps)}_H{format_number(alpha)}')}.parquet"
+            return parts / f"{pair}__{'Base' if label == BASE else safe_name(f'eps{float(eps)!r}_H{float(alpha)!r}')}.parquet"
 
         todo = [x for x in todo if not valid_part(part(*x[1:4]), n_table * pc.grid.n_samples)]  # a truncated part is redone
         reqs = [(m, idx, [range(pc.grid.n_samples)] * len(idx), 0.0 if m is None else eps,

@@ -11,7 +11,7 @@ import torch
 from ctrls.config import Config, override
 from ctrls.policy import TransitionPolicy
 from ctrls.rl import Trainer
-from ctrls.runs import Stage, safe_name
+from ctrls.runs import Stage, file_name
 from ctrls.settings import Setting, parse_setting
 from ctrls.synthetic import SETTINGS, make_evaluator, make_sampler, recovery_study, study_mdp
 
@@ -62,7 +62,7 @@ def run_study(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             policy = TransitionPolicy(mdp.n_states, concentration=cfg.synthetic.concentration)
             with torch.no_grad():
                 policy.L.copy_(P.log())
-            out = stage.dir / f"{safe_name(setting.name)}__seed{seed}"
+            out = stage.dir / f"{file_name(setting.name)}__seed{seed}"
             trainer = Trainer(policy, tc, setting, seed, out, make_sampler(policy, mdp), 1,
                               make_evaluator(mdp, cfg.synthetic.eval_samples, seed))
             frames.append(trainer.run(cfg.synthetic.steps, progress=False).assign(

@@ -1,0 +1,92 @@
+"""Names that become parts of paths under the run directory, and the check that keeps paths inside it.
+
+Two rules (README, "Reliability"):
+
+- **Injective file names.** :func:`file_name` turns any string (a problem id, an RL setting's name)
+  into one path component: the string itself when it is already plain (lowercase letters, digits,
+  ``.``, ``_``, ``-``; at most 80 characters; not starting with ``.``), else a readable slug plus
+  ``-`` and 12 hex digits of the sha256 of the exact string. Two different strings get different
+  names (up to a hash collision), also on a case-insensitive file system; the few that would still
+  share a name (a plain id that imitates another's slug and hash) are refused where they are loaded
+  (:func:`colliding`).
+- **Confined paths.** :func:`check_inside` refuses a path that is not inside the run directory
+  (compared lexically, after ``..`` is resolved; symbolic links are the user's to place), and
+  :func:`check_component` refuses a value that would not stay one path component (a separator,
+  ``.``, ``..``, a control character, an empty name).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Iterable
+
+_PLAIN = re.compile(r"[a-z0-9_-][a-z0-9._-]{0,79}")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+HASH_CHARS = 12
+
+
+def file_name(name: str) -> str:
+    """An injective file-name component for ``name`` (module docstring)."""
+    if _PLAIN.fullmatch(name):
+        return name
+    readable = _UNSAFE.sub("_", name).strip("._")[:60] or "x"
+    return f"{readable}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:HASH_CHARS]}"
+
+
+def slug(name: str) -> str:
+    """A filesystem-safe, readable name for a backbone id or path (its last component when it is an
+    existing path). Not injective ("a/b" and "a_b" share one): ``ctrls.config`` refuses two pairs
+    whose names collide; problem ids and setting names go through :func:`file_name`."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name if "/" in name and Path(name).exists() else name)
+
+
+def colliding(names: Iterable[str], to_file=file_name) -> list[tuple[str, str]]:
+    """Pairs of distinct names whose file names are equal (compared case-insensitively); [] if none."""
+    seen: dict[str, str] = {}
+    out = []
+    for n in names:
+        f = to_file(n).casefold()
+        if f in seen and seen[f] != n:
+            out.append((seen[f], n))
+        seen.setdefault(f, n)
+    return out
+
+
+def component_problem(value: str) -> str | None:
+    """Why ``value`` cannot be one path component, or None when it can."""
+    if not isinstance(value, str) or not value.strip():
+        return "it is empty"
+    if value in (".", ".."):
+        return f"{value!r} names a directory relative to its parent"
+    if "/" in value or "\\" in value:
+        return "it holds a path separator"
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return "it holds a control character"
+    if len(value.encode("utf-8", "surrogatepass")) > 200:
+        return "it is longer than 200 bytes"
+    return None
+
+
+def check_component(value: str, what: str) -> str:
+    """``value`` when it can be one path component, else ValueError naming ``what``."""
+    why = component_problem(value)
+    if why:
+        raise ValueError(f"{what} {value!r} cannot name a directory: {why}")
+    return value
+
+
+def inside(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """Whether ``path`` is ``root`` or below it, lexically (absolute paths, ``..`` resolved)."""
+    p, r = os.path.abspath(path), os.path.abspath(root)
+    return p == r or p.startswith(r.rstrip(os.sep) + os.sep)
+
+
+def check_inside(path: str | os.PathLike, root: str | os.PathLike, what: str = "path") -> Path:
+    """``Path(path)`` when it lies inside ``root``, else ValueError: nothing outside the run directory
+    is ever written, cleared or deleted."""
+    if not inside(path, root):
+        raise ValueError(f"{what} {os.path.abspath(path)} is outside the run directory {os.path.abspath(root)}: "
+                         f"refusing to write or delete there")
+    return Path(path)
