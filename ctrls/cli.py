@@ -200,7 +200,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_references(args: argparse.Namespace) -> int:
-    from ctrls.answers import reference_verify_report
+    from ctrls.data import reference_verify_report
 
     rep = reference_verify_report(args.dataset, args.split, data_dir=args.data_dir)
     for f in rep["failures"]:

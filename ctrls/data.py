@@ -43,12 +43,14 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import ctrls
+from ctrls.answers import boxed_at, gold_problem, grade, last_boxed  # noqa: F401 (boxed_at: re-exported)
 from ctrls.names import colliding, file_name
 
 if TYPE_CHECKING:  # annotation only: ctrls.config reads DATASETS from here
@@ -85,38 +87,6 @@ class Problem:
 
 
 DUPLICATE = "duplicate of an earlier row"  # the skip reason of a row repeated verbatim
-_BOXED = re.compile(r"\\boxed|\\fbox")
-
-
-def boxed_at(text: str, i: int) -> str | None:
-    """The content of the ``\\boxed{...}`` or ``\\fbox{...}`` that starts at ``text[i]``, braces
-    matched; None when no brace follows the command (spaces aside) or it is not closed."""
-    m = _BOXED.match(text, i)
-    if m is None:
-        return None
-    j = m.end()
-    while j < len(text) and text[j].isspace():
-        j += 1
-    if j == len(text) or text[j] != "{":
-        return None
-    depth = 0
-    for k in range(j, len(text)):
-        if text[k] == "{":
-            depth += 1
-        elif text[k] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[j + 1:k].strip()
-    return None
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces matched; None if there is
-    none or it is unclosed. MATH solutions state their answer this way."""
-    starts = [m.start() for m in _BOXED.finditer(text)]
-    return boxed_at(text, starts[-1]) if starts else None
-
-
 # ---- locating the data ---------------------------------------------------------------------------
 
 
@@ -155,12 +125,32 @@ def _read_jsonl(d: Path, key: Any) -> list[dict | None]:
     return _read_jsonl_file(path)
 
 
+class BadRow(dict):
+    """A line that could not be read as a row (empty, so falsy), with the reason it is counted under."""
+
+    def __init__(self, reason: str):
+        super().__init__()
+        self.reason = reason
+
+
 def _read_jsonl_file(path: Path) -> list[dict | None]:
     """Rows of a JSONL file (UTF-8, a byte-order mark allowed); a line that is not a JSON object
-    becomes None (counted as malformed)."""
+    becomes None, and a line that is not valid UTF-8 a :class:`BadRow` (both counted as malformed;
+    the first bad line of each kind is logged with the file and line number)."""
     rows: list[dict | None] = []
-    with open(path, encoding="utf-8-sig") as f:
-        for line in f:
+    bad_utf8 = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                if not bad_utf8:
+                    log.warning("%s, line %d: not valid UTF-8 (%s): a malformed row", path, lineno, e.reason)
+                bad_utf8 += 1
+                rows.append(BadRow("not valid UTF-8"))
+                continue
             if not line.strip():
                 continue
             try:
@@ -292,7 +282,7 @@ def _parse_local_row(source: str, split: str, i: int, r: dict, id_prefix: str) -
     rid = r.get("id", i)
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or not str(rid).strip():
         raise ValueError("id is not a non-empty string or an integer")
-    return Problem(f"{id_prefix}{rid}", q.strip(), str(a).strip(), steps, source, split,
+    return Problem(f"{id_prefix}{rid}", q.strip(), canonical_gold(a), steps, source, split,
                    {"solution": sol} if isinstance(sol, str) else {})
 
 
@@ -304,7 +294,7 @@ def _parse_row(dataset: str, split: str, i: int, r: dict, id_prefix: str) -> Pro
             raise ValueError("missing or empty question/answer")
         gold, steps = gsm8k_solution(a)
         # gsm_symbolic: the entry's own answer is the gold ('#### 36.0' in the CoT can mean '36')
-        gold = str(r.get("gold", gold)).strip() or gold
+        gold = canonical_gold(r.get("gold", gold)) or gold
         return Problem(f"{id_prefix}{i}", q.strip(), gold, steps, dataset, split, {"solution": a})
     q, sol = r.get("problem"), r.get("solution")
     if not isinstance(q, str) or not q.strip() or not isinstance(sol, str) or not sol.strip():
@@ -317,16 +307,29 @@ def _parse_row(dataset: str, split: str, i: int, r: dict, id_prefix: str) -> Pro
                    math_steps(sol), "math", split, meta)
 
 
+def canonical_gold(a: str | int | float) -> str:
+    """A gold answer as text: a JSON number without exponent (``1e-05`` -> ``0.00001``, ``1e16`` ->
+    ``10000000000000000``: the way a model writes it), a string stripped."""
+    if isinstance(a, float) and math.isfinite(a):
+        out = format(Decimal(repr(a)), "f")
+        return out.rstrip("0").rstrip(".") if "." in out else out
+    return str(a).strip()
+
+
 def _check_gold(gold: str) -> None:
-    """ValueError unless ``gold`` is a usable gold answer: not empty, and not a NaN or infinite number."""
+    """ValueError unless ``gold`` is a usable gold answer: not empty, not a NaN or infinite number,
+    and gradable (``ctrls.answers.gold_problem``: "$" or "%" alone is not)."""
     if not gold.strip():
         raise ValueError("empty gold answer")
     try:
         x = float(gold)
     except ValueError:
-        return
+        x = 0.0
     if not math.isfinite(x):
         raise ValueError("gold answer is NaN or infinite")
+    why = gold_problem(gold)
+    if why:
+        raise ValueError(why)
 
 
 def _parse_rows(name: str, dataset: str, split: str, rows: list[tuple[int, dict | None]],
@@ -339,6 +342,8 @@ def _parse_rows(name: str, dataset: str, split: str, rows: list[tuple[int, dict 
     seen: set[str] = set()
     for i, r in rows:
         try:
+            if isinstance(r, BadRow):
+                raise ValueError(r.reason)
             if r is None:
                 raise ValueError("not a JSON object")
             key = json.dumps(r, sort_keys=True, default=str)
@@ -463,3 +468,20 @@ def problems_from_config(cfg: Config, split: str) -> list[Problem]:
     d = cfg.data
     return load_problems(d.dataset, split, n=d.n_train if split == "train" else d.n_test, seed=d.seed,
                          data_dir=d.data_dir, max_bad_fraction=d.max_bad_fraction)
+
+
+def reference_verify_report(dataset: str, split: str = "test", data_dir: str | None = None) -> dict:
+    """Grade every reference solution of a split against its own gold answer.
+
+    A check of the data loader and of the answer checker together: GSM8K solutions end in
+    ``#### N``, MATH solutions in ``\\boxed{}``. Returns ``{dataset, split, n, rate, failures}``
+    with one ``{id, gold, extracted}`` per failure.
+    """
+    problems = load_problems(dataset, split, data_dir=data_dir)
+    failures = []
+    for p in problems:
+        g = grade(p.meta["solution"], p.answer)
+        if not g.correct:
+            failures.append({"id": p.id, "gold": p.answer, "extracted": g.pred})
+    n = len(problems)
+    return {"dataset": dataset, "split": split, "n": n, "rate": (n - len(failures)) / n, "failures": failures}

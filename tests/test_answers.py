@@ -8,7 +8,8 @@ import threading
 import math_verify
 import pytest
 
-from ctrls.answers import SHORT_UNITS, UNITS, extract_answer, grade, last_boxed, normalize, reference_verify_report, verify
+from ctrls.answers import SHORT_UNITS, UNITS, extract_answer, grade, last_boxed, normalize, verify
+from ctrls.data import reference_verify_report
 
 # (text, gold, extracted, valid, correct), written from the policy of ctrls/answers.py
 POLICY = [
@@ -192,16 +193,119 @@ def test_reference_verify_report_lists_failures(tmp_path):
     assert rep["failures"] == [{"id": "math-b", "gold": "4", "extracted": "5"}]
 
 
-def test_data_does_not_import_answers():
-    """answers reads the data (reference_verify_report); data must not import answers back (issue 19:
-    no import cycle), not even inside a function."""
+def test_answers_does_not_import_data():
+    """data reads the answer checker (gold checks, reference_verify_report); answers must not import
+    data back (issues 19 and 27: no import cycle), not even inside a function."""
     import ast
     from pathlib import Path
 
-    import ctrls.data
+    import ctrls.answers
 
-    tree = ast.parse(Path(ctrls.data.__file__).read_text())
+    tree = ast.parse(Path(ctrls.answers.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert "ctrls.answers" not in imported
+    assert "ctrls.data" not in imported
+
+
+# ---- issue 27: grading false positives, gradable golds, bounded work ---------------------------
+
+# (text, gold, correct): words that change the value scale it or are refused, never dropped; hedges
+# are not answers; a marker without answer-like text does not override an earlier answer
+FALSE_POSITIVES = [
+    ("The answer is 5 thousand.", "5", False),
+    ("The answer is 5 thousand.", "5000", True),
+    ("The answer is 1.5 million.", "1.5", False),
+    ("The answer is 1.5 million.", "1500000", True),
+    ("The answer is 1.5 million dollars.", "1500000", True),
+    ("#### 2 dozen", "2", False),
+    ("#### 2 dozen eggs", "24", True),
+    ("The answer is 5 hundred thousand.", "500000", True),
+    ("The answer is 5 squared.", "5", False),
+    ("The answer is 5 squared.", "25", True),
+    ("#### 4 factorial", "4", False),
+    ("#### 4 factorial", "24", True),
+    ("#### 2.5 factorial", "2.5", False),  # not scaled: refused
+    ("The answer is 5 thousandths.", "5", False),
+    ("The answer is 12 (or maybe 15).", "12", False),
+    ("The answer is 12 (or maybe 15).", "15", False),
+    ("The answer is 12 or 15.", "12", False),
+    ("The answer is 42 (6 times 7).", "42", True),  # an explanation, not a hedge
+    ("#### 42\nNote: the answer is rounded.", "42", True),
+    ("#### 42\nNote: the answer is rounded to 2 places.", "42", True),
+    ("So \\boxed{42}. I am confident the answer is correct.", "42", True),
+    ("The answer is 41.\nNote: the answer is rounded.", "42", False),
+    ("The answer is Monday.", "Monday", True),  # prose is an answer when no earlier marker gives one
+    ("The answer is Monday.", "monday", True),
+    ("#### 7\nThe answer is x.", "x", True),  # one letter is answer-like
+    ("The answer is 1e-05.", "0.00001", True),
+    ("#### 0.00001", "1e-05", True),
+]
+
+
+@pytest.mark.parametrize("text,gold,correct", FALSE_POSITIVES, ids=[f"{t[:30]!r}={g}" for t, g, _ in FALSE_POSITIVES])
+def test_no_grading_false_positives(text, gold, correct):
+    assert grade(text, gold).correct is correct
+
+
+def test_a_marker_without_an_answer_does_not_override_an_earlier_one():
+    assert extract_answer("#### 42 ... Note: the answer is rounded.") == "42"
+    assert extract_answer("#### 42\nthe answer is correct.") == "42"
+    assert extract_answer("the answer is correct.") == "correct"  # alone, it is still what the text says
+
+
+@pytest.mark.parametrize("gold,why", [("$", "empty"), ("%", "empty"), ("\\$", "empty"), ("1. Then 2", "verify against itself"),
+                                      ("x" * 2000, "longer than")])
+def test_gold_problem_names_ungradable_golds(gold, why):
+    from ctrls.answers import gold_problem
+
+    assert why in gold_problem(gold)
+
+
+@pytest.mark.parametrize("gold", ["42", "0.00001", "10000000000000000", "\\frac{1}{2}", "(1,2)", "Monday",
+                                  "\\text{(C)}", "5 thousand", "x^2+1"])
+def test_gold_problem_accepts_gradable_golds(gold):
+    from ctrls.answers import gold_problem
+
+    assert gold_problem(gold) is None
+
+
+DEGENERATE = {
+    "digits": "1" * 1_000_000 + "!",
+    "unclosed boxes": "\\boxed{" * 150_000,
+    "markers": "The answer is " * 75_000,
+    "hashes": "#### " * 200_000,
+    "dots": "#### 1" + "." * 1_000_000,
+    "dollars": "The answer is " + "$" * 1_000_000,
+    "braces": "\\boxed{" + "{" * 1_000_000,
+    "spaces": "the" + " " * 1_000_000 + "answer",
+    "units": "1" * 500_000 + " cm" * 100_000,
+}
+
+
+@pytest.mark.parametrize("name", DEGENERATE)
+def test_answer_work_is_bounded_on_degenerate_text(name):
+    """Issue 27, item 7: normalize("1"*8000 + "!") took 39 s. Work is bounded (the last
+    MAX_TEXT_CHARS characters, MAX_MARKERS markers, answers of MAX_ANSWER_CHARS) and the regexes
+    backtrack linearly; 1 MB stays far below a second (generous bound for a loaded machine)."""
+    import time
+
+    text = DEGENERATE[name]
+    t0 = time.perf_counter()
+    grade(text, "1")
+    normalize(text)
+    verify("1", text)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_regexes_are_linear_on_long_answers_within_the_bound():
+    """Below MAX_ANSWER_CHARS nothing is skipped: the number regexes themselves must not backtrack."""
+    import time
+
+    from ctrls.answers import MAX_ANSWER_CHARS
+
+    t0 = time.perf_counter()
+    for k in range(200):
+        normalize("1" * (MAX_ANSWER_CHARS - 1) + "!")
+        normalize("1," * (MAX_ANSWER_CHARS // 2 - 1) + "!")
+    assert time.perf_counter() - t0 < 1.0

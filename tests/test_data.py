@@ -330,3 +330,79 @@ def test_setup_page_lists_your_own_dataset(tmp_path):
     assert t.loc[("gsm8k", "test"), "used by this profile"] == 0
     ids = setup_check.example_problems(cfg).id
     assert ids.str.startswith("arith-train-").sum() == 2 and ids.str.startswith("arith-test-").sum() == 2
+
+
+# ---- issue 27: injective run-file names, gradable golds, invalid UTF-8, NaN thresholds ----------
+
+
+def test_ids_differing_in_punctuation_get_distinct_run_file_names(tmp_path):
+    """Issue 27, item 1: "a b", "a_b" and "a?b" shared one exploration part and one feature shard."""
+    from ctrls.names import file_name
+
+    d = tmp_path / "punct"
+    ids = ["a b", "a_b", "a?b", "A_B", "a/b", "..", "x" * 300]
+    write_jsonl(d / "test.jsonl", [{"question": f"Q{i}?", "answer": i, "id": x} for i, x in enumerate(ids)])
+    probs = load_problems(str(d), "test", max_bad_fraction=0)
+    names = [file_name(p.id) for p in probs]
+    assert len({n.casefold() for n in names}) == len(ids)  # distinct, also on a case-insensitive file system
+    assert all("/" not in n and n not in (".", "..") and len(n) < 100 for n in names)
+    assert file_name("gsm8k-test-12") == "gsm8k-test-12"  # plain ids keep their name
+
+
+def test_ids_whose_file_names_still_collide_are_refused(tmp_path):
+    from ctrls.names import file_name
+
+    d = tmp_path / "clash"
+    imitation = file_name("clash-test-a b")  # a plain id spelled like another id's slug and hash
+    write_jsonl(d / "test.jsonl", [{"question": "Q?", "answer": 1, "id": "a b"},
+                                   {"question": "R?", "answer": 2, "id": imitation[len("clash-test-"):]}])
+    with pytest.raises(DataError, match="would share one run file name"):
+        load_problems(str(d), "test")
+
+
+def test_numeric_json_golds_are_gradable(tmp_path):
+    """Issue 27, item 4: 1e-05 was stored as "1e-05" and never graded correct."""
+    from ctrls.answers import grade
+
+    d = tmp_path / "floats"
+    write_jsonl(d / "test.jsonl", ['{"question": "Q1?", "answer": 1e-05}', '{"question": "Q2?", "answer": 1e16}',
+                                   '{"question": "Q3?", "answer": 2.50}', '{"question": "Q4?", "answer": 7}'])
+    probs = load_problems(str(d), "test", max_bad_fraction=0)
+    assert [p.answer for p in probs] == ["0.00001", "10000000000000000", "2.5", "7"]
+    for p, written in zip(probs, ["0.00001", "10,000,000,000,000,000", "2.50", "7"]):
+        assert grade(f"The answer is {written}.", p.answer).correct
+
+
+@pytest.mark.parametrize("gold", ["$", "%", "\\%", "€"])
+def test_a_gold_that_can_never_be_matched_is_refused_at_load(tmp_path, caplog, gold):
+    d = tmp_path / "symbols"
+    write_jsonl(d / "test.jsonl", own_rows(9, "test") + [{"question": "Q?", "answer": gold}])
+    with caplog.at_level(logging.WARNING, logger="ctrls.data"):
+        probs = load_problems(str(d), "test", max_bad_fraction=0.2)
+    assert len(probs) == 9 and "gold answer is empty once units" in caplog.text
+    with pytest.raises(DataError, match="1 of 10 rows are malformed"):
+        load_problems(str(d), "test", max_bad_fraction=0)
+
+
+def test_invalid_utf8_is_a_malformed_row_named_by_file_and_line(tmp_path, caplog):
+    """Issue 27, item 10: a bare UnicodeDecodeError, naming neither file nor line."""
+    d = tmp_path / "latin"
+    d.mkdir()
+    good = [json.dumps(r).encode() for r in own_rows(9, "test")]
+    (d / "test.jsonl").write_bytes(b"\n".join(good[:4] + ['{"question": "Caf\xe9?", "answer": 1}'.encode("latin-1")]
+                                              + good[4:]) + b"\n")
+    with caplog.at_level(logging.WARNING, logger="ctrls.data"):
+        probs = load_problems(str(d), "test", max_bad_fraction=0.2)
+    assert len(probs) == 9
+    assert f"{d / 'test.jsonl'}, line 5: not valid UTF-8" in caplog.text
+    assert "skipped 1 malformed row(s): not valid UTF-8" in caplog.text
+    with pytest.raises(DataError, match="not valid UTF-8"):
+        load_problems(str(d), "test", max_bad_fraction=0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -0.1, 1.5, "0.1", None])
+def test_max_bad_fraction_must_be_a_fraction(tmp_path, bad):
+    d = tmp_path / "own"
+    write_jsonl(d / "test.jsonl", own_rows(3, "test"))
+    with pytest.raises(DataError, match="max_bad_fraction must be a number in"):
+        load_problems(str(d), "test", max_bad_fraction=bad)

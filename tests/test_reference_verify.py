@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import requires_data
-from ctrls.answers import reference_verify_report
+from ctrls.data import reference_verify_report
 
 
 @requires_data

@@ -254,3 +254,16 @@ def test_a_corrupt_line_inside_a_committed_question_is_an_error(tmp_path):
     path.write_text(json.dumps(rows[0]) + "\n" + "{not json\n" + "".join(json.dumps(r) + "\n" for r in rows[1:]))
     with pytest.raises(ArtifactError, match=f"{path}, line 2: not a JSON row"):
         read_trajectories(path)
+
+
+def test_questions_whose_ids_differ_in_punctuation_never_share_a_run_file(tmp_path):
+    """Issue 27, item 1: ids "a b", "a_b" and "a?b" shared one exploration part and one feature shard,
+    so exploration kept 6 samples of 1 question instead of 18 of 3, and pretraining trained on 2 of 3."""
+    from ctrls.stages.collect import shard_file
+    from ctrls.stages.exploration import part_file
+
+    ids = ["own-test-a b", "own-test-a_b", "own-test-a?b", "own-test-A_B"]
+    parts = {part_file(tmp_path, "m", "d", 0.7, "fixed s0", q).name.casefold() for q in ids}
+    shards = {shard_file(tmp_path, q).name.casefold() for q in ids}
+    assert len(parts) == len(shards) == len(ids)
+    assert part_file(tmp_path, "m", "d", 0.7000001, "Base", "q") != part_file(tmp_path, "m", "d", 0.7000002, "Base", "q")

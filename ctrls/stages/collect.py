@@ -194,7 +194,7 @@ def cache_features(cfg: Config, bb: Backbone, problems: list[Problem], collect_d
     order = {p.id: i for i, p in enumerate(problems)}  # question order, whatever order (a) wrote them in
     groups = sorted(traj.groupby("qid", sort=False), key=lambda kv: order.get(kv[0], len(order)))
     for qid, g in tqdm(groups, desc="(b) hidden states", unit="q", disable=not progress):
-        f = out / f"{file_name(qid)}.pt"
+        f = shard_file(out, qid)
         if f.exists() and _valid_shard(f, qid, len(g)):
             n_traj += len(g)
             continue
@@ -237,6 +237,11 @@ def _valid_shard(f: Path, qid: str, n_traj: int) -> bool:
     if not ok:
         log.warning("features shard %s is unusable (%s): recomputing it", f, why)
     return ok
+
+
+def shard_file(features_dir: Path, qid: str) -> Path:
+    """The feature shard of one question: injective in the id (``ctrls.names.file_name``)."""
+    return features_dir / f"{file_name(qid)}.pt"
 
 
 def feature_shards(features_dir: Path) -> list[dict]:

@@ -122,8 +122,7 @@ def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         bar = tqdm(jobs, desc=f"exploration {pair_slug(bname, ds)}", unit="batch", disable=not (progress and w.is_main))
         for eta, row, chunk in bar:
             label = row.label
-            parts = {j: out / f"{pair_slug(bname, ds)}__eta{eta:g}__{label.replace(' ', '_')}__{file_name(problems[j].id)}.parquet"
-                     for j in chunk}
+            parts = {j: part_file(out, bname, ds, eta, label, problems[j].id) for j in chunk}
             todo = [j for j in chunk if not valid_part(parts[j], g.n_samples)]
             if not todo:
                 continue
@@ -171,6 +170,12 @@ def _controllability_columns(cfg: Config, pc: Config, bb, model, prompt: tuple[l
             "chains": chains, "chain_eps": chain_eps}
 
 
+def part_file(out: Path, backbone: str, dataset: str, eta: float, label: str, qid: str) -> Path:
+    """The part file of one question's samples in one grid cell: injective in the question id
+    (``ctrls.names.file_name``), so no two questions share a part."""
+    return out / f"{pair_slug(backbone, dataset)}__eta{float(eta)!r}__{label.replace(' ', '_')}__{file_name(qid)}.parquet"
+
+
 def write_part(df: pd.DataFrame, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     df.to_parquet(tmp, index=False)
@@ -188,6 +193,6 @@ def load_samples(cfg: Config) -> pd.DataFrame:
 # ---- tables and curves -----------------------------------------------------------------------
 
 
-__all__ = ["explore", "generation_rows", "grid_rows", "load_samples", "samples_dir", "stage_summary", "write_part"]
+__all__ = ["explore", "generation_rows", "grid_rows", "load_samples", "part_file", "samples_dir", "stage_summary", "write_part"]
 
 
