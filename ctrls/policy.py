@@ -237,7 +237,7 @@ class TransitionPolicy(torch.nn.Module):
         """log a (..., K), a ~ pi~(. | s): Dir(c p) with probability 1 - epsilon, else Dir(1, ..., 1).
         Exact in log space (module docstring); the same ``generator`` state gives the same draws."""
         _check_epsilon(epsilon)
-        conc = self.concentration(s.to(self.L.device))
+        conc = self.concentration(check_simplex(s, "state s").to(self.L.device))
         dev = generator.device if generator is not None else conc.device
         explore = (torch.rand(conc.shape[:-1], generator=generator, device=dev) < epsilon).to(conc.device)
         conc = torch.where(explore[..., None], torch.ones_like(conc), conc)  # Sec. 5.4: pi~ = (1 - eps) Dir(c p) + eps Dir(1)
@@ -307,6 +307,18 @@ class TransitionPolicy(torch.nn.Module):
         raise ValueError(f"unknown entropy kind {kind!r}: categorical or dirichlet")
 
 
+def check_simplex(s: torch.Tensor, what: str, tol: float = 1e-3) -> torch.Tensor:
+    """Raise ValueError naming ``what`` unless every row of s is a distribution (finite, entries
+    >= 0, summing to 1 within ``tol``); a state off the simplex would give a policy that is not one."""
+    check_finite(s, what)
+    x = s.detach().double()
+    if bool((x < -tol).any()) or bool(((x.sum(-1) - 1).abs() > tol).any()):
+        row = int((((x < -tol).any(-1)) | ((x.sum(-1) - 1).abs() > tol)).reshape(-1).nonzero()[0])
+        raise ValueError(f"{what} is not on the simplex: row {row} has entries in [{float(x.reshape(-1, x.shape[-1])[row].min()):g}, "
+                         f"{float(x.reshape(-1, x.shape[-1])[row].max()):g}] summing to {float(x.reshape(-1, x.shape[-1])[row].sum()):g}")
+    return s
+
+
 def _check_epsilon(epsilon: float) -> None:
     if not 0 <= epsilon <= 1:
         raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
@@ -315,14 +327,20 @@ def _check_epsilon(epsilon: float) -> None:
 def kl_to_prior(s_post: torch.Tensor, s_prev: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
     """KL(s_t || s_{t-1} softmax(L)) (M,) per row: the ELBO's KL term (Thm. 5.3).
     0 log 0 = 0; the prior is clamped to at least ``PROB_FLOOR`` inside the log."""
-    prior = s_prev.to(L.dtype) @ torch.softmax(L, -1)
+    prior = s_prev.to(L.dtype) @ torch.softmax(check_finite(L, "transition logits L"), -1)
     post = s_post.to(L.dtype)
     return (torch.special.xlogy(post, post) - post * prior.clamp(min=PROB_FLOOR).log()).sum(-1)
 
 
 def soft_counts_init(s_prev: torch.Tensor, s_next: torch.Tensor, smoothing: float = 0.1) -> torch.Tensor:
     """L0 (K, K) = log of the row-normalised soft transition counts s_prev^T s_next + smoothing."""
+    if not math.isfinite(smoothing) or smoothing < 0:
+        raise ValueError(f"smoothing must be a finite number >= 0, got {smoothing!r}")
     counts = s_prev.double().T @ s_next.double() + smoothing
+    empty = (counts.sum(-1) <= 0).nonzero().reshape(-1)
+    if len(empty):  # 0 / 0: its row of L would be NaN
+        raise ValueError(f"state {int(empty[0])} (of {len(empty)} such) is never left in the transition pairs and "
+                         f"smoothing is {smoothing!r}: give smoothing > 0 to fit its row")
     return (counts / counts.sum(-1, keepdim=True)).log().float()
 
 

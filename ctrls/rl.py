@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from ctrls.settings import Setting
 from ctrls.streams import seed_of
 from ctrls.config import Config
-from ctrls.policy import TransitionPolicy
+from ctrls.policy import NonFiniteError, TransitionPolicy, check_finite
 from ctrls.runs import parquet_rows
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,10 @@ def reinforce_loss(policy: TransitionPolicy, trajs: Sequence[Trajectory], epsilo
         raise ValueError(f"unknown baseline {baseline!r}: none or group_mean")
     if entropy_grad not in ("full", "eq14"):
         raise ValueError(f"unknown entropy_grad {entropy_grad!r}: full or eq14")
+    bad = [i for i, tr in enumerate(trajs) if not math.isfinite(tr.reward)]
+    if bad or not math.isfinite(alpha):
+        raise NonFiniteError(f"reinforce_loss: trajectory {bad[0]} has reward {trajs[bad[0]].reward!r}" if bad
+                             else f"reinforce_loss: alpha is {alpha!r}")
     dev = policy.L.device
     used = [tr for tr in trajs if len(tr.states) > 1]
     K = policy.n_states
@@ -165,6 +169,8 @@ class Trainer:
             step, history = int(state["step"]), list(state["log"])
             self.policy.load_state_dict(state["policy"])
             self.opt.load_state_dict(state["opt"])
+            for name, p in self.policy.state_dict().items():
+                check_finite(p, f"policy.{name}")
         except Exception as e:
             log.warning("RL checkpoint %s is unusable (%s: %s): training this run again from step 0",
                         self.ckpt, type(e).__name__, e)
@@ -189,6 +195,8 @@ class Trainer:
         """Write the checkpoint, then the curve (each atomically, by rename)."""
         if not self.world.is_main:
             return
+        for name, p in self.policy.state_dict().items():  # never save a non-finite policy
+            check_finite(p, f"policy.{name} (not saved to {self.ckpt})")
         tmp = self.ckpt.with_suffix(".tmp")
         torch.save({"policy": self.policy.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                     "log": self.log, "setting": self.setting.__dict__, "seed": self.seed}, tmp)
@@ -224,11 +232,17 @@ class Trainer:
         loss, info = reinforce_loss(self.policy, trajs, self.setting.epsilon, self.setting.alpha, rl.baseline,
                                     rl.entropy_grad, self.cfg.policy.entropy, all_sum=self.world.all_sum,
                                     n_groups=len(qs))
+        check_finite(loss.detach(), f"RL loss at step {self.step + 1} of {self.out}")  # no step on a non-finite loss
         self.opt.zero_grad()
         loss.backward()
         self.world.sum_gradients(self.policy.parameters())
+        for name, p in self.policy.named_parameters():  # the same summed gradient on every rank: all refuse together
+            if p.grad is not None:
+                check_finite(p.grad, f"gradient of policy.{name} at step {self.step + 1} of {self.out}")
         gnorm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), rl.grad_clip))
         self.opt.step()
+        for name, p in self.policy.named_parameters():
+            check_finite(p, f"policy.{name} after step {self.step + 1} of {self.out}")
         self.step += 1
         return {"step": self.step, "loss": float(self.world.all_sum(loss.detach())), "grad_norm": gnorm,
                 "concentration": float(self.policy.log_c.detach().exp()), **info}

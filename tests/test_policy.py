@@ -321,3 +321,41 @@ def test_stream_sampler_rejects_bad_concentrations(bad):
         sample_policy_log_streams(torch.ones(3, 4), torch.tensor([0.0, 1.5, 0.0]), keys, keys)
     with pytest.raises(ValueError, match=r"\(B, K\)"):
         sample_dirichlet_log_streams(torch.ones(4), keys[:1], keys[:1])
+
+
+# ---- issue 27, item 5: raise instead of returning NaN -----------------------------------------------
+
+
+def test_fit_transitions_without_smoothing_refuses_a_state_never_left():
+    import torch
+
+    from ctrls.policy import fit_transitions
+
+    eye = torch.eye(3)
+    s_prev, s_next = eye[[0, 1, 0]], eye[[1, 0, 0]]  # state 2 is never left
+    with pytest.raises(ValueError, match="state 2 .* never left"):
+        fit_transitions(s_prev, s_next, 3, steps=2, smoothing=0.0)
+    L, hist = fit_transitions(s_prev, s_next, 3, steps=2, smoothing=0.1)
+    assert torch.isfinite(L).all() and all(map(math.isfinite, hist))
+
+
+def test_kl_to_prior_refuses_an_infinite_logit():
+    import torch
+
+    from ctrls.policy import NonFiniteError, kl_to_prior
+
+    L = torch.zeros(3, 3)
+    L[0, 1] = float("inf")
+    s = torch.eye(3)
+    with pytest.raises(NonFiniteError, match="transition logits L"):
+        kl_to_prior(s, s, L)
+
+
+@pytest.mark.parametrize("s", [[0.5, 0.5, 0.5], [1.5, -0.5, 0.0], [0.0, 0.0, 0.0]])
+def test_sample_log_refuses_a_state_off_the_simplex(s):
+    import torch
+
+    from ctrls.policy import TransitionPolicy
+
+    with pytest.raises(ValueError, match="not on the simplex"):
+        TransitionPolicy(3).sample_log(torch.tensor(s))

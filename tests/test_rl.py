@@ -277,3 +277,73 @@ def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
         Trainer(policy, cfg_for(steps=1), Setting("x", 0.0, 0.0), 0, tmp_path / "run", mdp_sampler(policy), 1,
                 tensorboard=tmp_path / "tb")
     assert not (tmp_path / "tb").exists()
+
+
+# ---- issue 27, item 5: finite or refused -----------------------------------------------------------
+
+
+def _trainer(tmp_path, alpha=0.0, eps=0.0):
+    policy = TransitionPolicy(K, concentration=5.0)
+    return Trainer(policy, cfg_for(steps=2), Setting("x", eps, alpha), 0, tmp_path / "run", mdp_sampler(policy), 1)
+
+
+def _params(policy):
+    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+def test_a_non_finite_loss_is_refused_before_the_step(tmp_path):
+    """rl.entropy_coef=1e308 (past the config's range) gave loss -inf, a NaN gradient, and NaN in checkpoint.pt."""
+    from ctrls.policy import NonFiniteError
+
+    tr = _trainer(tmp_path, alpha=1e308)
+    before = _params(tr.policy)
+    with pytest.raises(NonFiniteError, match="RL loss at step 1"):
+        tr.run(2, progress=False)
+    assert all(torch.equal(before[k], v) for k, v in tr.policy.state_dict().items()) and tr.step == 0
+    assert not tr.ckpt.exists()
+
+
+def test_a_non_finite_gradient_is_refused_before_the_step(tmp_path, monkeypatch):
+    import ctrls.rl
+    from ctrls.policy import NonFiniteError
+
+    tr = _trainer(tmp_path)
+    before = _params(tr.policy)
+
+    def nan_gradient(policy, *args, **kwargs):  # a finite loss (0) whose gradient is 0 * inf = NaN
+        return torch.sqrt(policy.L[0, 0] - policy.L[0, 0].detach()), {}
+
+    monkeypatch.setattr(ctrls.rl, "reinforce_loss", nan_gradient)
+    with pytest.raises(NonFiniteError, match="gradient of policy.L at step 1"):
+        tr.train_step()
+    assert all(torch.equal(before[k], v) for k, v in tr.policy.state_dict().items()) and tr.step == 0
+
+
+def test_a_non_finite_policy_is_never_saved_nor_resumed(tmp_path, caplog):
+    from ctrls.policy import NonFiniteError
+
+    tr = _trainer(tmp_path)
+    tr.run(1, progress=False)
+    good = tr.ckpt.read_bytes()
+    with torch.no_grad():
+        tr.policy.L[1, 2] = float("nan")
+    with pytest.raises(NonFiniteError, match="not saved"):
+        tr.save()
+    assert tr.ckpt.read_bytes() == good
+    state = torch.load(tr.ckpt, weights_only=False)  # a NaN checkpoint written by an older version
+    state["policy"]["log_c"] = torch.tensor(float("inf"))
+    torch.save(state, tr.ckpt)
+    again = _trainer(tmp_path)
+    assert again.step == 0 and torch.isfinite(again.policy.log_c)
+    assert "unusable" in caplog.text
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf")])
+def test_reinforce_loss_refuses_a_non_finite_reward(reward):
+    from ctrls.policy import NonFiniteError
+
+    policy = TransitionPolicy(K, concentration=5.0)
+    trajs = draw(policy, 3)
+    trajs[1].reward = reward
+    with pytest.raises(NonFiniteError, match="trajectory 1 has reward"):
+        reinforce_loss(policy, trajs, 0.0, 0.0)
