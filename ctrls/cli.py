@@ -7,7 +7,8 @@
 
 Overrides are dotted ``key=value`` items with YAML values (``-o rl.steps=3 "grid.epsilons=[0.1, 0.3]"``).
 A bad profile or override (``ctrls.config.ConfigError``) is one line on stderr and exit status 2,
-before any stage runs.
+before any stage runs; data that cannot be loaded (``ctrls.data.DataError``: an unknown dataset or
+split, a missing file) is one line and exit status 1.
 
 Several GPUs: ``accelerate launch --multi_gpu --num_processes 8 -m ctrls stage rl --profile paper``
 runs a stage data-parallel (``ctrls.distributed``); ``ctrls reproduce`` then reuses its results.
@@ -254,12 +255,16 @@ def main(argv: list[str] | None = None) -> None:
 
     args = p.parse_args(argv)
     from ctrls.config import ConfigError
+    from ctrls.data import DataError
 
     try:
         rc = args.fn(args)
     except ConfigError as e:  # a bad profile or override: one line, no traceback, argparse's status
         print(f"ctrls {args.cmd}: config error: {' '.join(str(e).split())}", file=sys.stderr)
         rc = 2
+    except DataError as e:  # an unknown dataset or split, missing or malformed data: one line
+        print(f"ctrls {args.cmd}: data error: {' '.join(str(e).split())}", file=sys.stderr)
+        rc = 1
     sys.exit(rc)
 
 

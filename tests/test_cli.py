@@ -114,3 +114,15 @@ def test_reproduce_records_each_notebooks_wall_time(monkeypatch, tmp_path):
     rec = json.loads((tmp_path / "smoke" / "reproduce_timings.json").read_text())
     assert ran == ["pretrain", "rl"] and list(rec["seconds"]) == ran
     assert rec["profile"] == "smoke" and rec["commit"] and rec["total_s"] >= sum(rec["seconds"].values())
+
+
+@pytest.mark.parametrize("argv,what", [(["--dataset", "nosuch"], "unknown dataset 'nosuch'"),
+                                       (["--split", "validation"], "unknown split 'validation'")])
+def test_verify_references_with_an_unknown_dataset_or_split_is_one_line(argv, what):
+    """Issue 27, item 11: it printed a traceback."""
+    r = subprocess.run([sys.executable, "-m", "ctrls", "verify-references", *argv], capture_output=True, text=True,
+                       env=_env(), timeout=300)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ctrls verify-references: data error: ") and what in lines[0]
