@@ -34,6 +34,9 @@ import logging
 import math
 import os
 import re
+import threading
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from time import sleep
 from typing import NamedTuple, Protocol, Sequence
@@ -64,6 +67,11 @@ Respond strictly with one JSON object with exactly these keys and integer values
 
 class JudgeError(RuntimeError):
     pass
+
+
+class RequestTimeout(Exception):
+    """No complete reply within the wall-clock limit of one request (``timeout_s``), however the
+    server paces its bytes. Retried like an HTTP 5xx."""
 
 
 class NotAChatCompletion(Exception):
@@ -157,27 +165,37 @@ class OpenAIBackend:
     """Any OpenAI-compatible chat-completions server through the ``openai`` client.
 
     The API key comes from OPENAI_API_KEY only (a server at ``base_url`` that needs none gets a
-    dummy). Requests that fail with HTTP 408/429/5xx, a timeout, a connection error, or an HTTP 200
-    reply that is not a chat completion (:class:`NotAChatCompletion`; the body is read and checked
-    here, not by the client, which would hand back an HTML page as a string) are retried
-    ``max_retries`` times, after ``backoff_s * 2**attempt`` seconds; then, or on any other HTTP
-    error, a ``JudgeError`` says what failed, naming the model and the server. A completion whose
-    content is an empty string is a reply (scored with defaults, counted); a missing or null
-    content is not.
+    dummy). ``timeout_s`` is a wall-clock limit per request, from sending it to the last byte of the
+    reply (:class:`RequestTimeout`; a server that sends one byte at a time does not hold the judge
+    longer). Requests that fail with HTTP 408/429/5xx, a timeout, a connection error, or an HTTP
+    200 reply that is not a chat completion (:class:`NotAChatCompletion`; the body is read and
+    checked here, not by the client, which would hand back an HTML page as a string), or that is
+    larger than ``max_tokens`` allows (``max_reply_bytes``), are retried ``max_retries`` times,
+    after ``backoff_s * 2**attempt`` seconds capped at ``max_backoff_s``, or after the server's
+    ``Retry-After`` (seconds or an HTTP date) when it sends one, capped likewise; then, or on any
+    other HTTP error, a ``JudgeError`` says what failed, naming the model and the server. A
+    completion whose content is an empty string is a reply (scored with defaults, counted); a
+    missing or null content is not.
     """
 
     name = "openai"
+    REPLY_BYTES_PER_TOKEN = 64  # a generous bound on a token's JSON-escaped UTF-8 bytes
+    REPLY_OVERHEAD_BYTES = 64 * 1024  # the JSON envelope (ids, usage, a refusal or logprobs field)
 
     def __init__(self, model: str = "gpt-4", base_url: str | None = None, timeout_s: float = 60.0,
-                 max_retries: int = 4, backoff_s: float = 1.0, max_tokens: int = 300):
+                 max_retries: int = 4, backoff_s: float = 1.0, max_tokens: int = 300, max_backoff_s: float = 60.0):
         import openai
 
         key = os.environ.get("OPENAI_API_KEY")
         if not key and base_url is None:
             raise JudgeError("the openai judge needs OPENAI_API_KEY in the environment, or judge.base_url "
                              "(an OpenAI-compatible server)")
-        self.model, self.base_url = model, base_url
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise JudgeError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+        self.model, self.base_url, self.timeout_s = model, base_url, timeout_s
         self.max_retries, self.backoff_s, self.max_tokens = max_retries, backoff_s, max_tokens
+        self.max_backoff_s = max_backoff_s
+        self.max_reply_bytes = self.REPLY_OVERHEAD_BYTES + self.REPLY_BYTES_PER_TOKEN * max_tokens
         self._openai = openai
         self._client = openai.OpenAI(api_key=key or "not-needed", base_url=base_url, timeout=timeout_s, max_retries=0)
 
@@ -188,10 +206,9 @@ class OpenAIBackend:
         return (msg.replace(key, "***") if key else msg) + f" (model {self.model!r}, {self.base_url or 'api.openai.com'})"
 
     @staticmethod
-    def _content(raw) -> str:
+    def _content(status: int, ctype: str, body: str) -> str:
         """The message content of the first choice of a successful (2xx) reply, or NotAChatCompletion."""
-        body, ctype = raw.text, raw.headers.get("content-type", "no content type")
-        what = f"HTTP {raw.status_code} reply"
+        what = f"HTTP {status} reply"
         try:
             data = json.loads(body)
         except ValueError:
@@ -205,23 +222,74 @@ class OpenAIBackend:
             raise NotAChatCompletion(f"{what} has no message content in its first choice: {body[:200]!r}")
         return content
 
+    def _fetch(self, messages: list[dict], temperature: float, cancel: threading.Event) -> str:
+        """One request, its body read chunk by chunk: stops at ``max_reply_bytes`` or when cancelled."""
+        with self._client.chat.completions.with_streaming_response.create(
+                model=self.model, messages=messages, temperature=temperature, max_tokens=self.max_tokens) as resp:
+            body = bytearray()
+            for chunk in resp.iter_bytes():
+                if cancel.is_set():
+                    raise RequestTimeout("cancelled")
+                body += chunk
+                if len(body) > self.max_reply_bytes:
+                    raise NotAChatCompletion(f"HTTP {resp.status_code} reply is larger than {self.max_reply_bytes} bytes, "
+                                             f"far more than max_tokens={self.max_tokens} allows")
+            return self._content(resp.status_code, resp.headers.get("content-type", "no content type"),
+                                 bytes(body).decode("utf-8", "replace"))
+
+    def _request(self, messages: list[dict], temperature: float) -> str:
+        """``_fetch`` under a wall-clock limit: the request runs in a daemon thread, abandoned (and
+        told to stop at its next chunk) when ``timeout_s`` has passed."""
+        box: dict = {}
+        done, cancel = threading.Event(), threading.Event()
+
+        def work():
+            try:
+                box["reply"] = self._fetch(messages, temperature, cancel)
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=work, name="judge-request", daemon=True).start()
+        if not done.wait(self.timeout_s):
+            cancel.set()
+            raise RequestTimeout(f"no complete reply within {self.timeout_s:g} s (wall clock)")
+        if "error" in box:
+            raise box["error"]
+        return box["reply"]
+
+    def _delay(self, attempt: int, err: Exception) -> float:
+        """The wait before retry ``attempt + 1``: the server's Retry-After if it sent one, else
+        exponential backoff; either capped at ``max_backoff_s``."""
+        delay = self.backoff_s * 2 ** attempt
+        headers = getattr(getattr(err, "response", None), "headers", None) or {}
+        after = headers.get("retry-after") if hasattr(headers, "get") else None
+        if after:
+            try:
+                delay = float(after)
+            except ValueError:
+                try:
+                    delay = (parsedate_to_datetime(after) - datetime.now(timezone.utc)).total_seconds()
+                except (TypeError, ValueError):
+                    pass
+        return min(max(0.0, delay), self.max_backoff_s) if math.isfinite(delay) else self.max_backoff_s
+
     def complete(self, messages: list[dict], temperature: float) -> str:
         o = self._openai
         attempt = 0
         while True:
             try:
-                raw = self._client.chat.completions.with_raw_response.create(
-                    model=self.model, messages=messages, temperature=temperature, max_tokens=self.max_tokens)
-                return self._content(raw)
+                return self._request(messages, temperature)
             except o.APIStatusError as e:
                 if e.status_code not in (408, 429) and e.status_code < 500:
                     raise JudgeError(f"judge request rejected with HTTP {e.status_code}: {self._describe(e)}") from None
                 err: Exception = e
-            except (o.APIConnectionError, NotAChatCompletion) as e:  # APIConnectionError includes APITimeoutError
+            except (o.APIConnectionError, NotAChatCompletion, RequestTimeout) as e:  # includes APITimeoutError
                 err = e
             if attempt == self.max_retries:
                 raise JudgeError(f"judge request failed after {attempt + 1} attempts: {self._describe(err)}") from None
-            delay = self.backoff_s * 2 ** attempt
+            delay = self._delay(attempt, err)
             attempt += 1
             log.warning("judge request failed (%s), retry %d/%d in %.1f s", type(err).__name__, attempt,
                         self.max_retries, delay)

@@ -460,3 +460,105 @@ def test_real_transformers_serve_end_to_end(transformers_serve, tmp_path):
     assert all(json.loads(f.read_text())["reply"] for f in (tmp_path / "cache").glob("*.json"))
     with pytest.raises(JudgeError, match="HTTP 400"):  # a pinned server names the model it serves
         OpenAIBackend("another-model", base_url=base_url, max_retries=0).complete(build_prompt("q", "1", [], "1"), 0.1)
+
+
+# ---- issue 27, item 6: wall-clock limits, Retry-After, capped backoff, bounded replies ----------------
+
+
+class PacedServer:
+    """/v1/chat/completions answering each request with ``reply(n)`` -> (status, headers, body), the
+    body sent ``chunk`` bytes every ``pause`` seconds (headers at once)."""
+
+    def __init__(self, reply, chunk=1 << 20, pause=0.0):
+        self.calls = 0
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                status, headers, body = reply(fake.calls)
+                fake.calls += 1
+                try:
+                    self.send_response(status)
+                    for k, v in {"Content-Type": "application/json", "Content-Length": str(len(body)), **headers}.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    for i in range(0, len(body), chunk):
+                        self.wfile.write(body[i:i + chunk])
+                        self.wfile.flush()
+                        time.sleep(pause)
+                except OSError:  # the client gave up
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def completion(content=GOOD) -> bytes:
+    return json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                       "choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": content}}]}).encode()
+
+
+@pytest.fixture
+def paced():
+    servers = []
+
+    def make(*a, **k):
+        servers.append(PacedServer(*a, **k))
+        return servers[-1]
+    yield make
+    for s in servers:
+        s.close()
+
+
+def test_the_timeout_is_wall_clock_per_request_not_per_read(paced, sleeps):
+    """A valid completion at 1 byte per 0.02 s (several seconds in all): every read is quick, the
+    request is not. It held a 2 s-timeout judge for 85 s."""
+    srv = paced(lambda n: (200, {}, completion()), chunk=1, pause=0.02)
+    be = OpenAIBackend("m", base_url=srv.url, timeout_s=0.3, max_retries=1)
+    t0 = time.perf_counter()
+    with pytest.raises(JudgeError, match=r"after 2 attempts: RequestTimeout: no complete reply within 0.3 s"):
+        be.complete(build_prompt("q", "1", ["s"], "1"), 0.1)
+    assert time.perf_counter() - t0 < 2.0 and srv.calls == 2
+
+
+def test_a_quick_paced_reply_is_read_whole(paced, sleeps):
+    srv = paced(lambda n: (200, {}, completion()), chunk=64, pause=0.001)
+    assert OpenAIBackend("m", base_url=srv.url, timeout_s=10).complete(build_prompt("q", "1", ["s"], "1"), 0.1) == GOOD
+
+
+@pytest.mark.parametrize("after,expect", [("3", 3.0), ("0.5", 0.5), ("86400", 60.0), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),
+                                          ("soon", 0.5)])
+def test_retry_after_is_honoured_and_capped(paced, sleeps, after, expect):
+    srv = paced(lambda n: (429, {"Retry-After": after}, b'{"error": {"message": "slow down"}}') if n == 0
+                else (200, {}, completion()))
+    be = OpenAIBackend("m", base_url=srv.url, max_retries=2, backoff_s=0.5)
+    assert be.complete(build_prompt("q", "1", ["s"], "1"), 0.1) == GOOD
+    assert sleeps == [expect] and srv.calls == 2
+
+
+def test_the_backoff_is_capped(paced, sleeps):
+    srv = paced(lambda n: (503, {}, b'{"error": {"message": "down"}}'))
+    be = OpenAIBackend("m", base_url=srv.url, max_retries=5, backoff_s=10.0, max_backoff_s=30.0)
+    with pytest.raises(JudgeError, match="after 6 attempts"):
+        be.complete(build_prompt("q", "1", ["s"], "1"), 0.1)
+    assert sleeps == [10.0, 20.0, 30.0, 30.0, 30.0]
+
+
+def test_a_reply_far_larger_than_max_tokens_allows_is_refused(paced, sleeps):
+    srv = paced(lambda n: (200, {}, completion("x" * 5_000_000)))
+    be = OpenAIBackend("m", base_url=srv.url, timeout_s=20, max_retries=1, max_tokens=300)
+    with pytest.raises(JudgeError, match=r"larger than \d+ bytes, far more than max_tokens=300 allows"):
+        be.complete(build_prompt("q", "1", ["s"], "1"), 0.1)
+    assert srv.calls == 2
+    assert OpenAIBackend.REPLY_OVERHEAD_BYTES + 300 * OpenAIBackend.REPLY_BYTES_PER_TOKEN < 5_000_000
