@@ -123,7 +123,7 @@ def _is_rl_setting(v: str) -> bool:
     return math.isfinite(s.epsilon) and math.isfinite(s.alpha) and 0 <= s.epsilon <= 1 and s.alpha >= 0
 
 
-DATASET = Rule("gsm8k, math, gsm_symbolic, or a directory holding train.jsonl and test.jsonl", _is_dataset)
+DATASET = Rule("gsm8k, math, gsm_symbolic, word_problems, or a directory holding train.jsonl and test.jsonl", _is_dataset)
 RL_SETTING = Rule("none, epsilon, entropy, both, 'eps=X', 'H=Y' or 'eps=X,H=Y' with X in [0, 1], Y >= 0",
                   _is_rl_setting)
 HIDDEN_LAYER_WHY = ("pretraining would fit the states and train the adapter on that layer's hidden states while "
@@ -138,6 +138,22 @@ INJECT_AT_WHY = ("pretraining and decoding apply the adapter to the last hidden 
 
 
 @dataclass
+class WordProblemsConfig:
+    """The difficulty of the procedural ``word_problems`` dataset (ctrls.word_problems); the demo's
+    default was chosen by measurement (bench/word_problems.py): Base pass@1 in 15-40%."""
+
+    n_ops: int = key(1, between(1, 8))  # operations per problem
+    max_value: int = key(10, between(2, 10_000))  # operands drawn from 1..max_value
+    ops: list[Literal["add", "sub", "mul"]] = key(["add", "sub"], nonempty=True, unique=True)
+    wordings: int = key(3, between(1, 3))  # phrasings per operation
+
+    def difficulty(self):
+        from ctrls.word_problems import Difficulty  # lazy: keeps the config import light
+
+        return Difficulty(self.n_ops, self.max_value, tuple(self.ops), self.wordings)
+
+
+@dataclass
 class DataConfig:
     dataset: str = key("gsm8k", DATASET)  # gsm8k | math | gsm_symbolic | a directory with train.jsonl, test.jsonl (ctrls.data)
     data_dir: str | None = key(None, anything("a directory (checked when the data is read)"))  # else $CTRLS_DATA_DIR, else ../shared/data if present, else the hub
@@ -145,6 +161,7 @@ class DataConfig:
     n_test: int = key(40, at_least(1))  # test questions (exploration / evaluation), seeded subset
     seed: int = key(0, at_least(0))
     max_bad_fraction: float = key(0.01, between(0, 1))  # malformed rows above this fraction are an error
+    word_problems: WordProblemsConfig = field(default_factory=WordProblemsConfig)  # the procedural dataset's difficulty
 
 
 @dataclass
@@ -400,9 +417,16 @@ def _check_judge_pair(cfg: Config) -> None:
                       "Table 3 scores one pair")
 
 
+def _check_word_problems(cfg: Config) -> None:
+    try:
+        cfg.data.word_problems.difficulty()
+    except ValueError as e:
+        raise ConfigError(f"config key 'data.word_problems': {e}") from e
+
+
 # Each takes the whole config and raises ConfigError naming the key it refuses.
 CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes,
-                                                _check_judge_pair]
+                                                _check_judge_pair, _check_word_problems]
 
 
 def validate(cfg: Config) -> Config:
