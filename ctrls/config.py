@@ -182,8 +182,11 @@ class StatesConfig:
 @dataclass
 class PolicyConfig:
     concentration: float = key(20.0, above(0))  # initial Dirichlet concentration c
-    fit_steps: int = key(300, at_least(0))  # gradient refinement steps of L after the soft-count start
-    fit_lr: float = key(0.05, above(0))
+    # how L is fitted (ctrls.policy.fit_transitions): expected_kl = Thm. 5.3's KL term, closed form (the
+    # row-normalised soft counts); mixture = the relaxed objective's mixture-prior KL, by gradient steps
+    fit: Literal["expected_kl", "mixture"] = "expected_kl"
+    fit_steps: int = key(300, at_least(0))  # fit: mixture only: gradient refinement steps after the soft-count start
+    fit_lr: float = key(0.05, above(0))  # fit: mixture only
     count_smoothing: float = key(0.1, above(0))  # pseudo-count added to the soft transition counts (0: log 0)
     entropy: Literal["categorical", "dirichlet"] = "categorical"
 

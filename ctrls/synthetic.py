@@ -276,7 +276,7 @@ def fit_from_chains(chains: torch.Tensor, n_states: int, cfg: Config) -> torch.T
     eye = torch.eye(n_states)
     prev, nxt = eye[chains[:, :-1].reshape(-1)], eye[chains[:, 1:].reshape(-1)]
     L, _ = fit_transitions(prev, nxt, n_states, steps=cfg.policy.fit_steps, lr=cfg.policy.fit_lr,
-                           smoothing=cfg.policy.count_smoothing)
+                           smoothing=cfg.policy.count_smoothing, method=cfg.policy.fit)
     return L
 
 
