@@ -241,7 +241,7 @@ class RLConfig:
     group_size: int = key(8, at_least(1))  # G trajectories per question (>= 2 with baseline group_mean)
     lr: float = key(1e-2, above(0))
     grad_clip: float = key(1.0, above(0))
-    baseline: Literal["none", "group_mean"] = "none"
+    baseline: Literal["none", "group_mean"] = "none"  # group_mean: leave-one-out mean of the group's other returns
     entropy_grad: Literal["full", "eq14"] = "full"  # full: exact gradient of J; eq14: score-function term only
     epsilon: float = key(0.1, between(0, 1))
     entropy_coef: float = key(0.01, at_least(0))  # alpha
@@ -375,7 +375,7 @@ def _builtin_sizes() -> dict[str, dict[str, int]]:
 def _check_group_baseline(cfg: Config) -> None:
     if cfg.rl.baseline == "group_mean" and cfg.rl.group_size < 2:
         raise _refuse("rl.group_size", cfg.rl.group_size, ">= 2 with rl.baseline=group_mean",
-                      "a group of one has advantage 0 and learns nothing")
+                      "the leave-one-out baseline needs another trajectory of the same question")
 
 
 def _check_rl_temperature(cfg: Config) -> None:
