@@ -199,8 +199,11 @@ class StatesConfig:
 @dataclass
 class PolicyConfig:
     concentration: float = key(20.0, above(0))  # initial Dirichlet concentration c
-    fit_steps: int = key(300, at_least(0))  # gradient refinement steps of L after the soft-count start
-    fit_lr: float = key(0.05, above(0))
+    # how L is fitted (ctrls.policy.fit_transitions): expected_kl = Thm. 5.3's KL term, closed form (the
+    # row-normalised soft counts); mixture = the relaxed objective's mixture-prior KL, by gradient steps
+    fit: Literal["expected_kl", "mixture"] = "expected_kl"
+    fit_steps: int = key(300, at_least(0))  # fit: mixture only: gradient refinement steps after the soft-count start
+    fit_lr: float = key(0.05, above(0))  # fit: mixture only
     count_smoothing: float = key(0.1, above(0))  # pseudo-count added to the soft transition counts (0: log 0)
     entropy: Literal["categorical", "dirichlet"] = "categorical"
 
@@ -255,7 +258,7 @@ class RLConfig:
     group_size: int = key(8, at_least(1))  # G trajectories per question (>= 2 with baseline group_mean)
     lr: float = key(1e-2, above(0))
     grad_clip: float = key(1.0, above(0))
-    baseline: Literal["none", "group_mean"] = "none"
+    baseline: Literal["none", "group_mean"] = "none"  # group_mean: leave-one-out mean of the group's other returns
     entropy_grad: Literal["full", "eq14"] = "full"  # full: exact gradient of J; eq14: score-function term only
     epsilon: float = key(0.1, between(0, 1))
     entropy_coef: float = key(0.01, at_least(0))  # alpha
@@ -389,7 +392,7 @@ def _builtin_sizes() -> dict[str, dict[str, int]]:
 def _check_group_baseline(cfg: Config) -> None:
     if cfg.rl.baseline == "group_mean" and cfg.rl.group_size < 2:
         raise _refuse("rl.group_size", cfg.rl.group_size, ">= 2 with rl.baseline=group_mean",
-                      "a group of one has advantage 0 and learns nothing")
+                      "the leave-one-out baseline needs another trajectory of the same question")
 
 
 def _check_rl_temperature(cfg: Config) -> None:
