@@ -248,6 +248,8 @@ class GridConfig:
     temperatures: list[float] = key([0.5, 0.7], Rule(">= 0 (0: greedy)", lambda v: v >= 0), nonempty=True, unique=True)
     epsilons: list[float] = key([0.1, 0.3, 0.5], between(0, 1), unique=True)  # empty: the Base rows only
     n_samples: int = key(20, at_least(1))  # samples per question (pass@n)
+    transfer_datasets: list[str] = key([], DATASET, unique=True)  # Base vs CTRLS(first epsilon) of the pair's model on a few questions of these datasets
+    transfer_questions: int = key(8, between(1, 1000))  # test questions per transfer dataset (at rl.temperature)
     fixed_state: bool = True  # add the "fixed s0" row: the trained adapter with the prompt's s_0 at every step, no transitions (ablation)
 
 
@@ -420,6 +422,14 @@ def _check_judge_pair(cfg: Config) -> None:
                       "Table 3 scores one pair")
 
 
+def _check_transfer(cfg: Config) -> None:
+    t = cfg.grid.transfer_datasets
+    if t and (len(cfg.grid.datasets) > 1 or set(t) & set(cfg.grid.datasets)):
+        raise _refuse("grid.transfer_datasets", t, "datasets other than the grid's, with one dataset in grid.datasets",
+                      "a transfer dataset's rows are keyed by backbone and dataset: two trained models, or the "
+                      "pair's own rows, would share them")
+
+
 def _check_word_problems(cfg: Config) -> None:
     try:
         cfg.data.word_problems.difficulty()
@@ -429,7 +439,7 @@ def _check_word_problems(cfg: Config) -> None:
 
 # Each takes the whole config and raises ConfigError naming the key it refuses.
 CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes,
-                                                _check_judge_pair, _check_word_problems]
+                                                _check_judge_pair, _check_word_problems, _check_transfer]
 
 
 def validate(cfg: Config) -> Config:

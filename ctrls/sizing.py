@@ -12,13 +12,14 @@ question is easy or hard for every sample). This module answers, by Monte Carlo,
   (a = p0 (1 - icc) / icc, b = (1 - p0)(1 - icc) / icc), the model fitted to the measured pilot
   (``bench/word_problems.py``: p0 and icc from its per-question rates, :func:`icc_from_rates`);
 - the other arm's rates c_q = sigmoid(logit(b_q) + s), with the logit shift s chosen so that the
-  mean rate is p0 + delta (an effect that respects [0, 1]);
+  statistic's mean rises by delta on its own scale (pass@1 or a rate: the mean rate; pass@m: the
+  mean of 1 - (1 - c_q)^m), an effect that respects [0, 1];
 - each arm draws ``m`` Bernoulli samples per question; the per-question statistic is the mean
   (pass@1, a step-match rate) or "any correct" (pass@m);
 - the test: a two-sided paired t-test at alpha = 0.05 on the per-question differences (the
   large-sample counterpart of the paired intervals on the pages); the power is the fraction of
   ``n_sim`` simulated runs that reject, and the MDD is the smallest delta on a 1-point grid whose
-  power reaches 0.8 (NaN when none does before p0 + delta reaches 1).
+  power reaches 0.8 (NaN when none does before the statistic reaches 1).
 
 Stated approximations: RL's after-vs-before pools the seeds' evaluation samples (m = eval
 samples x seeds) and ignores the seed-to-seed variance of training, so its MDD is optimistic; the
@@ -64,39 +65,49 @@ def icc_from_rates(rates: np.ndarray, m: int) -> float:
     return float(np.clip(var_b / (p * (1 - p)), 0.01, 0.99))
 
 
-def _shift_for(b: np.ndarray, target: float) -> float:
-    """The logit shift s with mean(sigmoid(logit(b) + s)) = target (bisection)."""
-    lb = logit(np.clip(b, 1e-6, 1 - 1e-6))
+def _on_scale(p: np.ndarray, stat: str, m: int) -> np.ndarray:
+    """A question's expected statistic from its per-sample rate p: p ("mean") or 1 - (1 - p)^m ("any")."""
+    return p if stat == "mean" else 1 - (1 - p) ** m
+
+
+def _shift_for(b: np.ndarray, target: float, stat: str = "mean", m: int = 1) -> float:
+    """The logit shift s with mean(stat(sigmoid(logit(b) + s))) = target (bisection)."""
+    lb = logit(np.clip(b, 1e-9, 1 - 1e-9))
     lo, hi = -30.0, 30.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        if expit(lb + mid).mean() < target:
+        if _on_scale(expit(lb + mid), stat, m).mean() < target:
             lo = mid
         else:
             hi = mid
     return (lo + hi) / 2
 
 
+def base_statistic(p0: float, m: int, icc: float, stat: str, seed: int = 0) -> float:
+    """The expected statistic of the base arm under the model: p0 ("mean") or E[1 - (1 - b_q)^m] ("any")."""
+    return float(_on_scale(np.random.default_rng(seed).beta(*beta_params(p0, icc), 200_000), stat, m).mean())
+
+
 def simulated_power(p0: float, delta: float, n_q: int, m: int, icc: float, stat: str = "mean",
                     n_sim: int = 2000, alpha: float = ALPHA, seed: int = 0) -> float:
-    """Power of the paired test (module docstring) to detect a rise of ``delta`` from ``p0``;
-    ``stat`` is "mean" (pass@1, a rate) or "any" (pass@m). NaN when p0 + delta >= 1."""
+    """Power of the paired test (module docstring) to detect a rise of ``delta`` in the statistic
+    (``stat`` "mean": a per-sample rate such as pass@1; "any": pass@m, on its own scale) from a base
+    arm whose per-sample rate is ``p0``. NaN when the raised statistic would reach 1."""
     if stat not in ("mean", "any"):
         raise ValueError(f"stat must be 'mean' or 'any', got {stat!r}")
     if n_q < 2 or m < 1:
         raise ValueError(f"need n_q >= 2 questions and m >= 1 samples, got n_q={n_q}, m={m}")
-    if p0 + delta >= 1:
-        return math.nan
     rng = np.random.default_rng(seed)
     a, b = beta_params(p0, icc)
+    ref = rng.beta(a, b, size=200_000)
+    target = float(_on_scale(ref, stat, m).mean()) + delta
+    if target >= 1:
+        return math.nan
+    s = _shift_for(ref, target, stat, m)
     base = rng.beta(a, b, size=(n_sim, n_q))
-    s = _shift_for(rng.beta(a, b, size=200_000), p0 + delta)
     other = expit(logit(np.clip(base, 1e-9, 1 - 1e-9)) + s)
     x0, x1 = rng.binomial(m, base), rng.binomial(m, other)
-    if stat == "mean":
-        d = (x1 - x0) / m
-    else:
-        d = (x1 > 0).astype(float) - (x0 > 0)
+    d = (x1 - x0) / m if stat == "mean" else (x1 > 0).astype(float) - (x0 > 0)
     mean, sd = d.mean(1), d.std(1, ddof=1)
     crit = student_t.ppf(1 - alpha / 2, n_q - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -106,9 +117,11 @@ def simulated_power(p0: float, delta: float, n_q: int, m: int, icc: float, stat:
 
 def minimal_detectable(p0: float, n_q: int, m: int, icc: float, stat: str = "mean", power: float = POWER,
                        n_sim: int = 2000, seed: int = 0) -> float:
-    """The smallest rise delta (on a 0.01 grid) detected with ``power``; NaN when none below 1 - p0."""
-    lo, hi = 1, int(math.floor((1 - p0) * 100 - 1e-9))
-    if hi < lo or simulated_power(p0, hi / 100, n_q, m, icc, stat, n_sim, seed=seed) < power:
+    """The smallest rise delta of the statistic (on a 0.01 grid) detected with ``power``; NaN when
+    none is below 1 minus the base statistic."""
+    base = base_statistic(p0, m, icc, stat, seed)
+    lo, hi = 1, int(math.floor((1 - base) * 100 - 1e-9))
+    if hi < lo or not simulated_power(p0, hi / 100, n_q, m, icc, stat, n_sim, seed=seed) >= power:
         return math.nan
     while lo < hi:  # power rises with delta: bisection on the grid
         mid = (lo + hi) // 2
@@ -131,33 +144,36 @@ class Comparison:
     p0: float
 
 
-def demo_comparisons(cfg, p0: float, steps_per_chain: float = 3.0, chance: float | None = None) -> list[Comparison]:
-    """The comparisons of the demo's pages at the profile's sizes, from a base pass@1 ``p0`` (the
-    pilot's). Base pass@n is derived from p0 under the fitted model by :func:`demo_power`."""
+def demo_comparisons(cfg, p0: float, succ0: float | None = None, steps_per_chain: float = 3.0,
+                     chance: float | None = None) -> list[Comparison]:
+    """The comparisons of the demo's pages at the profile's sizes, from the pilot's Base pass@1 ``p0``
+    and Succ. ``succ0``, in this order: pass@n and Succ. vs Base (Table 1), the ablation (pass@n),
+    RL after vs before, controllability vs chance. Base pass@n is derived from p0 under the fitted
+    model by :func:`demo_power`."""
     g, rl = cfg.grid, cfg.rl
     chance = chance if chance is not None else 1 / cfg.states.n_states
-    n_eval = min(rl.eval_questions, cfg.data.n_test if rl.n_test is None else max(rl.n_test, rl.eval_questions))
-    out = [Comparison("CTRLS vs Base, pass@1 (Table 1)", cfg.data.n_test, g.n_samples, "mean", p0),
-           Comparison(f"CTRLS vs Base, pass@{g.n_samples} (Table 1)", cfg.data.n_test, g.n_samples, "any", p0),
-           Comparison("CTRLS vs fixed s0, pass@1 (ablation)", cfg.data.n_test, g.n_samples, "mean", p0),
-           Comparison("after vs before RL, held-out accuracy", n_eval, rl.eval_samples * len(rl.seeds), "mean", p0),
-           Comparison("step lands in its sampled state vs chance (controllability)", cfg.data.n_test,
-                      max(1, int(round(g.n_samples * steps_per_chain))), "mean", chance)]
-    return out
+    succ0 = succ0 if succ0 is not None else p0
+    return [Comparison(f"CTRLS vs Base, pass@{g.n_samples} (Table 1)", cfg.data.n_test, g.n_samples, "any", p0),
+            Comparison("CTRLS vs Base, Succ. (Table 1)", cfg.data.n_test, g.n_samples, "mean", succ0),
+            Comparison(f"CTRLS vs fixed s0, pass@{g.n_samples} (ablation)", cfg.data.n_test, g.n_samples, "any", p0),
+            Comparison("after vs before RL, held-out accuracy", rl.eval_questions, rl.eval_samples * len(rl.seeds),
+                       "mean", p0),
+            Comparison("step lands in its sampled state vs chance (controllability)", cfg.data.n_test,
+                       max(1, int(round(g.n_samples * steps_per_chain))), "mean", chance)]
 
 
 def demo_power(cfg, p0: float, icc: float, target: float = 0.10, n_sim: int = 1000, seed: int = 0,
                **kw) -> pd.DataFrame:
     """For each demo comparison (:func:`demo_comparisons`): n, samples per question, the base rate
     of its statistic, the power at a ``target`` rise (default 10 points) and the MDD at 80% power,
-    in percentage points; "detects 10 pts" is power >= 0.8."""
+    in percentage points; "detects 10 pts" is power >= 0.8. A statistic whose base rate is p0 + 10
+    points or more past 100% has no power there (NaN)."""
     rows = []
     for c in demo_comparisons(cfg, p0, **kw):
-        a, b = beta_params(c.p0, icc)
-        base_rate = c.p0 if c.stat == "mean" else float(1 - np.mean((1 - np.random.default_rng(seed).beta(a, b, 200_000)) ** c.m))
         pw = simulated_power(c.p0, target, c.n_q, c.m, icc, c.stat, n_sim, seed=seed)
         mdd = minimal_detectable(c.p0, c.n_q, c.m, icc, c.stat, n_sim=n_sim, seed=seed)
         rows.append({"comparison": c.name, "questions": c.n_q, "samples per question": c.m,
-                     "base rate (%)": 100 * base_rate, f"power at +{100 * target:g} pts": pw,
+                     "base rate (%)": 100 * base_statistic(c.p0, c.m, icc, c.stat, seed),
+                     f"power at +{100 * target:g} pts": pw,
                      "MDD at 80% power (pts)": 100 * mdd, f"detects {100 * target:g} pts": bool(pw >= POWER)})
     return pd.DataFrame(rows)

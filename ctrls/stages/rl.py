@@ -155,6 +155,8 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             correct, valid = np.array(w.gather_list(correct)), np.array(w.gather_list(valid))
             H, hard = w.gather_list(H), w.gather_list(hard)
             return {"accuracy": float(correct.mean()), "pass@k": float(correct.any(1).mean()),
+                    "correct_by_question": correct.sum(1).astype(int).tolist(),  # eval questions in order: paired verdicts
+                    "samples_per_question": int(correct.shape[1]),
                     "succ": float(valid.mean()), "policy_entropy": float(np.mean(H)) if H else math.nan,
                     "state_usage_entropy": state_usage_entropy(hard, policy.L.shape[0])}
 
