@@ -98,3 +98,12 @@ def test_paired_test_has_its_size_and_power_grows_with_n():
     assert p[0] < p[1] < p[2] and p[2] > 0.99
     assert minimal_detectable(0.25, 200, 4, 0.3, n_sim=800) < minimal_detectable(0.25, 30, 4, 0.3, n_sim=800)
     assert np.isnan(minimal_detectable(0.95, 5, 1, 0.3, n_sim=200))  # no detectable rise below 100%
+
+
+def test_transfer_datasets_are_checked_at_load():
+    cfg = load_config("demo")
+    assert cfg.grid.transfer_datasets == ["gsm8k"] and cfg.data.dataset == "word_problems"
+    with pytest.raises(ConfigError, match="grid.transfer_datasets"):
+        load_config("demo", ["grid.transfer_datasets=[word_problems]"])  # the pair's own dataset
+    with pytest.raises(ConfigError, match="grid.transfer_datasets"):
+        load_config("demo", ["grid.datasets=[word_problems, gsm8k]", "grid.transfer_datasets=[math]"])
