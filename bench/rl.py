@@ -54,7 +54,8 @@ def lockstep_vs_sequential(steps: int | None = None, max_new_tokens: int | None 
                             max_steps=cfg.prompt.max_steps, batch_size=cfg.sampling.batch_size, epsilon=eps)
 
     def trajs(gens):
-        return [Trajectory(g.states, float(grade(g.text, "0").correct), gi, log_actions=g.log_actions)
+        return [Trajectory(g.policy_states if g.policy_states is not None else g.states[:1],
+                           float(grade(g.text, "0").correct), gi, log_actions=g.log_actions)
                 for gi, gs in enumerate(gens) for g in gs]
 
     def trainers(root):
@@ -113,7 +114,8 @@ def main(steps=3, G=8):
         gens = sample(bb, prompts, G, params, model=model, generator=seeded(step))
         t_sample += time.perf_counter() - t
         t = time.perf_counter()
-        trajs = [Trajectory(g.states, float(grade(g.text, "0").correct), i, log_actions=g.log_actions)
+        trajs = [Trajectory(g.policy_states if g.policy_states is not None else g.states[:1],
+                            float(grade(g.text, "0").correct), i, log_actions=g.log_actions)
                  for i, gs in enumerate(gens) for g in gs]
         t_grade += time.perf_counter() - t
         tokens += sum(g.n_tokens for gs in gens for g in gs)

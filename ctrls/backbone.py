@@ -67,10 +67,11 @@ class Backbone:
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                       layer: int = -1) -> torch.Tensor:
         """Hidden states (B, S, d) of ``hidden_states[layer]`` (-1: last layer, after the final norm)."""
-        out = self.model(input_ids=input_ids.to(self.device),
-                         attention_mask=None if attention_mask is None else attention_mask.to(self.device),
-                         output_hidden_states=True, use_cache=False)
-        return out.hidden_states[layer]
+        # the decoder body alone: the LM head's logits (a fifth of SmolLM2's FLOPs per token) are not needed
+        out = decoder_body(self.model)(input_ids=input_ids.to(self.device),
+                                       attention_mask=None if attention_mask is None else attention_mask.to(self.device),
+                                       output_hidden_states=layer != -1, use_cache=False)
+        return out.hidden_states[layer] if layer != -1 else out.last_hidden_state
 
     @torch.no_grad()
     def span_hidden_states(self, input_ids: Sequence[int], spans: Sequence[tuple[int, int]],

@@ -146,6 +146,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             return 1
         seconds[stage] = round(time.time() - ts, 1)
         print(f"[{i}/{len(stages)}] {stage} done in {seconds[stage]:.0f} s", flush=True)
+    write_claims_scorecard(args, book)
     if not args.no_book:
         tb = time.time()
         index = build_book(book, strict=args.strict)
@@ -154,6 +155,17 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     print(f"total {time.time() - t0:.0f} s")
     record_timings(Path(args.run_dir) / args.profile / "reproduce_timings.json", args, seconds, time.time() - t0)
     return 0
+
+
+def write_claims_scorecard(args: argparse.Namespace, book: Path) -> Path:
+    """The intro page's claims scorecard (``ctrls.stages.scorecard``), from the runs the notebooks made."""
+    from ctrls.report import notebook_config
+    from ctrls.stages.scorecard import write_scorecard
+
+    cfg = notebook_config(args.profile, str(Path(args.run_dir).resolve()), args.override)
+    path = write_scorecard(cfg, book / "generated" / "scorecard.md")
+    print(f"scorecard: {path}", flush=True)
+    return path
 
 
 def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, float], total: float) -> None:

@@ -88,7 +88,7 @@ MAX_ALPHA = 10.0  # entropy weights: alpha * sum_t H with H <= log K
 MAX_LR = 10.0  # learning rates (Adam's step is about lr per entry)
 MAX_CONCENTRATION = 1e4  # Dirichlet concentrations c (lgamma of c p stays exact in float32)
 
-DATASET = Rule("gsm8k, math, gsm_symbolic, or a directory holding train.jsonl and test.jsonl", _is_dataset)
+DATASET = Rule("gsm8k, math, gsm_symbolic, word_problems, or a directory holding train.jsonl and test.jsonl", _is_dataset)
 RL_SETTING = Rule(f"none, epsilon, entropy, both, 'eps=X', 'H=Y' or 'eps=X,H=Y' with X in [0, 1], Y in [0, {MAX_ALPHA:g}]",
                   _is_rl_setting)
 HIDDEN_LAYER_WHY = ("pretraining would fit the states and train the adapter on that layer's hidden states while "
@@ -103,6 +103,22 @@ INJECT_AT_WHY = ("pretraining and decoding apply the adapter to the last hidden 
 
 
 @dataclass
+class WordProblemsConfig:
+    """The difficulty of the procedural ``word_problems`` dataset (ctrls.word_problems); the demo's
+    default was chosen by measurement (bench/word_problems.py): Base pass@1 in 15-40%."""
+
+    n_ops: int = key(1, between(1, 8))  # operations per problem
+    max_value: int = key(10, between(2, 10_000))  # operands drawn from 1..max_value
+    ops: list[Literal["add", "sub", "mul"]] = key(["add", "sub"], nonempty=True, unique=True)
+    wordings: int = key(3, between(1, 3))  # phrasings per operation
+
+    def difficulty(self):
+        from ctrls.word_problems import Difficulty  # lazy: keeps the config import light
+
+        return Difficulty(self.n_ops, self.max_value, tuple(self.ops), self.wordings)
+
+
+@dataclass
 class DataConfig:
     dataset: str = key("gsm8k", DATASET)  # gsm8k | math | gsm_symbolic | a directory with train.jsonl, test.jsonl (ctrls.data)
     data_dir: str | None = key(None, anything("a directory (checked when the data is read)"))  # else $CTRLS_DATA_DIR, else ../shared/data if present, else the hub
@@ -110,6 +126,7 @@ class DataConfig:
     n_test: int = key(40, at_least(1))  # test questions (exploration / evaluation), seeded subset
     seed: int = key(0, at_least(0))
     max_bad_fraction: float = key(0.01, between(0, 1))  # malformed rows above this fraction are an error
+    word_problems: WordProblemsConfig = field(default_factory=WordProblemsConfig)  # the procedural dataset's difficulty
 
 
 @dataclass
@@ -147,8 +164,11 @@ class StatesConfig:
 @dataclass
 class PolicyConfig:
     concentration: float = key(20.0, in_range(0, MAX_CONCENTRATION, open_lo=True))  # initial Dirichlet concentration c
-    fit_steps: int = key(300, at_least(0))  # gradient refinement steps of L after the soft-count start
-    fit_lr: float = key(0.05, in_range(0, MAX_LR, open_lo=True))
+    # how L is fitted (ctrls.policy.fit_transitions): expected_kl = Thm. 5.3's KL term, closed form (the
+    # row-normalised soft counts); mixture = the relaxed objective's mixture-prior KL, by gradient steps
+    fit: Literal["expected_kl", "mixture"] = "expected_kl"
+    fit_steps: int = key(300, at_least(0))  # fit: mixture only: gradient refinement steps after the soft-count start
+    fit_lr: float = key(0.05, in_range(0, MAX_LR, open_lo=True))  # fit: mixture only
     count_smoothing: float = key(0.1, in_range(0, 1e6, open_lo=True))  # pseudo-count added to the soft transition counts (0: log 0)
     entropy: Literal["categorical", "dirichlet"] = "categorical"
 
@@ -193,6 +213,8 @@ class GridConfig:
     temperatures: list[float] = key([0.5, 0.7], token_temperature(greedy=True), nonempty=True, unique=True)
     epsilons: list[float] = key([0.1, 0.3, 0.5], between(0, 1), unique=True)  # empty: the Base rows only
     n_samples: int = key(20, at_least(1))  # samples per question (pass@n)
+    transfer_datasets: list[str] = key([], DATASET, unique=True)  # Base vs CTRLS(first epsilon) of the pair's model on a few questions of these datasets
+    transfer_questions: int = key(8, between(1, 1000))  # test questions per transfer dataset (at rl.temperature)
     fixed_state: bool = True  # add the "fixed s0" row: the trained adapter with the prompt's s_0 at every step, no transitions (ablation)
 
 
@@ -203,7 +225,7 @@ class RLConfig:
     group_size: int = key(8, at_least(1))  # G trajectories per question (>= 2 with baseline group_mean)
     lr: float = key(1e-2, in_range(0, MAX_LR, open_lo=True))
     grad_clip: float = key(1.0, above(0))
-    baseline: Literal["none", "group_mean"] = "none"
+    baseline: Literal["none", "group_mean"] = "none"  # group_mean: leave-one-out mean of the group's other returns
     entropy_grad: Literal["full", "eq14"] = "full"  # full: exact gradient of J; eq14: score-function term only
     epsilon: float = key(0.1, between(0, 1))
     entropy_coef: float = key(0.01, between(0, MAX_ALPHA))  # alpha
@@ -337,7 +359,7 @@ def _builtin_sizes() -> dict[str, dict[str, int]]:
 def _check_group_baseline(cfg: Config) -> None:
     if cfg.rl.baseline == "group_mean" and cfg.rl.group_size < 2:
         raise _refuse("rl.group_size", cfg.rl.group_size, ">= 2 with rl.baseline=group_mean",
-                      "a group of one has advantage 0 and learns nothing")
+                      "the leave-one-out baseline needs another trajectory of the same question")
 
 
 def _check_rl_temperature(cfg: Config) -> None:
@@ -411,10 +433,25 @@ def _check_labels(cfg: Config) -> None:
             labels[lab] = name
 
 
+def _check_transfer(cfg: Config) -> None:
+    t = cfg.grid.transfer_datasets
+    if t and (len(cfg.grid.datasets) > 1 or set(t) & set(cfg.grid.datasets)):
+        raise _refuse("grid.transfer_datasets", t, "datasets other than the grid's, with one dataset in grid.datasets",
+                      "a transfer dataset's rows are keyed by backbone and dataset: two trained models, or the "
+                      "pair's own rows, would share them")
+
+
+def _check_word_problems(cfg: Config) -> None:
+    try:
+        cfg.data.word_problems.difficulty()
+    except ValueError as e:
+        raise ConfigError(f"config key 'data.word_problems': {e}") from e
+
+
 # Each takes the whole config and raises ConfigError naming the key it refuses.
 CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes,
                                                 _check_judge_pair, _check_generated_sizes, _check_pair_dirs,
-                                                _check_labels]
+                                                _check_labels, _check_word_problems, _check_transfer]
 
 
 def validate(cfg: Config) -> Config:

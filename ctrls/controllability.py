@@ -14,9 +14,11 @@ and its nearest centroid, and compare that state with the one the step was gener
 - :func:`draw_chains` draws state chains from the epsilon-greedy policy pi~ (Sec. 5.4) without
   generating anything: the "random states" the Base steps are paired with.
 - :func:`match_rate` / :func:`match_rate_difference`: the fraction of steps whose re-encoded state
-  equals the state they were paired with, step-weighted (sum of matches / sum of steps), with a
-  95% percentile bootstrap over questions (the samples of one question are not independent).
-  A ratio of means: its bias is O(1/questions), and it equals the plain fraction of steps.
+  equals the state they were paired with, step-weighted (sum of matches / sum of steps; it equals
+  the plain fraction of steps), with a 95% Wilson interval at the question-clustered effective size
+  (the steps of one question are not independent) and, for a difference, Newcombe's paired interval
+  with a within-question permutation p-value (``ctrls.metrics.rate_interval``,
+  ``paired_rate_difference``): neither collapses to a point at 0% or 100%.
 - :func:`distinct_answers`, :func:`state_entropy`: per-question diversity, averaged over questions
   with :func:`ctrls.metrics.bootstrap_ci`. The entropy is the plug-in estimate, biased low by about
   (m - 1) / (2 N ln 2) bits for m visited states and N pooled steps (Miller 1955).
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 
 from ctrls.backbone import decoder_body
-from ctrls.metrics import bootstrap_ci
+from ctrls.metrics import bootstrap_ci, paired_rate_difference, rate_interval
 
 if TYPE_CHECKING:
     from ctrls.backbone import Backbone
@@ -138,31 +140,28 @@ def _steps(target: np.ndarray, encoded: np.ndarray, question: Sequence[Hashable]
     return matches, steps
 
 
-def _ratio_boot(m: np.ndarray, n: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    return m[idx].sum(axis=1) / n[idx].sum(axis=1)
-
-
 def match_rate(target: np.ndarray, encoded: np.ndarray, question: Sequence[Hashable], n_boot: int = 2000,
                alpha: float = 0.05, seed: int = 0) -> dict[str, float]:
-    """Fraction of steps whose re-encoded state equals their target state, with a bootstrap CI.
+    """Fraction of steps whose re-encoded state equals their target state, with a Wilson interval.
 
     ``target[i]``, ``encoded[i]``, ``question[i]``: step i's state it was generated under (or paired
     with), its re-encoded state, and its question. Returns {rate, lo, hi, steps, questions}: the
-    rate is sum of matches / sum of steps; the interval resamples questions (percentile, 1 - alpha).
+    rate is sum of matches / sum of steps; the 1 - alpha interval is Wilson's at the
+    question-clustered effective size (``ctrls.metrics.rate_interval``). ``n_boot`` and ``seed`` are
+    unused (kept for callers).
     """
     m, n = _steps(target, encoded, question)
-    idx = np.random.default_rng(seed).integers(0, len(m), size=(n_boot, len(m)))
-    boots = _ratio_boot(m, n, idx)
-    return {"rate": float(m.sum() / n.sum()), "lo": float(np.quantile(boots, alpha / 2)),
-            "hi": float(np.quantile(boots, 1 - alpha / 2)), "steps": int(n.sum()), "questions": len(m)}
+    r = rate_interval(m, n, alpha)
+    return {"rate": r["rate"], "lo": r["lo"], "hi": r["hi"], "steps": int(n.sum()), "questions": len(m)}
 
 
 def match_rate_difference(a: tuple[np.ndarray, np.ndarray, Sequence[Hashable]],
                           b: tuple[np.ndarray, np.ndarray, Sequence[Hashable]], n_boot: int = 2000,
                           alpha: float = 0.05, seed: int = 0) -> dict[str, float]:
     """rate(a) - rate(b) for two sets of (target, encoded, question) steps on the same questions,
-    with a paired bootstrap (the same resampled questions for both) and a two-sided bootstrap
-    p-value as in :func:`ctrls.metrics.paired_bootstrap`. Questions present in one set only are an error."""
+    with Newcombe's paired interval and a within-question permutation p-value (``n_boot``
+    permutations; :func:`ctrls.metrics.paired_rate_difference`). Questions present in one set only
+    are an error."""
     ma, na = _steps(*a)
     mb, nb = _steps(*b)
     qa = list(dict.fromkeys(map(str, a[2])))
@@ -173,12 +172,8 @@ def match_rate_difference(a: tuple[np.ndarray, np.ndarray, Sequence[Hashable]],
     where = {q: i for i, q in enumerate(qb)}
     perm = [where[q] for q in qa]
     mb, nb = mb[perm], nb[perm]
-    diff = ma.sum() / na.sum() - mb.sum() / nb.sum()
-    idx = np.random.default_rng(seed).integers(0, len(ma), size=(n_boot, len(ma)))
-    diffs = _ratio_boot(ma, na, idx) - _ratio_boot(mb, nb, idx)
-    other = (diffs <= 0).mean() if diff > 0 else (diffs >= 0).mean() if diff < 0 else 1.0
-    return {"diff": float(diff), "lo": float(np.quantile(diffs, alpha / 2)),
-            "hi": float(np.quantile(diffs, 1 - alpha / 2)), "p_value": float(min(1.0, 2 * other))}
+    d = paired_rate_difference(ma, na, mb, nb, alpha=alpha, n_perm=n_boot, seed=seed)
+    return {k: d[k] for k in ("diff", "lo", "hi", "p_value")}
 
 
 def distinct_answers(answers: Sequence[Sequence[str | None]]) -> np.ndarray:

@@ -22,6 +22,9 @@ ids are ``<directory name>-<split>-<id or row>``. See :func:`load_problems`.
 MATH has no train split here: as in PRM800K, train = the 4,500 problems of the MATH test split
 that are not in MATH-500 (matched by whitespace-normalised problem text), test = MATH-500.
 
+``word_problems`` is generated offline by ``ctrls.word_problems`` (the demo's task, within a small
+backbone's reach), at the difficulty given by ``difficulty`` (config ``data.word_problems``).
+
 ``gsm_symbolic`` is generated offline by the ``reasoning-gym`` package, only when asked for by name.
 Its two splits use seeds a billion apart so that they share no generator state.
 
@@ -58,10 +61,10 @@ if TYPE_CHECKING:  # annotation only: ctrls.config reads DATASETS from here
 
 log = logging.getLogger(__name__)
 
-DATASETS = ("gsm8k", "math", "gsm_symbolic")
+DATASETS = ("gsm8k", "math", "gsm_symbolic", "word_problems")
 SPLITS = ("train", "test")
 GSM_SYMBOLIC_SIZE = 1000  # problems generated per gsm_symbolic split when no n is given
-GENERATED = ("gsm_symbolic",)  # datasets generated on demand: their size is whatever n asks for
+GENERATED = ("gsm_symbolic", "word_problems")  # datasets generated on demand: their size is whatever n asks for
 MAX_GENERATED = 100_000  # the most problems a generated split may have (they are held in memory)
 MAX_STEP_CHARS = 200  # MATH solution lines longer than this are split into sentences
 
@@ -424,18 +427,34 @@ def _gsm_symbolic(split: str, n: int, seed: int, max_bad_fraction: float) -> lis
                        f"gsm_symbolic-{split}-s{seed}-")
 
 
+def _word_problems(split: str, n: int, seed: int, difficulty, max_bad_fraction: float) -> list[Problem]:
+    """n generated word problems (``ctrls.word_problems``); item i depends only on (split, seed, difficulty, i)."""
+    from ctrls.word_problems import Difficulty, generate
+
+    try:
+        rows = generate(split, n, seed, difficulty or Difficulty())
+    except ValueError as e:
+        raise DataError(f"word_problems/{split}: {e}") from e
+    if n == 0:
+        return []
+    return _parse_rows(f"word_problems/{split}", "word_problems", split, list(enumerate(rows)), max_bad_fraction,
+                       f"word_problems-{split}-s{seed}-", parse=_parse_local_row)
+
+
 # ---- public API ----------------------------------------------------------------------------------
 
 
 def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
-                  data_dir: str | os.PathLike | None = None, max_bad_fraction: float = 0.01) -> list[Problem]:
+                  data_dir: str | os.PathLike | None = None, max_bad_fraction: float = 0.01,
+                  difficulty=None) -> list[Problem]:
     """All problems of a split, or a seeded subset of ``n``: the first n of one fixed permutation.
 
     ``dataset`` is a built-in name (``DATASETS``) or the directory of your own dataset (module
     docstring). The same (seed, n) always gives the same problems in the same order, and a larger n
     with the same seed is a superset. ``gsm_symbolic`` generates ``n`` problems (default 1000) instead,
     less those skipped as malformed or repeated (logged; at seed 0 reasoning-gym repeats 1 of the first
-    1000 test items and 2 of the first 1000 train items).
+    1000 test items and 2 of the first 1000 train items). ``word_problems`` generates ``n`` problems
+    (default 1000) at ``difficulty`` (a ``ctrls.word_problems.Difficulty``; default its defaults).
     """
     local = local_dataset_dir(dataset)
     if dataset not in DATASETS and local is None:
@@ -451,6 +470,8 @@ def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
     if isinstance(max_bad_fraction, bool) or not isinstance(max_bad_fraction, (int, float)) \
             or not 0 <= max_bad_fraction <= 1:  # NaN fails this too: every comparison with it is False
         raise DataError(f"max_bad_fraction must be a number in [0, 1], got {max_bad_fraction!r}")
+    if dataset == "word_problems":
+        return _word_problems(split, GSM_SYMBOLIC_SIZE if n is None else n, seed, difficulty, max_bad_fraction)
     if dataset == "gsm_symbolic":
         return _gsm_symbolic(split, GSM_SYMBOLIC_SIZE if n is None else n, seed, max_bad_fraction)
     probs = (_load_local(local, split, max_bad_fraction) if local is not None
@@ -467,7 +488,8 @@ def problems_from_config(cfg: Config, split: str) -> list[Problem]:
     """The profile's seeded subset: ``data.n_train`` or ``data.n_test`` problems of ``data.dataset``."""
     d = cfg.data
     return load_problems(d.dataset, split, n=d.n_train if split == "train" else d.n_test, seed=d.seed,
-                         data_dir=d.data_dir, max_bad_fraction=d.max_bad_fraction)
+                         data_dir=d.data_dir, max_bad_fraction=d.max_bad_fraction,
+                         difficulty=d.word_problems.difficulty())
 
 
 def reference_verify_report(dataset: str, split: str = "test", data_dir: str | None = None) -> dict:
@@ -480,7 +502,7 @@ def reference_verify_report(dataset: str, split: str = "test", data_dir: str | N
     problems = load_problems(dataset, split, data_dir=data_dir)
     failures = []
     for p in problems:
-        g = grade(p.meta["solution"], p.answer)
+        g = grade(p.meta.get("solution") or "\n".join(p.steps), p.answer)  # word_problems: its steps
         if not g.correct:
             failures.append({"id": p.id, "gold": p.answer, "extracted": g.pred})
     n = len(problems)

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ctrls.adapter import StateAdapter
-from ctrls.policy import kl_to_prior
+from ctrls.policy import expected_kl, kl_to_prior  # expected_kl: Thm. 5.3's KL term (re-exported here)
 
 
 # ---- Thm. 5.3: the bound ------------------------------------------------------------------------
@@ -72,17 +72,6 @@ class Elbo:
     def stderr(self) -> float:
         """Standard error of ``value`` (0 when the reconstruction is exact; steps are sampled independently)."""
         return float(self.rec_var_per_step.sum().sqrt())
-
-
-def expected_kl(s_post: torch.Tensor, s_prev: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
-    """E_{z_{t-1} ~ Q}[KL(Q(z_t) || P_theta(z_t | z_{t-1}))] = sum_i s_{t-1,i} KL(s_t || softmax(L)_i) (Thm. 5.3).
-
-    s_post, s_prev (S, K), L (K, K) -> (S,) in float64. 0 log 0 = 0; log softmax(L) is exact (no floor).
-    By convexity of KL in its second argument it is >= KL(s_t || s_{t-1} softmax(L)) (``kl_to_prior``),
-    with equality when s_{t-1} is one-hot."""
-    post, prev = s_post.double(), s_prev.double()
-    log_A = torch.log_softmax(L.double(), -1)
-    return torch.special.xlogy(post, post).sum(-1) - (post * (prev @ log_A)).sum(-1)  # Thm. 5.3, expected KL
 
 
 def elbo_from_logliks(loglik: torch.Tensor, s_post: torch.Tensor, s_prev: torch.Tensor, L: torch.Tensor,

@@ -28,8 +28,10 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None) -
         ax.set(title=title, xlabel="epoch", ylabel=ylabel)
     axes[0].legend(fontsize=8)
     if kl_history is not None:
-        sns.lineplot(data=kl_history, x="step", y="kl", color="C2", ax=axes[3])
-        axes[3].set(title="transition fit (stage e)", xlabel="gradient step", ylabel="mean mixture-prior KL")
+        mixture = "objective" in kl_history and (kl_history.objective == "mixture").all()
+        sns.lineplot(data=kl_history, x="step", y="kl", color="C2", marker="o", ax=axes[3])
+        axes[3].set(title="transition fit (stage e)", xlabel="gradient step" if mixture else "closed form (one value)",
+                    ylabel="mean mixture-prior KL" if mixture else "mean expected KL (Thm. 5.3)")
     fig.tight_layout()
     return fig
 

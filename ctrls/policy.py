@@ -9,8 +9,12 @@ One K x K logit matrix L serves both (the design notes (book/design.md, "Transit
   log[(1 - eps) Dir(a; c p) + eps Dir(a; 1)], with Dir(a; 1) = Gamma(K) = (K-1)!.
 - entropy bonus H (Eq. 13): the entropy of the categorical p (the paper's discrete sum); the
   Dirichlet's differential entropy is an option.
-Offline (pretraining), L is fitted by minimising sum_t KL(s_t || s_{t-1} softmax(L)), the ELBO's
-KL term (Thm. 5.3): ``fit_transitions``. RL then fine-tunes L and log_c only.
+Offline (pretraining, Alg. 1: P_theta "via KL"), L is fitted by ``fit_transitions`` to Thm. 5.3's KL
+term, the expected KL sum_t sum_i s_{t-1,i} KL(s_t || softmax(L)_i) (``expected_kl``), whose exact
+minimiser is the row-normalised soft transition counts (closed form, ``soft_counts_init``; default,
+``policy.fit: expected_kl``). The mixture-prior KL sum_t KL(s_t || s_{t-1} softmax(L)) (``kl_to_prior``,
+the relaxed objective's KL term, at most the expected KL by convexity) is an option
+(``policy.fit: mixture``): gradient refinement from the soft counts. RL then fine-tunes L and log_c only.
 
 Log-actions, never clamped actions (Eq. 14's score must be unbiased):
 after pretraining many Dirichlet parameters c p_j are tiny (~0.03) and a sampled a_j is then
@@ -325,34 +329,65 @@ def _check_epsilon(epsilon: float) -> None:
 
 
 def kl_to_prior(s_post: torch.Tensor, s_prev: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
-    """KL(s_t || s_{t-1} softmax(L)) (M,) per row: the ELBO's KL term (Thm. 5.3).
+    """KL(s_t || s_{t-1} softmax(L)) (M,) per row: the KL to the mixture prior, the relaxed objective's
+    KL term (``ctrls.elbo.relaxed_terms``). Not Thm. 5.3's term: by convexity it is at most the
+    expected KL (``expected_kl``), with equality when s_{t-1} is one-hot.
     0 log 0 = 0; the prior is clamped to at least ``PROB_FLOOR`` inside the log."""
     prior = s_prev.to(L.dtype) @ torch.softmax(check_finite(L, "transition logits L"), -1)
     post = s_post.to(L.dtype)
     return (torch.special.xlogy(post, post) - post * prior.clamp(min=PROB_FLOOR).log()).sum(-1)
 
 
+def expected_kl(s_post: torch.Tensor, s_prev: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
+    """E_{z_{t-1} ~ Q}[KL(Q(z_t) || P_theta(z_t | z_{t-1}))] = sum_i s_{t-1,i} KL(s_t || softmax(L)_i) (Thm. 5.3).
+
+    s_post, s_prev (S, K), L (K, K) -> (S,) in float64. 0 log 0 = 0; log softmax(L) is exact (no floor).
+    By convexity of KL in its second argument it is >= KL(s_t || s_{t-1} softmax(L)) (``kl_to_prior``),
+    with equality when s_{t-1} is one-hot."""
+    post, prev = s_post.double(), s_prev.double()
+    log_A = torch.log_softmax(L.double(), -1)
+    return torch.special.xlogy(post, post).sum(-1) - (post * (prev @ log_A)).sum(-1)  # Thm. 5.3, expected KL
+
+
 def soft_counts_init(s_prev: torch.Tensor, s_next: torch.Tensor, smoothing: float = 0.1) -> torch.Tensor:
-    """L0 (K, K) = log of the row-normalised soft transition counts s_prev^T s_next + smoothing."""
-    if not math.isfinite(smoothing) or smoothing < 0:
-        raise ValueError(f"smoothing must be a finite number >= 0, got {smoothing!r}")
-    counts = s_prev.double().T @ s_next.double() + smoothing
-    empty = (counts.sum(-1) <= 0).nonzero().reshape(-1)
-    if len(empty):  # 0 / 0: its row of L would be NaN
-        raise ValueError(f"state {int(empty[0])} (of {len(empty)} such) is never left in the transition pairs and "
-                         f"smoothing is {smoothing!r}: give smoothing > 0 to fit its row")
+    """L (K, K) = log of the row-normalised soft transition counts C + smoothing, C = s_prev^T s_next.
+
+    This is the exact minimiser of Thm. 5.3's expected KL (``expected_kl``) summed over the pairs,
+    plus the smoothing penalty: sum_t expected_kl_t = const - sum_ij C_ij log A_ij with A = softmax(L),
+    minimised row by row under sum_j A_ij = 1 by A_ij = C_ij / sum_j C_ij (Gibbs' inequality). With
+    ``smoothing`` = lambda > 0 pseudo-counts per entry, A_ij = (C_ij + lambda) / (sum_j C_ij + K lambda)
+    minimises sum_t expected_kl_t - lambda sum_ij log A_ij exactly (the MAP row under a symmetric
+    Dirichlet(1 + lambda) prior). The smoothing shrinks row i toward uniform by the fraction
+    K lambda / (n_i + K lambda), n_i = sum_j C_ij its soft visits: negligible for a row seen often,
+    and it keeps every entry of L finite (a row never visited is uniform)."""
+    if smoothing <= 0 or not math.isfinite(smoothing):
+        raise ValueError(f"smoothing must be a finite pseudo-count > 0 (0 gives log 0 = -inf in L), got {smoothing}")
+    counts = s_prev.double().T @ s_next.double() + smoothing  # Thm. 5.3: the expected KL's minimiser (smoothed)
     return (counts / counts.sum(-1, keepdim=True)).log().float()
 
 
+FIT_METHODS = ("expected_kl", "mixture")
+
+
 def fit_transitions(s_prev: torch.Tensor, s_next: torch.Tensor, n_states: int, steps: int = 300, lr: float = 0.05,
-                    smoothing: float = 0.1) -> tuple[torch.Tensor, list[float]]:
-    """Fit L (K, K) by minimising the mean over pairs of KL(s_next || s_prev softmax(L)).
+                    smoothing: float = 0.1, method: str = "expected_kl") -> tuple[torch.Tensor, list[float]]:
+    """Fit L (K, K) to consecutive state pairs. Returns L and the history of the fitted objective
+    (mean per pair, nats).
 
     s_prev, s_next (M, K): state distributions of consecutive steps (s_0 of the prompt before the
-    first step). Start from the soft counts (``soft_counts_init``), refine with ``steps`` Adam
-    steps. Returns the L with the lowest mean KL seen (Adam's first steps can overshoot a start
-    that is already near the optimum, as with one-hot states) and the mean KL at the start and
-    after every step (``steps + 1`` values)."""
+    first step).
+
+    - ``method="expected_kl"`` (default; Alg. 1 fits P_theta by Thm. 5.3's KL term): the closed form
+      ``soft_counts_init``, the exact minimiser of the mean expected KL sum_i s_{t-1,i} KL(s_t ||
+      softmax(L)_i) with ``smoothing`` pseudo-counts (documented there). ``steps`` and ``lr`` are
+      unused; the history is one value, the mean expected KL at the returned L.
+    - ``method="mixture"``: minimise the mean mixture-prior KL(s_next || s_prev softmax(L))
+      (``kl_to_prior``, the relaxed objective's term, not the theorem's): start from the soft counts,
+      refine with ``steps`` Adam steps, return the L with the lowest mean KL seen (Adam's first steps
+      can overshoot a start already near the optimum, as with one-hot states) and the mean KL at the
+      start and after every step (``steps + 1`` values). With one-hot s_prev both objectives agree."""
+    if method not in FIT_METHODS:
+        raise ValueError(f"unknown transition fit {method!r}: one of {FIT_METHODS}")
     if s_prev.shape != s_next.shape or s_prev.dim() != 2 or s_prev.shape[-1] != n_states:
         raise ValueError(f"transition pairs must both be (M, {n_states}), "
                          f"got {tuple(s_prev.shape)} and {tuple(s_next.shape)}")
@@ -362,12 +397,15 @@ def fit_transitions(s_prev: torch.Tensor, s_next: torch.Tensor, n_states: int, s
         bad = ~torch.isfinite(s).all(-1)
         if bad.any():
             raise ValueError(f"{name} row {int(bad.nonzero()[0])} is not finite")
-    L = torch.nn.Parameter(soft_counts_init(s_prev, s_next, smoothing))
+    L0 = soft_counts_init(s_prev, s_next, smoothing)
+    if method == "expected_kl":
+        return L0, [float(expected_kl(s_next, s_prev, L0).mean())]  # Thm. 5.3: the KL term at its minimiser
+    L = torch.nn.Parameter(L0)
     opt = torch.optim.Adam([L], lr=lr)
     history: list[float] = []
     best = L.detach().clone()
     for step in range(steps + 1):
-        loss = kl_to_prior(s_next, s_prev, L).mean()  # Thm. 5.3: the KL term, mixture-prior form
+        loss = kl_to_prior(s_next, s_prev, L).mean()  # the mixture-prior KL (relaxed objective), not Thm. 5.3's
         history.append(float(loss.detach()))
         if history[-1] <= min(history):
             best = L.detach().clone()

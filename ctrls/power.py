@@ -134,8 +134,12 @@ def paper_power(alpha: float = ALPHA, power: float = POWER, n: dict[str, int] | 
 
 def power_summary(t: pd.DataFrame) -> pd.DataFrame:
     """Per table and metric: comparisons, intervals that exclude 0, differences below the MDD, the
-    largest |difference| and the median MDD up from Base (percentage points)."""
+    largest |difference|, the median MDD up from Base (percentage points) over the comparisons that
+    have one, and beside it how many have none ("no detectable gain": MDD up is NaN, a Base rate so
+    close to 100% that no rate up to 100% is detectable at that n). The median alone would skip those
+    cells and look optimistic."""
     g = t.groupby(["table", "metric"], sort=False)
     return pd.DataFrame({"n": g["n"].first(), "comparisons": g.size(), "intervals excluding 0": g["excludes 0"].sum(),
                          "|diff| below MDD": g["below MDD"].sum(), "largest |diff| (pp)": g["diff (pp)"].agg(lambda v: v.abs().max()),
-                         "median MDD up (pp)": g["MDD up (pp)"].median()}).reset_index()
+                         "median MDD up (pp)": g["MDD up (pp)"].median(),  # over the comparisons with an MDD up
+                         "no detectable gain": g["MDD up (pp)"].agg(lambda v: int(v.isna().sum()))}).reset_index()

@@ -9,7 +9,11 @@ and the REINFORCE estimator (Eq. 14) weights sum_t grad log pi~_theta(a_t | s_t)
 R + alpha * sum_t H. H depends on theta directly too; ``rl.entropy_grad = "full"`` (default) adds
 that pathwise term alpha * sum_t grad H, which makes the estimate the exact gradient of J;
 ``"eq14"`` uses Eq. 14's score-function term alone. The paper's plain estimator (no baseline) is
-the default; ``rl.baseline = group_mean`` subtracts the mean return of the question's group.
+the default; ``rl.baseline = group_mean`` subtracts, from each trajectory's return, the mean return
+of the *other* trajectories of its question's group (leave-one-out). The baseline then does not
+depend on the trajectory's own actions, so E[b grad log pi~(tau)] = 0 and the estimator stays
+unbiased; a mean that includes the trajectory's own return scales the expected gradient by
+(G - 1) / G (0.5 at G = 2). A trajectory alone in its group gets no baseline.
 
 Only L and c (the policy) receive gradients. Training is checkpointed every N steps with the log
 so far; a resumed run continues from the last checkpoint with the same per-step seeds, so its
@@ -116,7 +120,9 @@ def reinforce_loss(policy: TransitionPolicy, trajs: Sequence[Trajectory], epsilo
         size = n_groups if n_groups is not None else int(g.max()) + 1 if len(g) else 0  # pass n_groups when sharded
         means = all_sum(torch.zeros(size, device=dev, dtype=ret.dtype).index_add(0, g, ret))
         counts = all_sum(torch.zeros(size, device=dev, dtype=ret.dtype).index_add(0, g, torch.ones_like(ret)))
-        adv = ret - (means / counts.clamp(min=1))[g]
+        # leave-one-out: the mean return of the group's other trajectories (unbiased; module docstring)
+        others = (counts[g] - 1).clamp(min=1)
+        adv = ret - torch.where(counts[g] > 1, (means[g] - ret) / others, torch.zeros_like(ret))
     surrogate = (adv * logp).sum() / n_used
     if entropy_grad == "full":
         surrogate = surrogate + alpha * H.sum() / n_used

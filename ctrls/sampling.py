@@ -66,7 +66,12 @@ class Generation:
     spans: list[tuple[int, int]]  # [a, b) of each step in token_ids
     finish: str  # eos | answer | max_steps | max_tokens
     states: torch.Tensor | None = None  # (T'+1, K): s_0 then the state drawn for each step (CTRLS only)
-    log_actions: torch.Tensor | None = None  # (T', K): exact log of each drawn state (states[1:]), float64
+    # Eq. 14's trajectory: s_0 then *every* state draw that conditioned a sampled token, (D+1, K), and the
+    # exact log of each draw, (D, K) float64 (= policy_states[1:]). D is T' or T' + 1: a draw made when the
+    # last step closed conditions the next token even when that token is EOS (or whitespace, then EOS),
+    # so it enters the loss, though it starts no step. With transitions=False no state is drawn (None).
+    log_actions: torch.Tensor | None = None
+    policy_states: torch.Tensor | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -83,6 +88,7 @@ class _Row:
     spans: list[tuple[int, int]] = field(default_factory=list)
     states: list[torch.Tensor] = field(default_factory=list)
     log_actions: list[torch.Tensor] = field(default_factory=list)
+    used_draws: int = 0  # how many of the draws so far conditioned a sampled token (Eq. 14 needs them all)
     finish: str | None = None
     policy: "TransitionPolicy | None" = None  # this row's state policy (lockstep RL); None: model.policy
     epsilon: float | None = None  # this row's epsilon; None: params.epsilon
@@ -139,12 +145,30 @@ class PreallocatedLayer(DynamicLayer):
             setattr(self, name, new)
         self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
 
+    def _compact(self, keep: list[int]) -> None:
+        """Keep rows ``keep`` (strictly increasing), in place: row i <- row keep[i] (keep[i] >= i, so a
+        forward copy never overwrites a row still to be read), then view the first len(keep) rows.
+        No allocation: on CPU a fresh buffer per finished row costs page faults on every position
+        of it (the kernel zeroes each new page), which took most of a decode's time."""
+        if self._len:
+            for name in ("_k", "_v"):
+                buf = getattr(self, name)
+                for i, src in enumerate(keep):
+                    if src != i:
+                        buf[i, :, :self._len].copy_(buf[src, :, :self._len])
+                setattr(self, name, buf[:len(keep)])
+            self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self._len:
             self._reindex(torch.arange(self._k.shape[0], device=self._k.device).repeat_interleave(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._reindex(indices)
+        keep = indices.tolist()
+        if all(b > a for a, b in zip(keep, keep[1:])):  # the sampler's case: finished rows dropped, order kept
+            self._compact(keep)
+        else:
+            self._reindex(indices)
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove < 0 and self._len:
@@ -336,6 +360,7 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
         toks, nl, eos = nxt.tolist(), is_nl[nxt].tolist(), (is_eos[nxt] & (not params.ignore_eos)).tolist()
         for j, ri in enumerate(active):
             r = rows[ri]
+            r.used_draws = len(r.log_actions)  # every draw so far conditioned this token (EOS included)
             t = toks[j]
             if eos[j]:
                 _end_step(r, tok)
@@ -390,12 +415,14 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
             _end_step(r, tok)
             r.finish = "max_tokens"
         spans = r.spans
+        d = r.used_draws
         gens[i].append(Generation(
             prompt_index=r.prompt_index, sample_index=r.sample_index, token_ids=r.tokens,
             text=tok.decode(r.tokens), steps=[tok.decode(r.tokens[a:b]).strip() for a, b in spans],
             spans=spans, finish=r.finish,
             states=torch.stack(r.states[: len(spans) + 1]) if r.states else None,
-            log_actions=torch.stack(r.log_actions[: len(spans)]) if r.log_actions and spans else None))
+            log_actions=torch.stack(r.log_actions[:d]) if d else None,  # Eq. 14: every draw that conditioned a token
+            policy_states=torch.stack(r.states[: d + 1]) if d else None))  # s_0, then draw i = log_actions[i].exp()
     return gens
 
 

@@ -42,7 +42,9 @@ rows).
 and ``rl.entropy_coef``) and of the sweep grid ``synthetic.epsilons`` x ``synthetic.alphas``, each
 evaluated with the Dirichlet policy itself (eps = 0) on ``synthetic.eval_samples`` chains; and an
 L-recovery experiment: ``ctrls.policy.fit_transitions`` on chains sampled from P, its error against
-the number of chains.
+the number of chains. The verdicts on the paper's claims (range-respecting intervals over seeds, a
+stated collapse threshold, the tested recovery rate, Holm's adjustment) are in
+``ctrls.synthetic_claims`` (``claims``, ``claims_text``, ``welch_interval`` are re-exported here).
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ from ctrls.config import Config
 from ctrls.policy import TransitionPolicy, fit_transitions
 from ctrls.rl import Sampler, Trajectory, state_usage_entropy
 from ctrls.streams import stream_key
+from ctrls.synthetic_claims import claims, claims_text, recovery_slope, welch_interval  # noqa: F401 (the page's API)
 
 _MASK = 2**63 - 1
 SETTINGS = ("none", "epsilon", "entropy", "both")  # the paper's four RL curves (App. F)
@@ -276,7 +279,7 @@ def fit_from_chains(chains: torch.Tensor, n_states: int, cfg: Config) -> torch.T
     eye = torch.eye(n_states)
     prev, nxt = eye[chains[:, :-1].reshape(-1)], eye[chains[:, 1:].reshape(-1)]
     L, _ = fit_transitions(prev, nxt, n_states, steps=cfg.policy.fit_steps, lr=cfg.policy.fit_lr,
-                           smoothing=cfg.policy.count_smoothing)
+                           smoothing=cfg.policy.count_smoothing, method=cfg.policy.fit)
     return L
 
 
@@ -358,124 +361,6 @@ def sweep_table(summary: pd.DataFrame, value: str = "reward_final") -> pd.DataFr
     """Mean over seeds of ``value`` (default: the final held-out reward) on the eps x alpha grid."""
     return summary.pivot_table(index="epsilon", columns="alpha", values=value, aggfunc="mean").rename_axis(
         index="ε", columns="α")
-
-
-def welch_interval(a: Sequence[float], b: Sequence[float] | None = None, level: float = 0.95) -> tuple[float, float, float]:
-    """(d, lo, hi): mean(a) - mean(b) with a Welch t interval over seeds (b = None: mean(a) with a
-    one-sample t interval). Zero variance on both sides gives the point interval."""
-    from scipy import stats
-
-    a = np.asarray(a, dtype=float)
-    if b is None:
-        d, var, df = a.mean(), a.var(ddof=1) / len(a), len(a) - 1
-    else:
-        b = np.asarray(b, dtype=float)
-        va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-        d, var = a.mean() - b.mean(), va + vb
-        df = var ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if var > 0 else 1
-    if not var > 0:
-        return float(d), float(d), float(d)
-    h = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(var)
-    return float(d), float(d - h), float(d + h)
-
-
-def recovery_slope(recovery: pd.DataFrame) -> tuple[float, float, float]:
-    """(slope, lo, hi): least-squares slope of log mean TV error against log chains, over all
-    (chains, seed) points, with a 95% t interval."""
-    from scipy import stats
-
-    r = stats.linregress(np.log(recovery.chains), np.log(recovery.mean_tv))
-    h = stats.t.ppf(0.975, len(recovery) - 2) * r.stderr
-    return float(r.slope), float(r.slope - h), float(r.slope + h)
-
-
-def _verdict(lo: float, hi: float, side: int) -> str:
-    """'supported' when the interval lies on the claimed side of 0, 'contradicted' when on the other,
-    else 'not supported' (the interval includes 0)."""
-    if side * lo > 0 and side * hi > 0:
-        return "supported"
-    if side * lo < 0 and side * hi < 0:
-        return "contradicted"
-    return "not supported"
-
-
-def claims(summary: pd.DataFrame, recovery: pd.DataFrame, cfg: Config) -> pd.DataFrame:
-    """The paper's claims about exploration in RL (App. F, Sec. 6.4) and about fitting L, each
-    measured on the study with a 95% t interval over seeds and a verdict: supported (the interval
-    lies on the claimed side of 0), contradicted (on the other side) or not supported (it includes 0)."""
-    def runs(eps: float, alpha: float) -> pd.DataFrame:
-        return summary[np.isclose(summary.epsilon, eps) & np.isclose(summary.alpha, alpha)]
-
-    def seeds(s: pd.DataFrame) -> str:
-        return f"{int(s.found.sum())}/{len(s)} seeds on the correct chain, {int(s.on_easy.sum())}/{len(s)} on the easy path"
-
-    eps, alpha = cfg.rl.epsilon, cfg.rl.entropy_coef
-    none, ent, epsr, both = runs(0, 0), runs(0, alpha), runs(eps, 0), runs(eps, alpha)
-    rows = []
-
-    def add(claim, source, measure, d, lo, hi, side, evidence):
-        rows.append({"claim": claim, "paper": source, "measure": measure, "value": round(d, 3),
-                     "95% CI": f"[{lo:.3f}, {hi:.3f}]", "verdict": _verdict(lo, hi, side), "evidence": evidence})
-
-    d = welch_interval(none.start_entropy_final - none.start_entropy_first)
-    add("without entropy regularisation the policy collapses onto a few transitions", "App. F",
-        "none: start-state entropy after RL minus before (nats)", *d, -1, seeds(none))
-    d = welch_interval(ent.easy_final, none.easy_final)
-    add(f"entropy regularisation (α = {alpha:g}) prevents premature convergence onto high-probability, "
-        "sub-optimal transitions", "Sec. 6.4, App. F",
-        "entropy − none: final fraction of held-out chains on the easy path", *d, -1,
-        f"entropy: {seeds(ent)}; none: {seeds(none)}; start-state entropy after RL "
-        f"{ent.start_entropy_final.mean():.3f} vs {none.start_entropy_final.mean():.3f} nats")
-    a_max = max(cfg.synthetic.alphas)
-    if a_max > alpha and not runs(0, a_max).empty:
-        big = runs(0, a_max)
-        d = welch_interval(big.easy_final, none.easy_final)
-        add(f"a larger entropy weight (α = {a_max:g}, our sweep) prevents it", "(sweep)",
-            f"α={a_max:g} − none (ε = 0): final fraction of held-out chains on the easy path", *d, -1,
-            f"α={a_max:g}: {seeds(big)}; start-state entropy after RL {big.start_entropy_final.mean():.3f} nats")
-    d = welch_interval(epsr.reward_final, none.reward_final)
-    add(f"ε-greedy sampling (ε = {eps:g}) improves RL over no exploration", "App. F, Table 2",
-        "epsilon − none: final held-out reward", *d, +1, f"epsilon: {seeds(epsr)}")
-    others = {n: s for n, s in (("none", none), ("epsilon", epsr), ("entropy", ent))}
-    best = max(others, key=lambda n: others[n].reward_mean.mean())
-    d = welch_interval(both.reward_mean, others[best].reward_mean)
-    add("both together give the fastest and most stable gains", "App. F",
-        f"both − best other ({best}): mean held-out reward over training", *d, +1,
-        f"both: {seeds(both)}; final reward range {both.reward_final.max() - both.reward_final.min():.3f} "
-        f"(best other: {others[best].reward_final.max() - others[best].reward_final.min():.3f})")
-    lo_e, hi_e = min(e for e in cfg.synthetic.epsilons if e > 0), max(cfg.synthetic.epsilons)
-    if hi_e > lo_e:
-        d = welch_interval(runs(lo_e, 0).reward_final, runs(hi_e, 0).reward_final)
-        add(f"a mild ε ({lo_e:g}) beats a larger one ({hi_e:g})", "Sec. 6.4 (Llama)",
-            f"ε={lo_e:g} − ε={hi_e:g} (α = 0): final held-out reward", *d, +1,
-            f"ε={lo_e:g}: {seeds(runs(lo_e, 0))}; ε={hi_e:g}: {seeds(runs(hi_e, 0))}")
-    e_max = max(cfg.synthetic.epsilons)
-    if (e_max, a_max) != (eps, alpha) and not runs(e_max, a_max).empty:
-        strong = runs(e_max, a_max)
-        d = welch_interval(strong.easy_final, none.easy_final)
-        add(f"ε-greedy and the entropy bonus together prevent it (the sweep's largest ε = {e_max:g} and α = {a_max:g})",
-            "(sweep)", f"ε={e_max:g},α={a_max:g} − none: final fraction of held-out chains on the easy path", *d, -1,
-            f"ε={e_max:g},α={a_max:g}: {seeds(strong)}; final held-out reward {strong.reward_final.mean():.3f}")
-    s, lo, hi = recovery_slope(recovery)
-    big_n = recovery[recovery.chains == recovery.chains.max()]
-    add("the transition model L is learnable from sampled chains (fit of Alg. 1)", "Sec. 5.3, Thm. 5.3",
-        "slope of log mean TV error vs log chains (parametric rate −0.5)", s, lo, hi, -1,
-        f"mean TV error {recovery[recovery.chains == recovery.chains.min()].mean_tv.mean():.3f} at "
-        f"{recovery.chains.min()} chains, {big_n.mean_tv.mean():.3f} at {recovery.chains.max()}")
-    return pd.DataFrame(rows)
-
-
-def claims_text(c: pd.DataFrame, n_seeds: int) -> str:
-    """A Markdown paragraph per verdict, written from the claims table."""
-    parts = []
-    for verdict, head in (("supported", "The study supports"), ("contradicted", "The study contradicts"),
-                          ("not supported", f"The study does not support (at {n_seeds} seeds the 95% interval "
-                                            "includes 0)")):
-        rows = c[c.verdict == verdict]
-        if len(rows):
-            items = "; ".join(f"*{r.claim}* ({r.measure}: {r.value:g}, 95% CI {r['95% CI']})" for _, r in rows.iterrows())
-            parts.append(f"**{head}:** {items}.")
-    return "\n\n".join(parts)
 
 
 # ---- figures ------------------------------------------------------------------------------------

@@ -3,6 +3,13 @@ its ablation, controllability and diversity companions, Table 2 (RL), Table 3's 
 the reward-rate table of the RL page. Each takes the samples a stage wrote (or the config, to read
 them) and returns a DataFrame with n and 95% intervals; the ``*_view`` / ``layout`` functions lay a
 table out for a page (one notebook line per table). The paper's numbers come from ``ctrls.paper``.
+
+Rates (pass@n, Succ., match rates) carry Wilson score intervals and paired differences Newcombe's
+paired interval (``ctrls.metrics``, sound at 0% and 100%); p-values are exact McNemar or
+within-question permutation p-values, printed by ``metrics.format_p`` (never as 0). Where a page
+draws verdicts from a table's family of comparisons (Table 1's rows against Base, the ablation, the
+controllability rows), the table adds Holm-adjusted p-values (``metrics.holm``) over that family,
+and the verdicts use them; the intervals are per-comparison 95% intervals.
 """
 from __future__ import annotations
 
@@ -15,7 +22,8 @@ from ctrls import controllability as ctl
 from ctrls.answers import normalize
 from ctrls.config import Config
 from ctrls.judge import CRITERIA, LABELS
-from ctrls.metrics import bootstrap_ci, metric_with_ci, paired_bootstrap, pass_at_k, pass_at_k_paper, success_rate
+from ctrls.metrics import (bootstrap_ci, format_p, holm, paired_rate_difference, pass_at_k, rate_interval)
+from ctrls.power import wilson_interval
 from ctrls.paper import PAPER_TABLE3, paper_table1, paper_table2
 from ctrls.report import with_pct_ci
 from ctrls.settings import BASE, FIXED, parse_setting
@@ -68,10 +76,24 @@ def _paired(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     return a.index.equals(b.index) and a.columns.equals(b.columns)
 
 
+ALPHA = 0.05  # the level of every interval (95%) and of the Holm verdicts
+
+
+def _per_question(m: np.ndarray, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(successes, trials) per question of a (questions x samples) boolean matrix: pass@n (``correct``:
+    any correct sample, one trial per question) or Succ. (``valid``: valid samples of all samples)."""
+    if column == "correct":
+        return m.any(axis=1).astype(float), np.ones(len(m))
+    return m.sum(axis=1).astype(float), np.full(len(m), float(m.shape[1]))
+
+
 def table1(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Table 1 in long form: one row per (backbone, dataset, eta, config) with pass@n and Succ.
-    (fractions, with 95% bootstrap CIs over questions) and a paired comparison to Base (on the same
-    questions; left empty where Base has other questions or sample counts)."""
+    (fractions, with 95% Wilson intervals, ``metrics.rate_interval``) and a paired comparison to
+    Base on the same questions (left empty where Base has other questions or sample counts):
+    Newcombe's paired 95% interval for the pass@n difference, McNemar's exact p, and that p
+    Holm-adjusted over the table's rows compared with Base ("p (Holm)"). ``n_boot`` and ``seed``:
+    permutations for clustered p-values (unused by pass@n's exact test)."""
     # Table 1: pass@n and Succ. per (backbone, dataset, eta, row)
     out = []
     for (b, ds, eta), grp in df.groupby(["backbone", "dataset", "temperature"], sort=False):
@@ -79,19 +101,23 @@ def table1(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
         for cfg_label, g in grp.groupby("config", sort=False):
             cf = matrix_frame(g, "correct")
             c, v = cf.to_numpy(dtype=bool), matrices(g, "valid")
-            p, plo, phi = metric_with_ci(c, pass_at_k_paper, n_boot=n_boot, seed=seed)
-            s, slo, shi = metric_with_ci(v, success_rate, n_boot=n_boot, seed=seed)
+            pr, sr = rate_interval(*_per_question(c, "correct")), rate_interval(*_per_question(v, "valid"))
+            p, plo, phi = pr["rate"], pr["lo"], pr["hi"]  # Table 1: pass@n, Wilson
+            s, slo, shi = sr["rate"], sr["lo"], sr["hi"]  # Table 1: Succ., Wilson at n_eff
             row = {"backbone": b, "dataset": ds, "temperature": eta, "config": cfg_label,
                    "questions": c.shape[0], "samples": c.shape[1], "pass@n": p, "pass@n lo": plo, "pass@n hi": phi,
                    "succ": s, "succ lo": slo, "succ hi": shi}
             if base_c is not None and cfg_label != BASE and _paired(cf, base_c):
-                cmp = paired_bootstrap(c, base_c.to_numpy(dtype=bool), pass_at_k_paper, n_boot=n_boot, seed=seed)
+                cmp = paired_rate_difference(*_per_question(c, "correct"),
+                                             *_per_question(base_c.to_numpy(dtype=bool), "correct"),
+                                             n_perm=n_boot, seed=seed)
                 row.update({"Δ pass@n vs Base": cmp["diff"], "Δ lo": cmp["lo"], "Δ hi": cmp["hi"], "p": cmp["p_value"]})
             out.append(row)
     t = pd.DataFrame(out)
     for col in ("Δ pass@n vs Base", "Δ lo", "Δ hi", "p"):  # present (NaN) when no row could be paired
         if col not in t:
             t[col] = math.nan
+    t["p (Holm)"] = holm(t["p"])  # the family: every row compared with Base
     t["_o"] = t.config.map(_row_order)
     return t.sort_values(["backbone", "dataset", "temperature", "_o"]).drop(columns="_o").reset_index(drop=True)
 
@@ -99,9 +125,11 @@ def table1(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
 def ablation_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """The no-transition ablation's paired comparisons, per (backbone, dataset, eta): "fixed s0" − Base
     (what the trained adapter does without transitions) and CTRLS(epsilon) − "fixed s0" for each
-    epsilon (what the transitions add). Differences in pass@n and in Succ. (fractions), each with a
-    paired bootstrap 95% interval over questions and a two-sided bootstrap p-value
-    (:func:`ctrls.metrics.paired_bootstrap`)."""
+    epsilon (what the transitions add). Differences in pass@n and in Succ. (fractions), each with
+    Newcombe's paired 95% interval and a two-sided p-value (:func:`ctrls.metrics.paired_rate_difference`:
+    exact McNemar for pass@n, a within-question permutation test for Succ.), and that p
+    Holm-adjusted over the whole table (every comparison, both metrics: the family the page draws
+    its verdicts from)."""
     out = []
     for (b, ds, eta), grp in df.groupby(["backbone", "dataset", "temperature"], sort=False):
         labels = sorted(grp.config.unique(), key=_row_order)
@@ -112,17 +140,22 @@ def ablation_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.Da
         for a_label, b_label in pairs:
             ga, gb = grp[grp.config == a_label], grp[grp.config == b_label]
             row = {"backbone": b, "dataset": ds, "temperature": eta, "comparison": f"{a_label} − {b_label}"}
-            for metric_name, column, fn in (("pass@n", "correct", pass_at_k_paper), ("Succ.", "valid", success_rate)):
+            for metric_name, column in (("pass@n", "correct"), ("Succ.", "valid")):
                 fa, fb = matrix_frame(ga, column), matrix_frame(gb, column)
                 if not _paired(fa, fb):
                     raise ValueError(f"{a_label!r} and {b_label!r} (backbone {b!r}, dataset {ds!r}, eta {eta}) "
                                      f"do not cover the same questions and samples: no paired comparison")
-                cmp = paired_bootstrap(fa.to_numpy(dtype=bool), fb.to_numpy(dtype=bool), fn, n_boot=n_boot, seed=seed)
+                cmp = paired_rate_difference(*_per_question(fa.to_numpy(dtype=bool), column),
+                                             *_per_question(fb.to_numpy(dtype=bool), column), n_perm=n_boot, seed=seed)
                 row.update({f"Δ {metric_name}": cmp["diff"], f"Δ {metric_name} lo": cmp["lo"],
                             f"Δ {metric_name} hi": cmp["hi"], f"p ({metric_name})": cmp["p_value"]})
             row["questions"] = fa.shape[0]
             out.append(row)
-    return pd.DataFrame(out)
+    t = pd.DataFrame(out)
+    if not t.empty:  # Holm over the family: every comparison of the table, both metrics
+        adj = holm(np.r_[t["p (pass@n)"].to_numpy(float), t["p (Succ.)"].to_numpy(float)])
+        t["p (pass@n, Holm)"], t["p (Succ., Holm)"] = adj[:len(t)], adj[len(t):]
+    return t
 
 
 def _flat_steps(g: pd.DataFrame, target: str) -> tuple[np.ndarray, np.ndarray, list]:
@@ -166,8 +199,9 @@ def controllability_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -
     was generated under ("follows"), against chance 1/K and against Base steps paired with random
     states ("Base, random states": for CTRLS(epsilon) a chain drawn from the same epsilon-greedy
     policy from the prompt's s_0, for "fixed s0" the prompt's s_0 at every step), with the paired
-    difference follows − Base. Rates are fractions of steps, 95% intervals a bootstrap over
-    questions (``ctrls.controllability``)."""
+    difference follows − Base. Rates are fractions of steps with 95% Wilson intervals at the
+    question-clustered effective size, the difference Newcombe's paired interval with a permutation
+    p-value (``ctrls.controllability``), Holm-adjusted over the table's rows ("p (Holm)")."""
     need = {"encoded", "s0", "n_states", "chains", "chain_eps"} - set(df.columns)
     if need:
         raise ValueError(f"the exploration samples lack the columns {sorted(need)}: rerun the exploration stage "
@@ -190,7 +224,10 @@ def controllability_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -
                     d = ctl.match_rate_difference(steps, bsteps, n_boot=n_boot, seed=seed)
                     row.update({"Δ vs Base": d["diff"], "Δ lo": d["lo"], "Δ hi": d["hi"], "p": d["p_value"]})
             out.append(row)
-    return pd.DataFrame(out)
+    t = pd.DataFrame(out)
+    if "p" in t:
+        t["p (Holm)"] = holm(t["p"])  # the family: every row compared with Base
+    return t
 
 
 def diversity_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
@@ -254,17 +291,40 @@ def _fmt(v: float, lo: float, hi: float, scale: float = 100.0, digits: int = 1, 
     return f"{f.format(scale * v)} [{f.format(scale * lo)}, {f.format(scale * hi)}]"
 
 
+def _verdict(p_holm: float) -> str:
+    """The page's verdict from a Holm-adjusted p-value at level ``ALPHA``."""
+    if p_holm is None or math.isnan(p_holm):
+        return "–"
+    return "differs" if p_holm < ALPHA else "not shown"
+
+
+def vs_base_view(t: pd.DataFrame) -> pd.DataFrame:
+    """:func:`table1`'s comparisons with Base for the book: Δ pass@n in points with Newcombe's paired
+    95% interval, McNemar's exact p, the Holm-adjusted p and the verdict drawn from it."""
+    t = t[t["p"].notna()]
+    return pd.DataFrame({
+        "backbone": t.backbone.str.split("/").str[-1], "dataset": t.dataset, "η": t.temperature,
+        "config": t.config, "questions": t.questions,
+        "Δ pass@n vs Base (pts)": list(map(lambda *a: _fmt(*a, sign=True), t["Δ pass@n vs Base"], t["Δ lo"], t["Δ hi"])),
+        "p": t["p"].map(format_p), "p (Holm)": t["p (Holm)"].map(format_p),
+        f"verdict (Holm, α = {ALPHA:g})": t["p (Holm)"].map(_verdict)})
+
+
 def ablation_view(t: pd.DataFrame) -> pd.DataFrame:
-    """:func:`ablation_table` for the book: differences in percentage points with their 95% intervals."""
+    """:func:`ablation_table` for the book: differences in percentage points with their 95% intervals,
+    p-values and Holm-adjusted p-values (``metrics.format_p``: never printed as 0), and the verdicts
+    drawn from the Holm-adjusted p-values."""
     if t.empty:
         return pd.DataFrame({"note": ["no fixed-s0 row in these samples (grid.fixed_state is false)"]})
     return pd.DataFrame({
         "backbone": t.backbone.str.split("/").str[-1], "dataset": t.dataset, "η": t.temperature,
         "comparison": t.comparison, "questions": t.questions,
         "Δ pass@n (pts)": list(map(lambda *a: _fmt(*a, sign=True), t["Δ pass@n"], t["Δ pass@n lo"], t["Δ pass@n hi"])),
-        "p (pass@n)": t["p (pass@n)"].round(3),
+        "p (pass@n)": t["p (pass@n)"].map(format_p), "p (pass@n, Holm)": t["p (pass@n, Holm)"].map(format_p),
+        "pass@n": t["p (pass@n, Holm)"].map(_verdict),
         "Δ Succ. (pts)": list(map(lambda *a: _fmt(*a, sign=True), t["Δ Succ."], t["Δ Succ. lo"], t["Δ Succ. hi"])),
-        "p (Succ.)": t["p (Succ.)"].round(3)})
+        "p (Succ.)": t["p (Succ.)"].map(format_p), "p (Succ., Holm)": t["p (Succ., Holm)"].map(format_p),
+        "Succ.": t["p (Succ., Holm)"].map(_verdict)})
 
 
 def controllability_view(t: pd.DataFrame) -> pd.DataFrame:
@@ -279,7 +339,9 @@ def controllability_view(t: pd.DataFrame) -> pd.DataFrame:
                                                    t["Base, random states hi"]))
     if "Δ vs Base" in t:
         cols["Δ vs Base (pts)"] = list(map(lambda *a: _fmt(*a, sign=True), t["Δ vs Base"], t["Δ lo"], t["Δ hi"]))
-        cols["p"] = t["p"].round(3)
+        cols["p"] = t["p"].map(format_p)
+        cols["p (Holm)"] = t["p (Holm)"].map(format_p)
+        cols[f"verdict (Holm, α = {ALPHA:g})"] = t["p (Holm)"].map(_verdict)
     return pd.DataFrame(cols)
 
 
@@ -330,13 +392,12 @@ def reward_rate(cfg: Config, curves: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """The 95% Wilson score interval of a proportion k/n (sound at k = 0, unlike the Wald one)."""
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion k/n (``ctrls.power.wilson_interval``; sound at
+    k = 0, unlike the Wald one); (NaN, NaN) for n = 0."""
     if n == 0:
         return math.nan, math.nan
-    p = k / n
-    mid, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n)
+    return wilson_interval(k, n)
 
 
 SYNTHETIC_PAGE = "07_synthetic.ipynb"  # the book's page "A controlled study on a synthetic latent chain"

@@ -233,7 +233,7 @@ def test_hub_is_used_when_there_is_no_data_dir(monkeypatch):
 def test_bad_names_and_files(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         load_problems("gsm8k", "test", data_dir=tmp_path / "nope")
-    with pytest.raises(DataError, match=r"built-in one \(gsm8k, math, gsm_symbolic\) nor a directory"):
+    with pytest.raises(DataError, match=r"built-in one \(gsm8k, math, gsm_symbolic, word_problems\) nor a directory"):
         load_problems("svamp", "test")
     with pytest.raises(DataError, match="unknown split 'dev'"):
         load_problems("gsm8k", "dev")

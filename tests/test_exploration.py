@@ -11,7 +11,8 @@ from conftest import requires_data
 from ctrls.config import load_config
 from ctrls.settings import BASE, FIXED
 from ctrls.stages.exploration import explore, load_samples, samples_dir
-from ctrls.tables import ablation_table, controllability_table, diversity_table, matrices, table1
+from ctrls.metrics import holm
+from ctrls.tables import ablation_table, ablation_view, controllability_table, diversity_table, matrices, table1
 from test_pretrain import OVR, kill_when, run_in_subprocess
 
 
@@ -134,6 +135,22 @@ def test_table1_pairs_base_by_question():
     assert math.isnan(table1(other, n_boot=50).set_index("config").loc["eps=0.1", "Δ pass@n vs Base"])
 
 
+def test_table1_intervals_do_not_collapse_at_0_and_100_percent():
+    """40/40 and 0/40 questions: Wilson intervals (the percentile bootstrap gave 100.0 [100.0, 100.0]),
+    and a paired Δ that is not a point; its p-value (exact McNemar) is never 0 and Holm-adjusted."""
+    yes, no = [[True, True]] * 40, [[False, False]] * 40
+    df = _samples({BASE: no, "eps=0.1": yes, "eps=0.3": yes})
+    t = table1(df, n_boot=50).set_index("config")
+    assert t.loc["eps=0.1", "pass@n"] == 1.0 and t.loc["eps=0.1", "pass@n hi"] == 1.0
+    assert t.loc["eps=0.1", "pass@n lo"] == pytest.approx(0.9124, abs=1e-4)  # Wilson, 40/40
+    assert t.loc[BASE, "pass@n lo"] == 0.0 and t.loc[BASE, "pass@n hi"] == pytest.approx(0.0876, abs=1e-4)
+    assert t.loc["eps=0.1", "succ lo"] < 1.0 and t.loc[BASE, "succ hi"] > 0.0
+    assert t.loc["eps=0.1", "Δ lo"] < 1.0 and t.loc["eps=0.1", "Δ hi"] == 1.0
+    assert t.loc["eps=0.1", "p"] == pytest.approx(2 * 0.5 ** 40) and t.loc["eps=0.1", "p (Holm)"] == pytest.approx(4 * 0.5 ** 40)
+    same = table1(_samples({BASE: yes, "eps=0.1": yes}), n_boot=50).set_index("config").loc["eps=0.1"]
+    assert same["Δ lo"] < 0 < same["Δ hi"] and same["p"] == 1.0
+
+
 def test_ablation_table_known_differences():
     """fixed s0 − Base and CTRLS − fixed s0, in pass@n and Succ., on hand-made samples."""
     n = [False] * 4
@@ -148,7 +165,15 @@ def test_ablation_table_known_differences():
     assert a.loc[f"eps=0.1 − {FIXED}", "Δ pass@n"] == pytest.approx(0.25)
     assert a.loc[f"eps=0.1 − {FIXED}", "Δ Succ."] == pytest.approx(0.0)
     row = a.loc[f"{FIXED} − {BASE}"]
-    assert row["Δ Succ. lo"] == row["Δ Succ. hi"] == 1.0 and row["p (Succ.)"] == 0.0
+    # 100% vs 0% Succ. on 4 questions: Newcombe's paired interval does not collapse to [1, 1], and the
+    # permutation p-value is about 2 / 2^4 (never 0); Holm adjusts over all 4 p-values of the table
+    assert row["Δ Succ. hi"] == 1.0 and 0 < row["Δ Succ. lo"] < 0.9
+    assert row["p (Succ.)"] == pytest.approx(1 / 8, abs=0.06)
+    ps = np.r_[a["p (pass@n)"], a["p (Succ.)"]]
+    assert np.allclose(np.r_[a["p (pass@n, Holm)"], a["p (Succ., Holm)"]], holm(ps))
+    view = ablation_view(ablation_table(df, n_boot=200))
+    assert not view.astype(str).isin(["0", "0.0", "0.000"]).any().any()
+    assert set(view["Succ."]) <= {"differs", "not shown"}
     assert ablation_table(df[df.config != FIXED], n_boot=10).empty  # no ablation row, no comparison
     with pytest.raises(ValueError, match="same questions"):
         ablation_table(df[~((df.config == BASE) & (df.question_id == "q3"))], n_boot=10)

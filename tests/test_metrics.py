@@ -80,3 +80,64 @@ def test_paired_bootstrap():
     assert noise["p_value"] > 0.05
     with pytest.raises(ValueError, match="same questions"):
         paired_bootstrap(a, a[:10], pass_at_k_paper)
+
+
+# ---- rates: Wilson, Newcombe's paired difference, McNemar, Holm, p-value printing ------------------
+
+from ctrls.metrics import format_p, holm, mcnemar_exact, paired_rate_difference, rate_interval  # noqa: E402
+from ctrls.power import newcombe_interval, wilson_interval  # noqa: E402
+
+
+def test_rate_interval_is_wilson_per_question_and_never_a_point():
+    ones = np.ones(40)
+    r = rate_interval(ones, ones)  # 40/40: the bootstrap gave [1, 1]
+    assert r["rate"] == 1.0 and r["hi"] == 1.0 and r["lo"] == pytest.approx(40 / (40 + 1.959964 ** 2))
+    r0 = rate_interval(np.zeros(40), ones)
+    assert r0["lo"] == 0.0 and r0["hi"] == pytest.approx(1.959964 ** 2 / (40 + 1.959964 ** 2))
+    x = (np.arange(40) % 3 == 0).astype(float)  # n_q = 1: plain Wilson over questions
+    assert (rate_interval(x, ones)["lo"], rate_interval(x, ones)["hi"]) == pytest.approx(wilson_interval(int(x.sum()), 40))
+    # clustered: samples identical within a question count once; independent ones count fully
+    rng = np.random.default_rng(0)
+    same = rng.random(200) < 0.4
+    r_same = rate_interval(same * 10.0, np.full(200, 10.0))
+    assert r_same["n_eff"] == pytest.approx(200)
+    indep = rng.random((200, 10)) < 0.4
+    assert rate_interval(indep.sum(1), np.full(200, 10.0))["n_eff"] == pytest.approx(2000, rel=0.15)
+    with pytest.raises(ValueError, match="0 <= successes <= trials"):
+        rate_interval([3], [2])
+    with pytest.raises(ValueError, match="one length"):
+        rate_interval([1, 2], [3])
+
+
+def test_paired_difference_is_newcombes_and_covers():
+    # phi = 0 (a balanced 2x2 table): Newcombe's paired interval is the independent hybrid score one
+    a, b = np.array([1, 1, 0, 0] * 5, float), np.array([1, 0, 1, 0] * 5, float)
+    one = np.ones(20)
+    d = paired_rate_difference(a, one, b, one)
+    assert d["r"] == pytest.approx(0.0) and (d["diff"], d["lo"], d["hi"]) == pytest.approx(newcombe_interval(10, 20, 10, 20))
+    # identical 100% rows: a non-degenerate interval around 0 (the bootstrap gave [0, 0])
+    same = paired_rate_difference(one, one, one, one)
+    assert same["lo"] < 0 < same["hi"] and same["p_value"] == 1.0
+    # coverage of the true difference near 95% for correlated binary pairs, n = 40
+    rng = np.random.default_rng(3)
+    hits, reps = 0, 1000
+    for _ in range(reps):
+        z = rng.random(40)
+        xa, xb = (z < 0.7).astype(float), ((z < 0.55) | (rng.random(40) < 0.1)).astype(float)
+        r = paired_rate_difference(xa, np.ones(40), xb, np.ones(40))
+        hits += r["lo"] <= 0.7 - (0.55 + 0.45 * 0.1) <= r["hi"]
+    assert 0.93 <= hits / reps <= 0.99
+
+
+def test_mcnemar_holm_and_p_printing():
+    a = np.array([1] * 10 + [0] * 5, bool)
+    b = np.zeros(15, bool)
+    assert mcnemar_exact(a, b) == pytest.approx(2 * 0.5 ** 10)
+    assert mcnemar_exact(a, a) == 1.0
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    adj = holm([0.02, np.nan, 0.5])
+    assert np.isnan(adj[1]) and adj[[0, 2]] == pytest.approx([0.04, 0.5])
+    assert format_p(0.0) == "<1e-4" and format_p(3e-12) == "<1e-4" and format_p(0.0123) == "0.012"
+    assert format_p(float("nan")) == "–"
+    with pytest.raises(ValueError, match="p-value"):
+        format_p(1.5)

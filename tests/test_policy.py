@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from ctrls.policy import (TransitionPolicy, fit_transitions, kl_to_prior, sample_dirichlet,
-                          sample_dirichlet_log_streams, sample_policy_log_streams)
+from ctrls.elbo import elbo_from_logliks
+from ctrls.policy import (TransitionPolicy, expected_kl, fit_transitions, kl_to_prior, sample_dirichlet,
+                          sample_dirichlet_log_streams, sample_policy_log_streams, soft_counts_init)
 from ctrls.streams import stream_subkeys
 
 TRUE = torch.tensor([[0.7, 0.1, 0.1, 0.1],
@@ -26,9 +27,12 @@ def markov_chain(n=20000, seed=0) -> torch.Tensor:
 
 def test_fit_recovers_a_known_markov_chain_from_one_hot_states(one_thread):
     s = torch.nn.functional.one_hot(markov_chain(), 4).float()
-    L, hist = fit_transitions(s[:-1], s[1:], 4, steps=50)
+    L, hist = fit_transitions(s[:-1], s[1:], 4, steps=50, method="mixture")
     assert (torch.softmax(L, -1) - TRUE).abs().max() < 0.05
     assert len(hist) == 51
+    # with one-hot states both KLs agree, and so do both fits
+    L_exp, hist_exp = fit_transitions(s[:-1], s[1:], 4)
+    assert (torch.softmax(L_exp, -1) - TRUE).abs().max() < 0.05 and len(hist_exp) == 1
     # the returned L is the best iterate: its KL is the history's minimum
     assert float(kl_to_prior(s[1:], s[:-1], L).mean()) == pytest.approx(min(hist), rel=1e-6)
 
@@ -40,15 +44,66 @@ def test_fit_recovers_the_chain_from_soft_states(one_thread):
     g = torch.Generator().manual_seed(1)
     M = 0.75 * torch.eye(4, dtype=torch.float64) + 0.25 * torch.softmax(torch.randn(4, 4, generator=g, dtype=torch.float64), -1)
     s = M[markov_chain(seed=1)].float()
-    L, hist = fit_transitions(s[:-1], s[1:], 4, steps=100)
+    L, hist = fit_transitions(s[:-1], s[1:], 4, steps=100, method="mixture")
     est = torch.softmax(L.double(), -1)
     target = torch.linalg.solve(M, TRUE @ M)
     assert target.min() > 0  # a valid chain: the fit can reach it
     assert (est - target).abs().max() < 0.05
     assert (M @ est @ torch.linalg.inv(M) - TRUE).abs().max() < 0.05
     # the soft-count start alone is biased (max error ~0.14 here); the KL refinement removes that
-    L0, _ = fit_transitions(s[:-1], s[1:], 4, steps=0)
+    L0, _ = fit_transitions(s[:-1], s[1:], 4, steps=0, method="mixture")
     assert (torch.softmax(L0.double(), -1) - target).abs().max() > 0.1 and hist[-1] < hist[0]
+
+
+def soft_pairs(n=3000, K=8, seed=0):
+    """n soft (s_prev, s_next) pairs on K states, as the issue's K = 8, 3,000-pair check: Dirichlet
+    draws around the rows of a random sticky chain."""
+    g = torch.Generator().manual_seed(seed)
+    A = torch.softmax(2 * torch.randn(K, K, generator=g, dtype=torch.float64), -1)
+    prev = torch.distributions.Dirichlet(torch.full((K,), 0.3, dtype=torch.float64)).sample((n,))
+    nxt = torch.stack([torch.distributions.Dirichlet(5 * (p @ A) + 0.05).sample() for p in prev])
+    return prev.float(), nxt.float()
+
+
+def test_the_default_fit_maximises_the_reported_bound_over_L(one_thread):
+    """Thm. 5.3's bound (``elbo_from_logliks``, what pretraining reports) depends on L through the
+    expected KL only. The default fit is its exact minimiser: every perturbation of L lowers the
+    bound (smoothing -> 0), and with the default smoothing every perturbation raises the penalised
+    objective the docstring names. The mixture fit (the old default) gives a lower bound."""
+    torch.manual_seed(0)
+    prev, nxt = soft_pairs()
+    K = prev.shape[1]
+    loglik = -torch.rand(len(prev), K, dtype=torch.float64) * 30  # the reconstruction does not involve L
+
+    def bound(L):
+        return float(elbo_from_logliks(loglik, nxt, prev, L).value) / len(prev)
+
+    L, hist = fit_transitions(prev, nxt, K, smoothing=1e-9)
+    assert hist == [pytest.approx(float(expected_kl(nxt, prev, L).mean()))]
+    g = torch.Generator().manual_seed(3)
+    for scale in (1e-2, 1e-1, 1.0):
+        for _ in range(20):
+            assert bound(L + scale * torch.randn(K, K, generator=g)) < bound(L)
+    lam = 0.1  # the default smoothing: the exact minimiser of the penalised expected KL
+    Ld = fit_transitions(prev, nxt, K)[0]
+    torch.testing.assert_close(Ld, soft_counts_init(prev, nxt, lam))
+
+    def penalised(L):
+        return float(expected_kl(nxt, prev, L).sum() - lam * torch.log_softmax(L.double(), -1).sum())
+
+    for _ in range(20):
+        assert penalised(Ld + 0.05 * torch.randn(K, K, generator=g)) > penalised(Ld)
+    assert abs(bound(Ld) - bound(L)) < 1e-3  # the smoothing costs next to nothing here
+    Lm, _ = fit_transitions(prev, nxt, K, method="mixture")
+    assert bound(Lm) < bound(Ld) - 0.01
+
+
+def test_fit_names_an_unknown_method_and_a_bad_smoothing():
+    s = torch.ones(5, 3) / 3
+    with pytest.raises(ValueError, match="unknown transition fit 'em'"):
+        fit_transitions(s, s, 3, method="em")
+    with pytest.raises(ValueError, match="smoothing must be"):
+        fit_transitions(s, s, 3, smoothing=0.0)
 
 
 def test_fit_rejects_bad_pairs():

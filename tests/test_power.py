@@ -59,6 +59,17 @@ def test_paper_power_covers_every_reported_difference():
     assert s.comparisons.sum() == 80
 
 
+def test_power_summary_counts_the_cells_with_no_detectable_gain():
+    """The median MDD skips NaN cells (Base near 100%); the summary reports how many there are beside it."""
+    t = paper_power()
+    s = power_summary(t).set_index(["table", "metric"])
+    for (table, metric), row in s.iterrows():
+        cells = t[(t.table == table) & (t.metric == metric)]
+        assert row["no detectable gain"] == int(cells["MDD up (pp)"].isna().sum())
+        assert row["median MDD up (pp)"] == pytest.approx(cells["MDD up (pp)"].dropna().median())
+    assert s["no detectable gain"].sum() > 0  # Table 1 has Base rates of 100%: no gain is detectable there
+
+
 def test_an_interval_that_excludes_zero_is_flagged():
     # the same percentages on 100x the questions: Table 2's 2-point differences become resolvable
     t = paper_power(n={"Table 1": 4000, "Table 2": 50000})

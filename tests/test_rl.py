@@ -74,6 +74,41 @@ def test_group_mean_baseline_also_learns(tmp_path):
     assert expected_reward(policy) > 0.5
 
 
+@pytest.mark.parametrize("G", [2, 4])
+def test_group_baseline_keeps_the_expected_gradient(one_thread, G):
+    """The leave-one-out group baseline is unbiased: over many groups its gradient equals the
+    no-baseline gradient of the same trajectories (their difference has mean 0). A group mean that
+    includes the trajectory's own return would give (G - 1) / G of it (0.5 at G = 2)."""
+    torch.manual_seed(0)
+    pol = TransitionPolicy(K, concentration=5.0)
+    with torch.no_grad():
+        pol.L.copy_(torch.randn(K, K))
+    n_groups = 20000 // G
+    s0 = torch.nn.functional.one_hot(torch.zeros(n_groups * G, dtype=torch.long), K).float()
+    log_a = pol.sample_log(s0, 0.0, generator=torch.Generator().manual_seed(1))
+    reward = (log_a.argmax(-1) == GOAL).float()
+    trajs = [Trajectory(torch.stack([s0[i], log_a[i].exp().float()]), float(reward[i]), i // G,
+                        log_actions=log_a[i:i + 1]) for i in range(len(s0))]
+
+    def grad(baseline):
+        pol.zero_grad()
+        reinforce_loss(pol, trajs, 0.0, 0.0, baseline=baseline)[0].backward()
+        return torch.cat([pol.L.grad.flatten(), pol.log_c.grad.flatten()]).clone()
+
+    g_none, g_loo = grad("none"), grad("group_mean")
+    ratio = float(g_loo @ g_none / (g_none @ g_none))
+    assert 0 < reward.mean() < 1 and float(g_none.norm()) > 0.05
+    assert ratio == pytest.approx(1.0, abs=0.1), ratio  # the biased group mean gives (G - 1) / G
+    # a group of one gets no baseline: its advantage is its return
+    single = [Trajectory(trajs[0].states, 1.0, 0, log_actions=trajs[0].log_actions)]
+    pol.zero_grad()
+    reinforce_loss(pol, single, 0.0, 0.0, baseline="group_mean")[0].backward()
+    g1 = pol.L.grad.clone()
+    pol.zero_grad()
+    reinforce_loss(pol, single, 0.0, 0.0, baseline="none")[0].backward()
+    torch.testing.assert_close(g1, pol.L.grad)
+
+
 def test_entropy_bonus_keeps_the_policy_entropy_higher(tmp_path):
     s = torch.eye(K)
     ent = {}

@@ -104,8 +104,10 @@ def test_fresh_ctrls_greedy_equals_base_greedy(tiny_llama):
     assert [[g.token_ids for g in gs] for gs in ctrls] == [[g.token_ids for g in gs] for gs in base]
     assert all(g.states is not None and g.states.shape[1] == 4 for gs in ctrls for g in gs)
     for g in (g for gs in ctrls for g in gs):  # the exact log-actions of Eq. 14 ride along with the states
-        assert g.log_actions.dtype == torch.float64 and g.log_actions.shape == g.states[1:].shape
-        torch.testing.assert_close(g.log_actions.exp().float(), g.states[1:])
+        assert g.log_actions.dtype == torch.float64 and g.log_actions.shape == g.policy_states[1:].shape
+        torch.testing.assert_close(g.log_actions.exp().float(), g.policy_states[1:])
+        n = len(g.states)  # the per-step states are the first draws of the trajectory
+        torch.testing.assert_close(g.policy_states[:n], g.states)
         torch.testing.assert_close(torch.logsumexp(g.log_actions, -1), torch.zeros(len(g.log_actions), dtype=torch.float64))
 
 
@@ -353,3 +355,48 @@ def test_fixed_state_follows_the_design_rule_on_the_real_backbone(smollm):
     assert len(g.spans) >= 2, "the test needs at least one step boundary"
     assert torch.equal(g.states, g.states[:1].expand_as(g.states))
     assert _teacher_forced(smollm, model, ids, g, g.states[0]) == g.token_ids
+
+
+# ---- Eq. 14 sees every state draw that conditioned a sampled token ------------------------------
+
+
+@pytest.mark.parametrize("script", [["x", "\n", " x", "\n", "EOS"], ["x", "\n", " x", "\n", " ", "EOS"]],
+                         ids=["step-then-EOS", "step-then-whitespace-then-EOS"])
+def test_every_draw_that_conditioned_a_token_enters_eq14(tiny_llama, monkeypatch, script):
+    """Scripted tokens "x\n x\n EOS": s_1 is drawn before "x", s_2 when step 1 closes, s_3 when step 2
+    closes; s_3 conditioned the EOS draw (and the whitespace before it), so all three draws are
+    Eq. 14's actions, though only two steps exist. Counts the draws, then checks the loss sees them."""
+    import ctrls.sampling as sampling_mod
+    from ctrls.rl import Trajectory, reinforce_loss
+
+    bb = tiny_llama
+    tok = bb.tokenizer
+    ids = {t: tok.eos_token_id if t == "EOS" else tok(t, add_special_tokens=False)["input_ids"] for t in script}
+    assert all(isinstance(v, int) or len(v) == 1 for v in ids.values()), ids
+    seq = [v if isinstance(v, int) else v[0] for v in (ids[t] for t in script)]
+
+    def scripted(logits, temperature, top_k, keys, counters):
+        return torch.tensor([seq[int(c)] for c in counters])
+
+    draws = []
+    real_draw = sampling_mod._draw_states
+
+    def counting(model, prev, rows, epsilon):
+        draws.append(len(rows))
+        return real_draw(model, prev, rows, epsilon)
+
+    monkeypatch.setattr(sampling_mod, "_pick", scripted)
+    monkeypatch.setattr(sampling_mod, "_draw_states", counting)
+    model = random_ctrls(bb, K=4, trained=True, scale=0.5)
+    p = SampleParams(temperature=1.0, max_new_tokens=20, max_steps=10_000, stop_at_answer=False, epsilon=0.2)
+    (g,), = sample(bb, [tok("Q:")["input_ids"]], 1, p, model=model, seeds=[3])
+    assert g.finish == "eos" and len(g.spans) == 2 and g.steps == ["x", "x"]
+    assert sum(draws) == 3  # s_1, s_2, s_3
+    assert g.states.shape == (3, 4)  # per step: s_0, s_1, s_2
+    assert g.log_actions.shape == (3, 4) and g.policy_states.shape == (4, 4)
+    torch.testing.assert_close(g.policy_states[1:], g.log_actions.exp().float())
+    # the loss counts three log pi~ terms: equal to a reference summed over all three draws
+    pol = model.policy
+    loss, _ = reinforce_loss(pol, [Trajectory(g.policy_states, 1.0, 0, log_actions=g.log_actions)], 0.2, 0.0)
+    ref = -sum(pol.log_prob_log(g.log_actions[t], g.policy_states[t], 0.2) for t in range(3))
+    torch.testing.assert_close(loss, ref.to(loss.dtype))

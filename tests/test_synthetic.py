@@ -3,6 +3,7 @@ import itertools
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -186,9 +187,63 @@ def test_the_study_runs_its_runs_once_and_reports_every_claim(tmp_path):
 
 
 def test_welch_interval_and_verdicts():
+    from ctrls import synthetic_claims as sc
+
     d, lo, hi = sy.welch_interval([1.0, 2.0, 3.0])
     # mean 2, sd 1, n 3: half-width t_{0.975, 2} / sqrt(3) = 4.302653 / 1.732051
     assert d == 2 and hi - d == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
-    assert sy.welch_interval([0.5, 0.5], [0.5, 0.5]) == (0.0, 0.0, 0.0)
-    assert sy._verdict(0.1, 0.3, +1) == "supported" and sy._verdict(0.1, 0.3, -1) == "contradicted"
-    assert sy._verdict(-0.1, 0.3, +1) == "not supported"
+    assert sc._verdict(0.1, 0.3, +1) == "supported" and sc._verdict(0.1, 0.3, -1) == "contradicted"
+    assert sc._verdict(-0.1, 0.3, +1) == "not supported"
+
+
+def test_welch_interval_is_never_a_point_and_respects_the_range():
+    """Zero variance over seeds: no point interval. A bounded quantity: the interval stays in range
+    (a t interval on 3 seeds went to [-1.019, -0.918] for a difference bounded by -1)."""
+    d, lo, hi = sy.welch_interval([0.5, 0.5], [0.5, 0.5])
+    assert d == 0.0 and lo < 0 < hi
+    d, lo, hi = sy.welch_interval([0.5, 0.5], [0.5, 0.5], bounds=(0.0, 1.0))
+    assert d == 0.0 and -1 <= lo < 0 < hi <= 1
+    d, lo, hi = sy.welch_interval([0.0, 0.0, 0.02], [1.0, 0.98, 1.0], bounds=(0.0, 1.0))
+    assert -1.0 <= lo < d < hi < 0 and d == pytest.approx(-0.9867, abs=1e-3)
+    m, lo, hi = sy.welch_interval([1.0, 1.0, 1.0], bounds=(0.0, 1.0))
+    assert m == 1.0 and hi == 1.0 and 0 < lo < 1
+    # at least as wide as the t interval where the data vary, inside the range
+    _, tlo, thi = sy.welch_interval([0.2, 0.5, 0.6])
+    _, blo, bhi = sy.welch_interval([0.2, 0.5, 0.6], bounds=(0.0, 1.0))
+    assert tlo < 0 and blo == 0.0 and bhi >= min(thi, 1.0) - 1e-4 and bhi <= 1  # the t interval left the range (grid 5e-5)
+    with pytest.raises(ValueError, match="outside the stated range"):
+        sy.welch_interval([1.5], bounds=(0.0, 1.0))
+
+
+def test_claims_use_a_collapse_threshold_the_stated_rate_and_holm():
+    """'Collapses without entropy' needs the runs without the bonus below the stated threshold AND below
+    the entropy runs; 'L is learnable' tests the n^-1/2 rate (not slope < 0) and cites no paper claim;
+    verdicts come from Holm-adjusted p-values."""
+    from ctrls import synthetic_claims as sc
+    from ctrls.config import load_config
+    from ctrls.metrics import holm
+
+    cfg = load_config("smoke", ["synthetic.seeds=[0, 1, 2, 3, 4, 5]"])
+    rng = np.random.default_rng(0)
+    rows = []
+    for eps in cfg.synthetic.epsilons + [cfg.rl.epsilon]:
+        for a in cfg.synthetic.alphas + [cfg.rl.entropy_coef]:
+            for seed in cfg.synthetic.seeds:
+                h_end = 0.6 + 0.05 * rng.random()  # no row collapses: every run keeps 0.6 nats
+                if a == 0:
+                    h_end = 0.4 + 0.05 * rng.random()  # less without the bonus, but far above the threshold
+                rows.append({"setting": "x", "epsilon": eps, "alpha": a, "seed": seed, "reward_final": rng.random(),
+                             "reward_mean": rng.random(), "easy_final": rng.random(), "correct_final": 0.0,
+                             "start_entropy_first": 0.9, "start_entropy_final": h_end, "found": False, "on_easy": False})
+    summary = pd.DataFrame(rows).drop_duplicates(["epsilon", "alpha", "seed"])
+    n = np.array([10, 30, 100, 300, 1000, 3000])
+    recovery = pd.DataFrame({"chains": np.repeat(n, 2), "mean_tv": np.repeat(0.05 * n ** -0.2, 2) * (1 + 0.01 * rng.random(12)),
+                             "seed": [0, 1] * 6})
+    c = sc.claims(summary, recovery, cfg).set_index("claim")
+    collapse = c.loc["without entropy regularisation the policy collapses onto a few transitions"]
+    assert "collapse: below" in collapse.measure and collapse.verdict == "not supported"  # entropy fell, no collapse
+    rate = c[c.index.str.contains("parametric rate")].iloc[0]
+    assert rate.verdict == "contradicted"  # slope -0.2 < 0, but not the n^-0.5 rate
+    assert "Thm. 5.3" not in rate.paper.split("(")[0] and "no recovery claim" in rate.paper
+    assert np.allclose(c["p (Holm)"], holm(c.p))
+    assert set(c.verdict) <= {"supported", "contradicted", "not supported"}

@@ -152,7 +152,7 @@ def cpu_fits_full(cfg, d: int, n_steps: int, threads: int | None = None) -> dict
     s_next = torch.distributions.Dirichlet(torch.full((K,), 0.2)).sample((n_steps,))
     t = time.perf_counter()
     fit_transitions(s_prev, s_next, K, steps=cfg.policy.fit_steps, lr=cfg.policy.fit_lr,
-                    smoothing=cfg.policy.count_smoothing)
+                    smoothing=cfg.policy.count_smoothing, method=cfg.policy.fit)
     res["fit_transitions_seconds"] = time.perf_counter() - t
     return res
 

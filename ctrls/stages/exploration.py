@@ -29,7 +29,7 @@ from ctrls.streams import seed_of
 from ctrls import controllability as ctl
 from ctrls.answers import grade
 from ctrls.config import Config
-from ctrls.data import problems_from_config
+from ctrls.data import load_problems, problems_from_config
 from ctrls.prompts import encode_prompt
 from ctrls.runs import Stage, file_name, pair_slug, read_parquet, valid_part
 from ctrls.sampling import Generation, sample, seeded
@@ -112,34 +112,16 @@ def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         pc = cfg.for_pair(bname, ds)
         bb = backbone_for(pc, bname)
         model = load_pretrained(pc, bb)
-        problems = problems_from_config(pc, "test")
-        mine = w.shard(range(len(problems)))
-        enc = {j: encode_prompt(bb.tokenizer, problems[j].question, pc.prompt.use_chat_template, pc.prompt.few_shot)
-               for j in mine}
-        per_chunk = max(1, pc.sampling.batch_size // g.n_samples)
-        jobs = [(eta, row, mine[i:i + per_chunk]) for eta in g.temperatures for row in grid
-                for i in range(0, len(mine), per_chunk)]
-        bar = tqdm(jobs, desc=f"exploration {pair_slug(bname, ds)}", unit="batch", disable=not (progress and w.is_main))
-        for eta, row, chunk in bar:
-            label = row.label
-            parts = {j: part_file(out, bname, ds, eta, label, problems[j].id) for j in chunk}
-            todo = [j for j in chunk if not valid_part(parts[j], g.n_samples)]
-            if not todo:
-                continue
-            bar.set_postfix_str(f"eta={eta:g} {label}")
-            params = sample_params(pc, eta, epsilon=row.epsilon or 0.0, transitions=row.transitions)
-            # one seed per question: its samples do not depend on the chunking or on the process
-            seeds = [seed_of(cfg.seed, bname, ds, eta, label, problems[j].id) for j in todo]
-            gens = sample(bb, [enc[j][0] for j in todo], g.n_samples, params, model=model if row.ctrls else None,
-                          seeds=seeds, prompt_starts=[enc[j][1] for j in todo])
-            meta = {"backbone": bname, "dataset": ds, "temperature": eta, "config": label,
-                    "epsilon": math.nan if row.epsilon is None else row.epsilon, "seed": cfg.seed}
-            for j, gs in zip(todo, gens):
-                t0 = time.perf_counter()
-                extra = _controllability_columns(cfg, pc, bb, model, enc[j], gs, row, eta, problems[j].id)
-                reencode_s += time.perf_counter() - t0
-                write_part(pd.DataFrame(generation_rows(gs, problems[j], meta)).assign(**extra), parts[j])
-        bar.close()
+        reencode_s += _sample_grid(cfg, pc, bb, model, problems_from_config(pc, "test"), ds, grid, g.temperatures,
+                                   out, progress and w.is_main)
+        # the transfer rows: this pair's CTRLS model on a few questions of other datasets (e.g. GSM8K)
+        rows = [r for r in grid if r.label == BASE or r.epsilon == (g.epsilons[0] if g.epsilons else None)]
+        for td in g.transfer_datasets:
+            d = pc.data
+            problems = load_problems(td, "test", n=g.transfer_questions, seed=d.seed, data_dir=d.data_dir,
+                                     max_bad_fraction=d.max_bad_fraction, difficulty=d.word_problems.difficulty())
+            reencode_s += _sample_grid(cfg, pc, bb, model, problems, td, rows, [cfg.rl.temperature], out,
+                                       progress and w.is_main, trained_on=ds)
     w.barrier()
     if w.is_main:
         df = load_samples(cfg)
@@ -147,6 +129,51 @@ def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         stage.finish(samples=len(df), questions=int(df.question_id.nunique()), reencode_s=round(reencode_s, 1))
     w.barrier()
     return out
+
+
+def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, grid: list[GridRow],
+                 temperatures: list[float], out: Path, progress: bool, trained_on: str | None = None) -> float:
+    """Sample and write every (temperature, row, question) part of one dataset's questions that is not
+    already on disk; return the seconds spent re-encoding steps (controllability). ``ds`` is the
+    dataset the questions come from; ``trained_on`` (transfer rows) the dataset the model was
+    pretrained on, when it differs."""
+    from ctrls.distributed import world
+
+    w = world()
+    g = cfg.grid
+    bname = pc.backbone.name
+    reencode_s = 0.0
+    where = ds if trained_on is None else f"{ds}-from-{trained_on}"  # transfer parts apart from the pair's own
+    slug_ = pair_slug(bname, where)
+    mine = w.shard(range(len(problems)))
+    enc = {j: encode_prompt(bb.tokenizer, problems[j].question, pc.prompt.use_chat_template, pc.prompt.few_shot)
+           for j in mine}
+    per_chunk = max(1, pc.sampling.batch_size // g.n_samples)
+    jobs = [(eta, row, mine[i:i + per_chunk]) for eta in temperatures for row in grid
+            for i in range(0, len(mine), per_chunk)]
+    bar = tqdm(jobs, desc=f"exploration {slug_}", unit="batch", disable=not progress)
+    for eta, row, chunk in bar:
+        label = row.label
+        parts = {j: part_file(out, bname, where, eta, label, problems[j].id) for j in chunk}
+        todo = [j for j in chunk if not valid_part(parts[j], g.n_samples)]
+        if not todo:
+            continue
+        bar.set_postfix_str(f"eta={eta:g} {label}")
+        params = sample_params(pc, eta, epsilon=row.epsilon or 0.0, transitions=row.transitions)
+        # one seed per question: its samples do not depend on the chunking or on the process
+        seeds = [seed_of(cfg.seed, bname, ds, eta, label, problems[j].id) for j in todo]
+        gens = sample(bb, [enc[j][0] for j in todo], g.n_samples, params, model=model if row.ctrls else None,
+                      seeds=seeds, prompt_starts=[enc[j][1] for j in todo])
+        meta = {"backbone": bname, "dataset": ds, "temperature": eta, "config": label,
+                "epsilon": math.nan if row.epsilon is None else row.epsilon, "seed": cfg.seed,
+                "trained_on": trained_on or ds}  # the dataset the CTRLS model was pretrained on
+        for j, gs in zip(todo, gens):
+            t0 = time.perf_counter()
+            extra = _controllability_columns(cfg, pc, bb, model, enc[j], gs, row, eta, problems[j].id)
+            reencode_s += time.perf_counter() - t0
+            write_part(pd.DataFrame(generation_rows(gs, problems[j], meta)).assign(**extra), parts[j])
+    bar.close()
+    return reencode_s
 
 
 def _controllability_columns(cfg: Config, pc: Config, bb, model, prompt: tuple[list[int], int], gens: list[Generation],

@@ -319,10 +319,13 @@ def fit_transition_model(cfg: Config, states_dir: Path, out: Path) -> dict:
     train = ~st["heldout"]  # the held-out questions' steps stay out of the fit
     prev, nxt = prev[train], nxt[train]
     L, history = fit_transitions(prev, nxt, st["s_post"].shape[1], steps=cfg.policy.fit_steps,
-                                 lr=cfg.policy.fit_lr, smoothing=cfg.policy.count_smoothing)
+                                 lr=cfg.policy.fit_lr, smoothing=cfg.policy.count_smoothing, method=cfg.policy.fit)
     torch.save({"L": L.detach()}, out / "transitions.pt")
-    pd.DataFrame({"step": range(len(history)), "kl": [float(h) for h in history]}).to_parquet(out / "kl_history.parquet")
-    return {"pairs": len(prev), "kl_start": float(history[0]), "kl_end": float(history[-1])}
+    # kl: the fitted objective's mean per pair, Thm. 5.3's expected KL (fit expected_kl: one closed-form
+    # value) or the mixture-prior KL (fit mixture: one value per gradient step)
+    pd.DataFrame({"step": range(len(history)), "kl": [float(h) for h in history],
+                  "objective": cfg.policy.fit}).to_parquet(out / "kl_history.parquet")
+    return {"pairs": len(prev), "fit": cfg.policy.fit, "kl_start": float(history[0]), "kl_end": float(history[-1])}
 
 
 # ---- (f) adapter ---------------------------------------------------------------------------

@@ -135,8 +135,10 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             return out
 
         def trajectories(res) -> list[Trajectory]:
-            return [Trajectory(states=x.states, reward=float(grade(x.text, p.answer).correct), group=gi,
-                               log_actions=x.log_actions) for gi, (p, gs) in enumerate(res) for x in gs]
+            # Eq. 14's trajectory: every state draw that conditioned a sampled token (Generation.policy_states)
+            return [Trajectory(states=x.policy_states if x.policy_states is not None else x.states[:1],
+                               reward=float(grade(x.text, p.answer).correct), group=gi, log_actions=x.log_actions)
+                    for gi, (p, gs) in enumerate(res) for x in gs]
 
         def eval_request(t: Trainer, step: int):
             idx = w.shard(range(n_eval))
@@ -153,6 +155,8 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             correct, valid = np.array(w.gather_list(correct)), np.array(w.gather_list(valid))
             H, hard = w.gather_list(H), w.gather_list(hard)
             return {"accuracy": float(correct.mean()), "pass@k": float(correct.any(1).mean()),
+                    "correct_by_question": correct.sum(1).astype(int).tolist(),  # eval questions in order: paired verdicts
+                    "samples_per_question": int(correct.shape[1]),
                     "succ": float(valid.mean()), "policy_entropy": float(np.mean(H)) if H else math.nan,
                     "state_usage_entropy": state_usage_entropy(hard, policy.L.shape[0])}
 

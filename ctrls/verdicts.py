@@ -1,0 +1,217 @@
+"""Conclusions computed, not typed: the "What this run shows" boxes of the run pages and the claims
+scorecard of the book's first page.
+
+Every sentence here is written from a table the pages also show, with its 95% interval; a verdict
+is read off an interval or a Holm-adjusted p-value, never typed:
+
+- a paired difference (``ctrls.metrics.paired_rate_difference``: Newcombe's interval, an exact or
+  permutation p) is *higher* / *lower* when its Holm-adjusted p < 0.05 (the family: the table it
+  comes from), else *no detectable difference*; the scorecard calls a claimed direction
+  *supported*, the other *contradicted*, and no detectable difference *not shown*, with the
+  demo's minimal detectable difference (``ctrls.sizing``) beside it where one was computed;
+- RL (:func:`rl_verdicts`): held-out accuracy at the last evaluation vs step 0, per setting, on
+  the same evaluation questions, the seeds' samples pooled per question (the comparison is
+  conditional on these runs: the seed-to-seed variance of training is not in the interval),
+  Holm over the settings: *learned*, *got worse* or *no detectable change*.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ctrls.metrics import format_p, holm, paired_rate_difference
+
+ALPHA = 0.05
+
+
+def pts(d: float, lo: float, hi: float) -> str:
+    """A difference of fractions in points with its interval: "+3.1 points [−8.0, +14.2]"."""
+    return f"{100 * d:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]".replace("-", "−")
+
+
+def pct(v: float, lo: float | None = None, hi: float | None = None) -> str:
+    s = f"{100 * v:.1f}%"
+    return s if lo is None else f"{s} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def direction(d: float, p_adj: float, up: str = "higher", down: str = "lower",
+              none: str = "no detectable difference") -> str:
+    """The verdict of a difference d from its Holm-adjusted p-value."""
+    if p_adj is None or (isinstance(p_adj, float) and math.isnan(p_adj)):
+        return "not computed"
+    if p_adj < ALPHA:
+        return up if d > 0 else down
+    return none
+
+
+def claim_verdict(d: float, p_adj: float, side: int = 1) -> str:
+    """'supported' / 'contradicted' / 'not shown' for a claimed direction ``side`` (+1: a rise)."""
+    v = direction(side * d, p_adj, "supported", "contradicted", "not shown")
+    return v
+
+
+def box(sentences: list[str], title: str = "What this run shows") -> str:
+    """A Markdown box (a block quote) with one bullet per sentence."""
+    body = "\n".join(f"> - {s}" for s in sentences) if sentences else "> - Nothing to report: no results were found."
+    return f"> **{title}.**\n>\n{body}\n"
+
+
+# ---- exploration (Table 1, ablation, controllability) -----------------------------------------
+
+
+def exploration_sentences(table: pd.DataFrame, ablation: pd.DataFrame, control: pd.DataFrame) -> list[str]:
+    """Sentences from ``tables.table1``, ``tables.ablation_table`` and ``tables.controllability_table``."""
+    out = []
+    base = table[table.config == "Base"]
+    for _, b in base.iterrows():
+        out.append(f"Base at η = {b.temperature:g} solves {pct(b['pass@n'], b['pass@n lo'], b['pass@n hi'])} of "
+                   f"{b.questions} test questions in {b.samples} samples (pass@{b.samples}), and gives a valid final "
+                   f"answer in {pct(b.succ, b['succ lo'], b['succ hi'])} of its samples (Succ.).")
+    for _, r in table[table.p.notna()].iterrows():
+        v = direction(r["Δ pass@n vs Base"], r["p (Holm)"])
+        out.append(f"{r.config} vs Base at η = {r.temperature:g}: pass@{r.samples} {pct(r['pass@n'])} vs "
+                   f"{pct(base[base.temperature == r.temperature]['pass@n'].iloc[0])}, "
+                   f"{pts(r['Δ pass@n vs Base'], r['Δ lo'], r['Δ hi'])}, Holm-adjusted p = {format_p(r['p (Holm)'])}: "
+                   f"**{v}**.")
+    for _, r in ablation.iterrows():
+        for m in ("pass@n", "Succ."):
+            v = direction(r[f"Δ {m}"], r[f"p ({m}, Holm)"])
+            out.append(f"Ablation, {r.comparison} (η = {r.temperature:g}), {m}: "
+                       f"{pts(r[f'Δ {m}'], r[f'Δ {m} lo'], r[f'Δ {m} hi'])}, Holm-adjusted p = "
+                       f"{format_p(r[f'p ({m}, Holm)'])}: **{v}**.")
+    if "Δ vs Base" in control:
+        for _, r in control.iterrows():
+            v = direction(r["Δ vs Base"], r["p (Holm)"])
+            out.append(f"Controllability, {r.config} (η = {r.temperature:g}): {pct(r['follows'])} of {r.steps} steps "
+                       f"land in the state they were generated under, vs {pct(r['Base, random states'])} for Base "
+                       f"steps paired with random states (chance 1/K = {pct(r.chance)}): "
+                       f"{pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}, Holm-adjusted p = {format_p(r['p (Holm)'])}: "
+                       f"**{v}**.")
+    return out
+
+
+# ---- RL -------------------------------------------------------------------------------------
+
+
+def rl_verdicts(curves: pd.DataFrame) -> pd.DataFrame:
+    """Per (pair, setting): held-out accuracy at step 0 and at the last evaluation, their paired
+    difference over the evaluation questions (seeds pooled per question), Newcombe's interval, a
+    permutation p, Holm over the settings, and the verdict (module docstring)."""
+    ev = curves[curves.kind == "eval"]
+    if "correct_by_question" not in ev:
+        raise ValueError("the RL curves have no per-question results (correct_by_question): rerun the RL stage")
+    rows = []
+    for (pair, setting), g in ev.groupby(["pair", "setting"], sort=False):
+        first, last = g.step.min(), g.step.max()
+        seeds = sorted(g.seed.unique())
+        if last == first:
+            continue
+
+        def pooled(step: int) -> tuple[np.ndarray, np.ndarray]:
+            at = g[g.step == step].sort_values("seed")
+            m = np.sum([np.asarray(x, float) for x in at.correct_by_question], axis=0)
+            n = np.full(len(m), float(at.samples_per_question.sum()))
+            return m, n
+
+        (m1, n1), (m0, n0) = pooled(last), pooled(first)
+        c = paired_rate_difference(m1, n1, m0, n0)
+        rows.append({"pair": pair, "setting": setting, "seeds": len(seeds), "last step": int(last),
+                     "questions": len(m0), "samples per question": int(n0[0]),
+                     "accuracy at step 0": m0.sum() / n0.sum(), "accuracy at the end": m1.sum() / n1.sum(),
+                     "Δ": c["diff"], "Δ lo": c["lo"], "Δ hi": c["hi"], "p": c["p_value"]})
+    t = pd.DataFrame(rows)
+    if t.empty:
+        return t
+    t["p (Holm)"] = holm(t.p)
+    t["verdict"] = [direction(d, p, "learned", "got worse", "no detectable change") for d, p in zip(t["Δ"], t["p (Holm)"])]
+    return t
+
+
+def rl_view(t: pd.DataFrame) -> pd.DataFrame:
+    """:func:`rl_verdicts` for the book: rates in %, the difference in points with its interval."""
+    return pd.DataFrame({"setting": t.setting, "seeds": t.seeds, "steps": t["last step"], "questions": t.questions,
+                         "samples / question": t["samples per question"],
+                         "accuracy at step 0 (%)": (100 * t["accuracy at step 0"]).round(1),
+                         "accuracy at the end (%)": (100 * t["accuracy at the end"]).round(1),
+                         "Δ (pts, 95% CI)": [pts(*x) for x in zip(t["Δ"], t["Δ lo"], t["Δ hi"])],
+                         "p (Holm)": t["p (Holm)"].map(format_p), "verdict": t.verdict})
+
+
+def rl_sentences(t: pd.DataFrame) -> list[str]:
+    return [f"RL setting `{r.setting}` ({r.seeds} seeds × {r['last step']} steps): held-out accuracy "
+            f"{pct(r['accuracy at step 0'])} at step 0 and {pct(r['accuracy at the end'])} at step {r['last step']}, "
+            f"{pts(r['Δ'], r['Δ lo'], r['Δ hi'])} on {r.questions} questions, Holm-adjusted p = "
+            f"{format_p(r['p (Holm)'])}: **{r.verdict}**." for _, r in t.iterrows()]
+
+
+# ---- pretraining and case studies ---------------------------------------------------------------
+
+
+def pretraining_sentences(collect: dict, bound: pd.DataFrame | None = None) -> list[str]:
+    """From the collect stage's summary (questions, sampled, sampled_correct, reference, kept) and,
+    when given, the bound table (rows per split with a per-step bound column)."""
+    out = []
+    s, c = collect.get("sampled", 0), collect.get("sampled_correct", 0)
+    if s:
+        from ctrls.power import wilson_interval
+
+        lo, hi = wilson_interval(c, s)
+        out.append(f"The backbone's own chains: {c} of {s} sampled chains were correct ({pct(c / s, lo, hi)}), and "
+                   f"were kept for pretraining.")
+    out.append(f"The adapter was trained on {collect.get('kept', 0)} chains of {collect.get('questions', 0)} training "
+               f"questions ({collect.get('reference', 0)} reference solutions and {c} sampled chains).")
+    if bound is not None and not bound.empty:
+        out.extend(bound_sentences(bound))
+    return out
+
+
+def bound_sentences(bound: pd.DataFrame) -> list[str]:
+    """One sentence on the train vs held-out bound per step, when the table has both."""
+    cols = [c for c in bound.columns if "per step" in str(c)]
+    if "split" not in bound or not cols:
+        return []
+    col = cols[0]
+    vals = {r.split: r[col] for _, r in bound.iterrows()}
+    if {"train", "held-out"} <= set(vals):
+        return [f"Thm. 5.3's bound after training: {vals['train']:.3f} nats per step on training chains and "
+                f"{vals['held-out']:.3f} on held-out chains ({col})."]
+    return []
+
+
+def case_sentences(samples: pd.DataFrame, config: str) -> list[str]:
+    """Per question, how often CTRLS row ``config`` and Base disagree on solving it (any sample correct)."""
+    out = []
+    for eta, g in samples.groupby("temperature"):
+        solved = g.groupby(["config", "question_id"]).correct.any().unstack(0)
+        if config not in solved or "Base" not in solved:
+            continue
+        only_c = int((solved[config] & ~solved["Base"]).sum())
+        only_b = int((~solved[config] & solved["Base"]).sum())
+        out.append(f"At η = {eta:g}, {config} solves {only_c} question(s) that Base misses in its samples, and misses "
+                   f"{only_b} that Base solves (of {len(solved)}); the cases below are drawn from the first kind.")
+    return out
+
+
+# ---- the scorecard --------------------------------------------------------------------------
+
+
+@dataclass
+class Claim:
+    claim: str
+    source: str  # where the paper makes it
+    evidence: str
+    verdict: str
+    page: str  # the book page (docname) with the evidence
+
+
+def scorecard_markdown(claims: list[Claim], where: str) -> str:
+    """The scorecard as a Markdown table, with a line naming the run behind it."""
+    lines = [f"*{where}*", "", "| the paper's claim | evidence here (95% intervals) | verdict | page |",
+             "|---|---|---|---|"]
+    for c in claims:
+        esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
+        lines.append(f"| {esc(c.claim)} ({esc(c.source)}) | {esc(c.evidence)} | **{c.verdict}** | [{c.page}]({c.page}) |")
+    return "\n".join(lines) + "\n"
