@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 OPS = ("add", "sub", "mul")
-MAX_PROBLEMS = 200_000  # per split and call: a bound on generated sizes (the space is finite)
+MAX_PROBLEMS = 100_000  # per split and call: a bound on generated sizes (ctrls.data.MAX_GENERATED)
 NAMES = ("Ana", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jack", "Kofi", "Lena", "Maya",
          "Noah", "Olga", "Pedro", "Quinn", "Rosa", "Sam", "Tara", "Umar", "Vera", "Will", "Yuki")
 OBJECTS = ("cards", "apples", "marbles", "stickers", "books", "pencils", "coins", "shells", "stamps", "cookies",
