@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--levels", nargs="*", default=["ops1-max10-w1", "ops1-max10", "ops2-max10"])
+    ap.add_argument("--levels", nargs="*", default=["ops1-max10-w1", "ops1-max10"])
     ap.add_argument("--few-shot", type=int, default=1, help="exemplars in the prompt (the demo profile: 1)")
     ap.add_argument("--out", default="bench/results/word_problems_difficulty.json")
     a = ap.parse_args()
