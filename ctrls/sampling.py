@@ -146,16 +146,17 @@ class PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
 
     def _compact(self, keep: list[int]) -> None:
-        """Keep rows ``keep`` (strictly increasing), in place: row i <- row keep[i] (keep[i] >= i, so a
-        forward copy never overwrites a row still to be read), then view the first len(keep) rows.
+        """Keep rows ``keep`` in place: row i <- row keep[i], where every keep[i] is i itself or a row at
+        or past len(keep) (``fill_holes`` orders them so), so no copy overwrites a row still to be
+        read and only the rows moved into holes are copied; then view the first len(keep) rows.
         No allocation: on CPU a fresh buffer per finished row costs page faults on every position
         of it (the kernel zeroes each new page), which took most of a decode's time."""
         if self._len:
+            moves = [(i, src) for i, src in enumerate(keep) if src != i]
             for name in ("_k", "_v"):
                 buf = getattr(self, name)
-                for i, src in enumerate(keep):
-                    if src != i:
-                        buf[i, :, :self._len].copy_(buf[src, :, :self._len])
+                for i, src in moves:
+                    buf[i, :, :self._len].copy_(buf[src, :, :self._len])
                 setattr(self, name, buf[:len(keep)])
             self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
 
@@ -165,10 +166,22 @@ class PreallocatedLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         keep = indices.tolist()
-        if all(b > a for a, b in zip(keep, keep[1:])):  # the sampler's case: finished rows dropped, order kept
+        n = len(keep)
+        if len(set(keep)) == n and all(src == i or src >= n for i, src in enumerate(keep)):  # fill_holes' order
             self._compact(keep)
         else:
             self._reindex(indices)
+
+
+def fill_holes(keep: list[int], n_rows: int) -> list[int]:
+    """The rows ``keep`` (of ``n_rows``) in the order the cache keeps them in place: a kept row below
+    len(keep) stays where it is, and each hole below len(keep) takes a kept row from past it. A
+    sample does not depend on its row's position in the batch (its streams are keyed by its own
+    seed and index), so the order is free; this one moves only as many rows as finished."""
+    n = len(keep)
+    kept = set(keep)
+    tail = [j for j in keep if j >= n]
+    return [i if i in kept else tail.pop() for i in range(n)]
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove < 0 and self._len:
@@ -386,6 +399,10 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
         if not keep:
             break
         if len(keep) < len(active):
+            pos = fill_holes(keep, len(active))  # positions in the old batch, in the new batch's order
+            at = {j: i for i, j in enumerate(pos)}
+            redraw = sorted(at[keep[k]] for k in redraw)
+            keep = pos
             sel = torch.as_tensor(keep, device=dev)
             cache.batch_select_indices(sel)
             attn, next_pos = attn[sel], next_pos[sel]
