@@ -81,3 +81,18 @@ def test_scorecard_markdown_and_box():
     md = scorecard_markdown([Claim("a | b", "Table 1", "x", "supported", "generated/02_exploration")], "run X")
     assert md.startswith("*run X*") and "a \\| b" in md and "[generated/02_exploration](generated/02_exploration)" in md
     assert box(["one", "two"]).count("> - ") == 2 and "Nothing to report" in box([])
+
+
+def test_pilot_is_read_at_the_profiles_difficulty(tmp_path):
+    import json
+
+    from ctrls.config import load_config
+    from ctrls.stages.scorecard import pilot
+
+    cfg = load_config("demo")
+    tag = cfg.data.word_problems.difficulty().tag()
+    f = tmp_path / "pilot.json"
+    f.write_text(json.dumps({"levels": [{"difficulty": "other", "pass@1": 0.9}, {"difficulty": tag, "pass@1": 0.2}]}))
+    assert pilot(cfg, f)["pass@1"] == 0.2
+    assert pilot(load_config("demo", ["data.word_problems.n_ops=3"]), f) is None  # not measured at that difficulty
+    assert pilot(load_config("smoke"), f) is None  # not the word problems
