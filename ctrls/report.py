@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 def notebook_config(profile: str = "demo", run_dir: str = "runs", overrides: str | Iterable[str] = ()) -> Config:
     """The config a notebook runs with, from its papermill parameters: ``overrides`` is a list of
     ``key=value`` items or one string of them, separated by whitespace outside brackets and quotes
-    (``"grid.epsilons=[0.1, 0.3] rl.steps=3"``, see ``ctrls.config.split_overrides``)."""
+    (``"grid.epsilons=[0.1, 0.3] rl.steps=3"``, see ``ctrls.config.split_overrides``). In a kernel it
+    also installs the book's table display (``ctrls.display``: whole tables, no default index,
+    constant columns said once)."""
+    from ctrls import display
+
+    display.install()
     return load_config(profile, {**parse_overrides(overrides), "run_dir": run_dir})
 
 

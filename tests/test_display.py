@@ -1,0 +1,36 @@
+"""The book's table display (ctrls.display): whole, no default index, constant columns said once,
+no nan/None, floats rounded."""
+import math
+
+import pandas as pd
+
+from ctrls.display import constant_columns, fmt, frame_html
+
+
+def test_cells_are_rounded_and_missing_values_are_a_dash():
+    assert fmt(float("nan")) == "—" and fmt(None) == "—" and fmt(pd.NA) == "—"
+    assert fmt(0.123456789) == "0.123" and fmt(12.3456) == "12.3" and fmt(1234.567) == "1235"
+    assert fmt(3.0) == "3" and fmt(7) == "7" and fmt(True) == "True" and fmt("a b") == "a b"
+    assert fmt(math.inf) == "∞"
+
+
+def test_constant_columns_are_said_once_and_the_default_index_is_hidden():
+    df = pd.DataFrame({"backbone": ["m"] * 4, "questions": [40] * 4, "config": list("abcd"),
+                       "acc": [0.1234567, None, 0.5, 0.25]})
+    assert constant_columns(df) == {"backbone": "m", "questions": "40"}
+    out = frame_html(df)
+    assert "In every row: backbone: <b>m</b> · questions: <b>40</b>" in out
+    assert ">backbone<" not in out and ">questions<" not in out and ">config<" in out
+    assert "0.123" in out and "0.1234567" not in out and ">—<" in out
+    assert "nan" not in out.lower().replace("nan;", "")  # no nan cell
+    assert "row_heading" not in out  # no index column
+
+
+def test_long_frames_are_shown_whole_and_a_labelled_index_is_kept():
+    long = pd.DataFrame({"i": range(300), "text": ["x" * 200] * 299 + ["end"]})
+    out = frame_html(long)
+    assert out.count("<tr") == 301 and "…" not in out and "x" * 200 in out and "rows ×" not in out
+    two = pd.DataFrame({"a": [1, 1], "b": [2, 3]}, index=pd.Index(["Base", "CTRLS"], name="row"))
+    out = frame_html(two)
+    assert "In every row" not in out  # too few rows to drop a column
+    assert "Base" in out and "CTRLS" in out
