@@ -161,6 +161,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         seconds[stage] = round(time.time() - ts, 1)
         print(f"[{i}/{len(stages)}] {stage} done in {seconds[stage]:.0f} s", flush=True)
     write_claims_scorecard(args, book)
+    from ctrls.codeindex import write_code_page
+
+    write_code_page(book)  # the method page's index links to it
     if not args.no_book:
         tb = time.time()
         index = build_book(book, strict=args.strict)
