@@ -34,3 +34,12 @@ def test_long_frames_are_shown_whole_and_a_labelled_index_is_kept():
     out = frame_html(two)
     assert "In every row" not in out  # too few rows to drop a column
     assert "Base" in out and "CTRLS" in out
+
+
+def test_percent_intervals_are_rounded_to_what_they_support():
+    from ctrls.report import pct_ci
+
+    assert pct_ci(0.725, 0.60, 0.85) == "72 [60, 85]"  # 25 points wide: whole points
+    assert pct_ci(0.725, 0.701, 0.749) == "72.5 [70.1, 74.9]"
+    assert pct_ci(0.5, 0.498, 0.502) == "50.00 [49.80, 50.20]"
+    assert pct_ci(0.0, 0.0, 0.0) == "0.0 [0.0, 0.0]"
