@@ -47,6 +47,13 @@ def fmt(v) -> str:
     return str(v)
 
 
+def interval(lo: float, hi: float, digits: int = 2) -> str:
+    """``[lo, hi]`` to ``digits`` decimals, or "—" when a bound is missing (e.g. one question)."""
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "—"
+    return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
 def constant_columns(df: pd.DataFrame, min_rows: int = 3) -> dict[str, str]:
     """The flat columns whose formatted value is the same in every row (frames of ``min_rows``+ rows),
     never all of them."""
