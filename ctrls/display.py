@@ -9,7 +9,9 @@
 * says once, above it, the columns whose value is the same in every row (backbone, dataset,
   questions, ...), which are then dropped from the table (tables of 3 rows or more, flat columns);
 * shows a missing value as "—", never ``nan``/``None``, and each float to at most 3 significant
-  digits (4 at 1000 and above), which is more than any interval in this book supports.
+  digits (4 at 1000 and above), which is more than any interval in this book supports;
+* is preceded by ``df.attrs["note"]`` when the frame has one (e.g. why a table's columns were left
+  out because every value in them was equal).
 
 ``frame_html`` is a pure function of the frame: tests call it directly.
 """
@@ -79,10 +81,10 @@ def frame_html(df: pd.DataFrame) -> str:
     """The page's HTML for ``df`` (see the module docstring)."""
     const = constant_columns(df)
     shown = df.drop(columns=[c for c in df.columns if str(c) in const]) if const else df
-    head = ""
+    head = f"<p class='ctrls-note'>{html.escape(str(df.attrs['note']))}</p>" if df.attrs.get("note") else ""
     if const:
         items = " · ".join(f"{html.escape(k)}: <b>{html.escape(v)}</b>" for k, v in const.items())
-        head = f"<p class='ctrls-constant'>In every row: {items}</p>"
+        head += f"<p class='ctrls-constant'>In every row: {items}</p>"
     styled = shown.style.format(fmt)
     if _default_index(shown):
         styled = styled.hide(axis="index")

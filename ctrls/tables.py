@@ -491,4 +491,14 @@ def table3_vs_paper(judged: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """Table 3: our rubric scores (mean [95% interval]) beside the paper's GPT-4 scores, by setting;
     a setting in only one of the two has empty cells in the other's columns."""
     ours = rubric_table(judged, seed=seed).rename(columns={"config": "setting"})
+    scores = pd.unique(judged[list(CRITERIA)].to_numpy().ravel())
+    if len(judged) and len(scores) == 1:
+        # every score equal: our columns would all read "x [x, x]"; one sentence says so instead
+        keep = ours[["setting", "n"]].rename(columns={"n": "n (ours)"})
+        out = keep.merge(PAPER_TABLE3, on="setting", how="outer")
+        out.attrs["note"] = (f"Our judge gave every one of its {len(judged)} outputs ({judged.config.nunique()} settings) "
+                             f"the same score, {scores[0]:g}, on all {len(CRITERIA)} criteria, so our score columns "
+                             "would all read the same with zero-width intervals; they are left out, and the "
+                             "paper's scores are shown alone.")
+        return out
     return ours.merge(PAPER_TABLE3, on="setting", how="outer", suffixes=(" (ours)", " (paper)"))

@@ -43,3 +43,23 @@ def test_percent_intervals_are_rounded_to_what_they_support():
     assert pct_ci(0.725, 0.701, 0.749) == "72.5 [70.1, 74.9]"
     assert pct_ci(0.5, 0.498, 0.502) == "50.00 [49.80, 50.20]"
     assert pct_ci(0.0, 0.0, 0.0) == "0.0 [0.0, 0.0]"
+
+
+def test_a_note_on_the_frame_is_said_above_it():
+    df = pd.DataFrame({"a": [1, 2]})
+    df.attrs["note"] = "Every score was 5.5."
+    assert frame_html(df).index("Every score was 5.5.") < frame_html(df).index("<table")
+
+
+def test_an_all_equal_judge_table_is_one_sentence_beside_the_papers_scores():
+    from ctrls.judge import CRITERIA
+    from ctrls.tables import table3_vs_paper
+
+    rows = [{"config": c, **{k: 5.5 for k in CRITERIA}, **{f"parse_{k}": "regex" for k in CRITERIA}}
+            for c in ("Base", "ε=0.5, H=0") for _ in range(3)]
+    t = table3_vs_paper(pd.DataFrame(rows), seed=0)
+    assert "the same score, 5.5, on all 5 criteria" in t.attrs["note"], t.attrs
+    assert not any("(ours)" in c and c != "n (ours)" for c in t.columns)
+    rows[0][CRITERIA[0]] = 7.0
+    t = table3_vs_paper(pd.DataFrame(rows), seed=0)
+    assert "note" not in t.attrs and any("(ours)" in c for c in t.columns)
