@@ -7,7 +7,7 @@
 * has no index column when its index is pandas's default 0, 1, 2, ... (a named or labelled index,
   such as Table 1's rows, is kept);
 * says once, above it, the columns whose value is the same in every row (backbone, dataset,
-  questions, ...), which are then dropped from the table (tables of 3 rows or more, flat columns);
+  questions, ...), which are then dropped from the table (tables of 2 rows or more, flat columns);
 * shows a missing value as "—", never ``nan``/``None``, and each float to at most 3 significant
   digits (4 at 1000 and above), which is more than any interval in this book supports;
 * is preceded by ``df.attrs["note"]`` when the frame has one (e.g. why a table's columns were left
@@ -56,7 +56,7 @@ def interval(lo: float, hi: float, digits: int = 2) -> str:
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def constant_columns(df: pd.DataFrame, min_rows: int = 3) -> dict[str, str]:
+def constant_columns(df: pd.DataFrame, min_rows: int = 2) -> dict[str, str]:
     """The flat columns whose formatted value is the same in every row (frames of ``min_rows``+ rows),
     never all of them."""
     if len(df) < min_rows or isinstance(df.columns, pd.MultiIndex):

@@ -32,8 +32,8 @@ def test_long_frames_are_shown_whole_and_a_labelled_index_is_kept():
     assert out.count("<tr") == 301 and "…" not in out and "x" * 200 in out and "rows ×" not in out
     two = pd.DataFrame({"a": [1, 1], "b": [2, 3]}, index=pd.Index(["Base", "CTRLS"], name="row"))
     out = frame_html(two)
-    assert "In every row" not in out  # too few rows to drop a column
-    assert "Base" in out and "CTRLS" in out
+    assert "In every row: a: <b>1</b>" in out and "Base" in out and "CTRLS" in out
+    assert "In every row" not in frame_html(two.iloc[:1])  # one row: nothing to factor out
 
 
 def test_percent_intervals_are_rounded_to_what_they_support():
