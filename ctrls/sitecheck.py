@@ -176,8 +176,11 @@ _INSPECT = r"""
   const blocks = root.querySelectorAll('p, li, td, th, dd, dt, caption, figcaption, pre, h1, h2, h3, h4, span.pre, code');
   for (const el of blocks) {
     if (!visible(el)) continue;
-    if (el.closest('div.cell_input, .cell_input, div.highlight-python, div.highlight-bash')) {
-      // the author's code: only paths and progress bars are junk there
+    const authored = el.closest('div.cell_input') ||
+                     (el.closest('[class*="highlight-"]') && !el.closest('div.cell_output, div.output'));
+    if (authored) {
+      // the author's code (a code cell's input, a code block of a page): `None`/`nan` are Python
+      // there; only absolute paths are junk
       const t = el.innerText || '';
       const m = PATH.exec(t);
       if (m && el.tagName.toLowerCase() === 'pre') add('absolute path', el, m[1]);

@@ -147,7 +147,7 @@ _WIDE_PAGE = """<!doctype html>
 <table id="t2"><tr><th>acc</th></tr><tr><td>nan</td></tr></table>
 <p id="ans">The normalised answer nan was wrong.</p>
 <p id="path">Runs are in /work/main/runs/smoke.</p>
-<div class="cell_output"><pre id="none">config = None</pre></div>
+<div class="cell_output"><div class="output stream highlight-myst-ansi"><div class="highlight"><pre id="none">config = None</pre></div></div></div>
 </article></main>{page_wide}</body></html>
 """
 
@@ -158,6 +158,7 @@ _CLEAN_PAGE = """<!doctype html>
 <table><tr><th>setting</th><th>pass@1</th></tr><tr><td>Base</td><td>0.20</td></tr></table>
 <p>None of the questions qualified. See https://example.org/tmp/x and arXiv 2507.08182.</p>
 <div class="cell_input"><pre>if x is None:\n    x = float("nan")</pre></div>
+<div class="highlight-python notranslate"><div class="highlight"><pre>y = None if z else float("nan")</pre></div></div>
 <pre>short code</pre>
 </article></main></body></html>
 """
