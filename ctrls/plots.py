@@ -78,8 +78,10 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None) -
 
     Two figures, each shown with its caption: the bound per step and its reconstruction term; the
     KL term and the transition fit. Returns the second."""
+    # a closed-form transition fit is one number: said in the caption, not drawn as a one-point panel
+    fit_panel = kl_history is not None and pd.to_numeric(kl_history.kl, errors="coerce").nunique() > 1
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    fig2, axes2 = plt.subplots(1, 2 if kl_history is not None else 1, figsize=(10, 3.8), squeeze=False)
+    fig2, axes2 = plt.subplots(1, 2 if fit_panel else 1, figsize=(10 if fit_panel else 5.5, 3.8), squeeze=False)
     axes2 = axes2[0]
     panels = [("elbo_per_step", "relaxed_per_step", "ELBO and relaxed objective", "nats / step"),
               ("rec_per_token", "relaxed_rec_per_token", "reconstruction", "nats / token"),
@@ -100,7 +102,12 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None) -
               f"(dashed) over adapter-training epochs, on the {splits} steps. Left: per step; right: its "
               "reconstruction term per token. Epoch 0 is the fresh adapter, i.e. the frozen backbone.")
     text = "The bound's KL term per step (solid) and the mixture-prior KL (dashed) over adapter-training epochs"
-    if kl_history is not None:
+    if kl_history is not None and not fit_panel:
+        mixture = "objective" in kl_history and (kl_history.objective == "mixture").all()
+        kind = "mixture-prior" if mixture else "expected"
+        text += (f". The transition fit (stage e) reached a mean {kind} KL of {float(kl_history.kl.iloc[-1]):.3g} nats "
+                 "(one value, so no panel)")
+    if fit_panel:
         mixture = "objective" in kl_history and (kl_history.objective == "mixture").all()
         sns.lineplot(data=kl_history, x="step", y="kl", color="C2", marker="o", ax=axes2[1])
         axes2[1].set(title="transition fit (stage e)", xlabel="gradient step" if mixture else "closed form (one value)",
@@ -125,7 +132,7 @@ def transitions_and_sizes(L: torch.Tensor, states: pd.Series) -> plt.Figure:
     axes[1].set(title="cluster sizes (training steps per state)", xlabel="state", ylabel="steps")
     axes[1].set_xticks(axes[1].get_xticks()[:: max(1, K // 16)])
     fig.tight_layout()
-    return show(fig, f"Left: the fitted transition matrix $\\mathrm{{softmax}}(L)$ over the K = {K} latent states "
+    return show(fig, f"Left: the fitted transition matrix softmax(*L*) over the K = {K} latent states "
                      f"(row i: the distribution of the next state after state i). Right: the number of training "
                      f"steps assigned to each state ({int(counts.sum())} in all; {int((counts == 0).sum())} states unused).")
 

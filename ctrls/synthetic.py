@@ -395,10 +395,10 @@ def plot_learning_curves(curves: pd.DataFrame, cfg: Config, smooth: int = 10):
     integer_ticks(*axes)
     fig.tight_layout()
     return show(fig, "The paper's four RL settings on the synthetic chain, mean and min–max band over "
-                     f"{d.seed.nunique()} seeds. Left: held-out reward of the learned Dirichlet policy ($\\varepsilon = 0$) "
+                     f"{d.seed.nunique()} seeds. Left: held-out reward of the learned Dirichlet policy (ε = 0) "
                      "against the optimum 1 (dashed). Right: on-policy training reward "
-                     f"($\\varepsilon$-greedy, {smooth}-step moving average) against each setting's optimum "
-                     "$V^*_\\varepsilon$ (dashed, same colour).")
+                     f"(ε-greedy, {smooth}-step moving average) against each setting's optimum "
+                     "*V*\\*<sub>ε</sub> (dashed, same colour).")
 
 
 def plot_entropy(curves: pd.DataFrame):
@@ -421,7 +421,7 @@ def plot_entropy(curves: pd.DataFrame):
     integer_ticks(*axes)
     fig.tight_layout()
     return show(fig, "Policy entropy (Eq. 13) per setting, mean and min–max band over seeds. Left: over the states "
-                     "visited in each training step; right: exactly, at the start state $s_0$, at each evaluation.")
+                     "visited in each training step; right: exactly, at the start state *s*<sub>0</sub>, at each evaluation.")
 
 
 def plot_sweep(summary: pd.DataFrame):
@@ -441,7 +441,7 @@ def plot_sweep(summary: pd.DataFrame):
     from ctrls.plots import show
 
     fig.tight_layout()
-    return show(fig, "The sweep over the $\\varepsilon \\times \\alpha$ grid (rows $\\varepsilon$, columns $\\alpha$), "
+    return show(fig, "The sweep over the ε × α grid (rows ε, columns α), "
                      "means over seeds: final held-out reward (left), fraction of seeds that end on the correct chain "
                      "(middle), start-state entropy after RL (right).")
 
@@ -462,8 +462,8 @@ def plot_sweep_curves(curves: pd.DataFrame, cfg: Config):
     from ctrls.plots import integer_ticks, show
 
     integer_ticks(*g.axes.flat)
-    return show(g.figure, "Held-out reward ($\\varepsilon = 0$) against the RL step for every cell of the sweep: one "
-                          "panel per entropy weight $\\alpha$, one line per $\\varepsilon$ (mean and min–max band over "
+    return show(g.figure, "Held-out reward (ε = 0) against the RL step for every cell of the sweep: one "
+                          "panel per entropy weight α, one line per ε (mean and min–max band over "
                           "seeds); dashed: the optimum 1.")
 
 
@@ -482,7 +482,7 @@ def plot_prior(cfg: Config):
     from ctrls.plots import show
 
     fig.tight_layout()
-    return show(fig, f"The synthetic MDP's prior transition matrix $\\mathrm{{softmax}}(L_0)$ over its {len(names)} "
+    return show(fig, f"The synthetic MDP's prior transition matrix softmax(*L*<sub>0</sub>) over its {len(names)} "
                      "states, the starting point of RL; • marks a rewarding edge.")
 
 
@@ -505,5 +505,5 @@ def plot_recovery(recovery: pd.DataFrame):
 
     fig.tight_layout()
     return show(fig, "Recovering the transition matrix: mean and largest per-row total-variation error of "
-                     "$\\mathrm{softmax}(L)$ fitted on $n$ sampled chains, against $n$ (log–log; band: min–max over "
-                     "seeds), with an $n^{-1/2}$ reference line (dashed).")
+                     "softmax(*L*) fitted on *n* sampled chains, against *n* (log–log; band: min–max over "
+                     "seeds), with an *n*<sup>−1/2</sup> reference line (dashed).")
