@@ -66,8 +66,12 @@ def constant_columns(df: pd.DataFrame, min_rows: int = 2) -> dict[str, str]:
         vals = {fmt(v) for v in df[c]}
         if len(vals) == 1:
             out[str(c)] = vals.pop()
-    if len(out) >= len(df.columns):  # keep at least one column: a table, not a sentence
-        out.pop(str(df.columns[-1]))
+    # keep at least two columns (or all there are): a table, not a sentence; the last columns (the
+    # results, in this book's tables) stay
+    for c in reversed([str(c) for c in df.columns]):
+        if len(df.columns) - len(out) >= min(2, len(df.columns)):
+            break
+        out.pop(c, None)
     return out
 
 

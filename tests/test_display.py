@@ -30,10 +30,12 @@ def test_long_frames_are_shown_whole_and_a_labelled_index_is_kept():
     long = pd.DataFrame({"i": range(300), "text": ["x" * 200] * 299 + ["end"]})
     out = frame_html(long)
     assert out.count("<tr") == 301 and "…" not in out and "x" * 200 in out and "rows ×" not in out
-    two = pd.DataFrame({"a": [1, 1], "b": [2, 3]}, index=pd.Index(["Base", "CTRLS"], name="row"))
+    two = pd.DataFrame({"a": [1, 1], "b": [2, 3], "c": [4, 5]}, index=pd.Index(["Base", "CTRLS"], name="row"))
     out = frame_html(two)
     assert "In every row: a: <b>1</b>" in out and "Base" in out and "CTRLS" in out
     assert "In every row" not in frame_html(two.iloc[:1])  # one row: nothing to factor out
+    flat = pd.DataFrame({"a": [1, 1], "b": [2, 2], "c": [3, 3]})
+    assert constant_columns(flat) == {"a": "1"}  # two columns stay
 
 
 def test_percent_intervals_are_rounded_to_what_they_support():
