@@ -69,7 +69,7 @@ def select_cases(samples: pd.DataFrame, n: int = 3, backbone: str | None = None)
 
 
 _TEX_INLINE = re.compile(r"\$([^$\n]+?)\$")
-_TEX_HINT = re.compile(r"[\\^_{}]|[a-zA-Z]\s*[=<>+\-*/]|[=<>+\-*/]\s*[a-zA-Z(]")
+_TEX_HINT = re.compile(r"[\\^_{}]|[a-zA-Z]\s*[=<>+\-*/]|[=<>+\-*/]\s*[a-zA-Z(]|^\s*[a-zA-Z]\s*$")
 
 STATE_NOTE = ("<b>s = j</b> on a step: the latent state (one of the K states, numbered from 0) under which "
               "CTRLS generated that step, the most likely state of the distribution drawn for it; Base "
@@ -79,7 +79,7 @@ STATE_NOTE = ("<b>s = j</b> on a step: the latent state (one of the K states, nu
 
 def tex_html(text: str) -> str:
     """``text`` escaped for HTML, with each ``$...$`` that reads as TeX (a backslash, ``^``, ``_``,
-    braces, or an operator beside a letter) turned into MathJax's ``\\(...\\)``; a dollar amount such
+    braces, an operator beside a letter, or a lone letter such as ``$x$``) turned into MathJax's ``\\(...\\)``; a dollar amount such
     as "$5 and $10" stays as it is."""
     def sub(m: re.Match) -> str:
         inner = m.group(1)

@@ -14,6 +14,7 @@ def row(**kw):
 def test_tex_is_typeset_and_dollar_amounts_are_not():
     assert tex_html("If $a_4/a_2 = 3$, find $\\sqrt{x}$.") == "If \\(a_4/a_2 = 3\\), find \\(\\sqrt{x}\\)."
     assert tex_html("She pays $5 and $10 < $20.") == "She pays $5 and $10 &lt; $20."
+    assert tex_html("For how many $x$ is it real?") == "For how many \\(x\\) is it real?"
 
 
 def test_the_answer_is_normalised_or_says_there_is_none():
