@@ -10,8 +10,12 @@ CTRLS has more correct samples than Base are used instead, and the page says so.
 from __future__ import annotations
 
 import html
+import math
+import re
 
 import pandas as pd
+
+from ctrls.answers import normalize
 
 from ctrls.data import load_problems
 from ctrls.paper import PAPER_CASES
@@ -50,6 +54,9 @@ def select_cases(samples: pd.DataFrame, n: int = 3, backbone: str | None = None)
         rule = ("no question has a wrong Base and a right CTRLS; shown instead: questions where some CTRLS "
                 "row has more correct samples than Base")
         chosen = per_q[best > per_q[BASE]]
+    if chosen.empty:
+        return pd.DataFrame(), ("no case found: on no question does CTRLS answer right where Base is always "
+                                "wrong, nor have more correct samples than Base")
     pairs = []
     for (eta, qid) in sorted(chosen.index, key=lambda k: (k[1], k[0]))[:n]:
         g = df[(df.temperature == eta) & (df.question_id == qid)]
@@ -61,26 +68,57 @@ def select_cases(samples: pd.DataFrame, n: int = 3, backbone: str | None = None)
     return pd.DataFrame(pairs), rule
 
 
+_TEX_INLINE = re.compile(r"\$([^$\n]+?)\$")
+_TEX_HINT = re.compile(r"[\\^_{}]|[a-zA-Z]\s*[=<>+\-*/]|[=<>+\-*/]\s*[a-zA-Z(]|^\s*[a-zA-Z]\s*$")
+
+STATE_NOTE = ("<b>s = j</b> on a step: the latent state (one of the K states, numbered from 0) under which "
+              "CTRLS generated that step, the most likely state of the distribution drawn for it; Base "
+              "generates without states, so its steps carry a label only where the exploration stage "
+              "encoded them.")
+
+
+def tex_html(text: str) -> str:
+    """``text`` escaped for HTML, with each ``$...$`` that reads as TeX (a backslash, ``^``, ``_``,
+    braces, an operator beside a letter, or a lone letter such as ``$x$``) turned into MathJax's ``\\(...\\)``; a dollar amount such
+    as "$5 and $10" stays as it is."""
+    def sub(m: re.Match) -> str:
+        inner = m.group(1)
+        return f"\\({inner}\\)" if _TEX_HINT.search(inner) else m.group(0)
+    return html.escape(_TEX_INLINE.sub(sub, str(text)), quote=False)
+
+
+def shown_answer(row: pd.Series) -> str:
+    """The answer a trace shows: the normalised extracted answer, or "no answer"."""
+    pred = row.get("pred")
+    if pred is None or (isinstance(pred, float) and math.isnan(pred)) or not str(pred).strip():
+        return "no answer"
+    return normalize(str(pred)) or "no answer"
+
+
 def trace_html(question: str, gold: str, left: pd.Series, right: pd.Series, left_title: str = "Base",
                right_title: str = "CTRLS") -> str:
-    """Side-by-side step traces, each step with its latent state, laid out like Figures 5-7."""
+    """Side-by-side step traces, each step with its latent state, laid out like Figures 5-7. The
+    steps are the model's own lines, in order (not renumbered); ``$...$`` TeX is typeset."""
     def column(row: pd.Series, title: str) -> str:
         states = list(row.get("states", []) if isinstance(row.get("states"), (list, tuple)) else
                       (row.get("states").tolist() if row.get("states") is not None else []))
         items = []
         for i, step in enumerate(row.steps):
             badge = (f"<span style='background:#e6eefc;border-radius:3px;padding:0 4px;margin-right:4px;"
-                     f"font-size:0.8em'>s={states[i]}</span>") if i < len(states) else ""
-            items.append(f"<li>{badge}{html.escape(str(step))}</li>")
+                     f"font-size:0.8em' title='latent state of this step'>s = {states[i]}</span>") if i < len(states) else ""
+            items.append(f"<li style='margin:2px 0'>{badge}{tex_html(step)}</li>")
         verdict = "✓ correct" if row.correct else ("✗ wrong" if row.valid else "✗ no answer")
         color = "#1a7f37" if row.correct else "#cf222e"
         label = title if title != "CTRLS" else f"CTRLS ({row.config})"
         return (f"<div style='flex:1;border:1px solid #ccc;border-radius:6px;padding:6px 10px;min-width:0'>"
-                f"<b>{html.escape(label)}</b> · answer <code>{html.escape(str(row.pred))}</code> "
-                f"<span style='color:{color}'>{verdict}</span><ol style='padding-left:1.4em'>{''.join(items)}</ol></div>")
+                f"<b>{html.escape(label)}</b> · answer <code>{html.escape(shown_answer(row))}</code> "
+                f"<span style='color:{color}'>{verdict}</span>"
+                f"<ul style='list-style:none;padding-left:0'>{''.join(items)}</ul></div>")
     head = (f"<div style='border:2px solid #3b6fd1;border-radius:6px;background:#f3f6fd;padding:6px 10px;margin-bottom:6px'>"
-            f"<b>Question</b>: {html.escape(question)}<br><b>Gold</b>: {html.escape(str(gold))}</div>")
-    return head + f"<div style='display:flex;gap:10px'>{column(left, left_title)}{column(right, right_title)}</div>"
+            f"<b>Question</b>: {tex_html(question)}<br><b>Gold</b>: {tex_html(gold)}</div>")
+    note = f"<p style='font-size:0.85em;margin:4px 0 12px'>{STATE_NOTE}</p>"
+    return (f"<div class='ctrls-case mathjax_process tex2jax_process'>{head}"
+            f"<div style='display:flex;gap:10px'>{column(left, left_title)}{column(right, right_title)}</div>{note}</div>")
 
 
 def find_paper_cases(cfg) -> dict[str, "object"]:

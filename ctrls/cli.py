@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -78,13 +79,20 @@ def notebook_params(profile: str, run_dir: str, overrides: list[str], force: boo
             "force": force}
 
 
+# A tqdm line: "desc:  40%|████      | 4/10 [00:04<00:07,  1.23s/cell]", or one without a total.
+PROGRESS_LINE = re.compile(r"^.*(?:\d{1,3}%\|.*\||\d+(?:\.\d+)?\s*(?:it|s|cell)/(?:it|s|cell)\]).*$", re.MULTILINE)
+
+
 def settle_streams(path: Path) -> None:
     """Rewrite an executed notebook's stream outputs as a terminal would show them at the end.
 
     A kernel records every tqdm refresh as its own ``\\r``-prefixed stream output, so the book
     would print each refresh of a progress bar on a line of its own. Consecutive outputs of one
     stream are joined and each line keeps only the text after its last carriage return: the bar's
-    final state, with the rest of the output untouched.
+    final state, with the rest of the output untouched. A stderr output that holds nothing but
+    progress bars is then dropped (the book shows results, not progress), and papermill's
+    ``injected-parameters`` cell, which holds this machine's absolute run directory, is tagged
+    ``remove-cell``.
     """
     import nbformat
 
@@ -101,8 +109,15 @@ def settle_streams(path: Path) -> None:
             if o.output_type == "stream" and "\r" in o.text:
                 o.text = "\n".join(next((seg for seg in reversed(line.split("\r")) if seg), "")
                                    for line in o.text.split("\n"))
+        merged = [o for o in merged if not (o.output_type == "stream" and o.name == "stderr"
+                                            and PROGRESS_LINE.search(o.text)
+                                            and not PROGRESS_LINE.sub("", o.text).strip())]
         if "outputs" in cell:
             cell.outputs = merged
+        # papermill's injected parameters hold this machine's absolute run directory: not for the book
+        tags = cell.metadata.get("tags", [])
+        if "injected-parameters" in tags and "remove-cell" not in tags:
+            cell.metadata["tags"] = [*tags, "remove-cell"]
     nbformat.write(nb, str(path))
 
 
@@ -147,6 +162,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         seconds[stage] = round(time.time() - ts, 1)
         print(f"[{i}/{len(stages)}] {stage} done in {seconds[stage]:.0f} s", flush=True)
     write_claims_scorecard(args, book)
+    from ctrls.codeindex import write_code_page
+
+    write_code_page(book)  # the method page's index links to it
     if not args.no_book:
         tb = time.time()
         index = build_book(book, strict=args.strict)

@@ -1,4 +1,9 @@
-"""The book's figures (seaborn/matplotlib). Each function returns the matplotlib Figure."""
+"""The book's figures (seaborn/matplotlib). Each function returns the matplotlib Figure.
+
+In a notebook, each figure is shown by :func:`show` with a numbered caption that says what it
+shows ("Figure 2: ..."), numbered in page order; a figure whose every plotted value is equal is
+replaced by one sentence that says so (:func:`all_equal_note`), computed from the data.
+"""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -6,34 +11,112 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 import torch
+from matplotlib.ticker import MaxNLocator
 
 sns.set_theme(context="notebook", style="whitegrid")
+
+_FIGURES = [0]  # figures shown on this page (one kernel per page)
+
+
+def _kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover
+        return False
+    ip = get_ipython()
+    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+def caption(text: str) -> str:
+    """The next figure's caption: "**Figure N.** text" (N counts this page's figures)."""
+    _FIGURES[0] += 1
+    return f"**Figure {_FIGURES[0]}.** {text}"
+
+
+def show(fig, text: str):
+    """In a notebook: display ``fig`` and, under it, its numbered caption, then close it (so it is
+    not drawn twice). Outside a notebook: nothing is shown. Returns ``fig``."""
+    if fig is not None and _kernel():
+        from IPython.display import Markdown, display
+
+        display(fig)
+        display(Markdown(caption(text)))
+        plt.close(fig)
+    return fig
+
+
+def say(text: str) -> None:
+    """In a notebook: a sentence in place of a figure."""
+    if _kernel():
+        from IPython.display import Markdown, display
+
+        display(Markdown(text))
+
+
+def all_equal_note(values: pd.Series, what: str, unit: str = "", scale: float = 1.0) -> str | None:
+    """One sentence when every value of ``values`` is equal (a figure of it would be a flat line),
+    else None."""
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if v.empty:
+        return f"No figure of {what}: there is no value to plot."
+    if v.nunique() > 1:
+        return None
+    return (f"No figure of {what}: every one of its {len(v)} values is {scale * v.iloc[0]:.3g}{unit}, "
+            "so the curves would be one flat line.")
+
+
+def integer_ticks(*axes) -> None:
+    """Whole-number ticks on the x axis (steps, epochs, k)."""
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None) -> plt.Figure:
     """Thm. 5.3's bound (solid, with its 95% interval over questions) and the relaxed training
     objective (dashed) over adapter-training epochs, per split (``PretrainRun.bound_history``;
-    epoch 0 = the fresh adapter = the frozen backbone), and the transition fit of stage (e)."""
-    n = 4 if kl_history is not None else 3
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6))
-    panels = [("elbo_per_step", "relaxed_per_step", "per step: ELBO and relaxed objective", "nats / step"),
-              ("rec_per_token", "relaxed_rec_per_token", "reconstruction / token", "nats / token"),
-              ("kl_per_step", "mixture_kl_per_step", "KL term / step", "nats / step")]
-    for ax, (solid, dashed, title, ylabel) in zip(axes, panels):
+    epoch 0 = the fresh adapter = the frozen backbone), and the transition fit of stage (e).
+
+    Two figures, each shown with its caption: the bound per step and its reconstruction term; the
+    KL term and the transition fit. Returns the second."""
+    # a closed-form transition fit is one number: said in the caption, not drawn as a one-point panel
+    fit_panel = kl_history is not None and pd.to_numeric(kl_history.kl, errors="coerce").nunique() > 1
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig2, axes2 = plt.subplots(1, 2 if fit_panel else 1, figsize=(10 if fit_panel else 5.5, 3.8), squeeze=False)
+    axes2 = axes2[0]
+    panels = [("elbo_per_step", "relaxed_per_step", "ELBO and relaxed objective", "nats / step"),
+              ("rec_per_token", "relaxed_rec_per_token", "reconstruction", "nats / token"),
+              ("kl_per_step", "mixture_kl_per_step", "KL term", "nats / step")]
+    for ax, (solid, dashed, title, ylabel) in zip([*axes, axes2[0]], panels):
         for i, (split, g) in enumerate(history.sort_values("epoch").groupby("split", sort=False)):
             ax.plot(g.epoch, g[solid], marker="o", color=f"C{i}", label=f"{split}: Thm. 5.3")
             ax.plot(g.epoch, g[dashed], ls="--", marker=".", color=f"C{i}", label=f"{split}: relaxed")
             if solid == "elbo_per_step":
                 ax.fill_between(g.epoch, g.elbo_per_step_lo, g.elbo_per_step_hi, color=f"C{i}", alpha=0.15, lw=0)
-        ax.set(title=title, xlabel="epoch", ylabel=ylabel)
+        ax.set(title=title, xlabel="adapter-training epoch", ylabel=ylabel)
+        integer_ticks(ax)
     axes[0].legend(fontsize=8)
-    if kl_history is not None:
-        mixture = "objective" in kl_history and (kl_history.objective == "mixture").all()
-        sns.lineplot(data=kl_history, x="step", y="kl", color="C2", marker="o", ax=axes[3])
-        axes[3].set(title="transition fit (stage e)", xlabel="gradient step" if mixture else "closed form (one value)",
-                    ylabel="mean mixture-prior KL" if mixture else "mean expected KL (Thm. 5.3)")
+    axes2[0].legend(fontsize=8)
+    splits = " and ".join(history.split.drop_duplicates().astype(str))
     fig.tight_layout()
-    return fig
+    show(fig, f"Thm. 5.3's bound (solid; band: 95% interval over questions) and the relaxed training objective "
+              f"(dashed) over adapter-training epochs, on the {splits} steps. Left: per step; right: its "
+              "reconstruction term per token. Epoch 0 is the fresh adapter, i.e. the frozen backbone.")
+    text = "The bound's KL term per step (solid) and the mixture-prior KL (dashed) over adapter-training epochs"
+    if kl_history is not None and not fit_panel:
+        mixture = "objective" in kl_history and (kl_history.objective == "mixture").all()
+        kind = "mixture-prior" if mixture else "expected"
+        text += (f". The transition fit (stage e) reached a mean {kind} KL of {float(kl_history.kl.iloc[-1]):.3g} nats "
+                 "(one value, so no panel)")
+    if fit_panel:
+        mixture = "objective" in kl_history and (kl_history.objective == "mixture").all()
+        sns.lineplot(data=kl_history, x="step", y="kl", color="C2", marker="o", ax=axes2[1])
+        axes2[1].set(title="transition fit (stage e)", xlabel="gradient step" if mixture else "closed form (one value)",
+                     ylabel="mean mixture-prior KL" if mixture else "mean expected KL")
+        integer_ticks(axes2[1])
+        text += ("; right: the transition fit's KL, " + ("by gradient step." if mixture else
+                 "in closed form (one value: the row-normalised soft counts)."))
+    fig2.tight_layout()
+    return show(fig2, text + ".")
 
 
 def transitions_and_sizes(L: torch.Tensor, states: pd.Series) -> plt.Figure:
@@ -41,26 +124,33 @@ def transitions_and_sizes(L: torch.Tensor, states: pd.Series) -> plt.Figure:
     P = torch.softmax(L.float(), -1).numpy()
     K = P.shape[0]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.2, 1]})
-    sns.heatmap(P, ax=axes[0], cmap="viridis", vmin=0, square=True, cbar_kws={"label": "P(s_t = j | s_{t-1} = i)"},
+    sns.heatmap(P, ax=axes[0], cmap="viridis", vmin=0, square=True, cbar_kws={"label": r"$P(s_t = j \mid s_{t-1} = i)$"},
                 xticklabels=max(1, K // 16), yticklabels=max(1, K // 16))
-    axes[0].set(title=f"transition matrix softmax(L), K = {K}", xlabel="next state j", ylabel="state i")
+    axes[0].set(title=rf"transition matrix $\mathrm{{softmax}}(L)$, $K = {K}$", xlabel="next state $j$", ylabel="state $i$")
     counts = states.value_counts().reindex(range(K), fill_value=0)
     sns.barplot(x=np.arange(K), y=counts.to_numpy(), ax=axes[1], color="C0")
     axes[1].set(title="cluster sizes (training steps per state)", xlabel="state", ylabel="steps")
     axes[1].set_xticks(axes[1].get_xticks()[:: max(1, K // 16)])
     fig.tight_layout()
-    return fig
+    return show(fig, f"Left: the fitted transition matrix softmax(*L*) over the K = {K} latent states "
+                     f"(row i: the distribution of the next state after state i). Right: the number of training "
+                     f"steps assigned to each state ({int(counts.sum())} in all; {int((counts == 0).sum())} states unused).")
 
 
 def pass_at_k_curves(curves: pd.DataFrame) -> plt.Figure:
     """Unbiased pass@k vs k, Base vs each CTRLS row, one panel per (backbone, dataset, eta)."""
+    note = all_equal_note(curves.pass_at_k, "pass@k", "%", 100)
+    if note:
+        return say(note + " (every row, every k).")
     curves = curves.assign(panel=curves.backbone.str.split("/").str[-1] + " · " + curves.dataset + " · η=" +
                            curves.temperature.astype(str), pass_at_k=100 * curves.pass_at_k)
     g = sns.relplot(data=curves, x="k", y="pass_at_k", hue="config", col="panel", kind="line", marker="o",
                     height=3.3, aspect=1.1, facet_kws={"sharey": False})
     g.set_axis_labels("k", "pass@k (%)")
-    g.set_titles("{col_name}")
-    return g.figure
+    g.set_titles("{col_name}", size=9)
+    integer_ticks(*g.axes.flat)
+    return show(g.figure, "Unbiased pass@k (%) against k, Base and each CTRLS row, one panel per backbone, "
+                          "dataset and temperature η.")
 
 
 def learning_curves(curves: pd.DataFrame, y: str = "accuracy", kind: str = "eval", ylabel: str | None = None,
@@ -70,8 +160,17 @@ def learning_curves(curves: pd.DataFrame, y: str = "accuracy", kind: str = "eval
     d = curves[curves.kind == kind].copy()
     if smooth > 1:
         d[y] = d.groupby(["pair", "setting", "seed"])[y].transform(lambda v: v.rolling(smooth, min_periods=1).mean())
+    what = ylabel or y
+    note = all_equal_note(d[y], f"{what} during RL")
+    if note:
+        return say(note)
     g = sns.relplot(data=d, x="step", y=y, hue="setting", col="pair", kind="line", errorbar=("pi", 100),
                     height=3.4, aspect=1.25, facet_kws={"sharey": False}, marker="o" if kind == "eval" else None)
-    g.set_axis_labels("RL step", ylabel or y)
-    g.set_titles("{col_name}")
-    return g.figure
+    g.set_axis_labels("RL step", what)
+    g.set_titles("{col_name}", size=9)
+    integer_ticks(*g.axes.flat)
+    seeds = d.seed.nunique() if "seed" in d else 1
+    smoothed = f", {smooth}-step moving average" if smooth > 1 else ""
+    return show(g.figure, f"{what[0].upper() + what[1:]} during RL ({'held-out evaluation' if kind == 'eval' else 'training'}"
+                          f"{smoothed}) against the RL step, per setting: mean and min–max band over "
+                          f"{seeds} seed{'s' if seeds != 1 else ''}, one panel per backbone and dataset.")

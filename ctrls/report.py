@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 def notebook_config(profile: str = "demo", run_dir: str = "runs", overrides: str | Iterable[str] = ()) -> Config:
     """The config a notebook runs with, from its papermill parameters: ``overrides`` is a list of
     ``key=value`` items or one string of them, separated by whitespace outside brackets and quotes
-    (``"grid.epsilons=[0.1, 0.3] rl.steps=3"``, see ``ctrls.config.split_overrides``)."""
+    (``"grid.epsilons=[0.1, 0.3] rl.steps=3"``, see ``ctrls.config.split_overrides``). In a kernel it
+    also installs the book's table display (``ctrls.display``: whole tables, no default index,
+    constant columns said once)."""
+    from ctrls import display
+
+    display.install()
     return load_config(profile, {**parse_overrides(overrides), "run_dir": run_dir})
 
 
@@ -66,9 +71,23 @@ def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
+def ci_decimals(lo: float, hi: float) -> int:
+    """Decimals a value deserves beside its interval ``[lo, hi]`` (same unit): about a tenth of the
+    interval's width, so 0 for a 10-point-wide interval or wider, 1 down to 1 point, 2 below.
+    A zero-width or missing interval gets 1."""
+    import math
+
+    w = hi - lo
+    if not (w > 0 and math.isfinite(w)):
+        return 1
+    return max(0, min(2, math.ceil(-math.log10(w / 10) - 1e-9)))
+
+
 def pct_ci(v: float, lo: float, hi: float) -> str:
-    """``72.5 [60.0, 85.0]`` from fractions."""
-    return f"{100 * v:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+    """``72 [60, 85]`` from fractions, in percent, rounded to what the interval supports
+    (:func:`ci_decimals`: ``72.5 [70.1, 74.9]`` for a narrower one)."""
+    d = ci_decimals(100 * lo, 100 * hi)
+    return f"{100 * v:.{d}f} [{100 * lo:.{d}f}, {100 * hi:.{d}f}]"
 
 
 def with_pct_ci(t, prefix: str = "") -> "pd.DataFrame":

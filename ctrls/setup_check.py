@@ -1,6 +1,9 @@
 """What the setup-check page shows: the benchmark data and the backbone's greedy answers."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pandas as pd
 
 from ctrls.answers import grade
@@ -34,7 +37,10 @@ def dataset_table(cfg: Config) -> pd.DataFrame:
 
 def data_source(cfg: Config) -> str:
     d = resolve_data_dir(cfg.data.data_dir)
-    return f"data directory `{d}`" if d else "the Hugging Face hub"
+    if not d:
+        return "the Hugging Face hub"
+    rel = os.path.relpath(d, Path(__file__).resolve().parents[1])  # no absolute build path on the page
+    return f"data directory `{rel}` (beside the repository)" if rel.startswith("..") else f"data directory `{rel}`"
 
 
 def example_problems(cfg: Config, n: int = 2) -> pd.DataFrame:

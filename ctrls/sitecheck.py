@@ -9,14 +9,24 @@ driven by Playwright), and for each page:
   (such a request never leaves the machine: the book must not depend on a CDN);
 * records as *missing* every request that failed or whose response has status >= 400;
 * waits for the network to go idle and for MathJax (when the page loads it) to finish typesetting,
-  then takes a full-page PNG screenshot into ``out_dir``.
+  then takes a full-page PNG screenshot into ``out_dir``;
+* records as *overflow* every visible table, math display or code block that is wider than its
+  container (its ``scrollWidth`` exceeds its ``clientWidth``, or its box is wider than its parent's
+  content box), and the page itself when it scrolls horizontally (all at 1280 px);
+* records as *junk* visible text that a reader should never see: a tqdm progress bar, a bare
+  ``nan``/``None`` (a table cell or output line that is only that, ``nan`` anywhere, ``= None``),
+  or an absolute build path (``/work/``, ``/tmp/``, ``/root/``, ``/home/``).
+
+Every overflow and junk finding names the element (tag, id/classes, the section heading above it
+and the start of its text), so a failure says where to look.
 
 It returns a report (a dict; see :func:`check_site`). Run it from the command line with::
 
     python -m ctrls.sitecheck [HTML_DIR] [--out DIR]
 
-which prints the report and exits 1 when a page has a missing asset or made an external request
-(defaults: ``book/_build/html`` and ``book/_build/screenshots``).
+which prints the report and exits 1 when a page has a missing asset, made an external request,
+overflows or shows junk (defaults: ``book/_build/html``, every page of it, and
+``book/_build/screenshots``).
 
 Playwright (the ``dev`` extra) drives the browser; its own browser download
 (``playwright install``) is never used: the browser is Debian's ``chromium`` package
@@ -51,7 +61,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-dev-shm-usage",
 ]
-DEFAULT_PAGES = ("index.html", "generated/02_exploration.html")
+DEFAULT_PAGES = ("index.html", "generated/02_exploration.html")  # kept first by all_pages()
+# Pages Sphinx generates that are not the book's content.
+NON_CONTENT = {"search.html", "genindex.html", "py-modindex.html"}
 # Screenshot file names for the default pages; any other page gets its path with '/' -> '_'.
 SCREENSHOT_NAMES = {"index.html": "index.png", "generated/02_exploration.html": "table1.png"}
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -94,6 +106,103 @@ async (timeoutMs) => {
   await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
 }
 """
+# Layout and text checks, run in the page after MathJax is done. Returns {overflow, junk, pageWidth}.
+_INSPECT = r"""
+() => {
+  const root = document.querySelector('main article, article.bd-article, main, [role=main]') || document.body;
+  const visible = (el) => {
+    if (!el.getClientRects().length) return false;
+    const st = getComputedStyle(el);
+    return st.visibility !== 'hidden' && st.display !== 'none';
+  };
+  const heading = (el) => {
+    // The nearest section heading before the element, for the report.
+    const all = Array.from(root.querySelectorAll('h1, h2, h3, h4'));
+    let best = null;
+    for (const h of all) {
+      if (h.compareDocumentPosition(el) & Node.DOCUMENT_POSITION_FOLLOWING) best = h; else break;
+    }
+    return best ? best.textContent.replace(/[#¶]/g, '').trim().slice(0, 60) : '';
+  };
+  const describe = (el) => {
+    let d = el.tagName.toLowerCase();
+    if (el.id) d += '#' + el.id;
+    const cls = (typeof el.className === 'string' ? el.className : '').trim().split(/\s+/).filter(Boolean).slice(0, 3);
+    if (cls.length) d += '.' + cls.join('.');
+    const text = (el.innerText || el.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 50);
+    const h = heading(el);
+    return d + (h ? ` under "${h}"` : '') + (text ? `: "${text}"` : '');
+  };
+  const overflow = [];
+  const seen = new Set();
+  const SEL = 'table, pre, div.highlight, mjx-container[display="true"], div.math, .math-wrapper, ' +
+              'div.cell_output, div.output, .output_area, img, figure, svg';
+  for (const el of root.querySelectorAll(SEL)) {
+    if (!visible(el) || seen.has(el)) continue;
+    // an SVG inside MathJax is measured through its mjx-container
+    if (el.tagName.toLowerCase() === 'svg' && el.closest('mjx-container')) continue;
+    const parent = el.parentElement;
+    const box = el.getBoundingClientRect();
+    let cw = parent ? parent.clientWidth : box.width;
+    if (parent) {
+      const ps = getComputedStyle(parent);
+      cw -= (parseFloat(ps.paddingLeft) || 0) + (parseFloat(ps.paddingRight) || 0);
+    }
+    let why = null;
+    if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0) {
+      why = `scrollWidth ${el.scrollWidth} > clientWidth ${el.clientWidth}`;
+    } else if (cw > 0 && box.width > cw + 1) {
+      why = `width ${Math.round(box.width)} > container ${Math.round(cw)}`;
+    }
+    if (why) {
+      overflow.push({element: describe(el), why});
+      // report the innermost offender once: skip its descendants of the same kinds
+      el.querySelectorAll(SEL).forEach((c) => seen.add(c));
+    }
+  }
+  const pageWidth = document.documentElement.scrollWidth;
+  if (pageWidth > window.innerWidth + 1) {
+    overflow.push({element: 'page', why: `page scrollWidth ${pageWidth} > window ${window.innerWidth}`});
+  }
+
+  const junk = [];
+  const add = (kind, el, text) => junk.push({kind, element: describe(el), text: text.slice(0, 80)});
+  const PROGRESS = /\d{1,3}%\|[^|\n]{0,60}\|\s*\d+\/\d+|\d+(?:\.\d+)?\s*(?:it|s)\/(?:it|s)\]|[█▏▎▍▌▋▊▉]{3,}/;
+  const PATH = /(?:^|[\s'"(=:,\[])(\/(?:work|tmp|root|home|Users|private\/var)\/[^\s'"<>)]*)/;
+  const NAN = /(?:^|[^\w.])(nan|NaN)(?![\w.])/;
+  const NONE = /(?:[=:(,\[]\s*|\banswer\s+)None\b/;
+  const BARE = /^\s*(nan|NaN|None|<NA>|NaT)\s*$/;
+  // text blocks: paragraphs, list items, cells, output lines; code inputs are the author's code
+  const blocks = root.querySelectorAll('p, li, td, th, dd, dt, caption, figcaption, pre, h1, h2, h3, h4, span.pre, code');
+  for (const el of blocks) {
+    if (!visible(el)) continue;
+    const authored = el.closest('div.cell_input') ||
+                     (el.closest('[class*="highlight-"]') && !el.closest('div.cell_output, div.output'));
+    if (authored) {
+      // the author's code (a code cell's input, a code block of a page): `None`/`nan` are Python
+      // there; only absolute paths are junk
+      const t = el.innerText || '';
+      const m = PATH.exec(t);
+      if (m && el.tagName.toLowerCase() === 'pre') add('absolute path', el, m[1]);
+      continue;
+    }
+    // look at the element's own text lines only once: leaf-ish blocks
+    if (el.querySelector('p, li, td, pre, table')) continue;
+    const t = el.innerText || '';
+    let m;
+    if ((el.tagName === 'TD' || el.tagName === 'TH') && BARE.test(t)) { add('bare nan/None cell', el, t.trim()); continue; }
+    if ((m = PROGRESS.exec(t))) { add('progress bar', el, m[0]); continue; }
+    if ((m = PATH.exec(t))) { add('absolute path', el, m[1]); continue; }
+    const lines = t.split('\n');
+    const bare = lines.find((l) => BARE.test(l));
+    if (bare !== undefined && el.tagName === 'PRE') { add('bare nan/None line', el, bare.trim()); continue; }
+    if ((m = NAN.exec(t))) { add('nan in text', el, t.slice(Math.max(0, m.index - 30), m.index + 10)); continue; }
+    if ((m = NONE.exec(t))) { add('None in text', el, t.slice(Math.max(0, m.index - 30), m.index + 10)); continue; }
+  }
+  return {overflow, junk, pageWidth};
+}
+"""
+
 _META_REFRESH = re.compile(r"""<meta[^>]+http-equiv\s*=\s*["']?refresh""", re.IGNORECASE)
 
 
@@ -219,6 +328,7 @@ def _check_page(context, url: str, shot: Path, timeout_ms: int) -> dict:
     # The theme slides its sidebars in with CSS transitions: let them end (finite ones are also
     # fast-forwarded by animations="disabled"), else the screenshot catches them half-way.
     page.evaluate(_WAIT_ANIMATIONS, 5000)
+    inspected = page.evaluate(_INSPECT)
     shot.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(shot), full_page=True, animations="disabled")
     report = {
@@ -234,14 +344,32 @@ def _check_page(context, url: str, shot: Path, timeout_ms: int) -> dict:
         "mathjax": mathjax,
         "n_math": n_math,
         "warnings": warnings,
+        "overflow": inspected["overflow"],
+        "junk": inspected["junk"],
+        "page_width": inspected["pageWidth"],
         "screenshot": str(shot),
     }
     page.close()
     return report
 
 
+def all_pages(html_dir: str | os.PathLike) -> list[str]:
+    """Every content page of a built book, relative to ``html_dir``: the default pages first, then
+    the others in path order (not Sphinx's search/index pages, ``_static``, ``_sources`` or the
+    ``_modules`` source listings)."""
+    html_dir = Path(html_dir)
+    found = sorted(q.relative_to(html_dir).as_posix() for q in html_dir.rglob("*.html"))
+    found = [q for q in found if q not in NON_CONTENT and not any(part.startswith("_") for part in q.split("/"))]
+    first = [q for q in DEFAULT_PAGES if q in found]
+    return first + [q for q in found if q not in first]
+
+
+def page_ok(r: dict) -> bool:
+    return not (r["missing"] or r["external"] or r["overflow"] or r["junk"])
+
+
 def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
-               pages: tuple[str, ...] | list[str] = DEFAULT_PAGES, *,
+               pages: tuple[str, ...] | list[str] | None = None, *,
                chromium: str | os.PathLike | None = None, timeout_s: float = 60.0) -> dict:
     """Open ``pages`` of the site in ``html_dir`` in headless Chromium; screenshot them into ``out_dir``.
 
@@ -250,9 +378,10 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
     ``requests``, ``missing`` (URLs that failed or answered >= 400; ``missing_why`` maps each to
     the reason), ``external`` (URLs on a host other than 127.0.0.1/localhost: aborted, never sent),
     ``console_errors``, ``mathjax`` ("none", "done", "timeout" or "error: ..."), ``n_math`` (formulas
-    MathJax typeset), ``warnings`` (waits
-    that timed out) and ``screenshot``.
-    ``ok`` is True when no page has a missing asset or an external request.
+    MathJax typeset), ``warnings`` (waits that timed out), ``overflow`` and ``junk`` (lists of
+    ``{"element", "why"}`` and ``{"kind", "element", "text"}``; see the module's docstring),
+    ``page_width`` and ``screenshot``. ``pages`` defaults to every page (:func:`all_pages`).
+    ``ok`` is True when no page has a missing asset, an external request, an overflow or junk.
 
     Raises :class:`SiteCheckError` when the site is not built, Chromium is not installed or
     Playwright is not importable.
@@ -263,6 +392,8 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
         raise SiteCheckError(f"no index.html in {html_dir}: build the book first "
                              "(`make book`, or `ctrls reproduce --profile smoke`)")
     exe = find_chromium(chromium)
+    if pages is None:
+        pages = all_pages(html_dir)
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as e:  # pragma: no cover - dev extra not installed
@@ -285,7 +416,7 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
                 report["pages"][p] = _check_page(context, base + p.lstrip("/"), shot, timeout_ms)
         finally:
             context.close()
-    report["ok"] = all(not r["missing"] and not r["external"] for r in report["pages"].values())
+    report["ok"] = all(page_ok(r) for r in report["pages"].values())
     return report
 
 
@@ -296,13 +427,18 @@ def format_report(report: dict) -> str:
         lines.append(f"{page}: {r['title']!r} -> {r['final_url']}")
         lines.append(f"  {r['n_requests']} requests, {len(r['missing'])} missing, "
                      f"{len(r['external'])} external, {len(r['console_errors'])} console errors, "
-                     f"mathjax {r['mathjax']} ({r['n_math']} formulas)")
+                     f"mathjax {r['mathjax']} ({r['n_math']} formulas), "
+                     f"{len(r['overflow'])} overflowing, {len(r['junk'])} junk")
         lines += [f"  missing:  {u} ({r['missing_why'].get(u, '?')})" for u in r["missing"]]
         lines += [f"  external (blocked): {u}" for u in r["external"]]
         lines += [f"  console:  {m}" for m in r["console_errors"]]
         lines += [f"  warning:  {m}" for m in r["warnings"]]
+        lines += [f"  overflow: {page}: {o['element']} ({o['why']})" for o in r["overflow"]]
+        lines += [f"  junk:     {page}: {j['kind']} {j['text']!r} in {j['element']}" for j in r["junk"]]
         lines.append(f"  screenshot: {r['screenshot']}")
-    lines.append("OK" if report["ok"] else "FAILED: missing assets or external requests")
+    bad = [p for p, r in report["pages"].items() if not page_ok(r)]
+    lines.append("OK" if report["ok"] else f"FAILED ({len(bad)} of {len(report['pages'])} pages: "
+                 f"{', '.join(bad)}): missing assets, external requests, overflow or junk")
     return "\n".join(lines)
 
 
@@ -311,11 +447,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("html_dir", nargs="?", default="book/_build/html", help="the built site (default: %(default)s)")
     ap.add_argument("--out", default="book/_build/screenshots", help="where screenshots go (default: %(default)s)")
     ap.add_argument("--page", action="append", dest="pages", metavar="PATH",
-                    help=f"a page to open, relative to HTML_DIR (repeatable; default: {' '.join(DEFAULT_PAGES)})")
+                    help="a page to open, relative to HTML_DIR (repeatable; default: every page)")
     ap.add_argument("--json", action="store_true", help="print the full report as JSON")
     args = ap.parse_args(argv)
     try:
-        report = check_site(args.html_dir, args.out, tuple(args.pages or DEFAULT_PAGES))
+        report = check_site(args.html_dir, args.out, tuple(args.pages) if args.pages else None)
     except SiteCheckError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

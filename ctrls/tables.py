@@ -25,7 +25,7 @@ from ctrls.judge import CRITERIA, LABELS
 from ctrls.metrics import (bootstrap_ci, format_p, holm, paired_rate_difference, pass_at_k, rate_interval)
 from ctrls.power import wilson_interval
 from ctrls.paper import PAPER_TABLE3, paper_table1, paper_table2
-from ctrls.report import with_pct_ci
+from ctrls.report import ci_decimals, with_pct_ci
 from ctrls.settings import BASE, FIXED, parse_setting
 from ctrls.stages.exploration import load_samples
 from ctrls.stages.rl import load_table2_samples
@@ -284,9 +284,12 @@ def layout(t: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
-def _fmt(v: float, lo: float, hi: float, scale: float = 100.0, digits: int = 1, sign: bool = False) -> str:
+def _fmt(v: float, lo: float, hi: float, scale: float = 100.0, digits: int | None = None, sign: bool = False) -> str:
+    """``v [lo, hi]`` scaled; ``digits`` defaults to what the interval supports (``report.ci_decimals``)."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
+    if digits is None:
+        digits = ci_decimals(scale * lo, scale * hi)
     f = f"{{:{'+' if sign else ''}.{digits}f}}"
     return f"{f.format(scale * v)} [{f.format(scale * lo)}, {f.format(scale * hi)}]"
 
@@ -351,7 +354,7 @@ def diversity_view(t: pd.DataFrame) -> pd.DataFrame:
             "config": t.config, "questions": t.questions, "samples": t.samples}
     for name in ("distinct answers", "encoded-state entropy (bits)", "drawn-state entropy (bits)"):
         if name in t:
-            cols[name] = list(map(lambda *a: _fmt(*a, scale=1.0, digits=2), t[name], t[f"{name} lo"], t[f"{name} hi"]))
+            cols[name] = list(map(lambda *a: _fmt(*a, scale=1.0), t[name], t[f"{name} lo"], t[f"{name} hi"]))
     return pd.DataFrame(cols)
 
 
@@ -488,4 +491,14 @@ def table3_vs_paper(judged: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """Table 3: our rubric scores (mean [95% interval]) beside the paper's GPT-4 scores, by setting;
     a setting in only one of the two has empty cells in the other's columns."""
     ours = rubric_table(judged, seed=seed).rename(columns={"config": "setting"})
+    scores = pd.unique(judged[list(CRITERIA)].to_numpy().ravel())
+    if len(judged) and len(scores) == 1:
+        # every score equal: our columns would all read "x [x, x]"; one sentence says so instead
+        keep = ours[["setting", "n"]].rename(columns={"n": "n (ours)"})
+        out = keep.merge(PAPER_TABLE3, on="setting", how="outer")
+        out.attrs["note"] = (f"Our judge gave every one of its {len(judged)} outputs ({judged.config.nunique()} settings) "
+                             f"the same score, {scores[0]:g}, on all {len(CRITERIA)} criteria, so our score columns "
+                             "would all read the same with zero-width intervals; they are left out, and the "
+                             "paper's scores are shown alone.")
+        return out
     return ours.merge(PAPER_TABLE3, on="setting", how="outer", suffixes=(" (ours)", " (paper)"))

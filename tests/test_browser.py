@@ -1,6 +1,7 @@
-"""The built book in a real browser: Debian's headless Chromium (driven by Playwright) opens the
-smoke book's index and Table 1 pages, screenshots them, and finds no missing asset and no request
-leaving localhost. A hand-made broken site proves that the checker does fail.
+"""The built book in a real browser: Debian's headless Chromium (driven by Playwright) opens every
+page of the smoke book at 1280 px, screenshots it, and finds no missing asset, no request leaving
+localhost, nothing wider than its container and no junk text (progress bars, nan/None, build paths).
+Hand-made broken sites prove that the checker does fail, naming the page and the element.
 
 Without /usr/bin/chromium these tests fail (`apt-get install -y chromium`; `make test` installs it),
 unless CTRLS_SKIP_BROWSER=1, where they skip.
@@ -51,6 +52,9 @@ def test_smoke_book_in_chromium(chromium, smoke_book, tmp_path):
     index = report["pages"]["index.html"]
     table1 = report["pages"]["generated/02_exploration.html"]
 
+    assert len(report["pages"]) >= 10, summary  # every page, not just the two named here
+    for r in report["pages"].values():
+        assert r["overflow"] == [] and r["junk"] == [], summary
     for r in (index, table1):
         assert r["missing"] == [], summary
         assert r["external"] == [], summary
@@ -67,7 +71,9 @@ def test_smoke_book_in_chromium(chromium, smoke_book, tmp_path):
     assert any("/mathjax/tex-chtml.js" in u for u in index["requests"]), summary
     assert any("/mathjax/output/chtml/fonts/" in u for u in index["requests"]), summary
     assert table1["mathjax"] in ("none", "done") and not table1["warnings"], summary
-    assert any("/_images/" in u for u in table1["requests"]), summary  # the pass@k figure
+    # the figures are served by the book itself (the pass@k figure is a sentence when every value is equal)
+    pretraining = report["pages"]["generated/01_pretraining.html"]
+    assert any("/_images/" in u for u in pretraining["requests"]), summary
 
     for r, name in ((index, "index.png"), (table1, "table1.png")):
         shot = tmp_path / "shots" / name
@@ -124,3 +130,74 @@ def test_checker_reports_missing_and_external_assets(chromium, tmp_path):
     assert _Canary.hits == []  # aborted in the browser: the request never left
     assert not any(u.endswith("/present.css") for u in r["missing"])
     assert os.path.getsize(r["screenshot"]) > 0
+
+
+_WIDE_PAGE = """<!doctype html>
+<html><head><title>Wide page</title>
+<style>article {{ width: 600px; }} pre, div.math {{ overflow-x: auto; }} .wide {{ white-space: nowrap; }}</style>
+</head><body><main><article>
+<h2>Table 1</h2>
+<table id="t1"><tr><td class="wide">{cells}</td></tr></table>
+<h2>Code</h2>
+<pre id="code1">{code}</pre>
+<h2>Math</h2>
+<div class="math" id="eq1"><span class="wide">{math}</span></div>
+<h2>Junk</h2>
+<div class="cell_output"><pre id="bar">Executing:  40%|████      | 4/10 [00:04&lt;00:07,  1.23s/cell]</pre></div>
+<table id="t2"><tr><th>acc</th></tr><tr><td>nan</td></tr></table>
+<p id="ans">The normalised answer nan was wrong.</p>
+<p id="path">Runs are in /work/main/runs/smoke.</p>
+<div class="cell_output"><div class="output stream highlight-myst-ansi"><div class="highlight"><pre id="none">config = None</pre></div></div></div>
+</article></main>{page_wide}</body></html>
+"""
+
+_CLEAN_PAGE = """<!doctype html>
+<html><head><title>Clean page</title><style>article { width: 600px; }</style></head>
+<body><main><article>
+<h2>Results</h2>
+<table><tr><th>setting</th><th>pass@1</th></tr><tr><td>Base</td><td>0.20</td></tr></table>
+<p>None of the questions qualified. See https://example.org/tmp/x and arXiv 2507.08182.</p>
+<div class="cell_input"><pre>if x is None:\n    x = float("nan")</pre></div>
+<div class="highlight-python notranslate"><div class="highlight"><pre>y = None if z else float("nan")</pre></div></div>
+<pre>short code</pre>
+</article></main></body></html>
+"""
+
+
+def test_checker_reports_overflow_and_junk(chromium, tmp_path):
+    """Every kind of overflow and junk the check knows, each found and named on its page; a clean
+    page with look-alikes (prose 'None of', a URL with /tmp/, code input with None/nan) passes."""
+    from ctrls.sitecheck import check_site, format_report, main
+
+    site = tmp_path / "site"
+    (site / "generated").mkdir(parents=True)
+    (site / "bad.html").write_text(_WIDE_PAGE.format(
+        cells="x " * 400, code="y = 1  # " + "z" * 300, math="a + " * 200,
+        page_wide="<div style='width:2000px'>wide</div>"))
+    (site / "generated" / "clean.html").write_text(_CLEAN_PAGE)
+    (site / "index.html").write_text(_CLEAN_PAGE)
+    (site / "search.html").write_text(_WIDE_PAGE.format(cells="", code="", math="", page_wide=""))
+
+    report = check_site(site, tmp_path / "shots", chromium=chromium, timeout_s=30)
+    summary = format_report(report)
+    assert list(report["pages"]) == ["index.html", "bad.html", "generated/clean.html"], summary  # no search.html
+    assert not report["ok"]
+    assert main([str(site), "--out", str(tmp_path / "shots2")]) == 1
+
+    bad = report["pages"]["bad.html"]
+    over = " | ".join(o["element"] for o in bad["overflow"])
+    assert 'table#t1 under "Table 1"' in over, summary
+    assert 'pre#code1 under "Code"' in over, summary
+    assert 'div#eq1.math under "Math"' in over, summary
+    assert any(o["element"] == "page" for o in bad["overflow"]), summary
+    kinds = {(j["kind"], j["element"].split(" ")[0]) for j in bad["junk"]}
+    assert ("progress bar", "pre#bar") in kinds, summary
+    assert ("bare nan/None cell", "td") in kinds, summary
+    assert ("nan in text", "p#ans") in kinds, summary
+    assert ("absolute path", "p#path") in kinds, summary
+    assert ("None in text", "pre#none") in kinds, summary
+    assert "bad.html: table#t1" in summary and "FAILED (1 of 3 pages: bad.html)" in summary, summary
+
+    for clean in ("index.html", "generated/clean.html"):
+        r = report["pages"][clean]
+        assert r["overflow"] == [] and r["junk"] == [], summary

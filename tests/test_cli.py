@@ -26,6 +26,26 @@ def test_settle_streams_keeps_each_progress_bar_final_state(tmp_path):
     assert outs[3].text == "c\nd\n"  # consecutive outputs of one stream are joined
 
 
+
+def test_settle_streams_drops_progress_only_stderr_and_hides_injected_parameters(tmp_path):
+    bars = ["\rpretrain:   0%|          | 0/3 [00:00<?, ?it/s]",
+            "\rpretrain: 100%|██████████| 3/3 [00:01<00:00,  2.10it/s]", "\n"]
+    warn = "UserWarning: something a reader should see\n"
+    params = new_code_cell('run_dir = "/tmp/x/runs"', metadata={"tags": ["injected-parameters"]})
+    cell = new_code_cell("x", outputs=[new_output("stream", name="stderr", text=t) for t in bars]
+                         + [new_output("display_data", data={"text/plain": "table"}),
+                            new_output("stream", name="stderr", text=warn)])
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(new_notebook(cells=[params, cell]), str(path))
+
+    settle_streams(path)
+
+    nb = nbformat.read(str(path), as_version=4)
+    assert nb.cells[0].metadata.tags == ["injected-parameters", "remove-cell"]
+    outs = nb.cells[1].outputs
+    assert [o.output_type for o in outs] == ["display_data", "stream"]  # the bars are gone
+    assert outs[1].text == warn
+
 # ---- config errors at the command line, and overrides with spaces ---------------------------
 
 import json  # noqa: E402

@@ -3,23 +3,17 @@ it names exists, carries its tag in a comment on a line of its source, and every
 import ast
 import importlib
 import inspect
-import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ROW = re.compile(r"^\| (?P<paper>[^|]+) \| [^|]+ \| `(?P<file>ctrls/[\w/]+\.py)::(?P<obj>[\w.]+)` \| `(?P<tag>[^`]+)` "
-                 r"\| `(?P<test>tests/\w+\.py)::(?P<fn>\w+)` \|$")
 
 
 def index_rows() -> list[dict]:
-    text = (ROOT / "book" / "method.md").read_text()
-    section = text[text.index("## Where each piece lives"):]
-    rows = [m.groupdict() for line in section.splitlines() if (m := ROW.match(line))]
-    body = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| paper")]
-    assert len(rows) == len(body), "an index row does not parse: " + repr(set(body) - {r for r in body if ROW.match(r)})
-    return rows
+    from ctrls.codeindex import index_rows as rows
+
+    return rows(ROOT / "book" / "method.md")
 
 
 def test_the_index_covers_the_papers_objects():
@@ -40,3 +34,16 @@ def test_each_function_exists_carries_its_tag_and_has_its_test(row):
     tree = ast.parse((ROOT / row["test"]).read_text())
     names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     assert row["fn"] in names, f"{row['test']} has no {row['fn']}"
+
+
+def test_each_code_name_links_to_its_source_section(tmp_path):
+    from ctrls.codeindex import src_label, write_code_page
+
+    rows = index_rows()
+    for r in rows:
+        assert r["link"] == src_label(r["file"], r["obj"]), r
+    (tmp_path / "method.md").write_text((ROOT / "book" / "method.md").read_text())
+    page = write_code_page(tmp_path).read_text()
+    for r in rows:
+        assert f"({r['link']})=\n## `{r['file']}::{r['obj']}`" in page, r
+    assert "def spectral_embedding(" in page and "def reinforce_loss(" in page

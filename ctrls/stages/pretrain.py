@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from ctrls.backbone import Backbone
 from ctrls.config import Config
 from ctrls.data import problems_from_config
+from ctrls.display import interval
 from ctrls.elbo import elbo, relaxed_loss, relaxed_terms
 from ctrls.model import CTRLSConfig, CTRLSModel
 from ctrls.policy import fit_transitions, kl_to_prior
@@ -88,7 +89,7 @@ class PretrainRun:
         h = h[h.epoch.isin([h.epoch.min(), h.epoch.max()])].reset_index(drop=True)
         t = pd.DataFrame({"epoch": h.epoch, "split": h.split, "questions": h.questions, "steps": h.steps,
                           "tokens": h.tokens, "ELBO / step": h.elbo_per_step.round(2),
-                          "95% CI": [f"[{lo:.2f}, {hi:.2f}]" for lo, hi in zip(h.elbo_per_step_lo, h.elbo_per_step_hi)],
+                          "95% CI": [interval(lo, hi) for lo, hi in zip(h.elbo_per_step_lo, h.elbo_per_step_hi)],
                           "ELBO / token": h.elbo_per_token.round(3), "E_Q log P / token": h.rec_per_token.round(3),
                           "E KL / step": h.kl_per_step.round(3), "relaxed / step": h.relaxed_per_step.round(2),
                           "mean-z log P / token": h.relaxed_rec_per_token.round(3),

@@ -1,0 +1,30 @@
+"""How a case study is shown (ctrls.cases.trace_html): TeX typeset, answers normalised, steps not
+renumbered, the state label explained."""
+import pandas as pd
+
+from ctrls.cases import shown_answer, tex_html, trace_html
+
+
+def row(**kw):
+    base = {"steps": ["1. Add 3 and 4.", "The answer is 7."], "states": [2, 5], "pred": "7", "correct": True,
+            "valid": True, "config": "eps=0.1"}
+    return pd.Series({**base, **kw})
+
+
+def test_tex_is_typeset_and_dollar_amounts_are_not():
+    assert tex_html("If $a_4/a_2 = 3$, find $\\sqrt{x}$.") == "If \\(a_4/a_2 = 3\\), find \\(\\sqrt{x}\\)."
+    assert tex_html("She pays $5 and $10 < $20.") == "She pays $5 and $10 &lt; $20."
+    assert tex_html("For how many $x$ is it real?") == "For how many \\(x\\) is it real?"
+
+
+def test_the_answer_is_normalised_or_says_there_is_none():
+    assert shown_answer(row(pred=float("nan"))) == "no answer" and shown_answer(row(pred=None)) == "no answer"
+    assert shown_answer(row(pred="18 dollars.")) == "18"
+
+
+def test_trace_keeps_the_models_numbering_and_explains_states():
+    out = trace_html("Q with $x^2$", "7", row(pred=float("nan"), correct=False, valid=False), row())
+    assert "<ol" not in out and "1. Add 3 and 4." in out  # one numbering: the model's own
+    assert "s = 5" in out and "latent state" in out
+    assert "answer <code>no answer</code>" in out and "nan" not in out
+    assert "\\(x^2\\)" in out and "mathjax_process" in out
