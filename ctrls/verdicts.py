@@ -213,5 +213,6 @@ def scorecard_markdown(claims: list[Claim], where: str) -> str:
              "|---|---|---|---|"]
     for c in claims:
         esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
-        lines.append(f"| {esc(c.claim)} ({esc(c.source)}) | {esc(c.evidence)} | **{c.verdict}** | [{c.page}]({c.page}) |")
+        lines.append(f"| {esc(c.claim)} ({esc(c.source)}) | {esc(c.evidence)} | **{c.verdict}** | "
+                     f"{{doc}}`{c.page.rsplit('/', 1)[-1]} <{c.page}>` |")
     return "\n".join(lines) + "\n"
