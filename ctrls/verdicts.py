@@ -63,29 +63,32 @@ def box(sentences: list[str], title: str = "What this run shows") -> str:
 
 
 def exploration_sentences(table: pd.DataFrame, ablation: pd.DataFrame, control: pd.DataFrame) -> list[str]:
-    """Sentences from ``tables.table1``, ``tables.ablation_table`` and ``tables.controllability_table``."""
+    """Sentences from ``tables.table1``, ``tables.ablation_table`` and ``tables.controllability_table``,
+    each naming its dataset and temperature."""
     out = []
     base = table[table.config == "Base"]
+    where = lambda r: f"{r.dataset}, η = {r.temperature:g}"  # noqa: E731
     for _, b in base.iterrows():
-        out.append(f"Base at η = {b.temperature:g} solves {pct(b['pass@n'], b['pass@n lo'], b['pass@n hi'])} of "
+        out.append(f"{where(b)}: Base solves {pct(b['pass@n'], b['pass@n lo'], b['pass@n hi'])} of "
                    f"{b.questions} test questions in {b.samples} samples (pass@{b.samples}), and gives a valid final "
                    f"answer in {pct(b.succ, b['succ lo'], b['succ hi'])} of its samples (Succ.).")
     for _, r in table[table.p.notna()].iterrows():
         v = direction(r["Δ pass@n vs Base"], r["p (Holm)"])
-        out.append(f"{r.config} vs Base at η = {r.temperature:g}: pass@{r.samples} {pct(r['pass@n'])} vs "
-                   f"{pct(base[base.temperature == r.temperature]['pass@n'].iloc[0])}, "
+        b = base[(base.dataset == r.dataset) & (base.temperature == r.temperature)]["pass@n"]
+        vs = f" vs {pct(b.iloc[0])}" if len(b) else ""
+        out.append(f"{where(r)}: {r.config} vs Base, pass@{r.samples} {pct(r['pass@n'])}{vs}, "
                    f"{pts(r['Δ pass@n vs Base'], r['Δ lo'], r['Δ hi'])}, Holm-adjusted p = {format_p(r['p (Holm)'])}: "
                    f"**{v}**.")
     for _, r in ablation.iterrows():
         for m in ("pass@n", "Succ."):
             v = direction(r[f"Δ {m}"], r[f"p ({m}, Holm)"])
-            out.append(f"Ablation, {r.comparison} (η = {r.temperature:g}), {m}: "
+            out.append(f"{where(r)}: ablation, {r.comparison}, {m}: "
                        f"{pts(r[f'Δ {m}'], r[f'Δ {m} lo'], r[f'Δ {m} hi'])}, Holm-adjusted p = "
                        f"{format_p(r[f'p ({m}, Holm)'])}: **{v}**.")
     if "Δ vs Base" in control:
         for _, r in control.iterrows():
             v = direction(r["Δ vs Base"], r["p (Holm)"])
-            out.append(f"Controllability, {r.config} (η = {r.temperature:g}): {pct(r['follows'])} of {r.steps} steps "
+            out.append(f"{where(r)}: controllability, {r.config}: {pct(r['follows'])} of {r.steps} steps "
                        f"land in the state they were generated under, vs {pct(r['Base, random states'])} for Base "
                        f"steps paired with random states (chance 1/K = {pct(r.chance)}): "
                        f"{pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}, Holm-adjusted p = {format_p(r['p (Holm)'])}: "

@@ -62,16 +62,16 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
     else:
         t1 = tables.table1(samples, seed=cfg.seed)
         rows = t1[t1.p.notna() & ~t1.config.isin(["fixed s0"])]
-        ev = "; ".join(f"{r.config} (η={r.temperature:g}): {pts(r['Δ pass@n vs Base'], r['Δ lo'], r['Δ hi'])}"
+        ev = "; ".join(f"{r.dataset} {r.config} (η={r.temperature:g}): {pts(r['Δ pass@n vs Base'], r['Δ lo'], r['Δ hi'])}"
                        for _, r in rows.iterrows())
         v = _combine([claim_verdict(r["Δ pass@n vs Base"], r["p (Holm)"]) for _, r in rows.iterrows()])
         out.append(Claim("ε-greedy state transitions raise pass@n over Base", "Table 1, Sec. 6.2",
-                         f"pass@{int(t1.samples.max())} vs Base on {int(t1.questions.max())} questions: {ev}",
+                         f"pass@{int(t1.samples.max())} vs Base ({', '.join(f'{d}: {n} questions' for d, n in t1.groupby('dataset').questions.max().items())}): {ev}",
                          v + (_mdd_note(mdd, "pass@n") if v == "not shown" else ""), page1))
         ab = tables.ablation_table(samples, seed=cfg.seed)
         ab = ab[ab.comparison.str.endswith("− fixed s0")] if not ab.empty else ab
         if not ab.empty:
-            ev = "; ".join(f"{r.comparison} (η={r.temperature:g}): {pts(r['Δ pass@n'], r['Δ pass@n lo'], r['Δ pass@n hi'])}"
+            ev = "; ".join(f"{r.dataset} {r.comparison} (η={r.temperature:g}): {pts(r['Δ pass@n'], r['Δ pass@n lo'], r['Δ pass@n hi'])}"
                            for _, r in ab.iterrows())
             v = _combine([claim_verdict(r["Δ pass@n"], r["p (pass@n, Holm)"]) for _, r in ab.iterrows()])
             out.append(Claim("the gain comes from the state transitions, not the adapter alone",
@@ -79,7 +79,7 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
                              v + (_mdd_note(mdd, "ablation") if v == "not shown" else ""), page1))
         ct = tables.controllability_table(samples, seed=cfg.seed)
         if "Δ vs Base" in ct:
-            ev = "; ".join(f"{r.config}: {100 * r.follows:.1f}% vs {100 * r['Base, random states']:.1f}%, "
+            ev = "; ".join(f"{r.dataset} {r.config}: {100 * r.follows:.1f}% vs {100 * r['Base, random states']:.1f}%, "
                            f"{pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}" for _, r in ct.iterrows())
             v = _combine([claim_verdict(r["Δ vs Base"], r["p (Holm)"]) for _, r in ct.iterrows()])
             out.append(Claim("generation follows the sampled latent state", "Eq. 7",
