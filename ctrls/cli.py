@@ -80,6 +80,9 @@ def notebook_params(profile: str, run_dir: str, overrides: list[str], force: boo
 
 
 # A tqdm line: "desc:  40%|████      | 4/10 [00:04<00:07,  1.23s/cell]", or one without a total.
+# a library's FutureWarning/DeprecationWarning as Python prints it: "<file>.py:<line>: FutureWarning: ..."
+# and the source line under it (it names this machine's site-packages path)
+DEPRECATION = re.compile(r"^\S+\.py:\d+: (?:Future|Deprecation)Warning: .*\n(?:[ \t]+.*\n?)?", re.MULTILINE)
 PROGRESS_LINE = re.compile(r"^.*(?:\d{1,3}%\|.*\||\d+(?:\.\d+)?\s*(?:it|s|cell)/(?:it|s|cell)\]).*$", re.MULTILINE)
 
 
@@ -90,7 +93,8 @@ def settle_streams(path: Path) -> None:
     would print each refresh of a progress bar on a line of its own. Consecutive outputs of one
     stream are joined and each line keeps only the text after its last carriage return: the bar's
     final state, with the rest of the output untouched. A stderr output that holds nothing but
-    progress bars is then dropped (the book shows results, not progress), and papermill's
+    progress bars is then dropped, and progress-bar lines and libraries' Future/DeprecationWarnings
+    are cut from any other stderr output (the book shows results, not progress or library notices), and papermill's
     ``injected-parameters`` cell, which holds this machine's absolute run directory, is tagged
     ``remove-cell``.
     """
@@ -109,9 +113,12 @@ def settle_streams(path: Path) -> None:
             if o.output_type == "stream" and "\r" in o.text:
                 o.text = "\n".join(next((seg for seg in reversed(line.split("\r")) if seg), "")
                                    for line in o.text.split("\n"))
-        merged = [o for o in merged if not (o.output_type == "stream" and o.name == "stderr"
-                                            and PROGRESS_LINE.search(o.text)
-                                            and not PROGRESS_LINE.sub("", o.text).strip())]
+        for o in merged:  # progress-bar lines and library deprecation notices go from stderr
+            if o.output_type == "stream" and o.name == "stderr":
+                o.text = DEPRECATION.sub("", o.text)
+                if PROGRESS_LINE.search(o.text):
+                    o.text = "\n".join(line for line in o.text.split("\n") if not PROGRESS_LINE.search(line))
+        merged = [o for o in merged if not (o.output_type == "stream" and o.name == "stderr" and not o.text.strip())]
         if "outputs" in cell:
             cell.outputs = merged
         # papermill's injected parameters hold this machine's absolute run directory: not for the book

@@ -27,12 +27,21 @@ from ctrls.metrics import format_p, holm, paired_rate_difference
 ALPHA = 0.05
 
 
+def _missing(*v) -> bool:
+    return any(x is None or (isinstance(x, float) and math.isnan(x)) for x in v)
+
+
 def pts(d: float, lo: float, hi: float) -> str:
-    """A difference of fractions in points with its interval: "+3.1 points [−8.0, +14.2]"."""
+    """A difference of fractions in points with its interval: "+3.1 points [−8.0, +14.2]"; "not
+    computed" when a value is missing."""
+    if _missing(d, lo, hi):
+        return "not computed"
     return f"{100 * d:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]".replace("-", "−")
 
 
 def pct(v: float, lo: float | None = None, hi: float | None = None) -> str:
+    if _missing(v) or (lo is not None and _missing(lo, hi)):
+        return "not computed"
     s = f"{100 * v:.1f}%"
     return s if lo is None else f"{s} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
@@ -86,7 +95,7 @@ def exploration_sentences(table: pd.DataFrame, ablation: pd.DataFrame, control: 
                        f"{pts(r[f'Δ {m}'], r[f'Δ {m} lo'], r[f'Δ {m} hi'])}, Holm-adjusted p = "
                        f"{format_p(r[f'p ({m}, Holm)'])}: **{v}**.")
     if "Δ vs Base" in control:
-        for _, r in control.iterrows():
+        for _, r in control[control["Δ vs Base"].notna()].iterrows():
             v = direction(r["Δ vs Base"], r["p (Holm)"])
             out.append(f"{where(r)}: controllability, {r.config}: {pct(r['follows'])} of {r.steps} steps "
                        f"land in the state they were generated under, vs {pct(r['Base, random states'])} for Base "

@@ -146,3 +146,19 @@ def test_verify_references_with_an_unknown_dataset_or_split_is_one_line(argv, wh
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ctrls verify-references: data error: ") and what in lines[0]
+
+
+def test_settle_streams_cuts_bars_and_deprecation_notices_from_mixed_stderr(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    text = ("Loading weights: 100%|██████████| 272/272 [00:00<00:00, 7001.10it/s]\n"
+            "/tmp/x/site-packages/torch/nn/modules/module.py:1789: FutureWarning: `past_key_values` is deprecated\n"
+            "  return forward_call(*args, **kwargs)\n"
+            "WARNING ctrls.data: skipped 1 malformed row(s)\n")
+    nb = new_notebook(cells=[new_code_cell("x", outputs=[new_output("stream", name="stderr", text=text)])])
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, str(path))
+    settle_streams(path)
+    out = nbformat.read(str(path), as_version=4).cells[0].outputs
+    assert [o.text.strip() for o in out] == ["WARNING ctrls.data: skipped 1 malformed row(s)"]

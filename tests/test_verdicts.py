@@ -97,3 +97,10 @@ def test_pilot_is_read_at_the_profiles_difficulty(tmp_path):
     assert pilot(cfg, f)["pass@1"] == 0.2
     assert pilot(load_config("demo", ["data.word_problems.n_ops=3"]), f) is None  # not measured at that difficulty
     assert pilot(load_config("smoke"), f) is None  # not the word problems
+
+
+def test_missing_values_never_print_nan():
+    from ctrls.verdicts import pct, pts
+
+    assert pts(math.nan, 0.1, 0.2) == "not computed" and pct(0.5, math.nan, 0.6) == "not computed"
+    assert "nan" not in pts(0.1, -0.1, 0.3) + pct(0.25, 0.1, 0.4)

@@ -78,7 +78,8 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
                              "Sec. 4; our fixed-s0 ablation", f"pass@n: {ev}",
                              v + (_mdd_note(mdd, "ablation") if v == "not shown" else ""), page1))
         ct = tables.controllability_table(samples, seed=cfg.seed)
-        if "Δ vs Base" in ct:
+        ct = ct[ct["Δ vs Base"].notna()] if "Δ vs Base" in ct else ct
+        if "Δ vs Base" in ct and not ct.empty:
             ev = "; ".join(f"{r.dataset} {r.config}: {100 * r.follows:.1f}% vs {100 * r['Base, random states']:.1f}%, "
                            f"{pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}" for _, r in ct.iterrows())
             v = _combine([claim_verdict(r["Δ vs Base"], r["p (Holm)"]) for _, r in ct.iterrows()])
@@ -111,8 +112,9 @@ def synthetic_claims(cfg: Config) -> list[Claim]:
     except FileNotFoundError:
         return [Claim("the synthetic study's claims", "App. F, Sec. 6.4", "", NOT_RUN, page)]
     c = synthetic.claims(synthetic.run_summary(curves), recovery, cfg)
-    return [Claim(r.claim, f"synthetic; {r.paper}", f"{r.measure}: {r.value:g}, 95% CI {r['95% CI']}", r.verdict, page)
-            for _, r in c.iterrows()]
+    return [Claim(r.claim, f"synthetic; {r.paper}",
+                  f"{r.measure}: {'not computed' if pd.isna(r.value) else format(r.value, 'g')}, 95% CI {r['95% CI']}",
+                  r.verdict, page) for _, r in c.iterrows()]
 
 
 def paper_power_claim() -> Claim:
