@@ -58,8 +58,7 @@ def direction(d: float, p_adj: float, up: str = "higher", down: str = "lower",
 
 def claim_verdict(d: float, p_adj: float, side: int = 1) -> str:
     """'supported' / 'contradicted' / 'not shown' for a claimed direction ``side`` (+1: a rise)."""
-    v = direction(side * d, p_adj, "supported", "contradicted", "not shown")
-    return v
+    return direction(side * d, p_adj, "supported", "contradicted", "not shown")
 
 
 def box(sentences: list[str], title: str = "What this run shows") -> str:

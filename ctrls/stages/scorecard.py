@@ -182,7 +182,3 @@ def write_scorecard(cfg: Config, path: Path) -> Path:
 
 
 __all__ = ["demo_claims", "demo_power_table", "pilot", "power_note", "scorecard", "synthetic_claims", "write_scorecard"]
-
-
-def _frame(claims: list[Claim]) -> pd.DataFrame:  # for tests and notebooks
-    return pd.DataFrame([c.__dict__ for c in claims])
