@@ -50,7 +50,9 @@ def wilson_interval(x: int, n: int, alpha: float = ALPHA) -> tuple[float, float]
     p = x / n
     centre = p + z * z / (2 * n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+    lo, hi = (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+    # exact at the ends (rounding leaves lo ~ 1e-17 at x = 0), and never excluding the estimate
+    return (0.0 if x == 0 else min(lo, p)), (1.0 if x == n else max(hi, p))
 
 
 def newcombe_interval(x1: int, n1: int, x0: int, n0: int, alpha: float = ALPHA) -> tuple[float, float, float]:

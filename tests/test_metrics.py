@@ -88,6 +88,15 @@ from ctrls.metrics import format_p, holm, mcnemar_exact, paired_rate_difference,
 from ctrls.power import newcombe_interval, wilson_interval  # noqa: E402
 
 
+def test_wilson_ends_are_exact_and_contain_the_estimate():
+    # at x = 0 the closed form leaves ~1e-17 from rounding for some n; a table check lo <= p then fails
+    for n in [1, 2, 3, 7, 8, 12, 24, 40, 96, 4.5, 17.3]:
+        assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0
+        for x in [0, n / 3, n / 2, n]:
+            lo, hi = wilson_interval(x, n)
+            assert lo <= x / n <= hi
+
+
 def test_rate_interval_is_wilson_per_question_and_never_a_point():
     ones = np.ones(40)
     r = rate_interval(ones, ones)  # 40/40: the bootstrap gave [1, 1]

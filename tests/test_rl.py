@@ -246,7 +246,7 @@ def test_labels_merge_with_the_papers_tables_for_the_judge_pair():
 def test_the_judge_pair_is_named_or_the_only_one():
     from ctrls.settings import judge_pair
 
-    assert judge_pair(load_config("demo")) == ("smollm2-135m-instruct", "gsm8k")
+    assert judge_pair(load_config("demo")) == ("smollm2-135m-instruct", "word_problems")
     two = load_config("demo", ["grid.datasets=[gsm8k, math]"])
     with pytest.raises(ValueError, match="judge.pair is not set"):
         judge_pair(two)
