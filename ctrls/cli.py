@@ -82,7 +82,8 @@ def notebook_params(profile: str, run_dir: str, overrides: list[str], force: boo
 # A tqdm line: "desc:  40%|████      | 4/10 [00:04<00:07,  1.23s/cell]", or one without a total.
 # a library's FutureWarning/DeprecationWarning as Python prints it: "<file>.py:<line>: FutureWarning: ..."
 # and the source line under it (it names this machine's site-packages path)
-DEPRECATION = re.compile(r"^\S+\.py:\d+: (?:Future|Deprecation)Warning: .*\n(?:[ \t]+.*\n?)?", re.MULTILINE)
+# (it may start mid-line: a warning raised while a progress bar is drawn follows the bar's text)
+DEPRECATION = re.compile(r"[^\s\]]+\.py:\d+: (?:Future|Deprecation)Warning: [^\n]*\n(?:[ \t]+[^\n]*\n?)?")
 PROGRESS_LINE = re.compile(r"^.*(?:\d{1,3}%\|.*\||\d+(?:\.\d+)?\s*(?:it|s|cell)/(?:it|s|cell)\]).*$", re.MULTILINE)
 
 
@@ -109,13 +110,15 @@ def settle_streams(path: Path) -> None:
                 merged[-1].text += o.text
             else:
                 merged.append(o)
+        for o in merged:  # library notices first: one may sit between a bar's refreshes
+            if o.output_type == "stream" and o.name == "stderr":
+                o.text = DEPRECATION.sub("", o.text)
         for o in merged:
             if o.output_type == "stream" and "\r" in o.text:
                 o.text = "\n".join(next((seg for seg in reversed(line.split("\r")) if seg), "")
                                    for line in o.text.split("\n"))
         for o in merged:  # progress-bar lines and library deprecation notices go from stderr
             if o.output_type == "stream" and o.name == "stderr":
-                o.text = DEPRECATION.sub("", o.text)
                 if PROGRESS_LINE.search(o.text):
                     o.text = "\n".join(line for line in o.text.split("\n") if not PROGRESS_LINE.search(line))
         merged = [o for o in merged if not (o.output_type == "stream" and o.name == "stderr" and not o.text.strip())]

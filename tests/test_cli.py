@@ -162,3 +162,14 @@ def test_settle_streams_cuts_bars_and_deprecation_notices_from_mixed_stderr(tmp_
     settle_streams(path)
     out = nbformat.read(str(path), as_version=4).cells[0].outputs
     assert [o.text.strip() for o in out] == ["WARNING ctrls.data: skipped 1 malformed row(s)"]
+    # a notice raised while a bar is drawn: it follows the bar's text on its line, between refreshes
+    mid = ("\rpretrain:  50%|#####     | 1/2 [00:01<00:01,  1.20s/it]"
+           "/tmp/x/site-packages/torch/nn/modules/module.py:1789: FutureWarning: `past_key_values` is deprecated\n"
+           "  return forward_call(*args, **kwargs)\n"
+           "\rpretrain: 100%|##########| 2/2 [00:02<00:00,  1.10s/it]\n"
+           "kept 3 chains\n")
+    nb = new_notebook(cells=[new_code_cell("x", outputs=[new_output("stream", name="stderr", text=mid)])])
+    nbformat.write(nb, str(path))
+    settle_streams(path)
+    out = nbformat.read(str(path), as_version=4).cells[0].outputs
+    assert [o.text.strip() for o in out] == ["kept 3 chains"]
