@@ -61,7 +61,7 @@ def demo_prompt(bb) -> list[int]:
 
     cfg = load_config("demo")
     probs = load_problems("word_problems", "test", 1, seed=0, difficulty=cfg.data.word_problems.difficulty())
-    return prompt_ids(bb.tokenizer, probs[0].question, True, cfg.data.few_shot)
+    return prompt_ids(bb.tokenizer, probs[0].question, True, cfg.prompt.few_shot)
 
 
 def engine_run(bb, prompt, batch, new, model):
