@@ -172,6 +172,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         seconds[stage] = round(time.time() - ts, 1)
         print(f"[{i}/{len(stages)}] {stage} done in {seconds[stage]:.0f} s", flush=True)
     write_claims_scorecard(args, book)
+    write_timings_page(book / "generated" / "timings.md", args, seconds)
     from ctrls.codeindex import write_code_page
 
     write_code_page(book)  # the method page's index links to it
@@ -196,6 +197,31 @@ def write_claims_scorecard(args: argparse.Namespace, book: Path) -> Path:
     return path
 
 
+def peak_kernel_rss_gib() -> float:
+    """The peak resident memory of the largest finished child process (each notebook's kernel), GiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # kB on Linux
+
+
+def write_timings_page(path: Path, args: argparse.Namespace, seconds: dict[str, float]) -> Path:
+    """The intro page's "Time and memory" table: this build's seconds per notebook, measured by this
+    ``ctrls reproduce`` run (the book build itself is timed after the page is written: it is in
+    ``runs/<profile>/reproduce_timings.json``)."""
+    from ctrls.report import cpu_model, git_commit
+
+    rows = "\n".join(f"| {STAGES[k]} | {v:.0f} |" for k, v in seconds.items())
+    text = (f"This book's notebooks ran in **{sum(seconds.values()) / 60:.1f} minutes** on profile "
+            f"`{args.profile}`{' with overrides ' + ', '.join(f'`{o}`' for o in args.override) if args.override else ''} "
+            f"(commit `{git_commit()}`, {cpu_model() or platform.processor() or 'an unnamed CPU'}, "
+            f"{os.cpu_count()} cores); the largest notebook kernel peaked at {peak_kernel_rss_gib():.1f} GiB "
+            "of resident memory. A stage whose runs were already in the run directory was reused, so its "
+            "time is only what this build ran.\n\n| notebook | seconds |\n|---|---:|\n" + rows + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
 def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, float], total: float) -> None:
     """Write the wall time of each notebook and of the book build of this ``ctrls reproduce`` run,
     with the commit and the machine, to ``runs/<profile>/reproduce_timings.json`` (the intro page's
@@ -206,6 +232,7 @@ def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, floa
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"profile": args.profile, "overrides": list(args.override or []), "commit": git_commit(),
                                 "cpu": cpu, "cores": os.cpu_count(), "seconds": seconds, "total_s": round(total, 1),
+                                "peak_kernel_rss_gib": round(peak_kernel_rss_gib(), 2),
                                 "stages_reused": "runs already present are reused; rerun on an empty run_dir to time every stage"},
                                indent=1) + "\n")
 

@@ -281,7 +281,7 @@ def layout(t: pd.DataFrame) -> pd.DataFrame:
                          aggfunc="first", sort=False)
     wide = wide.swaplevel(0, 1, axis=1).sort_index(axis=1, level=0, sort_remaining=False)
     wide.index = wide.index.set_names(["η", "exploration"])
-    return wide
+    return wide.fillna("not run")  # a row a dataset has no samples for (the transfer rows run CTRLS and Base only)
 
 
 def _fmt(v: float, lo: float, hi: float, scale: float = 100.0, digits: int | None = None, sign: bool = False) -> str:

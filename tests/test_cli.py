@@ -173,3 +173,15 @@ def test_settle_streams_cuts_bars_and_deprecation_notices_from_mixed_stderr(tmp_
     settle_streams(path)
     out = nbformat.read(str(path), as_version=4).cells[0].outputs
     assert [o.text.strip() for o in out] == ["kept 3 chains"]
+
+
+def test_timings_page_lists_each_notebook_and_names_the_run(tmp_path):
+    import argparse
+
+    from ctrls.cli import STAGES, write_timings_page
+
+    args = argparse.Namespace(profile="demo", override=["rl.steps=5"])
+    page = write_timings_page(tmp_path / "generated" / "timings.md", args, {"setup": 32.3, "rl": 470.0})
+    text = page.read_text()
+    assert f"| {STAGES['setup']} | 32 |" in text and f"| {STAGES['rl']} | 470 |" in text
+    assert "**8.4 minutes**" in text and "`demo`" in text and "`rl.steps=5`" in text and "GiB" in text

@@ -76,6 +76,20 @@ def stage_summary(cfg: Config) -> dict:
 
 
 
+def sample_note(samples: pd.DataFrame, run: dict) -> str:
+    """The page's count of samples, per dataset (the transfer rows have their own questions and
+    rows), and the stage's wall time."""
+    parts = []
+    for ds, d in samples.groupby("dataset", sort=False):
+        n_q, n_t = d.question_id.nunique(), d.temperature.nunique()
+        n_s = int(d.groupby(["temperature", "config", "question_id"]).size().max())
+        parts.append(f"{ds}: {len(d)} = {n_q} test questions × {n_s} samples × {n_t} "
+                     f"temperature{'s' if n_t != 1 else ''} × {d.config.nunique()} rows")
+    wall, enc = run.get("wall_s", float("nan")), run.get("reencode_s", float("nan"))
+    return (f"{len(samples)} samples ({'; '.join(parts)}). The stage's last run took {wall:.0f} s, of which "
+            f"{enc:.0f} s re-encoded the steps for the controllability table.")
+
+
 def generation_rows(gens: list[Generation], problem, meta: dict) -> list[dict]:
     rows = []
     for g in gens:
