@@ -473,7 +473,9 @@ def _beside_paper(ours: pd.DataFrame, paper: pd.DataFrame, on: list[str]) -> dic
             name = PAPER_NAMES.get(pb, pb)
             cols = {"paper pass@20": f"{name} pass@20", "paper Succ.": f"{name} Succ."}
             t = t.merge(p[[*on, *cols]].rename(columns=cols), on=on, how="left")
-        out[f"ours: {b} × {ds}; paper: {', '.join(PAPER_NAMES.get(x, x) for x in paper.backbone.unique())} × {ds}"] = t
+        theirs = [PAPER_NAMES.get(x, x) for x in paper[paper.dataset == ds].backbone.unique()]
+        out[f"ours: {b} × {ds}; " + (f"paper: {', '.join(theirs)} × {ds}" if theirs else
+                                     f"the paper has no run on {ds}")] = t
     return out
 
 

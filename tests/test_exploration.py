@@ -281,3 +281,17 @@ def test_your_own_dataset_through_the_cli(tmp_path):
     assert df.question_id.nunique() == 3
     t = table1(df, n_boot=50)
     assert set(t.config) == {BASE, FIXED, "eps=0.1"} and t.questions.eq(3).all()
+
+
+def test_beside_paper_names_the_papers_runs_only_for_its_datasets():
+    from ctrls.tables import _beside_paper
+
+    row = {"backbone": "smollm2-135m-instruct", "config": "Base", "questions": 8, "samples": 4,
+           "pass@n": 0.5, "pass@n lo": 0.2, "pass@n hi": 0.8, "succ": 0.9, "succ lo": 0.7, "succ hi": 1.0}
+    ours = pd.DataFrame([{**row, "dataset": "gsm8k"}, {**row, "dataset": "word_problems"}])
+    paper = pd.DataFrame([{"backbone": "Qwen2.5-3B-Instruct", "dataset": "gsm8k", "config": "Base",
+                           "paper pass@20": 64.2, "paper Succ.": 91.8}])
+    out = _beside_paper(ours, paper, ["config"])
+    assert list(out) == ["ours: smollm2-135m-instruct × gsm8k; paper: Qwen2.5 × gsm8k",
+                         "ours: smollm2-135m-instruct × word_problems; the paper has no run on word_problems"]
+    assert out[next(iter(out))]["Qwen2.5 pass@20"].tolist() == [64.2]
