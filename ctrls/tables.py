@@ -497,7 +497,8 @@ def table3_vs_paper(judged: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     if len(judged) and len(scores) == 1:
         # every score equal: our columns would all read "x [x, x]"; one sentence says so instead
         keep = ours[["setting", "n"]].rename(columns={"n": "n (ours)"})
-        out = keep.merge(PAPER_TABLE3, on="setting", how="outer")
+        paper3 = PAPER_TABLE3.rename(columns={c: f"{c} (paper)" for c in PAPER_TABLE3.columns if c != "setting"})
+        out = keep.merge(paper3, on="setting", how="outer")
         out.attrs["note"] = (f"Our judge gave every one of its {len(judged)} outputs ({judged.config.nunique()} settings) "
                              f"the same score, {scores[0]:g}, on all {len(CRITERIA)} criteria, so our score columns "
                              "would all read the same with zero-width intervals; they are left out, and the "

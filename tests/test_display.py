@@ -62,6 +62,7 @@ def test_an_all_equal_judge_table_is_one_sentence_beside_the_papers_scores():
     t = table3_vs_paper(pd.DataFrame(rows), seed=0)
     assert "the same score, 5.5, on all 5 criteria" in t.attrs["note"], t.attrs
     assert not any("(ours)" in c and c != "n (ours)" for c in t.columns)
+    assert {f"{k} (paper)" for k in ("S", "A", "C", "H", "Overall")} <= set(t.columns)  # shown alone, still labelled
     rows[0][CRITERIA[0]] = 7.0
     t = table3_vs_paper(pd.DataFrame(rows), seed=0)
     assert "note" not in t.attrs and any("(ours)" in c for c in t.columns)
