@@ -43,10 +43,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.run_states:
         from ctrls.runs import load_torch
-        from ctrls.stages.pretrain import _transition_pairs
+        from ctrls.stages.pretrain import transition_pairs
 
         st = load_torch(args.run_states, weights_only=True)
-        prev, nxt = _transition_pairs(st)
+        prev, nxt = transition_pairs(st)
         h = st["heldout"]
         train, held = (prev[~h], nxt[~h]), (prev[h], nxt[h])
         K = st["s_post"].shape[1]

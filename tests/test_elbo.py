@@ -190,7 +190,7 @@ def test_stage_f_bounds_every_token_and_trains_on_the_training_split_only(small_
     """Stage (f)'s wiring on hand-made cached features: the held-out row sums Thm. 5.3's bound over
     every token of every held-out step, with s_0 before a first step; training batches truncate
     steps to max_tokens and hold no held-out question."""
-    from ctrls.stages.pretrain import _StepData, _batches, _transition_pairs, evaluate_bound
+    from ctrls.stages.pretrain import _StepData, _batches, transition_pairs, evaluate_bound
 
     bb = small_llama
     g = torch.Generator().manual_seed(0)
@@ -206,7 +206,7 @@ def test_stage_f_bounds_every_token_and_trains_on_the_training_split_only(small_
         index += [(q, 0, t) for t in range(len(lens))]
     states = {"index": torch.tensor(index), "s_post": torch.softmax(torch.randn(len(index), K, generator=g), -1),
               "s0": torch.softmax(torch.randn(3, K, generator=g), -1)}
-    prev, post = _transition_pairs(states)
+    prev, post = transition_pairs(states)
     data = _StepData(shards, post, prev, {tuple(x): r for r, x in enumerate(index)}, {"q2"})
     ad, C, L = _adapter(bb, std=0.05)
     row = evaluate_bound(ad, bb.lm_head, C, L, data, "heldout", batch_steps=2)

@@ -247,10 +247,11 @@ def test_the_judge_pair_is_named_or_the_only_one():
     from ctrls.settings import judge_pair
 
     assert judge_pair(load_config("demo")) == ("smollm2-135m-instruct", "word_problems")
-    two = load_config("demo", ["grid.datasets=[gsm8k, math]"])
+    two = load_config("demo", ["grid.datasets=[gsm8k, math]", "grid.transfer_datasets=[]"])
     with pytest.raises(ValueError, match="judge.pair is not set"):
         judge_pair(two)
-    assert judge_pair(load_config("demo", ["grid.datasets=[gsm8k, math]", "judge.pair=[smollm2-135m-instruct, math]"])) == \
+    assert judge_pair(load_config("demo", ["grid.datasets=[gsm8k, math]", "grid.transfer_datasets=[]",
+                                           "judge.pair=[smollm2-135m-instruct, math]"])) == \
         ("smollm2-135m-instruct", "math")
     from ctrls.config import ConfigError
     with pytest.raises(ConfigError, match="judge.pair"):  # refused when the config loads, before any stage

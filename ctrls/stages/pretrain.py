@@ -302,7 +302,7 @@ def cluster_states(cfg: Config, spectral_dir: Path, features_dir: Path, out: Pat
             "train_steps": int((~heldout).sum())}
 
 
-def _transition_pairs(states: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def transition_pairs(states: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(s_{t-1}, s_t) for every step; s_0 of the question precedes step 1."""
     idx, s_post, s0 = states["index"], states["s_post"], states["s0"]
     prev = torch.empty_like(s_post)
@@ -316,7 +316,7 @@ def _transition_pairs(states: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fit_transition_model(cfg: Config, states_dir: Path, out: Path) -> dict:
     st = load_torch(states_dir / "states.pt", weights_only=True)
-    prev, nxt = _transition_pairs(st)
+    prev, nxt = transition_pairs(st)
     train = ~st["heldout"]  # the held-out questions' steps stay out of the fit
     prev, nxt = prev[train], nxt[train]
     L, history = fit_transitions(prev, nxt, st["s_post"].shape[1], steps=cfg.policy.fit_steps,
@@ -362,7 +362,7 @@ class _StepData:
     @classmethod
     def load(cls, stages: dict[str, Stage]) -> "_StepData":
         st = torch.load(stages["states"].dir / "states.pt", weights_only=True)
-        prev, post = _transition_pairs(st)
+        prev, post = transition_pairs(st)
         held = {r for r, h in zip(st["index"][:, 0].tolist(), st["heldout"].tolist()) if h}
         shards = feature_shards(stages["features"].dir)
         return cls(shards, post, prev, {tuple(x): r for r, x in enumerate(st["index"].tolist())},
