@@ -6,6 +6,9 @@ repository root, so ``bench/`` is on ``sys.path``). Running this file does nothi
 """
 from __future__ import annotations
 
+import time
+
+import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -23,6 +26,16 @@ QUESTIONS = [
     "A shirt costs $25 and is on sale for 20% off. What is the sale price?",
     "Tom runs 3 km every weekday and 5 km each weekend day. How far does he run in a week?",
 ]
+
+
+def gemm_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> float:
+    """The GFLOP/s of an n x n matrix product in ``dtype`` on this machine (after one warm-up)."""
+    a = torch.randn(n, n, dtype=dtype)
+    a @ a
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ a
+    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
 
 
 def random_ctrls(bb, K: int = 16, k: int = 4, rank: int = 64) -> CTRLSModel:

@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from common import forced_params, random_ctrls
+from common import forced_params, gemm_gflops, random_ctrls
 from ctrls.backbone import load_backbone
 from ctrls.prompts import prompt_ids
 from ctrls.report import cpu_model
@@ -44,15 +44,6 @@ ATTN_PREFIX = ("aten::_scaled_dot_product", "aten::scaled_dot_product")
 
 def machine() -> dict:
     return {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__}
-
-
-def gemm_gflops(n=2048, reps=3):
-    a = torch.randn(n, n)
-    a @ a
-    t = time.perf_counter()
-    for _ in range(reps):
-        a @ a
-    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
 
 
 def demo_prompt(bb) -> list[int]:
@@ -140,7 +131,7 @@ def main():
     bb = load_backbone("smollm2-135m-instruct", device="cpu", dtype="float32")
     prompt = demo_prompt(bb)
     n_params = sum(p.numel() for p in bb.model.parameters())
-    gflops = gemm_gflops()
+    gflops = gemm_gflops(torch.float32)
     limit = gflops * 1e9 / (2 * n_params)  # tokens/s if every FLOP ran at the GEMM rate
     res = {"machine": machine(), "prompt_tokens": len(prompt), "batch": args.batch, "new": args.new,
            "gemm_gflops_fp32": gflops, "matmul_bound_tokens_per_s": limit}

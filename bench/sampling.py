@@ -22,19 +22,10 @@ import time
 
 import torch
 
-from common import QUESTIONS, CpuCopyCounter, DispatchCounter, forced_params, random_ctrls
+from common import QUESTIONS, CpuCopyCounter, DispatchCounter, forced_params, gemm_gflops, random_ctrls
 from ctrls.backbone import load_backbone
 from ctrls.prompts import prompt_ids
 from ctrls.sampling import sample, seeded
-
-
-def gemm_gflops(dtype, n=2048, reps=3):
-    a = torch.randn(n, n, dtype=dtype)
-    a @ a
-    t = time.perf_counter()
-    for _ in range(reps):
-        a @ a
-    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
 
 
 def hf_generate(bb, prompts, new, n=1):

@@ -117,7 +117,7 @@ def settle_streams(path: Path) -> None:
             if o.output_type == "stream" and "\r" in o.text:
                 o.text = "\n".join(next((seg for seg in reversed(line.split("\r")) if seg), "")
                                    for line in o.text.split("\n"))
-        for o in merged:  # progress-bar lines and library deprecation notices go from stderr
+        for o in merged:  # then progress-bar lines go from stderr
             if o.output_type == "stream" and o.name == "stderr":
                 if PROGRESS_LINE.search(o.text):
                     o.text = "\n".join(line for line in o.text.split("\n") if not PROGRESS_LINE.search(line))
@@ -197,6 +197,13 @@ def write_claims_scorecard(args: argparse.Namespace, book: Path) -> Path:
     return path
 
 
+def build_facts() -> dict:
+    """{commit, cpu, cores} of this build, for the timings page and ``reproduce_timings.json``."""
+    from ctrls.report import cpu_model, git_commit
+
+    return {"commit": git_commit(), "cpu": cpu_model() or platform.processor(), "cores": os.cpu_count()}
+
+
 def peak_kernel_rss_gib() -> float:
     """The peak resident memory of the largest finished child process (each notebook's kernel), GiB."""
     import resource
@@ -208,13 +215,12 @@ def write_timings_page(path: Path, args: argparse.Namespace, seconds: dict[str, 
     """The intro page's "Time and memory" table: this build's seconds per notebook, measured by this
     ``ctrls reproduce`` run (the book build itself is timed after the page is written: it is in
     ``runs/<profile>/reproduce_timings.json``)."""
-    from ctrls.report import cpu_model, git_commit
-
+    build = build_facts()
     rows = "\n".join(f"| {STAGES[k]} | {v:.0f} |" for k, v in seconds.items())
     text = (f"This book's notebooks ran in **{sum(seconds.values()) / 60:.1f} minutes** on profile "
             f"`{args.profile}`{' with overrides ' + ', '.join(f'`{o}`' for o in args.override) if args.override else ''} "
-            f"(commit `{git_commit()}`, {cpu_model() or platform.processor() or 'an unnamed CPU'}, "
-            f"{os.cpu_count()} cores); the largest notebook kernel peaked at {peak_kernel_rss_gib():.1f} GiB "
+            f"(commit `{build['commit']}`, {build['cpu'] or 'an unnamed CPU'}, "
+            f"{build['cores']} cores); the largest notebook kernel peaked at {peak_kernel_rss_gib():.1f} GiB "
             "of resident memory. A stage whose runs were already in the run directory was reused, so its "
             "time is only what this build ran.\n\n| notebook | seconds |\n|---|---:|\n" + rows + "\n")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -226,12 +232,9 @@ def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, floa
     """Write the wall time of each notebook and of the book build of this ``ctrls reproduce`` run,
     with the commit and the machine, to ``runs/<profile>/reproduce_timings.json`` (the intro page's
     timings come from such a file)."""
-    from ctrls.report import cpu_model, git_commit
-
-    cpu = cpu_model() or platform.processor()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"profile": args.profile, "overrides": list(args.override or []), "commit": git_commit(),
-                                "cpu": cpu, "cores": os.cpu_count(), "seconds": seconds, "total_s": round(total, 1),
+    path.write_text(json.dumps({"profile": args.profile, "overrides": list(args.override or []), **build_facts(),
+                                "seconds": seconds, "total_s": round(total, 1),
                                 "peak_kernel_rss_gib": round(peak_kernel_rss_gib(), 2),
                                 "stages_reused": "runs already present are reused; rerun on an empty run_dir to time every stage"},
                                indent=1) + "\n")
