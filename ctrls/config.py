@@ -188,6 +188,10 @@ class SamplingConfig:
     top_k: int = key(50, at_least(0))  # 0: no top-k filter
     max_new_tokens: int = key(256, at_least(1))
     batch_size: int = key(64, at_least(1))  # sequences decoded together
+    # engine: dense batch, finished rows dropped (fastest eager on CPU, bench/sampling.py); static: fixed
+    # shapes, one graph per step (ctrls.sampling, "The static path"); the same samples either way
+    decode: Literal["engine", "static"] = "engine"
+    compile: Literal["none", "default", "reduce-overhead"] = "none"  # static only; reduce-overhead: CUDA graphs
 
 
 @dataclass
@@ -362,6 +366,12 @@ def _check_group_baseline(cfg: Config) -> None:
                       "the leave-one-out baseline needs another trajectory of the same question")
 
 
+def _check_compile(cfg: Config) -> None:
+    if cfg.sampling.compile != "none" and cfg.sampling.decode != "static":
+        raise _refuse("sampling.compile", cfg.sampling.compile, "none with sampling.decode=engine",
+                      "the engine's shapes change every step; compile the static path (sampling.decode=static)")
+
+
 def _check_rl_temperature(cfg: Config) -> None:
     if cfg.rl.temperature not in cfg.grid.temperatures:
         raise _refuse("rl.temperature", cfg.rl.temperature, f"one of grid.temperatures {cfg.grid.temperatures}",
@@ -451,7 +461,7 @@ def _check_word_problems(cfg: Config) -> None:
 # Each takes the whole config and raises ConfigError naming the key it refuses.
 CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes,
                                                 _check_judge_pair, _check_generated_sizes, _check_pair_dirs,
-                                                _check_labels, _check_word_problems, _check_transfer]
+                                                _check_labels, _check_word_problems, _check_transfer, _check_compile]
 
 
 def validate(cfg: Config) -> Config:

@@ -10,7 +10,7 @@ first token) already use the new state. Without a CTRLS model the loop is plain 
 "Base" rows of the paper's tables.
 
 Each sequence stops on its own: at EOS, after the final-answer line, after T steps, or at
-``max_new_tokens``; finished rows are dropped from the batch (and from the cache).
+``max_new_tokens``; the engine drops finished rows from the batch (and from the cache).
 
 Randomness is per sample, not per batch. Sample m of prompt i draws every random number from a
 stream keyed by (seed_i, m) alone: its t-th token by Gumbel-max with counter-based noise
@@ -19,6 +19,34 @@ state draws from the same kind of stream keyed by (key, draw index) (``policy.sa
 vectorised over the rows). So a sample does not depend on
 its batch-mates, the batch size, the device's RNG or the process that draws it: data-parallel
 sharding (``ctrls.distributed``) reproduces a single-process run, up to floating-point batch effects.
+
+**The static path** (``SampleParams.decode = "static"``, config ``sampling.decode``).
+The engine (``_decode``) keeps the batch dense: its KV cache grows by one position per
+token and finished rows are dropped, so every step has new shapes and a host-side cache copy. That
+suits eager CPU decoding, but a step whose shapes change cannot be captured as one graph, and on a
+GPU the ~1,500 kernel launches of an eager step, not FLOPs or bandwidth, set the time
+(``bench/sampling.py``, ``bench/gpu_estimate.py``). Here every step has the same shapes:
+
+- the KV cache is transformers' ``StaticCache``: preallocated to ``width + max_new_tokens + 1``
+  positions, written in place at one shared position per step (prompts are left padded, so every
+  row of a group writes at the same index);
+- the attention mask is a preallocated (B, 1, 1, capacity) boolean buffer (transformers uses a 4-D
+  mask as given), with one column switched on per step;
+- batch slots are fixed: a finished row stays in its slot, masked out of everything the host reads,
+  until at most half the slots are live; then the live rows move to the smallest power-of-two
+  bucket that holds them, so a compiled step meets at most log2(B) + 2 shapes and the finished
+  rows' wasted work stays below the live rows' work;
+- the step (decoder body, the CTRLS adapter of Eq. 7, the LM head and its top-k) is a function of
+  tensors with no host synchronisation, compiled with ``torch.compile`` when ``sampling.compile``
+  asks for it (``reduce-overhead``: CUDA-graph capture); the Gumbel-max draw among the top k from
+  the counter-based streams follows it eagerly (``_step`` says why).
+
+Between steps the host does what the engine does, with the same functions: the stopping rules
+(``_advance``) and the state draws s_{t+1} ~ pi~(. | s_t) at step boundaries
+(``_redraw``, per-row policies and epsilon included). A sample is a function of its seed and
+index alone, so the two paths give the same samples, token for token, up to floating-point batch
+effects (attention over the whole capacity, masked, instead of the live prefix);
+``tests/test_static_decode.py`` compares them on tiny models and on the embedded backbone.
 """
 from __future__ import annotations
 
@@ -29,16 +57,18 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from ctrls.backbone import decoder_body
+from ctrls.backbone import Backbone, decoder_body
+from ctrls.kv_cache import PreallocatedLayer, fill_holes, new_cache, select_rows, static_cache
 from ctrls.streams import stream_key, stream_uniform
-from transformers.cache_utils import DynamicLayer
-
-from ctrls.backbone import Backbone
 from ctrls.prompts import ANSWER_LINE, newline_token_ids
 
 if TYPE_CHECKING:
     from ctrls.model import CTRLSModel
     from ctrls.policy import TransitionPolicy
+
+
+DECODE_PATHS = ("engine", "static")
+COMPILE_MODES = ("none", "default", "reduce-overhead")
 
 
 @dataclass
@@ -52,6 +82,16 @@ class SampleParams:
     stop_at_answer: bool = True  # stop after the final-answer line
     ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
     transitions: bool = True  # False: every step keeps the prompt's s_0 and no state is drawn (the "fixed s0" ablation)
+    decode: str = "engine"  # engine (dense, shrinking batch) | static (fixed shapes, one graph per step)
+    compile: str = "none"  # static path: none | default | reduce-overhead (torch.compile; CUDA graphs on a GPU)
+
+    def __post_init__(self):
+        if self.decode not in DECODE_PATHS:
+            raise ValueError(f"decode must be one of {DECODE_PATHS}, got {self.decode!r}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if self.compile != "none" and self.decode != "static":
+            raise ValueError(f"compile={self.compile!r} needs decode='static': the engine's shapes change every step")
 
 
 @dataclass
@@ -94,110 +134,6 @@ class _Row:
     epsilon: float | None = None  # this row's epsilon; None: params.epsilon
 
 
-class PreallocatedLayer(DynamicLayer):
-    """A KV-cache layer that writes into a preallocated buffer instead of ``torch.cat``.
-
-    transformers' ``DynamicLayer`` concatenates on every token, copying the whole cache each step
-    (on 2 CPU cores that copy took as long as every matmul of SmolLM2 together). Here the keys
-    and values are views of a buffer of ``capacity`` positions that grows by doubling if needed.
-    When rows end (``batch_select_indices``) only the kept rows' live prefix is copied.
-    """
-
-    def __init__(self, capacity: int = 256):
-        super().__init__()
-        self.capacity = capacity
-        self._k = self._v = None
-        self._len = 0
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        n = key_states.shape[-2]
-        if self._k is None or self._len + n > self._k.shape[-2]:
-            self._grow(max(self.capacity, 2 * self._len, self._len + n), key_states)
-        self._k[:, :, self._len:self._len + n] = key_states
-        self._v[:, :, self._len:self._len + n] = value_states
-        self._len += n
-        self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
-        return self.keys, self.values
-
-    def _grow(self, cap: int, like: torch.Tensor) -> None:
-        b, h, _, d = like.shape
-        k = like.new_empty((b, h, cap, d))
-        v = like.new_empty((b, h, cap, d))
-        if self._len:
-            k[:, :, :self._len] = self._k[:, :, :self._len]
-            v[:, :, :self._len] = self._v[:, :, :self._len]
-        self._k, self._v = k, v
-
-    def _reindex(self, indices: torch.Tensor) -> None:
-        """Row i of the cache becomes old row ``indices[i]``. Only the live prefix (``_len`` positions) of
-        the kept rows is copied, by ``index_select`` straight into a new buffer of the same capacity:
-        ``n x _len`` positions read and written, not the whole ``n x capacity`` buffer (the positions
-        after ``_len`` hold nothing yet)."""
-        if not self._len:
-            return
-        indices = indices.to(self._k.device)
-        for name in ("_k", "_v"):
-            old = getattr(self, name)
-            new = old.new_empty((len(indices),) + tuple(old.shape[1:]))
-            torch.index_select(old[:, :, :self._len], 0, indices, out=new[:, :, :self._len])
-            setattr(self, name, new)
-        self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
-
-    def _compact(self, keep: list[int]) -> None:
-        """Keep rows ``keep`` in place: row i <- row keep[i], where every keep[i] is i itself or a row at
-        or past len(keep) (``fill_holes`` orders them so), so no copy overwrites a row still to be
-        read and only the rows moved into holes are copied; then view the first len(keep) rows.
-        No allocation: on CPU a fresh buffer per finished row costs page faults on every position
-        of it (the kernel zeroes each new page), which took most of a decode's time."""
-        if self._len:
-            moves = [(i, src) for i, src in enumerate(keep) if src != i]
-            for name in ("_k", "_v"):
-                buf = getattr(self, name)
-                for i, src in moves:
-                    buf[i, :, :self._len].copy_(buf[src, :, :self._len])
-                setattr(self, name, buf[:len(keep)])
-            self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        if self._len:
-            self._reindex(torch.arange(self._k.shape[0], device=self._k.device).repeat_interleave(repeats))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        keep = indices.tolist()
-        n = len(keep)
-        if len(set(keep)) == n and all(src == i or src >= n for i, src in enumerate(keep)):  # fill_holes' order
-            self._compact(keep)
-        else:
-            self._reindex(indices)
-
-
-def fill_holes(keep: list[int], n_rows: int) -> list[int]:
-    """The rows ``keep`` (of ``n_rows``) in the order the cache keeps them in place: a kept row below
-    len(keep) stays where it is, and each hole below len(keep) takes a kept row from past it. A
-    sample does not depend on its row's position in the batch (its streams are keyed by its own
-    seed and index), so the order is free; this one moves only as many rows as finished."""
-    n = len(keep)
-    kept = set(keep)
-    tail = [j for j in keep if j >= n]
-    return [i if i in kept else tail.pop() for i in range(n)]
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove < 0 and self._len:
-            self._len = max(0, self._len + tokens_to_remove)
-            self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
-        else:
-            super().crop(tokens_to_remove)
-
-
-def new_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
-    """A ``DynamicCache`` whose full-attention layers are :class:`PreallocatedLayer`."""
-    cache = DynamicCache(config=model.config)
-    cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    return cache
-
-
 def _eos_ids(backbone: Backbone) -> set[int]:
     ids = {backbone.tokenizer.eos_token_id}
     gen = getattr(backbone.model, "generation_config", None)
@@ -209,13 +145,25 @@ def _eos_ids(backbone: Backbone) -> set[int]:
 def _pick(logits: torch.Tensor, temperature: float, top_k: int, keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """Next tokens: greedy at temperature 0, else a draw from softmax(top-k logits / temperature)
     by Gumbel-max with each row's own noise stream."""
+    return _draw_tokens(*_candidates(logits, temperature, top_k), temperature, keys, counters)
+
+
+def _candidates(logits: torch.Tensor, temperature: float, top_k: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(values, token ids) the draw chooses among: (None, argmax) at temperature 0, the top k (the
+    temperature does not change them), or (logits, None) for the whole vocabulary."""
     if temperature <= 0:
-        return logits.argmax(-1)
-    idx = None
-    vals = logits
+        return None, logits.argmax(-1)
     if top_k and top_k < logits.shape[-1]:
-        vals, idx = logits.topk(top_k, dim=-1)  # the temperature does not change the top k
-    u = stream_uniform(keys.to(logits.device), counters.to(logits.device), vals.shape[-1])
+        return logits.topk(top_k, dim=-1)
+    return logits, None
+
+
+def _draw_tokens(vals: torch.Tensor | None, idx: torch.Tensor | None, temperature: float, keys: torch.Tensor,
+                 counters: torch.Tensor) -> torch.Tensor:
+    """The Gumbel-max draw among ``_candidates`` with each row's counter-based noise."""
+    if vals is None:
+        return idx
+    u = stream_uniform(keys.to(vals.device), counters.to(vals.device), vals.shape[-1])
     choice = (vals.float() / temperature - torch.log(-torch.log(u)).float()).argmax(-1)
     return idx.gather(-1, choice[:, None]).squeeze(-1) if idx is not None else choice
 
@@ -302,17 +250,36 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
         flat = [(i, [m]) for i in range(len(prompts)) for m in ids[i]]
         groups = [flat[j:j + params.batch_size] for j in range(0, len(flat), params.batch_size)]
     for group in tqdm(groups, desc="sampling", unit="batch", disable=not progress):
-        gens = _decode(backbone, [prompts[i] for i, _ in group], [starts[i] for i, _ in group],
-                       [m for _, m in group], [seeds[i] for i, _ in group], [i for i, _ in group], params, model,
-                       [pol[i] for i, _ in group], [eps[i] for i, _ in group])
+        decode = _decode_static if params.decode == "static" else _decode
+        gens = decode(backbone, [prompts[i] for i, _ in group], [starts[i] for i, _ in group],
+                      [m for _, m in group], [seeds[i] for i, _ in group], [i for i, _ in group], params, model,
+                      [pol[i] for i, _ in group], [eps[i] for i, _ in group])
         for (i, _), gs in zip(group, gens):
             out[i].extend(gs)
     return out
 
 
-def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
-            seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams,
-            model: "CTRLSModel | None", policies: Sequence = (), epsilons: Sequence = ()) -> list[list[Generation]]:
+@dataclass
+class _Prefilled:
+    """A group's state after its prompts' prefill (``_prefill``): everything either decode loop needs."""
+
+    rows: list[_Row]
+    expand: torch.Tensor  # prompt of each row
+    cache: DynamicCache  # every row's prompt KV (rows expanded), ``width`` positions
+    width: int
+    attn: torch.Tensor  # (B, width) 1 on each row's prompt tokens (left padding is 0)
+    next_pos: torch.Tensor  # (B,) position id of each row's next token
+    h_last: torch.Tensor  # (B, d) last hidden state of each row's prompt
+    state: torch.Tensor | None  # (B, K) the state that conditions each row's first token (CTRLS)
+    is_nl: torch.Tensor  # (vocab,) bool
+    is_eos: torch.Tensor
+
+
+def _prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
+             seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams, model: "CTRLSModel | None",
+             policies: Sequence, epsilons: Sequence, capacity: int) -> _Prefilled:
+    """Prefill the distinct prompts once (left padded), expand each to its samples, encode s_0 and draw
+    s_1 (CTRLS): the part of a group's decoding that both loops share."""
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
@@ -322,7 +289,6 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     is_eos = torch.zeros(vocab, dtype=torch.bool)
     is_eos[list(_eos_ids(backbone))] = True
 
-    # ---- prefill the distinct prompts once (left padded) ------------------------------------
     width = max(len(p) for p in prompts)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -331,7 +297,7 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
         ids[i, width - len(p):] = torch.as_tensor(list(p))
         attn[i, width - len(p):] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    cache = new_cache(lm, width + params.max_new_tokens + 1)
+    cache = new_cache(lm, max(capacity, width))
     h = body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev),
              past_key_values=cache, use_cache=True).last_hidden_state
 
@@ -347,11 +313,6 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     if model is not None:
         s0 = model.encode([h[i, width - len(p) + st:] for i, (p, st) in enumerate(zip(prompts, starts))])
         state = s0[expand.to(s0.device)]
-    attn = attn[expand].to(dev)
-    next_pos = pos[expand, -1].to(dev) + 1
-    h_last = h[expand.to(h.device), -1]
-    active = list(range(len(rows)))  # row index of each batch position
-    if model is not None:
         for r, a in zip(rows, state):
             r.states.append(a.float().cpu())
         if params.transitions:
@@ -361,6 +322,74 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
         else:  # the fixed-s0 ablation: no state is drawn; s_0 is recorded for every step
             for r, b in zip(rows, state.float().cpu()):
                 r.states.append(b)
+    return _Prefilled(rows, expand, cache, width, attn[expand].to(dev), pos[expand, -1].to(dev) + 1,
+                      h[expand.to(h.device), -1], state, is_nl, is_eos)
+
+
+def _advance(rows: Sequence[_Row], active: Sequence[int], nxt: torch.Tensor, pre: _Prefilled, params: SampleParams,
+             tok) -> tuple[list[int], list[int]]:
+    """Append each active row's next token ``nxt[j]`` (row ``rows[active[j]]``) and apply the stopping
+    rules. Returns ``keep``, the positions j whose row goes on, and ``redraw``, the indices into
+    ``keep`` of the rows whose token closed a step (a new state is drawn for them)."""
+    keep, redraw = [], []
+    # python lists: the loop below reads one element per row, a tensor index per read costs a dispatch
+    toks, nl, eos = nxt.tolist(), pre.is_nl[nxt].tolist(), (pre.is_eos[nxt] & (not params.ignore_eos)).tolist()
+    for j, ri in enumerate(active):
+        r = rows[ri]
+        r.used_draws = len(r.log_actions)  # every draw so far conditioned this token (EOS included)
+        t = toks[j]
+        if eos[j]:
+            _end_step(r, tok)
+            r.finish = "eos"
+            continue
+        r.tokens.append(t)
+        new_step = False
+        if nl[j] and _close_step(r, tok):
+            text = tok.decode(r.tokens[r.spans[-1][0]:r.spans[-1][1]])
+            if params.stop_at_answer and ANSWER_LINE.search(text):
+                r.finish = "answer"
+            elif len(r.spans) >= params.max_steps:
+                r.finish = "max_steps"
+            else:
+                new_step = True
+        if r.finish is None and len(r.tokens) >= params.max_new_tokens:
+            _end_step(r, tok)
+            r.finish = "max_tokens"
+        if r.finish is None:
+            if new_step:
+                redraw.append(len(keep))
+            keep.append(j)
+    return keep, redraw
+
+
+def _redraw(model: "CTRLSModel", params: SampleParams, state: torch.Tensor, idx: Sequence[int],
+            redraw_rows: Sequence[_Row]) -> torch.Tensor:
+    """Draw s_{t+1} for the rows at batch positions ``idx`` whose step closed; returns the new state
+    tensor (with the fixed-s0 ablation the state stays s_0 and is recorded once per step)."""
+    at = torch.as_tensor(list(idx), device=state.device)
+    if params.transitions:
+        log_new = _draw_states(model, state[at], redraw_rows, params.epsilon)
+        _record_states(redraw_rows, log_new)
+        state = state.clone()
+        state[at] = log_new.exp().to(state.dtype)
+    else:
+        for r, b in zip(redraw_rows, state[at].float().cpu()):
+            r.states.append(b)
+    return state
+
+
+def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
+            seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams,
+            model: "CTRLSModel | None", policies: Sequence = (), epsilons: Sequence = ()) -> list[list[Generation]]:
+    """The engine: a growing KV cache whose finished rows are dropped from the batch (``fill_holes``)."""
+    tok, lm = backbone.tokenizer, backbone.model
+    dev = backbone.device
+    body, head = decoder_body(lm), lm.get_output_embeddings()
+    width = max(len(p) for p in prompts)
+    pre = _prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
+                   width + params.max_new_tokens + 1)
+    rows, cache, attn, next_pos, h_last, state = pre.rows, pre.cache, pre.attn, pre.next_pos, pre.h_last, pre.state
+    active = list(range(len(rows)))  # row index of each batch position
 
     for _ in range(params.max_new_tokens):
         hh = model.adapt(h_last, state) if model is not None else h_last
@@ -368,34 +397,7 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
         counters = torch.tensor([len(rows[ri].tokens) for ri in active], dtype=torch.int64)
         # a 3-D input takes a faster GEMM path than a (B, d) matrix on CPU
         nxt = _pick(head(hh[:, None])[:, 0], params.temperature, params.top_k, keys, counters).cpu()
-        keep, redraw = [], []
-        # python lists: the loop below reads one element per row, a tensor index per read costs a dispatch
-        toks, nl, eos = nxt.tolist(), is_nl[nxt].tolist(), (is_eos[nxt] & (not params.ignore_eos)).tolist()
-        for j, ri in enumerate(active):
-            r = rows[ri]
-            r.used_draws = len(r.log_actions)  # every draw so far conditioned this token (EOS included)
-            t = toks[j]
-            if eos[j]:
-                _end_step(r, tok)
-                r.finish = "eos"
-                continue
-            r.tokens.append(t)
-            new_step = False
-            if nl[j] and _close_step(r, tok):
-                text = tok.decode(r.tokens[r.spans[-1][0]:r.spans[-1][1]])
-                if params.stop_at_answer and ANSWER_LINE.search(text):
-                    r.finish = "answer"
-                elif len(r.spans) >= params.max_steps:
-                    r.finish = "max_steps"
-                else:
-                    new_step = True
-            if r.finish is None and len(r.tokens) >= params.max_new_tokens:
-                _end_step(r, tok)
-                r.finish = "max_tokens"
-            if r.finish is None:
-                if new_step:
-                    redraw.append(len(keep))
-                keep.append(j)
+        keep, redraw = _advance(rows, active, nxt, pre, params, tok)
         if not keep:
             break
         if len(keep) < len(active):
@@ -411,22 +413,17 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
             nxt = nxt[keep]
             active = [active[j] for j in keep]
         if model is not None and redraw:
-            idx = torch.as_tensor(redraw, device=dev)
-            redraw_rows = [rows[active[j]] for j in redraw]
-            if params.transitions:
-                log_new = _draw_states(model, state[idx], redraw_rows, params.epsilon)
-                _record_states(redraw_rows, log_new)
-                state = state.clone()
-                state[idx] = log_new.exp().to(state.dtype)
-            else:  # the fixed-s0 ablation: the state stays s_0, recorded once per step
-                for r, b in zip(redraw_rows, state[idx].float().cpu()):
-                    r.states.append(b)
+            state = _redraw(model, params, state, redraw, [rows[active[j]] for j in redraw])
         attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
         h_last = body(input_ids=nxt[:, None].to(dev), attention_mask=attn, position_ids=next_pos[:, None],
                       past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
         next_pos = next_pos + 1
+    return _generations(rows, pre.expand, len(prompts), tok)
 
-    gens: list[list[Generation]] = [[] for _ in prompts]
+
+def _generations(rows: Sequence[_Row], expand: torch.Tensor, n_prompts: int, tok) -> list[list[Generation]]:
+    """Each row's :class:`Generation`, grouped by prompt."""
+    gens: list[list[Generation]] = [[] for _ in range(n_prompts)]
     for r, i in zip(rows, expand.tolist()):
         if r.finish is None:  # loop ran out (max_new_tokens == 0)
             _end_step(r, tok)
@@ -464,6 +461,108 @@ def _end_step(r: _Row, tok) -> None:
         else:
             r.spans[-1] = (r.spans[-1][0], b)
         r.step_start = b
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _head_candidates(head, model, temperature: float, top_k: int, h: torch.Tensor,
+                     state: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The draw's candidates from last hidden states: the adapter (Eq. 7, CTRLS), the LM head, top-k."""
+    hh = model.adapt(h, state) if model is not None else h
+    return _candidates(head(hh[:, None])[:, 0], temperature, top_k)
+
+
+def _step(body, head, model, temperature: float, top_k: int, cache, ids: torch.Tensor, pos: torch.Tensor,
+          mask: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One static-shape decode step: consume tokens ``ids`` (B, 1) at positions ``pos`` (B, 1) into the
+    cache; return the next token's candidates (``_candidates``). Shapes depend on the bucket only and
+    nothing is read by the host. The draw itself (``_draw_tokens``, a few ops on B x top-k) runs
+    eagerly after it: inductor's CPU code for splitmix64's wrapping int64 arithmetic corrupted memory
+    (torch 2.13; ``free(): corrupted unsorted chunks``), and the draw is not where the time goes."""
+    h = body(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+             use_cache=True).last_hidden_state[:, -1]
+    return _head_candidates(head, model, temperature, top_k, h, state)
+
+
+def step_fn(mode: str):
+    """``_step``, eager (``none``) or compiled once per process and mode (``torch.compile``; inductor's
+    ``default`` or ``reduce-overhead``, which captures CUDA graphs on a GPU)."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"sampling.compile must be one of {COMPILE_MODES}, got {mode!r}")
+    if mode == "none":
+        return _step
+    if mode not in _COMPILED:
+        _COMPILED[mode] = torch.compile(_step, mode=mode, dynamic=False)
+    return _COMPILED[mode]
+
+
+def _bucket(live: int, slots: int) -> int:
+    """The slot count once only ``live`` of ``slots`` rows are live: the smallest power of two that
+    holds them, once they fill at most half the slots (else the slots stay)."""
+    return 1 << max(live - 1, 0).bit_length() if live <= slots // 2 else slots
+
+
+def _decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int],
+                  sample_ids: Sequence[list[int]], seeds: Sequence[int], prompt_index: Sequence[int],
+                  params: SampleParams, model: "CTRLSModel | None", policies: Sequence = (),
+                  epsilons: Sequence = ()) -> list[list[Generation]]:
+    """``_decode`` with static shapes (see "The static path" in the module docstring); the same arguments and result."""
+    tok, lm = backbone.tokenizer, backbone.model
+    dev = backbone.device
+    body, head = decoder_body(lm), lm.get_output_embeddings()
+    width = max(len(p) for p in prompts)
+    pre = _prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons, width)
+    rows, state = pre.rows, pre.state
+    cap = width + params.max_new_tokens + 1
+    cache = static_cache(lm.config, [(layer.keys, layer.values) for layer in pre.cache.layers], width, cap)
+    del pre.cache
+    n = len(rows)
+    mask = torch.zeros((n, 1, 1, cap), dtype=torch.bool, device=dev)
+    mask[:, 0, 0, :width] = pre.attn.bool()
+    next_pos = pre.next_pos.clone()
+    slot_row = list(range(n))  # the row in each slot (a finished row keeps its slot until the next bucket)
+    live = [True] * n
+    keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
+    step = step_fn(params.compile)
+    cur = width  # the cache position the next token is written to
+
+    def counters():
+        return torch.tensor([len(rows[ri].tokens) for ri in slot_row], dtype=torch.int64, device=dev)
+
+    nxt = _draw_tokens(*_head_candidates(head, model, params.temperature, params.top_k, pre.h_last, state),
+                       params.temperature, keys, counters())
+    for _ in range(params.max_new_tokens):
+        nxt = nxt.cpu()  # the step's one host read
+        slots = [s for s, on in enumerate(live) if on]
+        keep, redraw = _advance(rows, [slot_row[s] for s in slots], nxt[slots], pre, params, tok)
+        if not keep:
+            break
+        kept = {slots[j] for j in keep}
+        for s in slots:
+            live[s] = s in kept
+        redraw_slots = [slots[keep[k]] for k in redraw]
+        n_slots = _bucket(len(kept), len(slot_row))
+        if n_slots < len(slot_row):  # move the live rows (in slot order) to a smaller bucket
+            order = sorted(kept) + [s for s in range(len(slot_row)) if s not in kept][: n_slots - len(kept)]
+            at = {s: i for i, s in enumerate(order)}
+            redraw_slots = [at[s] for s in redraw_slots]
+            sel = torch.as_tensor(order, device=dev)
+            cache = select_rows(cache, lm.config, sel, cur)
+            mask, next_pos, keys, nxt = mask[sel].contiguous(), next_pos[sel], keys[sel], nxt[order]
+            if state is not None:
+                state = state[sel]
+            slot_row = [slot_row[s] for s in order]
+            live = [s in kept for s in order]
+        if model is not None and redraw_slots:
+            state = _redraw(model, params, state, redraw_slots, [rows[slot_row[s]] for s in redraw_slots])
+        mask[:, 0, 0, cur] = True
+        cand = step(body, head, model, params.temperature, params.top_k, cache, nxt[:, None].to(dev),
+                    next_pos[:, None], mask, state)
+        nxt = _draw_tokens(*cand, params.temperature, keys, counters())
+        next_pos = next_pos + 1
+        cur += 1
+    return _generations(rows, pre.expand, len(prompts), tok)
 
 
 def seeded(seed: int, device: str | torch.device = "cpu") -> torch.Generator:

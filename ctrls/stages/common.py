@@ -14,7 +14,8 @@ def sample_params(cfg: Config, temperature: float, **changes) -> SampleParams:
     (``epsilon``, ``transitions``, ...) on top."""
     s = cfg.sampling
     return SampleParams(temperature=temperature, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
-                        max_steps=cfg.prompt.max_steps, batch_size=s.batch_size, **changes)
+                        max_steps=cfg.prompt.max_steps, batch_size=s.batch_size, decode=s.decode,
+                        compile=s.compile, **changes)
 
 
 def backbone_for(cfg: Config, name: str | None = None) -> Backbone:
