@@ -32,7 +32,13 @@ Measured (per backbone):
    seconds to decode any L <= ``--new`` tokens are read off one run (``seconds_at``); beyond
    ``--new`` they are extrapolated with the slope of the run's last quarter (the cost of an
    iteration grows with the KV cache). The bare model's decode loop (``floor_*``) is the eager
-   model's own limit, for comparison.
+   model's own limit, for comparison. These runs use the engine (``decode="engine"``).
+   Engine against CUDA graphs (``--graph``, on by default; ``decode.engine_vs_graph``): the library's
+   ``sample()`` with ``SampleParams(decode="engine")`` and with ``decode="static",
+   compile="reduce-overhead"`` on the same prompts and seeds (Base and CTRLS at the batch of 160, CTRLS
+   at the RL batch; the static path runs once to compile and capture, then is timed): tokens/s of each,
+   their ratio and whether the tokens are equal (``graph_*``); ``estimate_graph`` is the estimate with
+   the static runs in place of the engine's (total times: a compiled step gets no per-iteration hooks).
 2. pretraining stages (b)-(f) of ``ctrls.pretrain`` run for real (``cache_features``,
    ``compute_spectral``, ``cluster_states``, ``fit_transition_model``, ``train_adapter``) on
    ``--pretrain-questions`` synthetic questions x 8 kept CoTs of ``--pretrain-tokens`` tokens, in a
@@ -67,8 +73,9 @@ the GPU waits; they are counted as wall time on the GPU machine.
         # vocabulary, 16 tokens per run, 2 synthetic questions; its numbers mean nothing
 
 Without a GPU, ``--analytic`` computes the hours instead of measuring them (a few minutes on a CPU,
-one thread; the model is in ``bench/gpuest/analytic.py``). Per backbone shape, one decode iteration
-on one H100 SXM costs max(bandwidth floor, compute floor, launch bound) + host-serial time, from:
+one thread; the eager model is in ``bench/gpuest/analytic.py``, the static CUDA-graph one in
+``bench/gpuest/graph.py``). Per backbone shape, one eager decode iteration on one H100 SXM costs
+max(bandwidth floor, compute floor, launch bound) + host-serial time, from:
 - the shape: parameters counted on the ``meta`` device, bf16 weights, KV bytes per token;
 - declared constants: the H100 SXM datasheet's 3.35 TB/s and 989 dense bf16 TFLOP/s, each times an
   efficiency (``--bw-efficiency``, ``--flops-efficiency``, 0.7), and a host overhead per kernel-launching
@@ -77,8 +84,14 @@ on one H100 SXM costs max(bandwidth floor, compute floor, launch bound) + host-s
   real width in bf16, our sampler (Base, CTRLS) and HF ``generate``, scaled to the real depth;
 - the sampler's host-serial loop over the rows after each token, timed on this CPU at the real batches;
 - the CPU stages (c)-(e), timed here at ``--cpu-probe-steps`` steps and scaled linearly.
+The static path (``sampling: {decode: static, compile: reduce-overhead}``, the paper profile's) costs
+max(bandwidth floor at the KV cache's full capacity, compute floor, graph nodes x ``--node-us``) +
+host-serial time (``--graph-launch-us``, the eager ops after the step x ``--per-op-us``, the post-token
+loop timed here, the state redraws), its ops counted here with the step eager (``estimate_static``);
+``estimate_bw_floor`` charges every decode iteration only the weights + live KV read at the bandwidth.
 The per-iteration times go through ``estimate`` like a measured run's timeline. ``--md`` writes the book
-section rendered from the JSON; ``--from-json`` recomputes with other constants without measuring:
+section rendered from the JSON; ``--from-json`` recomputes with other constants without measuring
+(except the static path's inputs, about 20 s per backbone, when the saved JSON has none):
 
     python bench/gpu_estimate.py --analytic --out bench/results/gpu_estimate_analytic.json \
         --md book/_includes/gpu_estimate_h100.md
@@ -102,8 +115,9 @@ for p in (ROOT, HERE):  # ctrls, and bench/ (gpuest, common) when imported from 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from gpuest.analytic import analytic_data, analytic_sensitivity  # noqa: E402
+from gpuest.analytic_run import analytic_data, analytic_sensitivity  # noqa: E402
 from gpuest.estimate import ACCEPTANCE, MEAN_TOKENS, STEPS_PER_COT, estimate, print_estimate  # noqa: E402
+from gpuest.graph import path_estimates, static_summary  # noqa: E402
 from gpuest.measure import measured_data  # noqa: E402
 from gpuest.render import analytic_markdown  # noqa: E402
 
@@ -139,6 +153,9 @@ def main(argv=None) -> dict:
                     help="decoded tokens per RL-batch run (default max_new_tokens; 16 with --tiny)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--floor-iters", type=int, default=None, help="iterations of the bare-model decode loop (64; 8 with --tiny)")
+    ap.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the library's sample() with decode=engine against decode=static, "
+                         "compile=reduce-overhead (CUDA graphs) on the same prompts and seeds, and compare the tokens")
     ap.add_argument("--profile-tokens", type=int, default=0, help="cProfile a CTRLS RL-batch run of this many tokens")
     ap.add_argument("--step-tokens", type=float, default=30.0, help="tokens per CoT step the newline bias aims at")
     ap.add_argument("--pretrain-questions", type=int, default=None, help="synthetic questions for stages (b)-(f) (16; 2 with --tiny)")
@@ -158,9 +175,12 @@ def main(argv=None) -> dict:
     an.add_argument("--flops-efficiency", type=float, default=0.7, help="fraction of the 989 TFLOP/s dense bf16 reached")
     an.add_argument("--per-op-us", type=float, default=10.0, help="host overhead per kernel-launching op (assumed)")
     an.add_argument("--per-op-range", type=float, nargs=2, default=[6.0, 20.0], help="its plausible range (sensitivity)")
+    an.add_argument("--graph-launch-us", type=float, default=10.0, help="host cost of one CUDA graph launch (assumed)")
+    an.add_argument("--node-us", type=float, default=1.5, help="GPU-side overhead per kernel node in a graph (assumed)")
+    an.add_argument("--node-range", type=float, nargs=2, default=[1.0, 3.0], help="its plausible range (sensitivity)")
     an.add_argument("--count-tokens", type=int, default=8, help="tokens decoded by the op-count runs")
     an.add_argument("--host-tokens", type=int, default=24, help="tokens decoded by the batch-160 host-loop runs "
-                    "(4x at the RL batch)")
+                    "(2x at the RL batch)")
     an.add_argument("--cpu-probe-steps", type=int, default=2048, help="steps of the CPU stages' timing (scaled linearly)")
     an.add_argument("--threads", type=int, default=1, help="CPU threads of the analytic measurements")
     an.add_argument("--md", default=None, help="also write the book section (markdown) rendered from the JSON here")
@@ -191,6 +211,11 @@ def main(argv=None) -> dict:
             multi["linear_wall_hours"] = {b: h / args.gpus for b, h in est["total_hours"].items()}
             print_estimate(multi)
             data[f"estimate_{args.gpus}gpu"] = {"profile": args.profile, "overrides": args.override, **multi}
+        for key, other in path_estimates(data, cfg, args.gpus).items():  # the static (CUDA-graph) path, the floor
+            print(f"\n-- {key}")
+            print_estimate(other)
+            data[key] = {"profile": args.profile, "overrides": args.override, **other}
+        data["static_summary"] = static_summary(data)
     except (KeyError, TypeError, ZeroDivisionError) as e:
         print(f"no estimate: {type(e).__name__}: {e}", flush=True)
     if args.analytic and "estimate" in data:

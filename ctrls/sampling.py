@@ -28,8 +28,9 @@ GPU the ~1,500 kernel launches of an eager step, not FLOPs or bandwidth, set the
 (``bench/sampling.py``, ``bench/gpu_estimate.py``). Here every step has the same shapes:
 
 - the KV cache is transformers' ``StaticCache``: preallocated to ``width + max_new_tokens + 1``
-  positions, written in place at one shared position per step (prompts are left padded, so every
-  row of a group writes at the same index);
+  positions, written in place at one shared position per step (prompts are left padded to a
+  ``width`` rounded up to a multiple of 64, so every row of a group writes at the same index and
+  groups share a few cache shapes);
 - the attention mask is a preallocated (B, 1, 1, capacity) boolean buffer (transformers uses a 4-D
   mask as given), with one column switched on per step;
 - batch slots are fixed: a finished row stays in its slot, masked out of everything the host reads,
@@ -277,9 +278,9 @@ class _Prefilled:
 
 def _prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
              seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams, model: "CTRLSModel | None",
-             policies: Sequence, epsilons: Sequence, capacity: int) -> _Prefilled:
-    """Prefill the distinct prompts once (left padded), expand each to its samples, encode s_0 and draw
-    s_1 (CTRLS): the part of a group's decoding that both loops share."""
+             policies: Sequence, epsilons: Sequence, capacity: int, pad_to: int = 1) -> _Prefilled:
+    """Prefill the distinct prompts once (left padded to a multiple of ``pad_to``), expand each to its
+    samples, encode s_0 and draw s_1 (CTRLS): the part of a group's decoding that both loops share."""
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
@@ -289,7 +290,7 @@ def _prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Seque
     is_eos = torch.zeros(vocab, dtype=torch.bool)
     is_eos[list(_eos_ids(backbone))] = True
 
-    width = max(len(p) for p in prompts)
+    width = -(-max(len(p) for p in prompts) // pad_to) * pad_to
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     attn = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -464,6 +465,8 @@ def _end_step(r: _Row, tok) -> None:
 
 
 _COMPILED: dict[str, object] = {}
+STATIC_PAD_TO = 64  # static path: prompts left padded to a multiple of this, so groups share cache shapes
+RECOMPILE_LIMIT = 64  # shapes one compiled step may meet (batch buckets x cache capacities x Base/CTRLS)
 
 
 def _head_candidates(head, model, temperature: float, top_k: int, h: torch.Tensor,
@@ -493,6 +496,9 @@ def step_fn(mode: str):
     if mode == "none":
         return _step
     if mode not in _COMPILED:
+        # torch recompiles a function at most 8 times by default, then runs it eagerly: a 160-row batch
+        # alone meets 9 buckets (160, 128, ..., 1), twice with Base and CTRLS
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         _COMPILED[mode] = torch.compile(_step, mode=mode, dynamic=False)
     return _COMPILED[mode]
 
@@ -511,9 +517,9 @@ def _decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts:
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
-    width = max(len(p) for p in prompts)
-    pre = _prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons, width)
-    rows, state = pre.rows, pre.state
+    pre = _prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
+                   0, pad_to=STATIC_PAD_TO)
+    rows, state, width = pre.rows, pre.state, pre.width
     cap = width + params.max_new_tokens + 1
     cache = static_cache(lm.config, [(layer.keys, layer.values) for layer in pre.cache.layers], width, cap)
     del pre.cache

@@ -18,23 +18,16 @@ The prefill: max(compute, bandwidth, launch) over the distinct prompts (our samp
 then copies the cache to every row); HF ``generate`` prefills every row.
 The work counts and the hours come from ``estimate`` unchanged: the analytic per-iteration times are
 laid out as the timeline of a measured run (``t_body``), so ``seconds_at`` reads them as it reads a run.
+
+This is the eager engine's model (``sampling.decode: engine``); the static path captured as CUDA graphs
+is in ``graph``, and the run (inputs measured or read back, constants, sensitivity) in ``analytic_run``.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
-
-import torch
-
-from ctrls.report import cpu_model
-
 from .decode import timed_fields
-from .estimate import ACCEPTANCE, MEAN_TOKENS, STEPS_PER_COT, estimate, rl_runs
-from .measure import environment
-from .models import BF16, load_tokenizer
-from .opcount import iteration_ops, measure_analytic_inputs
+from .estimate import rl_runs
+from .models import BF16
+from .opcount import iteration_ops
 
 # Declared, not measured here: NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column.
 H100_SXM = {"gpu": "NVIDIA H100 SXM (80 GB HBM3)", "hbm_bytes_per_s": 3.35e12, "bf16_dense_flops_per_s": 989e12,
@@ -158,58 +151,3 @@ def analytic_constants(args) -> dict:
             "per_op_source": "assumed, not measured: host overhead of one kernel-launching op in eager PyTorch "
                              "(dispatcher, Python of the modules, CUDA launch) on a modern host CPU",
             "adapter_logit_bytes": ADAPTER_LOGIT_BYTES}
-
-
-def build_analytic(data: dict, cfg, c: dict, new: int) -> None:
-    """Fill ``data['backbones'][name]`` with the analytic records from the measured inputs and constants."""
-    for name, b in data["backbones"].items():
-        keep = {"inputs": b["inputs"]}
-        b.clear()
-        b.update(keep)
-        b.update(analytic_backbone(b["inputs"], c, cfg, c["step_tokens"], new))
-    data["constants"] = c
-
-
-def analytic_sensitivity(data: dict, cfg, args, new: int) -> list[dict]:
-    """Total GPU hours (one GPU) with one declared constant changed at a time."""
-    out = []
-    lo, hi = args.per_op_range
-    for change in ({"per_op_us": lo}, {"per_op_us": hi}, {"bw_efficiency": 0.5}, {"bw_efficiency": 0.9}):
-        a = argparse.Namespace(**{**vars(args), **change})
-        c = analytic_constants(a)
-        d = json.loads(json.dumps({"backbones": {n: {"inputs": b["inputs"]} for n, b in data["backbones"].items()}}))
-        build_analytic(d, cfg, c, new)
-        est = estimate(cfg, d, MEAN_TOKENS, STEPS_PER_COT, ACCEPTANCE)
-        out.append({"change": change, "total_hours": est["total_hours"], "stages_hours": est["stages_hours"]})
-    return out
-
-
-def analytic_data(args, cfg) -> dict:
-    """``--analytic``: measure the inputs on this CPU (or read them from ``--from-json``), then compute."""
-    torch.set_num_threads(args.threads)
-    if args.from_json:
-        data = json.loads(Path(args.from_json[0]).read_text())
-        if not data.get("analytic") or not all("inputs" in b for b in data["backbones"].values()):
-            sys.exit(f"{args.from_json[0]} is not an --analytic JSON")
-        for key in [k for k in data if k.startswith("estimate") or k == "sensitivity"]:
-            del data[key]
-    else:
-        tok = load_tokenizer(args.tokenizer)
-        env = environment(torch.device("cpu"), torch.float32)
-        env.update(cpu_model=cpu_model(), torch_threads=torch.get_num_threads())
-        data = {"analytic": True, "environment": env, "profile": args.profile,
-                "settings": {k: v for k, v in vars(args).items() if k not in ("from_json",)}, "backbones": {}}
-        print(json.dumps(env), flush=True)
-        for name in args.backbones or cfg.grid.backbones:
-            data["backbones"][name] = {"inputs": measure_analytic_inputs(name, args, tok, cfg)}
-    c = analytic_constants(args)
-    build_analytic(data, cfg, c, cfg.sampling.max_new_tokens)
-    print(f"\nper decode iteration on one H100 SXM (analytic; bandwidth x {c['bw_efficiency']}, bf16 x "
-          f"{c['flops_efficiency']}, {c['per_op_us']:g} us per op), first -> last iteration, ms:")
-    for name, b in data["backbones"].items():
-        for key, it in b["iterations"].items():
-            f0, f1 = it["first"], it["last"]
-            print(f"  {name:34s} {key:11s} {it['rows']:4d} rows: mem {1e3 * f0['t_mem']:6.2f} -> {1e3 * f1['t_mem']:6.2f}, "
-                  f"flop {1e3 * f0['t_flop']:5.2f}, launch {1e3 * f0['t_launch']:5.2f} ({it['ops']['launch_ops']:.0f} ops), "
-                  f"host {1e3 * it['host_s']:5.2f}: {1e3 * f0['seconds']:6.2f} -> {1e3 * f1['seconds']:6.2f}", flush=True)
-    return data

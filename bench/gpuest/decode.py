@@ -65,16 +65,25 @@ def timed_fields(rec: dict, marks: list[float], new: int) -> dict:
     return rec
 
 
-def decode_ours(bb, prompts, starts, n: int, new: int, model=None, epsilon: float = 0.1) -> dict:
+def decode_ours(bb, prompts, starts, n: int, new: int, model=None, epsilon: float = 0.1, decode: str = "engine",
+                compile: str = "none", tokens_out: list | None = None) -> dict:
+    """Our sampler on one batch (``decode``/``compile``: ``SampleParams``' path). A compiled step gets no
+    timeline: a forward hook on the body would be traced into the graph (its synchronisation breaks it),
+    so only the total time is recorded. ``tokens_out``: receives every row's token ids."""
+    from dataclasses import replace
+
     from ctrls.prompts import newline_token_ids
     from ctrls.sampling import sample
 
-    p = forced_params(len(prompts) * n, new, epsilon)
-    rec: dict = {"rows": len(prompts) * n, "new_tokens": new}
-    with measured(bb.device, rec), timeline(bb) as marks:
+    p = replace(forced_params(len(prompts) * n, new, epsilon), decode=decode, compile=compile)
+    rec: dict = {"rows": len(prompts) * n, "new_tokens": new, "decode": decode, "compile": compile}
+    hooked = timeline(bb) if compile == "none" else contextlib.nullcontext([])
+    with measured(bb.device, rec), hooked as marks:
         # one seed per prompt, as the pipeline passes them (collect, exploration, RL)
         gens = sample(bb, prompts, n, p, model=model, seeds=list(range(len(prompts))), prompt_starts=starts)
     flat = [g for gs in gens for g in gs]
+    if tokens_out is not None:
+        tokens_out.extend(g.token_ids for g in flat)
     nl = newline_token_ids(bb.tokenizer)
     tokens = sum(g.n_tokens for g in flat)
     timed_fields(rec, marks, new)
@@ -88,6 +97,33 @@ def decode_ours(bb, prompts, starts, n: int, new: int, model=None, epsilon: floa
         rec["states_ok"] = all(ok)
         rec["states_finite"] = all(bool(torch.isfinite(g.states).all()) for g in flat if g.states is not None)
     return rec
+
+
+def engine_vs_graph(bb, prompts, starts, n: int, new: int, model=None) -> dict:
+    """The library's two decode paths on the same prompts and seeds: ``SampleParams(decode="engine")``
+    against ``decode="static"`` with ``compile="reduce-overhead"`` (CUDA graphs; ``none`` off CUDA, where
+    the graphs do not exist). The static path runs twice: the first run compiles and captures its one
+    shape (every row decodes ``new`` tokens: no bucket move), the second is the timed one. Tokens/s of
+    each, and whether the tokens are equal (bf16 on a GPU: floating-point batch effects may flip a few)."""
+    import torch._dynamo
+
+    mode = "reduce-overhead" if bb.device.type == "cuda" else "none"
+    eng, first, graph = [], [], []
+    engine = decode_ours(bb, prompts, starts, n, new, model=model, tokens_out=eng)
+    torch._dynamo.reset()  # a fresh compile: earlier shapes do not count towards dynamo's recompile limit
+    warm = decode_ours(bb, prompts, starts, n, new, model=model, decode="static", compile=mode, tokens_out=first)
+    static = decode_ours(bb, prompts, starts, n, new, model=model, decode="static", compile=mode, tokens_out=graph)
+
+    def prefix(a, b):
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    same = [a == b for a, b in zip(eng, graph)]
+    return {"rows": engine["rows"], "new_tokens": new, "compile": mode, "engine": engine, "static": static,
+            "static_first_run_seconds": warm["seconds"],  # compile + capture + one run
+            "tokens_equal": all(same) and len(eng) == len(graph), "rows_equal_fraction": sum(same) / max(len(same), 1),
+            "mean_common_prefix": sum(prefix(a, b) for a, b in zip(eng, graph)) / max(len(same), 1),
+            "static_runs_repeat": first == graph,
+            "speedup": static["tokens_per_s"] / engine["tokens_per_s"]}
 
 
 def decode_hf(bb, prompts, n: int, new: int) -> dict:

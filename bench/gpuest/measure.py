@@ -19,7 +19,7 @@ import torch
 
 from common import QUESTIONS, random_ctrls
 
-from .decode import decode_hf, decode_ours, forward_floor, measured
+from .decode import decode_hf, decode_ours, engine_vs_graph, forward_floor, measured
 from .estimate import STEPS_PER_COT
 from .models import SHAPES, TINY, build_backbone, calibrate_newline_bias, load_tokenizer
 
@@ -202,6 +202,15 @@ def measure_backbone(name: str, args, tok, dev, dtype, cfg, res: dict, save) -> 
                      and "decode_s_per_iteration_first_quarter" in r else "")
                   + f", peak {r.get('peak_gib', 0):.1f} GiB"
                   + (f", {r['steps_per_cot']:.1f} steps/CoT" if "steps_per_cot" in r else ""), flush=True)
+    for key, ps, ss, nn, new, m in (("graph_base_b160", big_p, big_s, n, args.new, None),  # engine vs CUDA graphs
+                                    ("graph_ctrls_b160", big_p, big_s, n, args.new, model),
+                                    ("graph_ctrls_rl", prompts[:1], starts[:1], G, args.new_rl, model))[:3 * args.graph]:
+        r = guarded(res, key, engine_vs_graph, bb, ps, ss, nn, new, m)
+        save()
+        if "error" not in r:
+            print(f"  {key}: engine {r['engine']['tokens_per_s']:.0f} tok/s, static ({r['compile']}) "
+                  f"{r['static']['tokens_per_s']:.0f} tok/s ({r['speedup']:.2f}x); tokens equal: {r['tokens_equal']} "
+                  f"({r['rows_equal_fraction']:.0%} of rows)", flush=True)
     if args.profile_tokens:  # where the host time of a CTRLS run goes (cProfile slows it: not a measurement)
         for key, fn in (("cprofile_ctrls_rl", lambda: decode_ours(bb, prompts[:1], starts[:1], G, args.profile_tokens,
                                                                    model=model)),

@@ -2,6 +2,7 @@
 reads the numbers from the JSON; the prose and the tables' layout are in ``page.md.j2`` (jinja2)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 # the decode runs of a backbone, in the tables' order, with their labels
@@ -25,7 +26,7 @@ def pct(fraction: float) -> str:
 def page_context(data: dict, json_path: str) -> dict:
     """What ``page.md.j2`` shows, read from an analytic JSON (``analytic.analytic_data``)."""
     est = data["estimate"]
-    multi = [k for k in data if k.startswith("estimate_") and k.endswith("gpu")]
+    multi = [k for k in data if re.fullmatch(r"estimate_\d+gpu", k)]
     est_n = data[multi[0]] if multi else None
     names = list(data["backbones"])
     bbs = data["backbones"]
@@ -56,7 +57,30 @@ def page_context(data: dict, json_path: str) -> dict:
         "work": [(s, [next(r["detail"] for r in work if r["stage"] == s and r["dataset"] == d) for d in datasets])
                  for s in est["stages_hours"]],
         "fits": bbs[names[0]]["cpu_fits_full"], "sensitivity": data.get("sensitivity"),
+        **static_context(data, names),
     }
+
+
+def static_context(data: dict, names: list[str]) -> dict:
+    """The static (CUDA-graph) path's part of the page: per-iteration rows, its estimates and the floor's."""
+    bbs = data["backbones"]
+    W = next((int(k[len("estimate_static_"):-3]) for k in data if re.fullmatch(r"estimate_static_\d+gpu", k)), 1)
+    rows = [{"name": n, "label": label, "it": bbs[n]["static"]["iterations"][key],
+             "eager": bbs[n]["iterations"][key], "shape": bbs[n]["inputs"]["shape"]}
+            for n in names for key, label in SAMPLERS if key in bbs[n]["static"]["iterations"]]
+    st0 = bbs[names[0]]["inputs"]["static"]
+    return {"static": rows, "est_static": data["estimate_static"], "est_floor": data["estimate_bw_floor"],
+            "est_static_n": data.get(f"estimate_static_{W}gpu"), "est_floor_n": data.get(f"estimate_bw_floor_{W}gpu"),
+            "summary": data["static_summary"], "static_cw": st0["counts_real_width"], "static_host": st0["host"],
+            "static_bounds": sorted({r["it"]["it"]["bound"] for r in rows}),
+            "node_bound_hi": sorted({r["it"]["rows"] for r in rows if r["it"]["ops"]["graph_nodes"] * data["constants"]["node_us_range"][1]
+                                     * 1e-6 > max(r["it"]["it"]["t_mem"], r["it"]["it"]["t_flop"])}),
+            "kv_heavy": [r["name"] for r in rows if r["label"] == "ours, Base" and r["it"]["rows"] == rows[0]["it"]["rows"]
+                         and r["it"]["it"]["kv_read_bytes"] > r["shape"]["weight_bytes"]],
+            "static_busy": {r["label"]: [x["it"]["gpu_busy_fraction"] for x in rows if x["label"] == r["label"]]
+                            for r in rows},
+            "redraw_share": [r["it"]["host"]["redraws"] / r["it"]["it"]["seconds"] for r in rows
+                             if r["label"] == "ours, CTRLS" and r["it"]["rows"] == rows[0]["it"]["rows"]]}
 
 
 def analytic_markdown(data: dict, json_path: str) -> str:
