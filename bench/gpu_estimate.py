@@ -66,7 +66,7 @@ the GPU waits; they are counted as wall time on the GPU machine.
 
     python bench/gpu_estimate.py                       # measure (CUDA) and estimate
     python bench/gpu_estimate.py --new 256 --new-rl 128  # fewer tokens per run, extrapolated
-    python bench/gpu_estimate.py --from-json bench/results/gpu_estimate_h100.json -o rl.eval_questions=100
+    python bench/gpu_estimate.py --from-json bench/results/gpu_estimate_measured_h100.json -o rl.eval_questions=100
     python bench/gpu_estimate.py --from-json a.json b.json --out merged.json   # merge runs (e.g. one per backbone)
     python bench/gpu_estimate.py --tiny --device cpu --dtype float32 --out /tmp/gpu_tiny.json
         # a check of the script on a CPU (~2 min on 2 cores): 2-layer models with the tokenizer's
@@ -165,7 +165,7 @@ def main(argv=None) -> dict:
                     help="also time the k-means and transition fits at the profile's full size, on random data "
                          "(default: on; off with --tiny)")
     ap.add_argument("--gpus", type=int, default=8, help="data-parallel processes for the multi-GPU estimate")
-    ap.add_argument("--out", default=None, help="where the JSON goes (default bench/results/gpu_estimate.json; "
+    ap.add_argument("--out", default=None, help="where the JSON goes (default bench/results/gpu_estimate_measured_<gpu>.json; "
                     "with --analytic bench/results/gpu_estimate_analytic.json)")
     an = ap.add_argument_group("--analytic: hours computed without a GPU (module docstring)")
     an.add_argument("--analytic", action="store_true", help="compute the hours from the shapes, op counts measured on "
@@ -200,8 +200,12 @@ def main(argv=None) -> dict:
     elif args.from_json:
         data = merged_data(args.from_json)
     else:
-        args.out = args.out or str(ROOT / "bench" / "results" / "gpu_estimate.json")
         data = measured_data(args, cfg)
+        if not args.out:  # e.g. bench/results/gpu_estimate_measured_nvidia_h100_80gb_hbm3.json
+            import re
+
+            gpu = re.sub(r"[^a-z0-9]+", "_", str(data["environment"].get("gpu") or args.device).lower()).strip("_")
+            args.out = str(ROOT / "bench" / "results" / f"gpu_estimate_measured_{gpu}.json")
     try:
         est = estimate(cfg, data, MEAN_TOKENS, STEPS_PER_COT, ACCEPTANCE)
         print_estimate(est)
