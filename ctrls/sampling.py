@@ -1,7 +1,9 @@
 """State-aware generation (the inner loop of Alg. 2), one batched KV-cache loop for Base and CTRLS.
 
 For each prompt x_0 the prompt is run through the backbone once; its KV cache is expanded to the
-prompt's n samples (prefix sharing). With a CTRLS model, s_0 = Q_phi(x_0) encodes the prompt, and
+prompt's n samples (prefix sharing). The prompts of a batch share their start (the system prompt
+and the few-shot exemplars: 206 of the demo's 236 tokens), so that shared prefix is run once for
+the whole batch, and each prompt's own suffix on its copy of the cache. With a CTRLS model, s_0 = Q_phi(x_0) encodes the prompt, and
 at every step boundary (a newline token) the next state s_{t+1} ~ pi~_theta(. | s_t) is drawn from
 the epsilon-greedy Dirichlet policy; the adapter then rewrites the last hidden state of every token
 position that predicts step t+1 with z_{t+1} = s_{t+1} Gamma (Eq. 7). the position rule of the design notes (book/design.md):
@@ -254,7 +256,7 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
         decode = _decode_static if params.decode == "static" else _decode
         gens = decode(backbone, [prompts[i] for i, _ in group], [starts[i] for i, _ in group],
                       [m for _, m in group], [seeds[i] for i, _ in group], [i for i, _ in group], params, model,
-                      [pol[i] for i, _ in group], [eps[i] for i, _ in group])
+                      [pol[i] for i, _ in group], [eps[i] for i, _ in group], cross_prefix=share_prefix)
         for (i, _), gs in zip(group, gens):
             out[i].extend(gs)
     return out
@@ -278,9 +280,13 @@ class _Prefilled:
 
 def _prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
              seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams, model: "CTRLSModel | None",
-             policies: Sequence, epsilons: Sequence, capacity: int, pad_to: int = 1) -> _Prefilled:
-    """Prefill the distinct prompts once (left padded to a multiple of ``pad_to``), expand each to its
-    samples, encode s_0 and draw s_1 (CTRLS): the part of a group's decoding that both loops share."""
+             policies: Sequence, epsilons: Sequence, capacity: int, pad_to: int = 1,
+             cross_prefix: bool = True) -> _Prefilled:
+    """Prefill the distinct prompts once, expand each to its samples, encode s_0 and draw s_1 (CTRLS):
+    the part of a group's decoding that both loops share. With ``cross_prefix`` the prompts' shared
+    prefix (``shared_prefix_length``: a system prompt and few-shot exemplars) is run once, then each
+    prompt's own suffix on its cache; rows are left padded (between the prefix and the suffix) to a
+    width that is a multiple of ``pad_to``."""
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
@@ -290,17 +296,33 @@ def _prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Seque
     is_eos = torch.zeros(vocab, dtype=torch.bool)
     is_eos[list(_eos_ids(backbone))] = True
 
-    width = -(-max(len(p) for p in prompts) // pad_to) * pad_to
+    # layout of a row: [the prompts' shared prefix (L)] [left padding] [the prompt's own suffix]
+    n = len(prompts)
+    L = shared_prefix_length(prompts) if cross_prefix else 0
+    suffixes = [list(p)[L:] for p in prompts]
+    width = -(-(L + max(len(x) for x in suffixes)) // pad_to) * pad_to
+    S = width - L
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attn = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.as_tensor(list(p))
-        attn[i, width - len(p):] = 1
+    ids = torch.full((n, S), pad, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    attn[:, :L] = 1
+    for i, x in enumerate(suffixes):
+        ids[i, S - len(x):] = torch.as_tensor(x)
+        attn[i, width - len(x):] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     cache = new_cache(lm, max(capacity, width))
-    h = body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev),
+    h_pre = None
+    if L:  # the shared prefix once, its cache copied to every prompt
+        h_pre = body(input_ids=torch.as_tensor([list(prompts[0][:L])], device=dev), position_ids=pos[:1, :L].to(dev),
+                     past_key_values=cache, use_cache=True).last_hidden_state[0]
+        cache.batch_repeat_interleave(n)
+    h = body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos[:, L:].to(dev),
              past_key_values=cache, use_cache=True).last_hidden_state
+
+    def prompt_hidden(i: int, st: int) -> torch.Tensor:
+        """Hidden states of prompt i's tokens from its token ``st`` on."""
+        own = h[i, S - len(suffixes[i]) + max(st - L, 0):]
+        return torch.cat([h_pre[st:], own]) if st < L else own
 
     # ---- expand each prompt to its samples ----------------------------------------------------
     policies = list(policies) or [None] * len(prompts)
@@ -312,7 +334,7 @@ def _prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Seque
         cache.batch_select_indices(expand.to(dev))
     state = None
     if model is not None:
-        s0 = model.encode([h[i, width - len(p) + st:] for i, (p, st) in enumerate(zip(prompts, starts))])
+        s0 = model.encode([prompt_hidden(i, st) for i, st in enumerate(starts)])
         state = s0[expand.to(s0.device)]
         for r, a in zip(rows, state):
             r.states.append(a.float().cpu())
@@ -325,6 +347,21 @@ def _prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Seque
                 r.states.append(b)
     return _Prefilled(rows, expand, cache, width, attn[expand].to(dev), pos[expand, -1].to(dev) + 1,
                       h[expand.to(h.device), -1], state, is_nl, is_eos)
+
+
+MIN_SHARED_PREFIX = 32  # tokens: a shorter common prefix is prefilled with the rest of each prompt
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens the prompts share at their start, prefilled once for all (0 when fewer than
+    ``MIN_SHARED_PREFIX`` or a single prompt); at most the shortest prompt's length - 1, so every
+    prompt keeps a token of its own (its last hidden state predicts the first generated token)."""
+    if len(prompts) < 2:
+        return 0
+    first, L = prompts[0], min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        L = next((j for j in range(L) if p[j] != first[j]), L)
+    return L if L >= MIN_SHARED_PREFIX else 0
 
 
 def _advance(rows: Sequence[_Row], active: Sequence[int], nxt: torch.Tensor, pre: _Prefilled, params: SampleParams,
@@ -381,14 +418,15 @@ def _redraw(model: "CTRLSModel", params: SampleParams, state: torch.Tensor, idx:
 
 def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
             seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams,
-            model: "CTRLSModel | None", policies: Sequence = (), epsilons: Sequence = ()) -> list[list[Generation]]:
+            model: "CTRLSModel | None", policies: Sequence = (), epsilons: Sequence = (),
+            cross_prefix: bool = True) -> list[list[Generation]]:
     """The engine: a growing KV cache whose finished rows are dropped from the batch (``fill_holes``)."""
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
     width = max(len(p) for p in prompts)
     pre = _prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
-                   width + params.max_new_tokens + 1)
+                   width + params.max_new_tokens + 1, cross_prefix=cross_prefix)
     rows, cache, attn, next_pos, h_last, state = pre.rows, pre.cache, pre.attn, pre.next_pos, pre.h_last, pre.state
     active = list(range(len(rows)))  # row index of each batch position
 
@@ -512,13 +550,13 @@ def _bucket(live: int, slots: int) -> int:
 def _decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int],
                   sample_ids: Sequence[list[int]], seeds: Sequence[int], prompt_index: Sequence[int],
                   params: SampleParams, model: "CTRLSModel | None", policies: Sequence = (),
-                  epsilons: Sequence = ()) -> list[list[Generation]]:
+                  epsilons: Sequence = (), cross_prefix: bool = True) -> list[list[Generation]]:
     """``_decode`` with static shapes (see "The static path" in the module docstring); the same arguments and result."""
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
     pre = _prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
-                   0, pad_to=STATIC_PAD_TO)
+                   0, pad_to=STATIC_PAD_TO, cross_prefix=cross_prefix)
     rows, state, width = pre.rows, pre.state, pre.width
     cap = width + params.max_new_tokens + 1
     cache = static_cache(lm.config, [(layer.keys, layer.values) for layer in pre.cache.layers], width, cap)

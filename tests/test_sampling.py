@@ -400,3 +400,48 @@ def test_every_draw_that_conditioned_a_token_enters_eq14(tiny_llama, monkeypatch
     loss, _ = reinforce_loss(pol, [Trajectory(g.policy_states, 1.0, 0, log_actions=g.log_actions)], 0.2, 0.0)
     ref = -sum(pol.log_prob_log(g.log_actions[t], g.policy_states[t], 0.2) for t in range(3))
     torch.testing.assert_close(loss, ref.to(loss.dtype))
+
+
+# ---- the prompts' shared prefix, prefilled once per batch ------------------------------------------
+
+
+def _prefixed_prompts(tok):
+    """Prompts that share a 40+ token start (a system prompt, as the chat template makes), with own
+    suffixes of different lengths, one prompt twice, and one that is the prefix plus a single token."""
+    head = tok("You are a careful assistant. Solve the problem step by step, one step per line, and end "
+               "with a line 'The answer is X'. Example: two plus two. Step: 2 + 2 = 4. The answer is 4.")["input_ids"]
+    assert len(head) >= 40
+    tails = ["Question: Ana has 4 cards and gets 6 more.", "Question: Tom eats 3 of his 9 apples, how many now?",
+             "Question: Ana has 4 cards and gets 6 more.", "Q"]
+    return [head + tok(t, add_special_tokens=False)["input_ids"] for t in tails], len(head)
+
+
+def test_shared_prefix_length():
+    from ctrls.sampling import MIN_SHARED_PREFIX, shared_prefix_length
+
+    a = list(range(100))
+    assert shared_prefix_length([a, a[:60] + [7, 8]]) == 60
+    assert shared_prefix_length([a, a]) == 99  # identical prompts keep one token of their own
+    assert shared_prefix_length([a]) == 0
+    assert shared_prefix_length([a, a[:MIN_SHARED_PREFIX - 1] + [-1] * 50]) == 0  # too short to bother
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefix_prefill_equals_prompts_prefilled_whole(tiny_llama, temperature):
+    """Prefilling the prompts' shared prefix once, then each suffix on its cache, gives the samples and
+    s_0 of prefilling every prompt whole (the reference path, share_prefix=False), with s_0 read from
+    hidden states that start inside the prefix (start 10) and after it (start = prefix + 2)."""
+    prompts, L = _prefixed_prompts(tiny_llama.tokenizer)
+    model = random_ctrls(tiny_llama, K=5, trained=True, scale=0.5, seed=4)
+    p = SampleParams(temperature=temperature, top_k=20, max_new_tokens=12, max_steps=100, epsilon=0.3)
+    assert len(prompts[3]) == L + 1
+    for starts in ([10] * 4, [L + 2, L + 2, L + 2, L]):
+        kw = dict(model=model, seeds=[1, 2, 3, 4], prompt_starts=starts)
+        shared = sample(tiny_llama, prompts, 2, p, share_prefix=True, **kw)
+        whole = sample(tiny_llama, prompts, 2, p, share_prefix=False, **kw)
+        assert [g.token_ids for gs in shared for g in gs] == [g.token_ids for gs in whole for g in gs]
+        for x, y in zip((g for gs in shared for g in gs), (g for gs in whole for g in gs)):
+            torch.testing.assert_close(x.states, y.states, rtol=1e-4, atol=1e-5)
+    from ctrls.sampling import shared_prefix_length
+
+    assert shared_prefix_length(prompts) >= 40  # the shared-prefix prefill ran
