@@ -6,6 +6,8 @@ repository root, so ``bench/`` is on ``sys.path``). Running this file does nothi
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 
 import torch
@@ -13,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ctrls.model import CTRLSModel
+from ctrls.report import cpu_model
 from ctrls.sampling import SampleParams
 
 # short GSM8K-like questions (not from the data set); bench/sampling.py and bench/rl.py use the first 4
@@ -26,6 +29,22 @@ QUESTIONS = [
     "A shirt costs $25 and is on sale for 20% off. What is the sale price?",
     "Tom runs 3 km every weekday and 5 km each weekend day. How far does he run in a week?",
 ]
+
+
+def machine() -> dict:
+    """The machine a benchmark ran on: CPU model, torch threads, torch version, load average."""
+    return {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "load_average": list(os.getloadavg())}
+
+
+def write_result(res: dict, out: str | None) -> None:
+    """Write a benchmark's JSON result to ``out`` (when given, creating its folder), and print it as the
+    last line."""
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(res, f, indent=1)
+    print(json.dumps(res))
 
 
 def gemm_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> float:

@@ -26,24 +26,17 @@ Usage: python bench/decode_profile.py [--batch 16] [--new 32] [--out bench/resul
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 
 import torch
 
-from common import forced_params, gemm_gflops, random_ctrls
+from common import forced_params, gemm_gflops, machine, random_ctrls, write_result
 from ctrls.backbone import load_backbone
 from ctrls.prompts import prompt_ids
-from ctrls.report import cpu_model
 from ctrls.sampling import sample, seeded
 
 GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::_mkl_linear"}
 ATTN_PREFIX = ("aten::_scaled_dot_product", "aten::scaled_dot_product")
-
-
-def machine() -> dict:
-    return {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def demo_prompt(bb) -> list[int]:
@@ -160,11 +153,7 @@ def main():
           f"compile {compile_s:.0f} s; break-even after "
           + (f"{s['break_even_steps']:.0f} steps" if s["break_even_steps"] else "never (no gain)")
           + f"; greedy tokens equal: {s['greedy_tokens_equal']}", flush=True)
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
-    print(json.dumps(res))
+    write_result(res, args.out)
 
 
 if __name__ == "__main__":

@@ -11,19 +11,15 @@ Usage: python bench/prefill.py [--out bench/results/prefill.json]
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from dataclasses import replace
 
-import torch
-
 import ctrls.sampling as S
+from common import machine, write_result
 from ctrls.backbone import load_backbone
 from ctrls.config import load_config
 from ctrls.data import load_problems
 from ctrls.prompts import prompt_ids
-from ctrls.report import cpu_model
 
 
 def timed(bb, prompts, params, whole: bool):
@@ -48,8 +44,7 @@ def main():
     prompts = [prompt_ids(bb.tokenizer, q.question, True, cfg.prompt.few_shot) for q in probs]
     p = S.SampleParams(temperature=0.7, top_k=cfg.sampling.top_k, max_new_tokens=cfg.sampling.max_new_tokens,
                        max_steps=cfg.prompt.max_steps, batch_size=cfg.sampling.batch_size)
-    res = {"machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                       "load_average": list(os.getloadavg())},
+    res = {"machine": machine(),
            "rows": 4 * len(prompts), "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
            "shared_prefix_tokens": S.shared_prefix_length(prompts)}
     for name, params in (("prefill", replace(p, max_new_tokens=1)), ("decode", p)):
@@ -63,11 +58,7 @@ def main():
                      "speedup": best[True] / best[False], "tokens_equal": toks[True] == toks[False]}
         print(f"{name}: prompts prefilled whole {best[True]:.1f} s, shared prefix once {best[False]:.1f} s "
               f"({best[True] / best[False]:.2f}x); tokens equal: {toks[True] == toks[False]}", flush=True)
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
-    print(json.dumps(res))
+    write_result(res, args.out)
 
 
 if __name__ == "__main__":

@@ -280,13 +280,14 @@ class _Prefilled:
 
 def _prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
              seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams, model: "CTRLSModel | None",
-             policies: Sequence, epsilons: Sequence, capacity: int, pad_to: int = 1,
+             policies: Sequence, epsilons: Sequence, room: int, pad_to: int = 1,
              cross_prefix: bool = True) -> _Prefilled:
     """Prefill the distinct prompts once, expand each to its samples, encode s_0 and draw s_1 (CTRLS):
     the part of a group's decoding that both loops share. With ``cross_prefix`` the prompts' shared
     prefix (``shared_prefix_length``: a system prompt and few-shot exemplars) is run once, then each
     prompt's own suffix on its cache; rows are left padded (between the prefix and the suffix) to a
-    width that is a multiple of ``pad_to``."""
+    width that is a multiple of ``pad_to``. The cache is allocated for ``room`` positions past the
+    prompts."""
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
@@ -310,7 +311,7 @@ def _prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Seque
         ids[i, S - len(x):] = torch.as_tensor(x)
         attn[i, width - len(x):] = 1
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    cache = new_cache(lm, max(capacity, width))
+    cache = new_cache(lm, width + room)
     h_pre = None
     if L:  # the shared prefix once, its cache copied to every prompt
         h_pre = body(input_ids=torch.as_tensor([list(prompts[0][:L])], device=dev), position_ids=pos[:1, :L].to(dev),
@@ -424,9 +425,8 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
-    width = max(len(p) for p in prompts)
     pre = _prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
-                   width + params.max_new_tokens + 1, cross_prefix=cross_prefix)
+                   params.max_new_tokens + 1, cross_prefix=cross_prefix)
     rows, cache, attn, next_pos, h_last, state = pre.rows, pre.cache, pre.attn, pre.next_pos, pre.h_last, pre.state
     active = list(range(len(rows)))  # row index of each batch position
 
