@@ -202,15 +202,6 @@ def measure_backbone(name: str, args, tok, dev, dtype, cfg, res: dict, save) -> 
                      and "decode_s_per_iteration_first_quarter" in r else "")
                   + f", peak {r.get('peak_gib', 0):.1f} GiB"
                   + (f", {r['steps_per_cot']:.1f} steps/CoT" if "steps_per_cot" in r else ""), flush=True)
-    for key, ps, ss, nn, new, m in (("graph_base_b160", big_p, big_s, n, args.new, None),  # engine vs CUDA graphs
-                                    ("graph_ctrls_b160", big_p, big_s, n, args.new, model),
-                                    ("graph_ctrls_rl", prompts[:1], starts[:1], G, args.new_rl, model))[:3 * args.graph]:
-        r = guarded(res, key, engine_vs_graph, bb, ps, ss, nn, new, m)
-        save()
-        if "error" not in r:
-            print(f"  {key}: engine {r['engine']['tokens_per_s']:.0f} tok/s, static ({r['compile']}) "
-                  f"{r['static']['tokens_per_s']:.0f} tok/s ({r['speedup']:.2f}x); tokens equal: {r['tokens_equal']} "
-                  f"({r['rows_equal_fraction']:.0%} of rows)", flush=True)
     if args.profile_tokens:  # where the host time of a CTRLS run goes (cProfile slows it: not a measurement)
         for key, fn in (("cprofile_ctrls_rl", lambda: decode_ours(bb, prompts[:1], starts[:1], G, args.profile_tokens,
                                                                    model=model)),
@@ -223,6 +214,7 @@ def measure_backbone(name: str, args, tok, dev, dtype, cfg, res: dict, save) -> 
         if "tokens_per_s" in res.get(a, {}) and "tokens_per_s" in res.get(b, {}):
             res[f"ratio_{a}_over_{b}"] = res[a]["tokens_per_s"] / res[b]["tokens_per_s"]
             print(f"  {a} / {b} = {res[f'ratio_{a}_over_{b}']:.2f}x", flush=True)
+    # pretraining before the CUDA-graph runs: their compile time is the part a time limit may cut short
     r = guarded(res, "pretrain", pretrain_stages, bb, cfg, args.pretrain_questions, args.pretrain_tokens,
                 args.pretrain_steps)
     save()
@@ -231,6 +223,15 @@ def measure_backbone(name: str, args, tok, dev, dtype, cfg, res: dict, save) -> 
               f"states {r['states']['seconds']:.1f} s, transitions {r['transitions']['seconds']:.1f} s "
               f"for {r['spectral']['steps']} steps; adapter: eval pass {r['adapter_eval_tokens_per_s']:.0f} tok/s, "
               f"train epoch {r['adapter_train_tokens_per_s']:.0f} tok/s", flush=True)
+    for key, ps, ss, nn, new, m in (("graph_base_b160", big_p, big_s, n, args.new, None),  # engine vs CUDA graphs
+                                    ("graph_ctrls_b160", big_p, big_s, n, args.new, model),
+                                    ("graph_ctrls_rl", prompts[:1], starts[:1], G, args.new_rl, model))[:3 * args.graph]:
+        r = guarded(res, key, engine_vs_graph, bb, ps, ss, nn, new, m)
+        save()
+        if "error" not in r:
+            print(f"  {key}: engine {r['engine']['tokens_per_s']:.0f} tok/s, static ({r['compile']}) "
+                  f"{r['static']['tokens_per_s']:.0f} tok/s ({r['speedup']:.2f}x); tokens equal: {r['tokens_equal']} "
+                  f"({r['rows_equal_fraction']:.0%} of rows)", flush=True)
     del bb, model
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -251,6 +252,8 @@ def environment(dev: torch.device, dtype: torch.dtype) -> dict:
                                            timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         env["git_commit"] = None
+    # a copy of the tree without .git (e.g. sent to a GPU machine) names its commit in CTRLS_GIT_COMMIT
+    env["git_commit"] = env["git_commit"] or os.environ.get("CTRLS_GIT_COMMIT")
     env["sampling_py_sha256"] = hashlib.sha256((ROOT / "ctrls" / "sampling.py").read_bytes()).hexdigest()[:16]
     return env
 
