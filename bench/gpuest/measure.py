@@ -252,8 +252,8 @@ def environment(dev: torch.device, dtype: torch.dtype) -> dict:
                                            timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         env["git_commit"] = None
-    # a copy of the tree without .git (e.g. sent to a GPU machine) names its commit in CTRLS_GIT_COMMIT
-    env["git_commit"] = env["git_commit"] or os.environ.get("CTRLS_GIT_COMMIT")
+    # a copy of the tree sent to a GPU machine may carry a stale .git: CTRLS_GIT_COMMIT names its commit
+    env["git_commit"] = os.environ.get("CTRLS_GIT_COMMIT") or env["git_commit"]
     env["sampling_py_sha256"] = hashlib.sha256((ROOT / "ctrls" / "sampling.py").read_bytes()).hexdigest()[:16]
     return env
 
