@@ -61,7 +61,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from ctrls.backbone import Backbone, decoder_body
-from ctrls.kv_cache import PreallocatedLayer, fill_holes, new_cache, select_rows, static_cache
+from ctrls.kv_cache import PreallocatedLayer, fill_holes, new_cache, packed_decode_attention, select_rows, static_cache
 from ctrls.streams import stream_key, stream_uniform
 from ctrls.prompts import ANSWER_LINE, newline_token_ids
 
@@ -576,36 +576,37 @@ def _decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts:
 
     nxt = _draw_tokens(*_head_candidates(head, model, params.temperature, params.top_k, pre.h_last, state),
                        params.temperature, keys, counters())
-    for _ in range(params.max_new_tokens):
-        nxt = nxt.cpu()  # the step's one host read
-        slots = [s for s, on in enumerate(live) if on]
-        keep, redraw = _advance(rows, [slot_row[s] for s in slots], nxt[slots], pre, params, tok)
-        if not keep:
-            break
-        kept = {slots[j] for j in keep}
-        for s in slots:
-            live[s] = s in kept
-        redraw_slots = [slots[keep[k]] for k in redraw]
-        n_slots = _bucket(len(kept), len(slot_row))
-        if n_slots < len(slot_row):  # move the live rows (in slot order) to a smaller bucket
-            order = sorted(kept) + [s for s in range(len(slot_row)) if s not in kept][: n_slots - len(kept)]
-            at = {s: i for i, s in enumerate(order)}
-            redraw_slots = [at[s] for s in redraw_slots]
-            sel = torch.as_tensor(order, device=dev)
-            cache = select_rows(cache, lm.config, sel, cur)
-            mask, next_pos, keys, nxt = mask[sel].contiguous(), next_pos[sel], keys[sel], nxt[order]
-            if state is not None:
-                state = state[sel]
-            slot_row = [slot_row[s] for s in order]
-            live = [s in kept for s in order]
-        if model is not None and redraw_slots:
-            state = _redraw(model, params, state, redraw_slots, [rows[slot_row[s]] for s in redraw_slots])
-        mask[:, 0, 0, cur] = True
-        cand = step(body, head, model, params.temperature, params.top_k, cache, nxt[:, None].to(dev),
-                    next_pos[:, None], mask, state)
-        nxt = _draw_tokens(*cand, params.temperature, keys, counters())
-        next_pos = next_pos + 1
-        cur += 1
+    with packed_decode_attention(lm):  # attention on the KV heads, also when compiled (its docstring says why)
+        for _ in range(params.max_new_tokens):
+            nxt = nxt.cpu()  # the step's one host read
+            slots = [s for s, on in enumerate(live) if on]
+            keep, redraw = _advance(rows, [slot_row[s] for s in slots], nxt[slots], pre, params, tok)
+            if not keep:
+                break
+            kept = {slots[j] for j in keep}
+            for s in slots:
+                live[s] = s in kept
+            redraw_slots = [slots[keep[k]] for k in redraw]
+            n_slots = _bucket(len(kept), len(slot_row))
+            if n_slots < len(slot_row):  # move the live rows (in slot order) to a smaller bucket
+                order = sorted(kept) + [s for s in range(len(slot_row)) if s not in kept][: n_slots - len(kept)]
+                at = {s: i for i, s in enumerate(order)}
+                redraw_slots = [at[s] for s in redraw_slots]
+                sel = torch.as_tensor(order, device=dev)
+                cache = select_rows(cache, lm.config, sel, cur)
+                mask, next_pos, keys, nxt = mask[sel].contiguous(), next_pos[sel], keys[sel], nxt[order]
+                if state is not None:
+                    state = state[sel]
+                slot_row = [slot_row[s] for s in order]
+                live = [s in kept for s in order]
+            if model is not None and redraw_slots:
+                state = _redraw(model, params, state, redraw_slots, [rows[slot_row[s]] for s in redraw_slots])
+            mask[:, 0, 0, cur] = True
+            cand = step(body, head, model, params.temperature, params.top_k, cache, nxt[:, None].to(dev),
+                        next_pos[:, None], mask, state)
+            nxt = _draw_tokens(*cand, params.temperature, keys, counters())
+            next_pos = next_pos + 1
+            cur += 1
     return _generations(rows, pre.expand, len(prompts), tok)
 
 

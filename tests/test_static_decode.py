@@ -171,3 +171,53 @@ def test_static_cache_refuses_sliding_window_layers(tokenizer):
     kv = [(torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 3, 8))] * 2
     with pytest.raises(ValueError, match="sampling.decode=engine"):
         static_cache(cfg, kv, 3, 16)
+
+
+def test_packed_attention_equals_repeated_heads():
+    """``packed_sdpa_attention`` (one query token attending on the KV heads) against transformers'
+    eager attention, which repeats the keys and values per query head and takes an explicit softmax;
+    with masked cache positions, and the fallbacks (prefill, no grouping) unchanged."""
+    from types import SimpleNamespace
+
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from ctrls.kv_cache import packed_sdpa_attention
+
+    g = torch.Generator().manual_seed(0)
+    for groups, q_len in ((3, 1), (1, 1), (2, 4)):
+        b, kv, L, d = 3, 2, 11, 8
+        module = SimpleNamespace(num_key_value_groups=groups, training=False, is_causal=True)
+        q = torch.randn(b, kv * groups, q_len, d, generator=g)
+        k, v = torch.randn(b, kv, L, d, generator=g), torch.randn(b, kv, L, d, generator=g)
+        keep = torch.rand(b, 1, q_len, L, generator=g) > 0.3
+        keep[..., 0] = True
+        additive = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
+        out, _ = packed_sdpa_attention(module, q, k, v, keep, scaling=d ** -0.5)
+        ref, _ = eager_attention_forward(module, q, k, v, additive, scaling=d ** -0.5)
+        assert out.shape == ref.shape == (b, q_len, kv * groups, d)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_static_steps_attend_on_the_kv_heads(tiny_llama, monkeypatch):
+    """Every static step runs with the packed attention (compiled, transformers would repeat the KV
+    cache per query head), and the model's own attention is restored afterwards."""
+    import ctrls.sampling as sampling
+    from ctrls.kv_cache import PACKED_SDPA
+
+    seen, real = [], sampling.step_fn
+
+    def spy_step_fn(mode):
+        step = real(mode)
+
+        def spied(body, *a, **k):
+            seen.append(body.config._attn_implementation)
+            return step(body, *a, **k)
+        return spied
+
+    monkeypatch.setattr(sampling, "step_fn", spy_step_fn)
+    before = tiny_llama.model.config._attn_implementation
+    assert before == "sdpa"
+    sample(tiny_llama, _prompts(tiny_llama.tokenizer)[:2], 2, replace(ENDING, max_new_tokens=6, decode="static"),
+           seeds=[1, 2])
+    assert seen and set(seen) == {PACKED_SDPA}
+    assert tiny_llama.model.config._attn_implementation == before
