@@ -3,11 +3,17 @@ torch profiler's top CUDA kernels for a short decode of a full-size random-weigh
 paper's batch (8 prompts x 20 samples), static + ``reduce-overhead`` (after one compiling run) and
 engine. Run with ``TORCH_LOGS=perf_hints`` to see whether inductor skipped the CUDA graphs.
 
-    TORCH_LOGS=perf_hints python bench/graph_profile.py --new 32      # on a CUDA machine, ~2 min
+    TORCH_LOGS=perf_hints python bench/graph_profile.py --new 32 > prof.log   # on a CUDA machine, ~2 min
+    python bench/graph_profile.py --from-log prof.log --new 32 --out bench/results/graph_profile.json
+
+``--from-log`` reads such a log back (``parse_log``): per path its milliseconds per iteration, the part
+inside the body or step, and each listed kernel's self CUDA time per decode step.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -16,11 +22,30 @@ for p in (HERE.parent, HERE):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+HEAD = re.compile(r"^== (\w+) \(([\w-]+)\): ([\d.]+) ms/iteration, inside ([\d.]+)")
 
-from graph_check import prompts_for, run  # noqa: E402
-from gpuest.models import build_backbone, calibrate_newline_bias, load_tokenizer  # noqa: E402
+
+def _ms(x: str) -> float:
+    return float(x[:-2]) if x.endswith("ms") else float(x[:-2]) / 1e3 if x.endswith("us") else float(x[:-1]) * 1e3
+
+
+def parse_log(text: str, new: int) -> dict:
+    """The numbers of a ``graph_profile`` log: per path (``static``, ``engine``) ms per iteration, ms inside
+    (body or step), and each listed row's self CUDA ms per decode step (``new - 1`` steps; the table's
+    ``Self CUDA`` column over the steps) with its call count."""
+    out, cur = {}, None
+    for line in text.splitlines():
+        m = HEAD.match(line)
+        if m:
+            cur = out[m.group(1)] = {"compile": m.group(2), "ms_per_iteration": float(m.group(3)),
+                                     "inside_ms_per_iteration": float(m.group(4)), "rows": []}
+            continue
+        f = re.split(r"\s{2,}", line.strip())
+        if cur is not None and len(f) == 11 and f[-1].isdigit():
+            cur["rows"].append({"name": f[0], "self_cuda_ms_per_step": _ms(f[6]) / (new - 1), "calls": int(f[-1])})
+        elif cur is not None and line.startswith("Self CUDA time total:"):
+            cur["self_cuda_ms_per_step"] = _ms(line.split(":")[1].strip()) / (new - 1)
+    return out
 
 
 def main(argv=None) -> None:
@@ -30,7 +55,25 @@ def main(argv=None) -> None:
     ap.add_argument("--rows-per-prompt", type=int, default=20)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--tokenizer", default=str(HERE.parent / ".cache" / "smollm2-tokenizer"))
+    ap.add_argument("--from-log", nargs="+", help="parse these logs (one each) instead of profiling")
+    ap.add_argument("--labels", nargs="+", help="a label for each log (default: the file names)")
+    ap.add_argument("--commits", nargs="+", help="the commit each log was made at (a log does not name it)")
+    ap.add_argument("--out", help="JSON of the parsed logs")
     args = ap.parse_args(argv)
+    if args.from_log:
+        labels = args.labels or [Path(f).stem for f in args.from_log]
+        res = {"new_tokens": args.new, "backbone": args.backbone,
+               "runs": {lab: parse_log(Path(f).read_text(), args.new) for lab, f in zip(labels, args.from_log)},
+               "commits": dict(zip(labels, args.commits or []))}
+        text = json.dumps(res, indent=1)
+        Path(args.out).write_text(text) if args.out else print(text)
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from graph_check import prompts_for, run
+    from gpuest.models import build_backbone, calibrate_newline_bias, load_tokenizer
+
     dev = torch.device("cuda")
     tok = load_tokenizer(args.tokenizer)
     bb = build_backbone(args.backbone, tok, dev, torch.bfloat16, False)

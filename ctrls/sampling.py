@@ -39,6 +39,8 @@ GPU the ~1,500 kernel launches of an eager step, not FLOPs or bandwidth, set the
   until at most half the slots are live; then the live rows move to the smallest power-of-two
   bucket that holds them, so a compiled step meets at most log2(B) + 2 shapes and the finished
   rows' wasted work stays below the live rows' work;
+- the one query token attends on the KV heads (``ctrls.kv_cache.packed_sdpa_attention``; compiled,
+  transformers would copy the cache once per query head);
 - the step (decoder body, the CTRLS adapter of Eq. 7, the LM head and its top-k) is a function of
   tensors with no host synchronisation, compiled with ``torch.compile`` when ``sampling.compile``
   asks for it (``reduce-overhead``: CUDA-graph capture); the Gumbel-max draw among the top k from

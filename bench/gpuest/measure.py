@@ -20,7 +20,7 @@ import torch
 from common import QUESTIONS, random_ctrls
 
 from .decode import decode_hf, decode_ours, engine_vs_graph, forward_floor, measured
-from .estimate import STEPS_PER_COT
+from .estimate import STEPS_PER_COT, rl_runs
 from .models import SHAPES, TINY, build_backbone, calibrate_newline_bias, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,6 +176,8 @@ def measure_backbone(name: str, args, tok, dev, dtype, cfg, res: dict, save) -> 
     n_prompts = max(1, B // n)
     big_p, big_s = prompts[:n_prompts], starts[:n_prompts]
     G = cfg.rl.questions_per_step * cfg.rl.group_size
+    n_ls = rl_runs(cfg) * cfg.rl.questions_per_step  # lockstep RL: every run's step in one batch
+    ls_p, ls_s = [prompts[i % len(prompts)] for i in range(n_ls)], [starts[i % len(starts)] for i in range(n_ls)]
     # warm-up (kernels, cuBLAS handles, allocator)
     decode_ours(bb, big_p[:2], big_s[:2], 2, 4)
     decode_ours(bb, big_p[:2], big_s[:2], 2, 4, model=model)
@@ -185,6 +187,7 @@ def measure_backbone(name: str, args, tok, dev, dtype, cfg, res: dict, save) -> 
             ("ctrls_b160", lambda: decode_ours(bb, big_p, big_s, n, args.new, model=model)),
             ("base_rl", lambda: decode_ours(bb, prompts[:1], starts[:1], G, args.new_rl)),
             ("ctrls_rl", lambda: decode_ours(bb, prompts[:1], starts[:1], G, args.new_rl, model=model)),
+            ("ctrls_lockstep", lambda: decode_ours(bb, ls_p, ls_s, cfg.rl.group_size, args.new_rl, model=model)),
             ("floor_b160", lambda: forward_floor(bb, big_p, n, args.floor_iters)),
             ("floor_rl", lambda: forward_floor(bb, prompts[:1], G, args.floor_iters))]
     if not args.skip_hf:
