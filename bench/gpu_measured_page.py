@@ -35,6 +35,16 @@ def _median_ms(rec: dict) -> float:
     return 1e3 * (d[len(d) // 2] if d else rec["s_per_iteration"])
 
 
+def _runs(measured: dict, keys):
+    """(backbone's short name, key, record) of each of ``keys`` a backbone measured without error, backbone
+    by backbone."""
+    for name, b in measured["backbones"].items():
+        for key in keys:
+            r = b.get(key)
+            if r and "error" not in r:
+                yield SHORT.get(name, name), key, r
+
+
 def _commit(env: dict) -> str:
     return (env.get("git_commit") or "unknown")[:7]
 
@@ -56,15 +66,11 @@ def render(measured: dict, check: dict, prof: dict) -> str:
             "ms/it: the median decode iteration, prefill excluded; the bare model loop is the eager model with no "
             "sampling):", "",
             "| backbone | batch | sampler | tokens | tok/s | ms/it |", "|---|---|---|---:|---:|---:|"]
-    for name, b in measured["backbones"].items():
-        for key, label in RUNS:
-            r = b.get(key)
-            if not r or "error" in r:
-                continue
-            batch = f"{r['rows']} rows"
-            toks = r.get("new_tokens", r.get("iterations"))
-            tps = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "–"
-            out.append(f"| {SHORT.get(name, name)} | {batch} | {label} | {toks} | {tps} | {_median_ms(r):.1f} |")
+    labels = dict(RUNS)
+    for name, key, r in _runs(measured, labels):
+        toks = r.get("new_tokens", r.get("iterations"))
+        tps = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "–"
+        out.append(f"| {name} | {r['rows']} rows | {labels[key]} | {toks} | {tps} | {_median_ms(r):.1f} |")
     out += ["", "The runs went one after another, and the host's speed moved between them (next table), so a row "
             "against another here (CTRLS against Base, say) compares moments of the machine, not samplers.", ""]
 
@@ -93,14 +99,10 @@ def render(measured: dict, check: dict, prof: dict) -> str:
             "prompts and seeds; the static path's first run compiles and captures, the second is timed). These "
             "ran before the fix below:", "",
             "| backbone | run | engine tok/s | graphs tok/s | ratio | compile s |", "|---|---|---:|---:|---:|---:|"]
-    for name, b in measured["backbones"].items():
-        for key in ("graph_base_b160", "graph_ctrls_b160", "graph_ctrls_rl"):
-            r = b.get(key)
-            if not r or "error" in r:
-                continue
-            out.append(f"| {SHORT.get(name, name)} | {key[6:].replace('_', ', ')} ({r['rows']} rows) | "
-                       f"{r['engine']['tokens_per_s']:,.0f} | {r['static']['tokens_per_s']:,.0f} | "
-                       f"{r['speedup']:.2f}x | {r['static_first_run_seconds']:.0f} |")
+    for name, key, r in _runs(measured, ("graph_base_b160", "graph_ctrls_b160", "graph_ctrls_rl")):
+        out.append(f"| {name} | {key[6:].replace('_', ', ')} ({r['rows']} rows) | "
+                   f"{r['engine']['tokens_per_s']:,.0f} | {r['static']['tokens_per_s']:,.0f} | "
+                   f"{r['speedup']:.2f}x | {r['static_first_run_seconds']:.0f} |")
     out.append("")
 
     # 4. the profile before / after

@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -38,8 +37,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from common import QUESTIONS, forced_params, random_ctrls  # noqa: E402
-from gpuest.decode import sync  # noqa: E402
+from common import QUESTIONS, random_ctrls  # noqa: E402
+from gpuest.decode import decode_ours, sync, token_agreement  # noqa: E402
 from gpuest.measure import environment  # noqa: E402
 from gpuest.models import build_backbone, calibrate_newline_bias, load_tokenizer  # noqa: E402
 
@@ -104,34 +103,16 @@ def timed_parts(bb, decode: str):
             sampling.step_fn = real
 
 
-def run(bb, prompts, starts, n: int, new: int, model, decode: str, compile: str, parts: bool = False) -> dict:
-    from ctrls.sampling import sample
-
-    p = replace(forced_params(len(prompts) * n, new), decode=decode, compile=compile)
+def run(bb, prompts, starts, n: int, new: int, model, decode: str, compile: str, parts: bool = False) -> tuple:
+    """``gpuest.decode.decode_ours`` (its record, and every row's tokens); ``parts``: also the seconds
+    inside the body or step (``timed_parts``) and the host loop's rest."""
     ctx = timed_parts(bb, decode) if parts else contextlib.nullcontext({})
-    sync(bb.device)
+    toks: list = []
     with ctx as acc:
-        t = time.perf_counter()
-        gens = sample(bb, prompts, n, p, model=model, seeds=list(range(len(prompts))), prompt_starts=starts)
-        sync(bb.device)
-        sec = time.perf_counter() - t
-    toks = [g.token_ids for gs in gens for g in gs]
-    rec = {"decode": decode, "compile": compile, "rows": len(toks), "new_tokens": new, "seconds": sec,
-           "tokens_per_s": sum(map(len, toks)) / sec, "s_per_iteration": sec / new}
+        rec = decode_ours(bb, prompts, starts, n, new, model=model, decode=decode, compile=compile, tokens_out=toks)
     if parts:
-        rec.update(inside_s=acc["inside_s"], inside_calls=acc["calls"], host_loop_s=sec - acc["inside_s"])
-    if bb.device.type == "cuda":
-        rec["peak_gib"] = torch.cuda.max_memory_allocated(bb.device) / 2**30
+        rec.update(inside_s=acc["inside_s"], inside_calls=acc["calls"], host_loop_s=rec["seconds"] - acc["inside_s"])
     return rec, toks
-
-
-def compare(a: list, b: list) -> dict:
-    def prefix(x, y):
-        return next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
-
-    same = [x == y for x, y in zip(a, b)]
-    return {"rows_equal_fraction": sum(same) / max(len(same), 1), "all_equal": all(same) and len(a) == len(b),
-            "mean_common_prefix": sum(prefix(x, y) for x, y in zip(a, b)) / max(len(same), 1)}
 
 
 def equality(name: str, tok, dev, dtype, tiny: bool, new: int, mode: str) -> dict:
@@ -147,7 +128,7 @@ def equality(name: str, tok, dev, dtype, tiny: bool, new: int, mode: str) -> dic
             t = time.perf_counter()
             runs[key] = run(bb, prompts, starts, 8, new, model, decode, comp)[1]
             print(f"  {label} {key}: {time.perf_counter() - t:.1f} s", flush=True)
-        res[label] = {f"{a}_vs_{b}": compare(runs[a], runs[b]) for a, b in
+        res[label] = {f"{a}_vs_{b}": token_agreement(runs[a], runs[b]) for a, b in
                       (("engine", "static"), ("engine", "graph1"), ("static", "graph1"), ("graph1", "graph2"))}
         print(f"  {label}: " + ", ".join(f"{k} {v['rows_equal_fraction']:.0%} rows equal (prefix "
                                            f"{v['mean_common_prefix']:.1f})" for k, v in res[label].items()), flush=True)

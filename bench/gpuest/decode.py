@@ -114,16 +114,23 @@ def engine_vs_graph(bb, prompts, starts, n: int, new: int, model=None) -> dict:
     warm = decode_ours(bb, prompts, starts, n, new, model=model, decode="static", compile=mode, tokens_out=first)
     static = decode_ours(bb, prompts, starts, n, new, model=model, decode="static", compile=mode, tokens_out=graph)
 
-    def prefix(a, b):
-        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-    same = [a == b for a, b in zip(eng, graph)]
+    agree = token_agreement(eng, graph)
     return {"rows": engine["rows"], "new_tokens": new, "compile": mode, "engine": engine, "static": static,
             "static_first_run_seconds": warm["seconds"],  # compile + capture + one run
-            "tokens_equal": all(same) and len(eng) == len(graph), "rows_equal_fraction": sum(same) / max(len(same), 1),
-            "mean_common_prefix": sum(prefix(a, b) for a, b in zip(eng, graph)) / max(len(same), 1),
-            "static_runs_repeat": first == graph,
+            "tokens_equal": agree["all_equal"], "rows_equal_fraction": agree["rows_equal_fraction"],
+            "mean_common_prefix": agree["mean_common_prefix"], "static_runs_repeat": first == graph,
             "speedup": static["tokens_per_s"] / engine["tokens_per_s"]}
+
+
+def token_agreement(a: list, b: list) -> dict:
+    """How far two runs' token lists (one per row) agree: whether all are equal, the fraction of rows
+    equal throughout, and the mean length of the rows' common prefix."""
+    def prefix(x, y):
+        return next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+
+    same = [x == y for x, y in zip(a, b)]
+    return {"all_equal": all(same) and len(a) == len(b), "rows_equal_fraction": sum(same) / max(len(same), 1),
+            "mean_common_prefix": sum(prefix(x, y) for x, y in zip(a, b)) / max(len(same), 1)}
 
 
 def decode_hf(bb, prompts, n: int, new: int) -> dict:

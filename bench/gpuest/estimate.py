@@ -39,6 +39,14 @@ def rl_runs(cfg, pair: tuple[str, str] | None = None) -> int:
     return max(len(stage_runs(cfg, b, d)) for b, d in pairs)
 
 
+def lockstep_batch(cfg, prompts: list, starts: list) -> tuple[list, list]:
+    """The prompts and prompt starts of one lockstep RL decode batch (every run's step at once:
+    ``rl_runs`` x ``rl.questions_per_step`` prompts, each sampled ``rl.group_size`` times), cycling
+    through ``prompts``."""
+    n = rl_runs(cfg) * cfg.rl.questions_per_step
+    return [prompts[i % len(prompts)] for i in range(n)], [starts[i % len(starts)] for i in range(n)]
+
+
 def table_policies(cfg, pair: tuple[str, str]) -> int:
     """Policies whose test samples the RL stage draws for a pair: the table rows, plus Base when
     ``rl.n_test`` is set (Table 2's own Base on its own questions)."""

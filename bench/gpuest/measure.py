@@ -20,7 +20,7 @@ import torch
 from common import QUESTIONS, random_ctrls
 
 from .decode import decode_hf, decode_ours, engine_vs_graph, forward_floor, measured
-from .estimate import STEPS_PER_COT, rl_runs
+from .estimate import STEPS_PER_COT, lockstep_batch
 from .models import SHAPES, TINY, build_backbone, calibrate_newline_bias, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,8 +176,7 @@ def measure_backbone(name: str, args, tok, dev, dtype, cfg, res: dict, save) -> 
     n_prompts = max(1, B // n)
     big_p, big_s = prompts[:n_prompts], starts[:n_prompts]
     G = cfg.rl.questions_per_step * cfg.rl.group_size
-    n_ls = rl_runs(cfg) * cfg.rl.questions_per_step  # lockstep RL: every run's step in one batch
-    ls_p, ls_s = [prompts[i % len(prompts)] for i in range(n_ls)], [starts[i % len(starts)] for i in range(n_ls)]
+    ls_p, ls_s = lockstep_batch(cfg, prompts, starts)  # lockstep RL: every run's step in one batch
     # warm-up (kernels, cuBLAS handles, allocator)
     decode_ours(bb, big_p[:2], big_s[:2], 2, 4)
     decode_ours(bb, big_p[:2], big_s[:2], 2, 4, model=model)

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from common import QUESTIONS, op_kind, random_ctrls
 
 from .decode import decode_hf, decode_ours
-from .estimate import MEAN_TOKENS, STEPS_PER_COT, rl_runs
+from .estimate import MEAN_TOKENS, STEPS_PER_COT, lockstep_batch
 from .measure import cpu_fits_full
 from .models import TINY, build_backbone, calibrate_newline_bias, shape_numbers
 
@@ -175,12 +175,10 @@ def measure_analytic_inputs(name: str, args, tok, cfg) -> dict:
     model = random_ctrls(bb, K, k, r)
     n_s, B = cfg.grid.n_samples, cfg.sampling.batch_size
     G = cfg.rl.questions_per_step * cfg.rl.group_size
-    runs = rl_runs(cfg)  # lockstep RL: every run's step decodes in one batch (runs x questions_per_step prompts)
-    n_ls = runs * cfg.rl.questions_per_step
+    ls_p, ls_s = lockstep_batch(cfg, prompts, starts)  # lockstep RL: every run's step decodes in one batch
     batches = {"b160": (prompts[:max(1, B // n_s)], starts[:max(1, B // n_s)], n_s, args.host_tokens),
                "rl": (prompts[:1], starts[:1], G, 2 * args.host_tokens),
-               "lockstep": ([prompts[i % len(prompts)] for i in range(n_ls)], [starts[i % len(starts)] for i in range(n_ls)],
-                            cfg.rl.group_size, args.host_tokens)}
+               "lockstep": (ls_p, ls_s, cfg.rl.group_size, args.host_tokens)}
     host = {"model": f"tiny width ({TINY}), vocabulary {len(tok)}, float32, CPU", "newline_bias": bias,
             "torch_threads": torch.get_num_threads()}
     decode_ours(bb, prompts[:2], starts[:2], 2, 4)  # warm-up
