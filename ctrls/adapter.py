@@ -34,21 +34,39 @@ import torch.nn.functional as F
 from ctrls.backbone import decoder_body
 
 INJECTION_POINTS = ("last_hidden", "input_embeds")
+FUSIONS = ("linear", "mlp")
 
 
 class StateAdapter(torch.nn.Module):
-    """E' = E + F_u(GELU([F_d(E); W_z z])) (Eq. 7), rank ``rank``, F_u zero-initialised.
+    """E' = E + F_u(GELU([F_d(E); W_z z])) (Eq. 7), rank ``rank``, F_u's output layer zero-initialised.
 
     ``hidden_size`` is d, ``state_dim`` is D = k d (the dimension of z_t and of the centroids).
+
+    ``fusion`` says what F_u is. The paper does not (Eq. 7 writes F_u([F_d(E); W_z z])):
+    - ``"linear"``: F_u(h) = U h + b. Then E' = A(E) + u(z) separates (``ctrls.elbo.state_token_logprobs``):
+      the state adds one vector per state to every position, a logit bias that cannot depend on the
+      context;
+    - ``"mlp"`` (ours): F_u(h) = U GELU(M h + m) + b with M (2r x 2r) mixing the token's code F_d(E)
+      with the state's code W_z z before the nonlinearity, so the state's effect depends on the
+      token's (contextual) hidden state. It costs 4r^2 + 2r more parameters.
     """
 
-    def __init__(self, hidden_size: int, state_dim: int, rank: int = 64):
+    def __init__(self, hidden_size: int, state_dim: int, rank: int = 64, fusion: str = "linear"):
         super().__init__()
+        if fusion not in FUSIONS:
+            raise ValueError(f"unknown fusion {fusion!r}: {' or '.join(FUSIONS)}")
+        self.fusion = fusion
         self.down = torch.nn.Linear(hidden_size, rank)  # F_d
         self.state = torch.nn.Linear(state_dim, rank, bias=False)  # W_z
-        self.up = torch.nn.Linear(2 * rank, hidden_size)  # F_u
+        self.mix = torch.nn.Linear(2 * rank, 2 * rank) if fusion == "mlp" else None  # M (mlp only)
+        self.up = torch.nn.Linear(2 * rank, hidden_size)  # F_u's output layer
         torch.nn.init.zeros_(self.up.weight)
         torch.nn.init.zeros_(self.up.bias)
+
+    @property
+    def separable(self) -> bool:
+        """True when E' = A(E) + u(z) (linear F_u): the state's effect does not depend on the token."""
+        return self.fusion == "linear"
 
     @property
     def hidden_size(self) -> int:
@@ -63,9 +81,11 @@ class StateAdapter(torch.nn.Module):
         return self.down.out_features
 
     @staticmethod
-    def n_params(hidden_size: int, state_dim: int, rank: int) -> int:
-        """r(d + 1) + rD + 2rd + d: F_d, W_z, F_u (see the module docstring for concrete numbers)."""
-        return rank * (hidden_size + 1) + rank * state_dim + 2 * rank * hidden_size + hidden_size
+    def n_params(hidden_size: int, state_dim: int, rank: int, fusion: str = "linear") -> int:
+        """r(d + 1) + rD + 2rd + d: F_d, W_z, F_u (see the module docstring for concrete numbers);
+        plus 4r^2 + 2r for the ``mlp`` fusion's M."""
+        mix = 4 * rank * rank + 2 * rank if fusion == "mlp" else 0
+        return rank * (hidden_size + 1) + rank * state_dim + 2 * rank * hidden_size + hidden_size + mix
 
     # ---- the state code W_z z (..., r) ------------------------------------------------------------
     def state_code(self, z: torch.Tensor) -> torch.Tensor:
@@ -94,8 +114,10 @@ class StateAdapter(torch.nn.Module):
         except RuntimeError:
             raise ValueError(f"the state (code shape {tuple(code.shape)}) does not broadcast to the hidden "
                              f"states {tuple(E.shape)}: give one state per position or (..., 1, ·)") from None
-        h = torch.cat([self.down(x), code], dim=-1)
-        return (x + self.up(F.gelu(h))).to(E.dtype)  # Eq. 7
+        h = F.gelu(torch.cat([self.down(x), code], dim=-1))
+        if self.mix is not None:  # the mlp fusion: the token's and the state's codes interact
+            h = F.gelu(self.mix(h))
+        return (x + self.up(h)).to(E.dtype)  # Eq. 7
 
     def forward(self, E: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """E (..., n, d), z (..., n, D) or broadcastable (..., 1, D) -> E' (..., n, d) in E's dtype."""

@@ -178,6 +178,8 @@ class AdapterConfig:
     rank: int = key(64, at_least(1))
     # only last_hidden (INJECT_AT_WHY); input_embeds stays in the type for a future implementation
     inject_at: Literal["last_hidden", "input_embeds"] = key("last_hidden", only("last_hidden", why=INJECT_AT_WHY))
+    # F_u of Eq. 7: linear (the state adds one logit bias per state) or mlp (the state's effect depends on the token)
+    fusion: Literal["linear", "mlp"] = "linear"
 
 
 @dataclass
@@ -199,9 +201,10 @@ class PretrainConfig:
     sources: list[Literal["samples", "reference"]] = key(["samples", "reference"], nonempty=True, unique=True)
     samples_per_question: int = key(4, at_least(1))  # CoTs sampled per training question (kept when correct)
     temperature: float = key(0.7, token_temperature())  # eta of the sampled CoTs (greedy would repeat one CoT)
-    epochs: int = key(5, at_least(0))  # 0: the fresh adapter, which leaves the backbone unchanged
+    epochs: int = key(5, at_least(0))  # at most this many epochs (0: the fresh adapter, which leaves the backbone unchanged)
+    patience: int = key(2, at_least(0))  # stop after this many epochs without a better held-out bound (0: run every epoch); the best epoch's adapter is kept
     lr: float = key(1e-3, in_range(0, MAX_LR, open_lo=True))
-    batch_steps: int = key(256, at_least(1))  # steps per adapter-training (and bound-evaluation) batch
+    batch_steps: int = key(32, at_least(1))  # steps per adapter-training batch: one Adam step each (the bound is evaluated in batches of 256)
     max_tokens_per_step: int = key(64, at_least(1))  # longer steps are truncated in training (the relaxed objective); never in the bound
     heldout_fraction: float = key(0.1, Rule("in [0, 1)", lambda v: 0 <= v < 1))  # questions whose CoTs are held out of (d)-(f), to report Thm. 5.3's bound on
     bound_samples: int = key(0, Rule("0 (exact over the K states) or >= 2 (Monte Carlo draws per step)", lambda v: v == 0 or v >= 2))  # Thm. 5.3's reconstruction term

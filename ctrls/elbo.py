@@ -110,6 +110,8 @@ def state_token_logprobs(adapter: StateAdapter, lm_head: torch.nn.Module, centro
     if not isinstance(adapter, StateAdapter):
         raise TypeError(f"the exact reconstruction relies on StateAdapter's fusion, got {type(adapter).__name__}; "
                         f"use the Monte Carlo estimate (samples > 0)")
+    if not adapter.separable:  # the mlp fusion: one adapted pass per state (K passes), still exact
+        return _state_logprobs_by_passes(adapter, lm_head, centroids, hidden, targets, step_index, s_post, chunk)
     W, b = lm_head.weight, lm_head.bias
     r = adapter.rank
     U_a, U_c = adapter.up.weight[:, :r], adapter.up.weight[:, r:]
@@ -145,6 +147,23 @@ def state_token_logprobs(adapter: StateAdapter, lm_head: torch.nn.Module, centro
                 out_bar.append((base_y + d_bar[inv, y][:, None] - lse_bar)[:, 0])
     lp = torch.cat(out) if out else hidden.new_zeros(0, K, dtype=torch.float64)
     lp_bar = None if s_post is None else (torch.cat(out_bar) if out_bar else hidden.new_zeros(0, dtype=torch.float64))
+    return lp, lp_bar
+
+
+def _state_logprobs_by_passes(adapter: StateAdapter, lm_head: torch.nn.Module, centroids: torch.Tensor,
+                              hidden: torch.Tensor, targets: torch.Tensor, step_index: torch.Tensor,
+                              s_post: torch.Tensor | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``state_token_logprobs`` for any fusion: one adapted forward per state (K LM-head passes)."""
+    K = centroids.shape[0]
+    with torch.no_grad():
+        proj = adapter.state(centroids.to(adapter.state.weight.dtype))  # (K, r)
+        cols = [_token_logprob(adapter, lm_head, hidden, proj[j].expand(hidden.shape[0], -1), targets, chunk)
+                for j in range(K)]
+        lp = torch.stack(cols, -1) if cols else hidden.new_zeros(0, K, dtype=torch.float64)
+        lp_bar = None
+        if s_post is not None:
+            code = (s_post.to(proj.dtype) @ proj)[step_index]
+            lp_bar = _token_logprob(adapter, lm_head, hidden, code, targets, chunk)
     return lp, lp_bar
 
 

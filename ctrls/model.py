@@ -34,6 +34,7 @@ class CTRLSConfig:
     tau: float
     rank: int
     inject_at: str = "last_hidden"
+    fusion: str = "linear"  # F_u of Eq. 7: linear (separable) or mlp (ctrls.adapter.StateAdapter)
     hidden_layer: int = -1
     backbone: str = ""
     notes: list[str] = field(default_factory=list)
@@ -116,7 +117,7 @@ class CTRLSModel(torch.nn.Module):
         if L is not None:
             with torch.no_grad():
                 policy.L.copy_(L)
-        adapter = StateAdapter(config.hidden_size, config.state_dim, config.rank)
+        adapter = StateAdapter(config.hidden_size, config.state_dim, config.rank, config.fusion)
         return cls(config, centroids, policy, adapter)
 
     @classmethod

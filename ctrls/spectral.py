@@ -15,7 +15,11 @@ Two routes to the same rows:
   zero-padded to the chunk's longest step: zero rows of E add zero eigenvalues to E E^T and
   leave the nonzero part of S V^T unchanged.
 
-Conventions (design notes: book/design.md): each v_i's sign is fixed so that its largest-magnitude entry is positive;
+Conventions (design notes: book/design.md): each v_i's sign is fixed so that the row sigma_i v_i points along the
+step's token sum E_t^T 1 (the Gram matrix, and Eq. 5, leave the sign free); only where that projection vanishes
+(|cos| < SIGN_COS_TOL, e.g. a step whose tokens sum to ~0) does the largest-magnitude entry decide. The older rule,
+"largest-magnitude entry positive", let two near-equal activations of opposite sign (SmolLM2's dims 199 and 17)
+flip whole steps and made a mirror cluster that held most prompts (``tests/test_spectral.py`` keeps the case);
 rows beyond the numerical rank of E_t (always when n_t < k) are zero, where singular values below
 max(n, d) * eps_float32 * s_1 count as zero (numpy's matrix_rank rule at float32 precision: the
 hidden states are float32 at best); E_t is divided by sqrt(n_t) first (flag ``normalize``) so
@@ -29,6 +33,7 @@ from typing import Sequence
 import torch
 
 RANK_RTOL_EPS = torch.finfo(torch.float32).eps  # singular values below max(n, d) * this * s_1 are zero
+SIGN_COS_TOL = 1e-4  # below this |cos(row, token sum)| the sign falls back to the largest-magnitude entry
 
 
 def _prepare(E: torch.Tensor, normalize: bool, name: str, d: int | None = None) -> torch.Tensor:
@@ -47,14 +52,19 @@ def _prepare(E: torch.Tensor, normalize: bool, name: str, d: int | None = None) 
     return E / E.shape[0] ** 0.5 if normalize else E
 
 
-def _finish(rows: torch.Tensor, sv: torch.Tensor, k: int, size: torch.Tensor | int) -> torch.Tensor:
+def _finish(rows: torch.Tensor, sv: torch.Tensor, k: int, size: torch.Tensor | int,
+            token_sum: torch.Tensor) -> torch.Tensor:
     """Zero the rows (..., m, d) beyond the numerical rank (singular values sv (..., m), descending;
-    ``size`` = max(n, d) of each step, broadcastable to sv[..., :1]), fix each row's sign (largest-
-    magnitude entry positive) and zero-pad to k rows (..., k, d)."""
+    ``size`` = max(n, d) of each step, broadcastable to sv[..., :1]), fix each row's sign (along the
+    step's token sum ``token_sum`` (..., d); the largest-magnitude entry where that projection
+    vanishes) and zero-pad to k rows (..., k, d)."""
     tol = sv[..., :1] * size * RANK_RTOL_EPS
     rows = torch.where((sv > tol)[..., None], rows, torch.zeros_like(rows))
-    peak = rows.gather(-1, rows.abs().argmax(dim=-1, keepdim=True))
-    rows = torch.where(peak < 0, -rows, rows)
+    proj = (rows * token_sum[..., None, :]).sum(-1)  # sigma_i^2 u_i^T 1: the row's projection on E^T 1
+    cos = proj / (rows.norm(dim=-1) * token_sum.norm(dim=-1, keepdim=True)).clamp_min(torch.finfo(rows.dtype).tiny)
+    peak = rows.gather(-1, rows.abs().argmax(dim=-1, keepdim=True))[..., 0]
+    flip = torch.where(cos.abs() >= SIGN_COS_TOL, cos < 0, peak < 0)
+    rows = torch.where(flip[..., None], -rows, rows)
     if rows.shape[-2] < k:
         rows = torch.cat([rows, rows.new_zeros(*rows.shape[:-2], k - rows.shape[-2], rows.shape[-1])], dim=-2)
     return rows.float()
@@ -63,7 +73,7 @@ def _finish(rows: torch.Tensor, sv: torch.Tensor, k: int, size: torch.Tensor | i
 def spectral_embedding(E: torch.Tensor, k: int, normalize: bool = True) -> torch.Tensor:
     """e_t (k*d,) of one step's hidden states E (n, d) by its thin SVD (Eq. 5).
 
-    The first k rows of S V^T (sign fixed, zero beyond the rank), flattened. ``normalize`` divides
+    The first k rows of S V^T (each along the token sum, zero beyond the rank), flattened. ``normalize`` divides
     E by sqrt(n) first. NaN/Inf in E raise a ValueError."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
@@ -71,7 +81,7 @@ def spectral_embedding(E: torch.Tensor, k: int, normalize: bool = True) -> torch
     n, d = E.shape
     _, S, Vh = torch.linalg.svd(E, full_matrices=False)
     m = min(k, S.shape[0])
-    return _finish(S[:m, None] * Vh[:m], S[:m], k, max(n, d)).reshape(k * d)  # Eq. 5: sqrt(lambda_i) q_i = sigma_i v_i
+    return _finish(S[:m, None] * Vh[:m], S[:m], k, max(n, d), E.sum(0)).reshape(k * d)  # Eq. 5: sqrt(lambda_i) q_i = sigma_i v_i
 
 
 def spectral_embeddings(steps: Sequence[torch.Tensor], k: int, normalize: bool = True, batch_size: int = 64,
@@ -104,5 +114,5 @@ def spectral_embeddings(steps: Sequence[torch.Tensor], k: int, normalize: bool =
         U_top = U[..., -m:].flip(-1)  # (b, n, m), descending
         sv = evals[..., -m:].flip(-1).clamp(min=0).sqrt()
         size = torch.tensor([[max(E.shape[0], d)] for E in prepared], dtype=sv.dtype, device=dev)
-        out[idx] = _finish(U_top.transpose(1, 2) @ batch, sv, k, size)  # Eq. 5: S V^T = U^T E
+        out[idx] = _finish(U_top.transpose(1, 2) @ batch, sv, k, size, batch.sum(1))  # Eq. 5: S V^T = U^T E
     return out.reshape(len(steps), k * d)

@@ -126,3 +126,19 @@ def test_bad_inputs_name_the_problem():
         ad.forward_s(torch.zeros(3, 4), torch.ones(3, 3), torch.zeros(2, 8))
     with pytest.raises(ValueError, match="broadcast"):
         ad(torch.zeros(3, 4), torch.zeros(2, 8))
+
+
+@pytest.mark.parametrize("fusion", ["linear", "mlp"])
+def test_only_the_mlp_fusion_lets_the_state_effect_depend_on_the_token(fusion):
+    """Linear F_u: E'(E, z1) - E'(E, z2) is the same vector for every token (one bias per state);
+    mlp F_u: it depends on the token. A fresh adapter of either kind is the identity."""
+    torch.manual_seed(0)
+    ad = StateAdapter(16, 32, rank=4, fusion=fusion)
+    E, z1, z2 = torch.randn(5, 16), torch.randn(1, 32), torch.randn(1, 32)
+    assert torch.equal(ad(E, z1), E)
+    torch.nn.init.normal_(ad.up.weight, std=0.5)
+    shift = ad(E, z1) - ad(E, z2)  # (5, 16): the state's effect at each token
+    spread = (shift - shift[:1]).abs().max()
+    assert (spread < 1e-5) if fusion == "linear" else (spread > 1e-2)
+    assert StateAdapter.n_params(16, 32, 4, fusion) == sum(p.numel() for p in ad.parameters())
+    assert ad.separable == (fusion == "linear")

@@ -43,8 +43,8 @@ def _batch(bb, seed=0, n_states=K):
     return ids, hidden, targets, step_index, s_post, s_prev
 
 
-def _adapter(bb, std=0.0, n_states=K):
-    ad = StateAdapter(bb.hidden_size, k * bb.hidden_size, rank=8)
+def _adapter(bb, std=0.0, n_states=K, fusion="linear"):
+    ad = StateAdapter(bb.hidden_size, k * bb.hidden_size, rank=8, fusion=fusion)
     if std:
         torch.nn.init.normal_(ad.up.weight, std=std)
         torch.nn.init.normal_(ad.up.bias, std=std)
@@ -67,12 +67,13 @@ def _states_at_positions(ids, states):
 # ---- Thm. 5.3: the bound ------------------------------------------------------------------------
 
 
-def test_state_logprobs_equal_K_full_adapted_forward_passes(small_qwen2):
+@pytest.mark.parametrize("fusion", ["linear", "mlp"])
+def test_state_logprobs_equal_K_full_adapted_forward_passes(small_qwen2, fusion):
     """The one-pass exact reconstruction equals K teacher-forced forwards of backbone + adapter
     with z = gamma_j at every step, and the mean-z column equals the forward at z = s_t Gamma."""
     bb = small_qwen2
     ids, hidden, targets, step_index, s_post, _ = _batch(bb, seed=5)
-    ad, C, _ = _adapter(bb, std=0.05)
+    ad, C, _ = _adapter(bb, std=0.05 if fusion == "linear" else 0.3, fusion=fusion)
     with torch.no_grad():
         lp, lp_bar = state_token_logprobs(ad, bb.lm_head, C, hidden, targets, step_index, s_post, chunk=6)
         ref = torch.stack([_reference_logprob(adapted_logits(bb.model, ad, ids, torch.eye(K)[j].expand(1, 20, K), C),

@@ -5,16 +5,17 @@ from ctrls.spectral import spectral_embedding, spectral_embeddings
 
 
 def eigh_reference(E: torch.Tensor, k: int) -> torch.Tensor:
-    """Eq. 5 literally: top-k eigenpairs of the d x d Gram matrix E^T E, sqrt(lambda) q, sign fixed,
-    zero rows beyond the rank."""
+    """Eq. 5 literally: top-k eigenpairs of the d x d Gram matrix E^T E, sqrt(lambda) q, each along
+    the token sum E^T 1, zero rows beyond the rank."""
     G = E.double().T @ E.double()
+    total = E.double().sum(0)
     lam, Q = torch.linalg.eigh(G)
     lam, Q = lam.flip(0), Q.flip(1)  # descending
     rows = []
     for i in range(k):
         if i < min(E.shape) and lam[i] > 1e-9 * lam[0]:
             v = lam[i].sqrt() * Q[:, i]
-            rows.append(v * torch.sign(v[v.abs().argmax()]))
+            rows.append(v * torch.sign(v @ total))
         else:
             rows.append(torch.zeros(E.shape[1], dtype=torch.float64))
     return torch.cat(rows).float()
@@ -68,15 +69,47 @@ def test_zero_rows_do_not_change_the_embedding():
                                spectral_embedding(E, 4, normalize=False), atol=1e-5, rtol=1e-5)
 
 
-def test_sign_is_fixed_and_invariant_to_token_order():
+def test_sign_points_along_the_token_sum_and_ignores_token_order():
     torch.manual_seed(2)
-    E = torch.randn(10, 16)
+    E = torch.randn(10, 16) + 0.5
     e = spectral_embedding(E, 3).view(3, 16)
-    for row in e:
-        assert row[row.abs().argmax()] > 0
-    # the Gram matrix ignores token order and the sign of E, so the embedding does too
+    assert torch.all(e @ E.sum(0) > 0)
+    torch.testing.assert_close(spectral_embeddings([E], 3)[0].view(3, 16), e, atol=1e-5, rtol=1e-5)
+    # the Gram matrix ignores token order, so the embedding does too
     torch.testing.assert_close(spectral_embedding(E[torch.randperm(10)], 3).view(3, 16), e, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(spectral_embedding(-E, 3).view(3, 16), e, atol=1e-5, rtol=1e-5)
+
+
+def _two_peak_steps(n_steps: int = 40, d: int = 32, seed: int = 0) -> list[torch.Tensor]:
+    """Steps whose top direction has two near-equal entries of opposite sign (dims 3 and 7, like
+    SmolLM2's dims 199 and 17), the tokens sitting on the positive side of that direction."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.zeros(d)
+    u[3], u[7] = 1.0, -1.0
+    steps = []
+    for _ in range(n_steps):
+        n = int(torch.randint(3, 12, (1,), generator=g))
+        E = 0.05 * torch.randn(n, d, generator=g) + (1 + 0.1 * torch.rand(n, 1, generator=g)) * 5 * u
+        E[:, 3] += 0.02 * torch.randn(n, generator=g)  # which of the two entries is larger varies by step
+        steps.append(E)
+    return steps
+
+
+def test_near_equal_opposite_entries_do_not_flip_steps():
+    """The old rule (largest-magnitude entry positive) flipped about half of these steps into a
+    mirror cluster; along the token sum every step keeps its side."""
+    steps = _two_peak_steps()
+    first = spectral_embeddings(steps, 2)[:, :32]
+    ref = sum(E.sum(0) for E in steps)
+    assert torch.all(first @ ref > 0)
+    # the embeddings form one tight group: every step is nearer the others' mean than its own mirror
+    centre = first.mean(0)
+    assert torch.all((first - centre).norm(dim=-1) < (first + centre).norm(dim=-1) * 0.2)
+
+
+def test_sign_falls_back_to_the_peak_when_the_token_sum_vanishes():
+    E = torch.tensor([[3.0, 1.0, 0.0], [-3.0, -1.0, 0.0]])  # tokens sum to 0
+    for e in (spectral_embedding(E, 1, normalize=False), spectral_embeddings([E], 1, normalize=False)[0]):
+        assert e[e.abs().argmax()] > 0
 
 
 def test_half_precision_inputs_are_upcast():

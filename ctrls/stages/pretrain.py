@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from ctrls.backbone import Backbone
 from ctrls.config import Config
+from ctrls.controls import CONDITIONS, control_seed, control_states, ratio_interval, step_logprobs
 from ctrls.data import problems_from_config
 from ctrls.display import interval
 from ctrls.elbo import elbo, relaxed_loss, relaxed_terms
@@ -61,7 +62,7 @@ KEYS = {
     "spectral": ("spectral",),
     "states": ("states", "pretrain.heldout_fraction"),
     "transitions": ("policy",),
-    "adapter": ("adapter", "pretrain.epochs", "pretrain.lr", "pretrain.batch_steps", "pretrain.max_tokens_per_step",
+    "adapter": ("adapter", "pretrain.epochs", "pretrain.patience", "pretrain.lr", "pretrain.batch_steps", "pretrain.max_tokens_per_step",
                 "pretrain.bound_samples", "pretrain.bound_every"),
 }
 
@@ -83,11 +84,13 @@ class PretrainRun:
         return read_parquet(self.root / "adapter" / "bound_history.parquet")
 
     def bound_table(self) -> pd.DataFrame:
-        """Thm. 5.3's bound at epoch 0 and after the last epoch, per split, with n and a 95% interval
-        over questions, beside the relaxed objective (nats; columns explained in ``BOUND_COLUMNS``)."""
+        """Thm. 5.3's bound at epoch 0 and at the kept epoch (the best held-out one), per split, with n
+        and a 95% interval over questions, beside the relaxed objective (nats; ``BOUND_COLUMNS``)."""
         h = self.bound_history()
-        h = h[h.epoch.isin([h.epoch.min(), h.epoch.max()])].reset_index(drop=True)
-        t = pd.DataFrame({"epoch": h.epoch, "split": h.split, "questions": h.questions, "steps": h.steps,
+        kept = h.epoch[h.kept].max() if "kept" in h and h.kept.any() else h.epoch.max()
+        h = h[h.epoch.isin([h.epoch.min(), kept])].reset_index(drop=True)
+        t = pd.DataFrame({"epoch": h.epoch, "Adam steps": h.optimizer_steps, "split": h.split,
+                          "questions": h.questions, "steps": h.steps,
                           "tokens": h.tokens, "ELBO / step": h.elbo_per_step.round(2),
                           "95% CI": [interval(lo, hi) for lo, hi in zip(h.elbo_per_step_lo, h.elbo_per_step_hi)],
                           "ELBO / token": h.elbo_per_token.round(3), "E_Q log P / token": h.rec_per_token.round(3),
@@ -95,8 +98,16 @@ class PretrainRun:
                           "mean-z log P / token": h.relaxed_rec_per_token.round(3),
                           "mixture KL / step": h.mixture_kl_per_step.round(3)})
         if (h.elbo_mc_stderr_per_step > 0).any():
-            t.insert(7, "MC s.e. / step", h.elbo_mc_stderr_per_step.round(3))
+            t.insert(8, "MC s.e. / step", h.elbo_mc_stderr_per_step.round(3))
         return t
+
+    def controls(self) -> pd.DataFrame:
+        """``ctrls.controls`` on the held-out chains: log P per question and condition (``evaluate_controls``)."""
+        return read_parquet(self.root / "adapter" / "controls.parquet")
+
+    def controls_table(self) -> pd.DataFrame:
+        """Held-out log P per token under each control condition, with intervals (``controls_table``)."""
+        return controls_table(self.controls())
 
     def split(self) -> dict:
         """The held-out split: fraction, seed, the held-out question ids, and a note when none could be held out."""
@@ -334,6 +345,7 @@ def fit_transition_model(cfg: Config, states_dir: Path, out: Path) -> dict:
 # the columns of adapter/bound_history.parquet: one row per evaluated epoch and split (nats)
 BOUND_COLUMNS = {
     "epoch": "0 = the fresh adapter (the frozen backbone's own likelihood); n = after n training epochs",
+    "optimizer_steps": "Adam steps taken before this evaluation",
     "split": "train: the steps the states, L and the adapter were fitted on; heldout: the held-out questions' steps",
     "questions": "questions in the split", "steps": "reasoning steps evaluated", "tokens": "tokens evaluated",
     "elbo_per_step": "Thm. 5.3's bound, (sum_t rec_t - sum_t KL_t) / steps",
@@ -358,6 +370,7 @@ class _StepData:
     prev: torch.Tensor  # (N, K) s_{t-1} (s_0 of the question before a first step)
     row_of: dict  # (question, trajectory, step) -> row of post / prev
     heldout: set  # held-out question ids
+    s0: torch.Tensor | None = None  # (N, K) s_0 of each step's question
 
     @classmethod
     def load(cls, stages: dict[str, Stage]) -> "_StepData":
@@ -366,7 +379,7 @@ class _StepData:
         held = {r for r, h in zip(st["index"][:, 0].tolist(), st["heldout"].tolist()) if h}
         shards = feature_shards(stages["features"].dir)
         return cls(shards, post, prev, {tuple(x): r for r, x in enumerate(st["index"].tolist())},
-                   {shards[q]["qid"] for q in held})
+                   {shards[q]["qid"] for q in held}, st["s0"][st["index"][:, 0]])
 
     def trajectories(self, split: str) -> list[tuple[int, int]]:
         want = split == "heldout"
@@ -400,7 +413,7 @@ def _collate(buf, post, prev):
     targets = torch.cat([y for _, y, _, _ in buf])
     step_index = torch.cat([torch.full((len(y),), i, dtype=torch.long) for i, (_, y, _, _) in enumerate(buf)])
     rows = torch.as_tensor([r for _, _, r, _ in buf])
-    return hidden, targets, step_index, post[rows], prev[rows], [q for _, _, _, q in buf]
+    return hidden, targets, step_index, post[rows], prev[rows], [q for _, _, _, q in buf], rows
 
 
 def adapter_optimizer(adapter: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -423,15 +436,6 @@ def train_step(adapter, opt: torch.optim.Optimizer, head: torch.nn.Module, centr
     return float(loss.detach())
 
 
-def _ratio_ci(num: np.ndarray, den: np.ndarray, seed: int, n_boot: int = 2000) -> tuple[float, float]:
-    """95% percentile bootstrap interval of sum(num) / sum(den), resampling questions (rows)."""
-    if len(num) < 2:
-        return float("nan"), float("nan")
-    idx = np.random.default_rng(seed).integers(0, len(num), (n_boot, len(num)))
-    r = num[idx].sum(1) / den[idx].sum(1)
-    return float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))
-
-
 def evaluate_bound(adapter, head: torch.nn.Module, centroids: torch.Tensor, L: torch.Tensor, data: _StepData,
                    split: str, batch_steps: int, samples: int = 0, seed: int = 0) -> dict | None:
     """Thm. 5.3's bound (``ctrls.elbo.elbo``) and the relaxed objective on every step of a split,
@@ -442,7 +446,7 @@ def evaluate_bound(adapter, head: torch.nn.Module, centroids: torch.Tensor, L: t
     gen = torch.Generator().manual_seed(zlib.crc32(f"bound|{seed}|{split}".encode()))
     per_q: dict[str, np.ndarray] = {}  # question -> [sum_t (rec_t - KL_t), steps, tokens]
     tot = np.zeros(6)  # rec, kl, mc variance, relaxed rec, mixture kl, tokens
-    for hidden, targets, step_index, s_post, s_prev, qids in _batches(data, split, batch_steps, None, None):
+    for hidden, targets, step_index, s_post, s_prev, qids, _ in _batches(data, split, batch_steps, None, None):
         b = elbo(adapter, head, centroids, hidden.to(dev), targets.to(dev), step_index.to(dev), s_post.to(dev),
                  s_prev.to(dev), L.to(dev), samples=samples, generator=gen)
         mix = kl_to_prior(s_post.double(), s_prev.double(), L.double())
@@ -457,11 +461,51 @@ def evaluate_bound(adapter, head: torch.nn.Module, centroids: torch.Tensor, L: t
     rec, kl, var, rrec, mkl, T = tot.tolist()
     q = np.stack(list(per_q.values()))
     S = float(q[:, 1].sum())
-    lo, hi = _ratio_ci(q[:, 0], q[:, 1], seed)
+    lo, hi = ratio_interval(q[:, 0], q[:, 1], seed)
     return {"questions": len(q), "steps": int(S), "tokens": int(T), "elbo_per_step": (rec - kl) / S,
             "elbo_per_step_lo": lo, "elbo_per_step_hi": hi, "elbo_per_token": (rec - kl) / T,
             "elbo_mc_stderr_per_step": var ** 0.5 / S, "rec_per_token": rec / T, "kl_per_step": kl / S,
             "relaxed_per_step": (rrec - mkl) / S, "relaxed_rec_per_token": rrec / T, "mixture_kl_per_step": mkl / S}
+
+
+def evaluate_controls(adapter, head: torch.nn.Module, centroids: torch.Tensor, L: torch.Tensor, data: _StepData,
+                      split: str, seed: int) -> pd.DataFrame:
+    """``ctrls.controls``: log P per step of a split's chains under each of ``CONDITIONS``, summed per
+    question: one row per (question, condition) with columns split, qid, condition, steps, tokens, logp.
+    Random draws and the shuffle are per evaluation batch (``EVAL_BATCH_STEPS`` steps)."""
+    adapter.eval()
+    dev = head.weight.device
+    gen = control_seed(seed)
+    acc: dict[tuple[str, str], np.ndarray] = {}
+    for hidden, targets, step_index, s_post, s_prev, qids, rows in _batches(data, split, EVAL_BATCH_STEPS, None, None):
+        conds = control_states(s_post, s_prev, data.s0[rows], L, gen)
+        n_tok = torch.bincount(step_index, minlength=len(qids)).numpy()
+        for name in CONDITIONS:
+            lp = step_logprobs(adapter, head, centroids.to(dev), hidden.to(dev), targets.to(dev), step_index.to(dev),
+                               conds[name]).numpy()
+            for q, v, n in zip(qids, lp, n_tok):
+                acc.setdefault((q, name), np.zeros(3))
+                acc[(q, name)] += [1, n, v]
+    return pd.DataFrame([{"split": split, "qid": q, "condition": c, "steps": int(v[0]), "tokens": int(v[1]),
+                          "logp": float(v[2])} for (q, c), v in acc.items()])
+
+
+def controls_table(controls: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Per condition: questions, steps, tokens, log P per token with a 95% bootstrap interval over
+    questions, and its paired difference to the backbone alone (the same questions resampled)."""
+    wide = controls.pivot_table(index="qid", columns="condition", values="logp", aggfunc="sum")
+    tokens = controls[controls.condition == "no adapter"].set_index("qid").tokens.reindex(wide.index).to_numpy()
+    steps = controls[controls.condition == "no adapter"].steps.sum()
+    base = wide["no adapter"].to_numpy()
+    out = []
+    for c in [c for c in CONDITIONS if c in wide]:
+        v = wide[c].to_numpy()
+        lo, hi = ratio_interval(v, tokens, seed)
+        dlo, dhi = ratio_interval(v - base, tokens, seed)
+        out.append({"state given to the adapter": c, "questions": len(v), "steps": int(steps), "tokens": int(tokens.sum()),
+                    "log P / token": round(v.sum() / tokens.sum(), 3), "95% CI": interval(lo, hi, 3),
+                    "vs no adapter": round((v - base).sum() / tokens.sum(), 3), "95% CI (paired)": interval(dlo, dhi, 3)})
+    return pd.DataFrame(out)
 
 
 def _check_bound_keys(cfg: Config) -> None:
@@ -475,9 +519,17 @@ def _check_bound_keys(cfg: Config) -> None:
         raise PretrainError(f"pretrain.bound_every must be a positive number of epochs, got {p.bound_every}")
 
 
+EVAL_BATCH_STEPS = 256  # steps per bound-evaluation batch (no gradient: larger batches only cost memory)
+
+
 def train_adapter(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path, progress: bool = True) -> dict:
-    """Train the adapter on the relaxed objective over the training split; evaluate Thm. 5.3's bound
-    on both splits at epoch 0, every ``pretrain.bound_every`` epochs and after the last."""
+    """Train the adapter on the relaxed objective over the training split, one Adam step per
+    ``pretrain.batch_steps`` steps, for at most ``pretrain.epochs`` epochs.
+
+    Thm. 5.3's bound is evaluated on the held-out split after every epoch (and on the training split
+    at epoch 0, every ``pretrain.bound_every`` epochs and at the kept epoch). Training stops after
+    ``pretrain.patience`` epochs without a better held-out bound per token (0: never early), and the
+    adapter of the best held-out epoch is kept (the last epoch when nothing is held out)."""
     _check_bound_keys(cfg)
     st = torch.load(stages["states"].dir / "states.pt", weights_only=True)
     L = torch.load(stages["transitions"].dir / "transitions.pt", weights_only=True)["L"]
@@ -491,37 +543,65 @@ def train_adapter(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path
     p = cfg.pretrain
     history = []
     trained_on: set[str] = set()  # the questions whose steps the adapter was trained on
-    for epoch in tqdm(range(p.epochs + 1), desc="(f) adapter", unit="epoch", disable=not progress):
+    best = {"epoch": 0, "score": float("-inf"), "state": None}
+    has_heldout = bool(data.trajectories("heldout"))
+    opt_steps, stopped_early, epoch = 0, False, 0
+
+    def evaluate(epoch: int, splits: tuple[str, ...]) -> dict:
+        rows = {}
+        for split in splits:
+            row = evaluate_bound(adapter, head, centroids, L, data, split, EVAL_BATCH_STEPS, p.bound_samples,
+                                 cfg.seed + epoch)
+            if row is not None:
+                rows[split] = row
+                history.append({"epoch": epoch, "split": split, "optimizer_steps": opt_steps, **row})
+                log.info("epoch %d %s: %s", epoch, split, row)
+        return rows
+
+    bar = tqdm(range(p.epochs + 1), desc="(f) adapter", unit="epoch", disable=not progress)
+    for epoch in bar:
         if epoch > 0:  # epoch 0 evaluates the fresh (identity) adapter: the frozen backbone's likelihood
-            for hidden, targets, step_index, s_post, s_prev, qids in _batches(data, "train", p.batch_steps,
+            for hidden, targets, step_index, s_post, s_prev, qids, _ in _batches(data, "train", p.batch_steps,
                                                                                 p.max_tokens_per_step, cfg.seed + epoch):
                 train_step(adapter, opt, head, centroids, L, hidden, targets, step_index, s_post, s_prev)
                 trained_on.update(qids)
-        if epoch % p.bound_every == 0 or epoch == p.epochs:
-            for split in ("train", "heldout"):
-                row = evaluate_bound(adapter, head, centroids, L, data, split, p.batch_steps, p.bound_samples,
-                                     cfg.seed + epoch)
-                if row is not None:
-                    history.append({"epoch": epoch, "split": split, **row})
-                    log.info("epoch %d %s: %s", epoch, split, row)
+                opt_steps += 1
+        splits = ("train", "heldout") if epoch % p.bound_every == 0 or epoch == p.epochs else ("heldout",)
+        rows = evaluate(epoch, splits)
+        score = rows["heldout"]["elbo_per_token"] if "heldout" in rows else float(epoch)  # nothing held out: the last
+        if score > best["score"]:
+            best = {"epoch": epoch, "score": score, "state": {k: v.detach().clone() for k, v in adapter.state_dict().items()}}
+        elif p.patience and has_heldout and epoch - best["epoch"] >= p.patience:
+            stopped_early = True
+            break
+    last = epoch
+    adapter.load_state_dict(best["state"])
+    if not any(h["epoch"] == best["epoch"] and h["split"] == "train" for h in history):
+        evaluate(best["epoch"], ("train",))
     hist = pd.DataFrame(history, columns=list(BOUND_COLUMNS))
+    hist["kept"] = hist.epoch == best["epoch"]
     hist.to_parquet(out / "bound_history.parquet")
     torch.save(adapter.state_dict(), out / "adapter.pt")
+    split = "heldout" if has_heldout else "train"
+    evaluate_controls(adapter, head, centroids, L, data, split, cfg.seed).to_parquet(out / "controls.parquet")
 
     def at(epoch: int) -> dict:
         return {h["split"]: {k: v for k, v in h.items() if k not in ("epoch", "split")}
                 for h in history if h["epoch"] == epoch}
 
-    return {"epochs": p.epochs, "bound": "exact" if p.bound_samples == 0 else f"monte_carlo ({p.bound_samples} draws)",
+    steps_per_epoch = -(-opt_steps // last) if last else 0
+    return {"max_epochs": p.epochs, "epochs_run": last, "kept_epoch": best["epoch"], "stopped_early": stopped_early,
+            "optimizer_steps": opt_steps, "optimizer_steps_per_epoch": steps_per_epoch,
+            "bound": "exact" if p.bound_samples == 0 else f"monte_carlo ({p.bound_samples} draws)",
             "trained_questions": len(trained_on), "trained_on_heldout": sorted(trained_on & data.heldout),
-            "initial": at(0), "final": at(p.epochs)}
+            "initial": at(0), "final": at(best["epoch"])}
 
 
 def _build_model(cfg: Config, bb: Backbone, st: dict, L: torch.Tensor, notes: list[str] | None = None) -> CTRLSModel:
     K = int(st["centroids"].shape[0])
     conf = CTRLSConfig(hidden_size=bb.hidden_size, n_states=K, requested_states=int(st["requested_k"]),
                        spectral_k=cfg.spectral.k, spectral_normalize=cfg.spectral.normalize, tau=float(st["tau"]),
-                       rank=cfg.adapter.rank, inject_at=cfg.adapter.inject_at, hidden_layer=cfg.backbone.hidden_layer,
+                       rank=cfg.adapter.rank, fusion=cfg.adapter.fusion, inject_at=cfg.adapter.inject_at, hidden_layer=cfg.backbone.hidden_layer,
                        backbone=cfg.backbone.name, notes=list(notes or []))
     return CTRLSModel.build(conf, st["centroids"], concentration=cfg.policy.concentration, L=L)
 

@@ -1,0 +1,74 @@
+"""ctrls.controls: the conditions' states, and log P under a state against full adapted forwards."""
+import pytest
+import torch
+
+from ctrls.adapter import adapted_logits
+from ctrls.controls import CONDITIONS, control_states, ratio_interval, step_logprobs
+from ctrls.stages.pretrain import controls_table
+from test_elbo import SPANS, _adapter, _batch, _reference_logprob, _states_at_positions
+
+K = 4
+
+
+def _states(S=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    s_post = torch.softmax(3 * torch.randn(S, K, generator=g), -1)
+    s_prev = torch.softmax(torch.randn(S, K, generator=g), -1)
+    s0 = torch.softmax(torch.randn(S, K, generator=g), -1)
+    return s_post, s_prev, s0, torch.randn(K, K, generator=g)
+
+
+def test_condition_states():
+    s_post, s_prev, s0, L = _states()
+    c = control_states(s_post, s_prev, s0, L, torch.Generator().manual_seed(1))
+    assert set(c) == set(CONDITIONS) and c["no adapter"] is None
+    hard = s_post.argmax(-1)
+    assert torch.equal(c["posterior (one-hot)"].argmax(-1), hard)
+    assert torch.equal(c["posterior (soft)"], s_post) and torch.equal(c["s0 every step"], s0)
+    for name in ("posterior (one-hot)", "prior draw", "random state", "shuffled states"):
+        assert torch.equal(c[name].sum(-1), torch.ones(6)) and set(c[name].unique().tolist()) <= {0.0, 1.0}
+    # shuffled keeps the posterior's state counts
+    assert torch.equal(torch.bincount(c["shuffled states"].argmax(-1), minlength=K), torch.bincount(hard, minlength=K))
+
+
+def test_prior_draws_follow_the_transition_model():
+    """Monte Carlo: the prior draw's frequencies equal s_{t-1} softmax(L) (a known Markov chain)."""
+    n = 20000
+    s_prev = torch.tensor([[0.7, 0.3, 0.0, 0.0]]).repeat(n, 1)
+    L = torch.tensor([[2.0, 0.0, -1.0, 0.0], [0.0, 0.0, 0.0, 3.0], [0.0] * 4, [0.0] * 4])
+    c = control_states(torch.eye(K)[[0] * n], s_prev, s_prev, L, torch.Generator().manual_seed(0))
+    freq = c["prior draw"].mean(0).double()
+    want = s_prev[0].double() @ L.double().softmax(-1)
+    assert torch.allclose(freq, want, atol=4 * (0.25 / n) ** 0.5)
+
+
+def test_step_logprobs_equal_full_adapted_forwards(tiny_llama):
+    bb = tiny_llama
+    ids, hidden, targets, step_index, s_post, _ = _batch(bb, n_states=K)
+    ad, C, _ = _adapter(bb, std=0.05, n_states=K)
+    got = step_logprobs(ad, bb.lm_head, C, hidden, targets, step_index, s_post, chunk=5)
+    with torch.no_grad():
+        logits = adapted_logits(bb.model, ad, ids, _states_at_positions(ids, s_post), C)
+    ref = _reference_logprob(logits, ids)
+    want = torch.stack([ref[:4].sum(), ref[4:10].sum(), ref[10:].sum()])
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+    # no adapter: the backbone's own log-likelihood
+    with torch.no_grad():
+        base = _reference_logprob(bb.model(input_ids=ids).logits, ids)
+    torch.testing.assert_close(step_logprobs(ad, bb.lm_head, C, hidden, targets, step_index, None),
+                               torch.stack([base[:4].sum(), base[4:10].sum(), base[10:].sum()]), atol=1e-4, rtol=1e-5)
+    assert len(SPANS) == 3
+
+
+def test_controls_table_pairs_questions():
+    import pandas as pd
+    rows = []
+    for q in range(5):
+        for c in CONDITIONS:
+            rows.append({"split": "heldout", "qid": f"q{q}", "condition": c, "steps": 2, "tokens": 10,
+                         "logp": -10.0 - q + (2.0 if c == "posterior (soft)" else 0.0)})
+    t = controls_table(pd.DataFrame(rows)).set_index("state given to the adapter")
+    assert t.loc["posterior (soft)", "vs no adapter"] == pytest.approx(0.2)
+    assert t.loc["posterior (soft)", "95% CI (paired)"] == "[0.200, 0.200]"  # the same gain on every question
+    assert t.loc["no adapter", "log P / token"] == pytest.approx(-1.2)
+    assert ratio_interval([1.0], [2.0], 0) != ratio_interval([1.0], [2.0], 0)  # nan: one question, no interval
