@@ -10,10 +10,12 @@ multiples of 2.5, i.e. 40 test questions; Table 2's are multiples of 0.2, i.e. 5
       d = p_1 - p_0,  lo = d - sqrt((p_1 - l_1)^2 + (u_0 - p_0)^2),  hi = d + sqrt((u_1 - p_1)^2 + (p_0 - l_0)^2)
 
   It stays inside [-1, 1] and is well behaved at 0% and 100%, where the Wald interval collapses to
-  a point. It is *unpaired*: both rows answer the same questions, so a paired analysis (our own
-  tables use a paired bootstrap) is tighter when the rows agree on most questions, but it needs
-  the per-question outcomes, which the paper does not publish. The unpaired interval is what the
-  published numbers allow.
+  a point. It is *unpaired*: both rows answer the same questions, so a paired analysis is tighter
+  when the rows agree on most questions, but it needs the per-question outcomes, which the paper
+  does not publish. Our own tables have them and use the paired form of the same method
+  (``ctrls.metrics.paired_rate_difference``: Newcombe's method 10 for paired proportions with the
+  continuity-corrected phi, beside an exact McNemar or within-question permutation p-value). The
+  unpaired interval is what the published numbers allow.
 - the minimal detectable difference (MDD) at that n: the smallest change from the Base rate p_0
   that a two-sided test at alpha = 0.05 detects with power 0.8, on the arcsine scale (Cohen's h,
   the variance-stabilised effect size h = 2 asin sqrt(p_1) - 2 asin sqrt(p_0)): a two-sample z test
@@ -42,22 +44,38 @@ ALPHA = 0.05  # two-sided
 POWER = 0.8
 
 
-def wilson_interval(x: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
-    """Wilson score interval (lo, hi) for x successes in n trials."""
-    if n <= 0 or not 0 <= x <= n:
+def _check_alpha(alpha: float) -> None:
+    if not 0 < alpha < 1:  # NaN fails too
+        raise ValueError(f"alpha must lie in (0, 1) (0.05 for a 95% interval), got {alpha}")
+
+
+def wilson_interval(x, n, alpha: float = ALPHA):
+    """Wilson score interval (lo, hi) for x successes in n trials (x and n may be fractional: an
+    effective count). Elementwise on arrays of x and n, which then give arrays."""
+    _check_alpha(alpha)
+    xa, na = np.asarray(x, dtype=float), np.asarray(n, dtype=float)
+    if np.isnan(xa).any() or np.isnan(na).any() or (na <= 0).any() or (xa < 0).any() or (xa > na).any():
         raise ValueError(f"need 0 <= x <= n and n > 0, got x={x}, n={n}")
     z = norm.ppf(1 - alpha / 2)
-    p = x / n
-    centre = p + z * z / (2 * n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    lo, hi = (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+    p = xa / na
+    centre = p + z * z / (2 * na)
+    half = z * np.sqrt(p * (1 - p) / na + z * z / (4 * na * na))
+    lo, hi = (centre - half) / (1 + z * z / na), (centre + half) / (1 + z * z / na)
     # exact at the ends (rounding leaves lo ~ 1e-17 at x = 0), and never excluding the estimate
-    return (0.0 if x == 0 else min(lo, p)), (1.0 if x == n else max(hi, p))
+    lo, hi = np.where(xa == 0, 0.0, np.minimum(lo, p)), np.where(xa == na, 1.0, np.maximum(hi, p))
+    if lo.ndim == 0:
+        return float(lo), float(hi)
+    return lo, hi
 
 
 def newcombe_interval(x1: int, n1: int, x0: int, n0: int, alpha: float = ALPHA) -> tuple[float, float, float]:
     """(d, lo, hi) for d = x1/n1 - x0/n0, Newcombe's hybrid score interval (method 10) for two
-    independent proportions."""
+    independent proportions. Zero trials on either side is an error (no rate to compare)."""
+    for x, n, side in ((x1, n1, "first"), (x0, n0, "second")):
+        if not n > 0:
+            raise ValueError(f"newcombe_interval: the {side} proportion has {n} trials; each needs at least one")
+        if not 0 <= x <= n:
+            raise ValueError(f"newcombe_interval: the {side} proportion needs 0 <= successes <= trials, got {x} of {n}")
     p1, p0 = x1 / n1, x0 / n0
     l1, u1 = wilson_interval(x1, n1, alpha)
     l0, u0 = wilson_interval(x0, n0, alpha)

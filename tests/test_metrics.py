@@ -109,7 +109,9 @@ def test_rate_interval_is_wilson_per_question_and_never_a_point():
     rng = np.random.default_rng(0)
     same = rng.random(200) < 0.4
     r_same = rate_interval(same * 10.0, np.full(200, 10.0))
-    assert r_same["n_eff"] == pytest.approx(200)
+    # 200 questions, times the small-sample factors (Q - 1) / Q of the clustered variance over
+    # (N - 1) / N of the binomial one (module docstring)
+    assert r_same["n_eff"] == pytest.approx(200 * (199 / 200) * (2000 / 1999))
     indep = rng.random((200, 10)) < 0.4
     assert rate_interval(indep.sum(1), np.full(200, 10.0))["n_eff"] == pytest.approx(2000, rel=0.15)
     with pytest.raises(ValueError, match="0 <= successes <= trials"):
