@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import yaml
 
-from ctrls.config_checks import (CROSS_CHECKS, _builtin_sizes, _check, _hints, _refuse,  # noqa: F401 (re-exported)
+from ctrls.config_checks import (CROSS_CHECKS, builtin_sizes, check_type, refuse, type_hints,  # noqa: F401 (re-exported)
                                  validate)
 from ctrls.overrides import ConfigError, parse_overrides
 from ctrls.rules import (Rule, above, anything, at_least, between, in_range, key, only, path_part,  # noqa: F401 (re-exported)
@@ -350,6 +350,8 @@ class Config:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
+_builtin_sizes = builtin_sizes  # its old name (tests/test_config.py)
+
 # Keys that existed once: an old profile that sets one gets told what became of it.
 REMOVED = {
     "sampling.temperature": "removed: no stage read it; the token temperatures are pretrain.temperature, "
@@ -364,7 +366,7 @@ def _set(obj: Any, path: list[str], value: Any, full_key: str) -> None:
             raise ConfigError(f"config key {full_key!r} was {REMOVED[full_key]}")
         known = sorted(f.name for f in dataclasses.fields(obj)) if dataclasses.is_dataclass(obj) else []
         raise ConfigError(f"unknown config key {full_key!r} (known here: {', '.join(known)})")
-    tp = _hints(type(obj))[name]
+    tp = type_hints(type(obj))[name]
     if len(path) == 1:
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
@@ -372,7 +374,7 @@ def _set(obj: Any, path: list[str], value: Any, full_key: str) -> None:
             for k, v in value.items():
                 _set(getattr(obj, name), [k], v, f"{full_key}.{k}")
             return
-        setattr(obj, name, _check(value, tp, full_key))
+        setattr(obj, name, check_type(value, tp, full_key))
     else:
         _set(getattr(obj, name), path[1:], value, full_key)
 

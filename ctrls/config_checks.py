@@ -25,45 +25,45 @@ if TYPE_CHECKING:
 # ---- checks across keys ----------------------------------------------------------------------
 
 
-def _builtin_sizes() -> dict[str, dict[str, int]]:
+def builtin_sizes() -> dict[str, dict[str, int]]:
     """Problems per split of the built-in datasets (tests/test_config.py checks them against the data)."""
     return {"gsm8k": {"train": 7473, "test": 1319}, "math": {"train": 4500, "test": 500}}
 
 
 def _check_group_baseline(cfg: Config) -> None:
     if cfg.rl.baseline == "group_mean" and cfg.rl.group_size < 2:
-        raise _refuse("rl.group_size", cfg.rl.group_size, ">= 2 with rl.baseline=group_mean",
+        raise refuse("rl.group_size", cfg.rl.group_size, ">= 2 with rl.baseline=group_mean",
                       "the leave-one-out baseline needs another trajectory of the same question")
 
 
 def _check_compile(cfg: Config) -> None:
     if cfg.sampling.compile != "none" and cfg.sampling.decode != "static":
-        raise _refuse("sampling.compile", cfg.sampling.compile, "none with sampling.decode=engine",
+        raise refuse("sampling.compile", cfg.sampling.compile, "none with sampling.decode=engine",
                       "the engine's shapes change every step; compile the static path (sampling.decode=static)")
 
 
 def _check_rl_temperature(cfg: Config) -> None:
     if cfg.rl.temperature not in cfg.grid.temperatures:
-        raise _refuse("rl.temperature", cfg.rl.temperature, f"one of grid.temperatures {cfg.grid.temperatures}",
+        raise refuse("rl.temperature", cfg.rl.temperature, f"one of grid.temperatures {cfg.grid.temperatures}",
                       "Table 2's Base row and the judge's rows are the exploration samples at eta = rl.temperature")
 
 
 def _check_subset_sizes(cfg: Config) -> None:
-    sizes = _builtin_sizes()
+    sizes = builtin_sizes()
     for ds in dict.fromkeys([cfg.data.dataset, *cfg.grid.datasets]):
         for split, k in (("train", "data.n_train"), ("test", "data.n_test")):
             n = getattr(cfg.data, k.split(".")[1])
             if ds in sizes and n > sizes[ds][split]:
-                raise _refuse(k, n, f"1 to {sizes[ds][split]} for dataset {ds!r}", f"the size of its {split} split")
+                raise refuse(k, n, f"1 to {sizes[ds][split]} for dataset {ds!r}", f"the size of its {split} split")
         if cfg.rl.n_test is not None and ds in sizes and cfg.rl.n_test > sizes[ds]["test"]:
-            raise _refuse("rl.n_test", cfg.rl.n_test, f"1 to {sizes[ds]['test']} for dataset {ds!r}",
+            raise refuse("rl.n_test", cfg.rl.n_test, f"1 to {sizes[ds]['test']} for dataset {ds!r}",
                           "the size of its test split")
 
 
 def _check_judge_pair(cfg: Config) -> None:
     pair = cfg.judge.pair
     if pair is not None and (len(pair) != 2 or tuple(pair) not in cfg.pairs()):
-        raise _refuse("judge.pair", pair, f"one of the grid's [backbone, dataset] pairs {[list(p) for p in cfg.pairs()]}",
+        raise refuse("judge.pair", pair, f"one of the grid's [backbone, dataset] pairs {[list(p) for p in cfg.pairs()]}",
                       "Table 3 scores one pair")
 
 
@@ -74,7 +74,7 @@ def _check_generated_sizes(cfg: Config) -> None:
         for k in ("data.n_train", "data.n_test", "rl.n_test"):
             n = getattr(cfg.rl if k == "rl.n_test" else cfg.data, k.split(".")[1])
             if ds in GENERATED and n is not None and n > MAX_GENERATED:
-                raise _refuse(k, n, f"1 to {MAX_GENERATED} for the generated dataset {ds!r}",
+                raise refuse(k, n, f"1 to {MAX_GENERATED} for the generated dataset {ds!r}",
                               "its problems are generated and held in memory")
 
 
@@ -86,13 +86,13 @@ def _check_pair_dirs(cfg: Config) -> None:
         for i, n in enumerate(names):
             s = slug(n)
             if not s.strip("._") or s in (".", ".."):
-                raise _refuse(k if len(names) == 1 and not k.startswith("grid") else f"{k}[{i}]", n,
+                raise refuse(k if len(names) == 1 and not k.startswith("grid") else f"{k}[{i}]", n,
                               "a name whose directory name is not empty, '.' or '..'")
         seen: dict[str, str] = {}
         for i, n in enumerate(names):
             s = slug(n).casefold()
             if s in seen:
-                raise _refuse(f"{k}[{i}]", n, f"a name whose directory differs from {seen[s]!r}'s",
+                raise refuse(f"{k}[{i}]", n, f"a name whose directory differs from {seen[s]!r}'s",
                               f"both would write to runs/<profile>/<stage>/{slug(n)}")
             seen[s] = n
 
@@ -102,21 +102,21 @@ def _check_labels(cfg: Config) -> None:
     are refused (e.g. epsilons equal to 6 digits share the label eps=0.123457)."""
     rows = [row_label(e) for e in cfg.grid.epsilons]
     if len(set(rows)) < len(rows):
-        raise _refuse("grid.epsilons", cfg.grid.epsilons, "epsilons with distinct row labels",
+        raise refuse("grid.epsilons", cfg.grid.epsilons, "epsilons with distinct row labels",
                       f"{next(r for r in rows if rows.count(r) > 1)} twice")
     for k in ("rl.table2", "judge.settings"):
         labels: dict[str, str] = {}
         for name in getattr(cfg.rl if k == "rl.table2" else cfg.judge, k.split(".")[1]):
             lab = parse_setting(name, cfg).label
             if lab in labels:
-                raise _refuse(k, name, f"a setting other than {labels[lab]!r}", f"both are the row {lab!r}")
+                raise refuse(k, name, f"a setting other than {labels[lab]!r}", f"both are the row {lab!r}")
             labels[lab] = name
 
 
 def _check_transfer(cfg: Config) -> None:
     t = cfg.grid.transfer_datasets
     if t and (len(cfg.grid.datasets) > 1 or set(t) & set(cfg.grid.datasets)):
-        raise _refuse("grid.transfer_datasets", t, "datasets other than the grid's, with one dataset in grid.datasets",
+        raise refuse("grid.transfer_datasets", t, "datasets other than the grid's, with one dataset in grid.datasets",
                       "a transfer dataset's rows are keyed by backbone and dataset: two trained models, or the "
                       "pair's own rows, would share them")
 
@@ -142,31 +142,31 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def _refuse(k: str, value: Any, allowed: str, why: str = "") -> ConfigError:
+def refuse(k: str, value: Any, allowed: str, why: str = "") -> ConfigError:
     return ConfigError(f"config key {k!r}: {value!r} is not allowed; allowed: {allowed}" + (f" ({why})" if why else ""))
 
 
 def _validate_section(obj: Any, prefix: str) -> None:
-    hints = _hints(type(obj))
+    hints = type_hints(type(obj))
     for f in dataclasses.fields(obj):
         k, tp, v = prefix + f.name, hints[f.name], getattr(obj, f.name)
         if dataclasses.is_dataclass(tp):
             _validate_section(v, k + ".")
             continue
-        _check(v, tp, k)  # also catches attributes set in code, and a Config() built by hand
+        check_type(v, tp, k)  # also catches attributes set in code, and a Config() built by hand
         rule: Rule | None = f.metadata.get("rule")
         if isinstance(v, list):
             if f.metadata.get("nonempty") and not v:
-                raise _refuse(k, v, "a non-empty list")
+                raise refuse(k, v, "a non-empty list")
             if f.metadata.get("unique") and len({json.dumps(x) for x in v}) < len(v):
-                raise _refuse(k, v, "a list without repeated entries")
+                raise refuse(k, v, "a list without repeated entries")
             items = [(f"{k}[{i}]", x) for i, x in enumerate(v)]
         else:
             items = [(k, v)] if v is not None else []  # None, where the type allows it, means "the default rule"
         for name, x in items:
             if rule is not None and not rule.ok(x):
                 optional = type(None) in get_args(tp)
-                raise _refuse(name, x, rule.allowed + (", or null" if optional else ""), rule.why)
+                raise refuse(name, x, rule.allowed + (", or null" if optional else ""), rule.why)
 
 
 # ---- type checking ----------------------------------------------------------------------
@@ -174,17 +174,17 @@ def _validate_section(obj: Any, prefix: str) -> None:
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
-def _check(value: Any, tp: Any, key: str) -> Any:
+def check_type(value: Any, tp: Any, key: str) -> Any:
     """Return ``value`` coerced to ``tp`` (int -> float only), or raise ConfigError naming key."""
     origin = get_origin(tp)
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
         if float in get_args(tp) and isinstance(value, float) and not math.isfinite(value):
-            return _check(value, float, key)  # says "a finite number", not "not of type float | None"
+            return check_type(value, float, key)  # says "a finite number", not "not of type float | None"
         for arg in get_args(tp):
             try:
-                return _check(value, arg, key)
+                return check_type(value, arg, key)
             except ConfigError:
                 pass
         raise ConfigError(f"config key {key!r}: {value!r} is not of type {_tname(tp)}")
@@ -200,7 +200,7 @@ def _check(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"config key {key!r}: expected a list, got {value!r}")
         (inner,) = get_args(tp) or (Any,)
-        return [_check(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return [check_type(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is float:
         if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
             value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
@@ -224,5 +224,5 @@ def _tname(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _hints(cls: type) -> dict[str, Any]:
+def type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
