@@ -174,3 +174,18 @@ def learning_curves(curves: pd.DataFrame, y: str = "accuracy", kind: str = "eval
     return show(g.figure, f"{what[0].upper() + what[1:]} during RL ({'held-out evaluation' if kind == 'eval' else 'training'}"
                           f"{smoothed}) against the RL step, per setting: mean and min–max band over "
                           f"{seeds} seed{'s' if seeds != 1 else ''}, one panel per backbone and dataset.")
+
+
+def controls(summary: pd.DataFrame) -> plt.Figure:
+    """The held-out log P per token of each control condition minus the backbone alone, with its
+    paired 95% interval over questions (``ctrls.stages.pretrain.controls_summary``)."""
+    t = summary[summary.condition != "no adapter"].reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(t) + 1.2))
+    y = np.arange(len(t))[::-1]
+    err = np.array([t.delta - t.delta_lo, t.delta_hi - t.delta]).clip(min=0)
+    ax.errorbar(t.delta, y, xerr=np.nan_to_num(err), fmt="o", color="C0", capsize=3)
+    ax.axvline(0, color="0.4", lw=1)
+    ax.set_yticks(y, t.condition)
+    ax.set_xlabel("held-out log P per token, minus the backbone alone (nats)")
+    fig.tight_layout()
+    return fig

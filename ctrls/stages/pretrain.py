@@ -109,6 +109,19 @@ class PretrainRun:
         """Held-out log P per token under each control condition, with intervals (``controls_table``)."""
         return controls_table(self.controls())
 
+    def controls_summary(self) -> pd.DataFrame:
+        return controls_summary(self.controls())
+
+    def schedule(self) -> str:
+        """One sentence: epochs run and kept, Adam steps, and whether training stopped early."""
+        a = self.summaries.get("adapter") or {}
+        if "epochs_run" not in a:
+            return "The adapter stage has not run."
+        stop = (f"stopped early after {a['epochs_run']} epochs without a better held-out bound"
+                if a["stopped_early"] else f"ran all {a['epochs_run']} epochs (at most {a['max_epochs']})")
+        return (f"Adapter training: {a['optimizer_steps']} Adam steps ({a['optimizer_steps_per_epoch']} per epoch); "
+                f"{stop}; the adapter of epoch {a['kept_epoch']}, the best held-out bound per token, is kept.")
+
     def split(self) -> dict:
         """The held-out split: fraction, seed, the held-out question ids, and a note when none could be held out."""
         return json.loads((self.root / "states" / "split.json").read_text())
@@ -490,22 +503,36 @@ def evaluate_controls(adapter, head: torch.nn.Module, centroids: torch.Tensor, L
                           "logp": float(v[2])} for (q, c), v in acc.items()])
 
 
-def controls_table(controls: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    """Per condition: questions, steps, tokens, log P per token with a 95% bootstrap interval over
-    questions, and its paired difference to the backbone alone (the same questions resampled)."""
+def controls_summary(controls: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Per condition (``ctrls.controls.CONDITIONS`` order): questions, steps, tokens, log P per token
+    with a 95% bootstrap interval over questions (lo, hi), and its paired difference to the backbone
+    alone (delta, delta_lo, delta_hi: the same questions resampled for both)."""
+    if controls.empty:
+        raise PretrainError("no control rows: the adapter stage evaluated no chain")
     wide = controls.pivot_table(index="qid", columns="condition", values="logp", aggfunc="sum")
-    tokens = controls[controls.condition == "no adapter"].set_index("qid").tokens.reindex(wide.index).to_numpy()
-    steps = controls[controls.condition == "no adapter"].steps.sum()
+    ref = controls[controls.condition == "no adapter"].set_index("qid")
+    tokens = ref.tokens.reindex(wide.index).to_numpy()
     base = wide["no adapter"].to_numpy()
     out = []
     for c in [c for c in CONDITIONS if c in wide]:
         v = wide[c].to_numpy()
         lo, hi = ratio_interval(v, tokens, seed)
         dlo, dhi = ratio_interval(v - base, tokens, seed)
-        out.append({"state given to the adapter": c, "questions": len(v), "steps": int(steps), "tokens": int(tokens.sum()),
-                    "log P / token": round(v.sum() / tokens.sum(), 3), "95% CI": interval(lo, hi, 3),
-                    "vs no adapter": round((v - base).sum() / tokens.sum(), 3), "95% CI (paired)": interval(dlo, dhi, 3)})
+        out.append({"condition": c, "questions": len(v), "steps": int(ref.steps.sum()), "tokens": int(tokens.sum()),
+                    "logp_per_token": v.sum() / tokens.sum(), "lo": lo, "hi": hi,
+                    "delta": (v - base).sum() / tokens.sum(), "delta_lo": dlo, "delta_hi": dhi})
     return pd.DataFrame(out)
+
+
+def controls_table(controls: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """``controls_summary`` for the page: log P per token and its gain over the backbone alone, each
+    with its 95% interval over questions."""
+    t = controls_summary(controls, seed)
+    return pd.DataFrame({"state given to the adapter": t.condition, "questions": t.questions, "steps": t.steps,
+                         "tokens": t.tokens, "log P / token": t.logp_per_token.round(3),
+                         "95% CI": [interval(a, b, 3) for a, b in zip(t.lo, t.hi)],
+                         "vs no adapter": t.delta.round(3),
+                         "95% CI (paired)": [interval(a, b, 3) for a, b in zip(t.delta_lo, t.delta_hi)]})
 
 
 def _check_bound_keys(cfg: Config) -> None:
