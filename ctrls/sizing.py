@@ -56,8 +56,13 @@ def icc_from_rates(rates: np.ndarray, m: int) -> float:
     p (1 - p) / m, so s_b^2 = (Var(rate) - p (1 - p) / m) / (1 - 1/m), and icc = s_b^2 / (p (1 - p)).
     With m = 1 there is no within-question information: 0.5 is returned (a middle value)."""
     rates = np.asarray(rates, float)
-    if rates.ndim != 1 or len(rates) < 2 or m < 1:
-        raise ValueError("need per-question rates of at least 2 questions and m >= 1")
+    if rates.ndim != 1 or len(rates) < 2 or not m >= 1:
+        raise ValueError(f"need per-question rates of at least 2 questions and m >= 1, got shape {rates.shape}, m={m}")
+    if np.isnan(rates).any():
+        raise ValueError(f"icc_from_rates: {int(np.isnan(rates).sum())} per-question rate(s) are NaN")
+    if ((rates < 0) | (rates > 1)).any():
+        bad = rates[(rates < 0) | (rates > 1)]
+        raise ValueError(f"icc_from_rates: rates must lie in [0, 1] (fractions, not percentages), got {bad[:3].tolist()}")
     p = rates.mean()
     if p <= 0 or p >= 1 or m == 1:
         return 0.5  # no information about the spread: a middle value, stated where it is used
@@ -95,8 +100,15 @@ def simulated_power(p0: float, delta: float, n_q: int, m: int, icc: float, stat:
     arm whose per-sample rate is ``p0``. NaN when the raised statistic would reach 1."""
     if stat not in ("mean", "any"):
         raise ValueError(f"stat must be 'mean' or 'any', got {stat!r}")
-    if n_q < 2 or m < 1:
+    if not (n_q >= 2 and m >= 1):
         raise ValueError(f"need n_q >= 2 questions and m >= 1 samples, got n_q={n_q}, m={m}")
+    for name, v in (("p0", p0), ("delta", delta), ("icc", icc), ("alpha", alpha)):
+        if not math.isfinite(v):
+            raise ValueError(f"simulated_power: {name} is {v}, not a number")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    if not n_sim >= 1:
+        raise ValueError(f"n_sim must be at least 1 simulated run, got {n_sim}")
     rng = np.random.default_rng(seed)
     a, b = beta_params(p0, icc)
     ref = rng.beta(a, b, size=200_000)

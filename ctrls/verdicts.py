@@ -28,7 +28,7 @@ ALPHA = 0.05
 
 
 def _missing(*v) -> bool:
-    return any(x is None or (isinstance(x, float) and math.isnan(x)) for x in v)
+    return any(x is None or (isinstance(x, (float, np.floating)) and math.isnan(x)) for x in v)
 
 
 def pts(d: float, lo: float, hi: float) -> str:
@@ -48,16 +48,25 @@ def pct(v: float, lo: float | None = None, hi: float | None = None) -> str:
 
 def direction(d: float, p_adj: float, up: str = "higher", down: str = "lower",
               none: str = "no detectable difference") -> str:
-    """The verdict of a difference d from its Holm-adjusted p-value."""
-    if p_adj is None or (isinstance(p_adj, float) and math.isnan(p_adj)):
+    """The verdict of a difference d from its Holm-adjusted p-value; "not computed" when the p-value
+    is missing. A p-value without an estimate (d NaN), or one outside [0, 1], is an error: a NaN
+    estimate would otherwise read as "lower"."""
+    if _missing(p_adj):
         return "not computed"
+    if _missing(d):
+        raise ValueError(f"a verdict needs an estimate: the difference is {d} beside p = {p_adj}")
+    if not 0 <= p_adj <= 1:
+        raise ValueError(f"an adjusted p-value must lie in [0, 1], got {p_adj}")
     if p_adj < ALPHA:
         return up if d > 0 else down
     return none
 
 
 def claim_verdict(d: float, p_adj: float, side: int = 1) -> str:
-    """'supported' / 'contradicted' / 'not shown' for a claimed direction ``side`` (+1: a rise)."""
+    """'supported' / 'contradicted' / 'not shown' for a claimed direction ``side`` (+1: a rise, -1: a
+    fall); errors as :func:`direction`."""
+    if side not in (1, -1):
+        raise ValueError(f"side must be +1 (a claimed rise) or -1 (a claimed fall), got {side}")
     return direction(side * d, p_adj, "supported", "contradicted", "not shown")
 
 
