@@ -87,3 +87,46 @@ def ratio_interval(num: np.ndarray, den: np.ndarray, seed: int, n_boot: int = 20
 
 def control_seed(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(f"controls|{seed}".encode()))
+
+
+# ---- steering against the number of training chains (bench/steering.py) ---------------------------
+
+SCALING_RESULT = "bench/results/steering_scaling.json"
+
+
+def scaling_result_path():
+    """Where the repository keeps the stored ``bench/steering.py`` result (None outside a checkout)."""
+    from pathlib import Path
+
+    p = Path(__file__).resolve().parents[1] / SCALING_RESULT
+    return p if p.exists() else None
+
+
+def scaling_frame(path) -> "pd.DataFrame":
+    """The points of a ``bench/steering.py`` result: one row per number of training chains, with the
+    epsilon row's follows-its-state rate and its coincidence reference, and pass@1 differences to Base
+    (fixed s0 and epsilon), each with its 95% interval. A missing file or field is a clear error."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    path = Path(path)
+    try:
+        res = json.loads(path.read_text())
+        rows = [{"chains": p["chains"], "train_questions": p["train_questions"], "sources": p["sources"],
+                 "follows": p["follows"], "follows_lo": p["follows_lo"], "follows_hi": p["follows_hi"],
+                 "coincidence": p["coincidence"], "coincidence_lo": p["coincidence_lo"],
+                 "coincidence_hi": p["coincidence_hi"],
+                 "harm": p["harm_fixed_s0"]["diff"], "harm_lo": p["harm_fixed_s0"]["lo"], "harm_hi": p["harm_fixed_s0"]["hi"],
+                 "eps_vs_base": p["harm_eps"]["diff"], "eps_vs_base_lo": p["harm_eps"]["lo"],
+                 "eps_vs_base_hi": p["harm_eps"]["hi"], "base_pass1": p["pass1"]["Base"]["rate"]}
+                for p in res["points"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a readable bench/steering.py result ({type(e).__name__}: {e})") from e
+    df = pd.DataFrame(rows).sort_values("chains").reset_index(drop=True)
+    df.attrs.update({"commit": res.get("commit", "?"), "machine": res.get("machine", {}), "overrides":
+                     res["points"][0].get("overrides", []) if res["points"] else []})
+    if not np.isfinite(df[["follows", "coincidence", "harm"]].to_numpy(dtype=float)).all():
+        raise ValueError(f"{path}: NaN or Inf among the steering results")
+    return df

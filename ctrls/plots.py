@@ -189,3 +189,26 @@ def controls(summary: pd.DataFrame) -> plt.Figure:
     ax.set_xlabel("held-out log P per token, minus the backbone alone (nats)")
     fig.tight_layout()
     return fig
+
+
+def steering_scaling(df: pd.DataFrame) -> plt.Figure:
+    """Left: the epsilon row's steps that land in the state they were drawn for, and the coincidence
+    reference (Base steps paired with drawn chains), against training chains. Right: pass@1 of the
+    fixed-s0 and the epsilon rows minus Base's. 95% intervals (``ctrls.controls.scaling_frame``)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    x = df.chains.to_numpy()
+    for col, label, c in (("follows", "ε row follows its state", "C0"), ("coincidence", "coincidence (Base)", "C7")):
+        a.errorbar(x, 100 * df[col], yerr=100 * np.array([df[col] - df[f"{col}_lo"], df[f"{col}_hi"] - df[col]]).clip(0),
+                   fmt="o-", color=c, capsize=3, label=label)
+    a.set_ylabel("% of steps")
+    for col, label, c in (("harm", "fixed s0 − Base", "C3"), ("eps_vs_base", "ε − Base", "C0")):
+        b.errorbar(x, 100 * df[col], yerr=100 * np.array([df[col] - df[f"{col}_lo"], df[f"{col}_hi"] - df[col]]).clip(0),
+                   fmt="o-", color=c, capsize=3, label=label)
+    b.axhline(0, color="0.4", lw=1)
+    b.set_ylabel("pass@1 difference (points)")
+    for ax in (a, b):
+        ax.set_xscale("log")
+        ax.set_xlabel("training chains")
+        ax.legend(frameon=False, loc="best")
+    fig.tight_layout()
+    return fig

@@ -72,3 +72,31 @@ def test_controls_table_pairs_questions():
     assert t.loc["posterior (soft)", "95% CI (paired)"] == "[0.200, 0.200]"  # the same gain on every question
     assert t.loc["no adapter", "log P / token"] == pytest.approx(-1.2)
     assert ratio_interval([1.0], [2.0], 0) != ratio_interval([1.0], [2.0], 0)  # nan: one question, no interval
+
+
+def _point(chains, follows=0.3):
+    d = {"diff": -0.05, "lo": -0.1, "hi": 0.0}
+    return {"chains": chains, "train_questions": chains, "sources": "reference", "follows": follows, "follows_lo": 0.2,
+            "follows_hi": 0.4, "coincidence": 0.1, "coincidence_lo": 0.05, "coincidence_hi": 0.15,
+            "harm_fixed_s0": d, "harm_eps": d, "pass1": {"Base": {"rate": 0.2}}}
+
+
+def test_scaling_frame_reads_sorts_and_refuses_bad_results(tmp_path):
+    import json
+
+    from ctrls.controls import scaling_frame
+    from ctrls import plots
+
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"commit": "abc", "machine": {"cpu": "x"}, "points": [_point(300), _point(75, 0.2)]}))
+    df = scaling_frame(f)
+    assert df.chains.tolist() == [75, 300] and df.follows.tolist() == [0.2, 0.3] and df.attrs["commit"] == "abc"
+    assert plots.steering_scaling(df).axes[0].get_xscale() == "log"
+    f.write_text(json.dumps({"points": [_point(75, float("nan"))]}))
+    with pytest.raises(ValueError, match="NaN"):
+        scaling_frame(f)
+    bad = _point(75)
+    del bad["coincidence"]
+    f.write_text(json.dumps({"points": [bad]}))
+    with pytest.raises(ValueError, match="not a readable bench/steering.py result"):
+        scaling_frame(f)
