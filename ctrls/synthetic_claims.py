@@ -2,18 +2,24 @@
 that respect each quantity's range, a stated collapse threshold, a tested recovery rate, and Holm's
 adjustment over the family of claims.
 
-**Intervals over seeds** (:func:`welch_interval`). Every quantity the claims use is bounded: rewards
-and fractions of chains lie in [0, 1], an entropy in [0, log K]. With ``bounds=(lo, hi)`` the
-interval for one mean is {mu in [lo, hi] : |xbar - mu| <= max(t_{n-1} s, z sqrt((hi - mu)(mu - lo))) / sqrt(n)}:
-the t interval from the sample variance s^2, widened to the score interval of the largest variance
-any distribution on [lo, hi] with mean mu can have (Bhatia & Davis 2000; a known bound, hence the
-normal quantile z). So it stays inside the range, is never a point (at s^2 = 0 it is the Wilson
-interval of n observations), and is at least as wide as the t interval. It is conservative: with 3
-seeds it resolves only large differences (the paper profile runs 10). A
-difference of two means combines the two intervals by square-and-add (MOVER, Zou & Donner 2008; the
-seeds of two settings are independent), inside [lo - hi, hi - lo]. Without bounds it is the plain
-(Welch) t interval, and where the variance is 0 the interval is (-inf, inf): no information, never
-a point.
+**Intervals over seeds** (:func:`welch_interval`), read from the data. Every quantity the claims use
+is bounded (``bounds``): rewards and fractions of chains lie in [0, 1], an entropy in [0, log K].
+
+- Where an outcome takes only its two extreme values over the seeds (each seed found the chain or
+  not: 0 or 1), the seeds are a count, and its interval is the Wilson score interval of that count
+  (rescaled to the range); a difference of two such counts is Newcombe's hybrid score interval
+  (method 10; 0/8 vs 0/8 reads [-0.32, +0.32]).
+- Where both sides vary over the seeds, the Welch t interval of the difference (of the mean, for
+  one side), clipped to the range of the difference.
+- Otherwise (one side a count, or without spread), each side's own interval (Wilson for a count, t
+  for a varying side, and the whole range for a side that has the same non-extreme value on every
+  seed: no spread, no information) combined by square-and-add (MOVER, Zou & Donner 2008; the seeds
+  of two settings are independent).
+
+So an interval is never a point and stays inside the range, and its width follows the data (the
+worst-case variance bound used before made every interval about +-0.4 whatever the seeds showed).
+Without bounds it is the plain (Welch) t interval, and where the variance is 0 the interval is
+(-inf, inf): no information, never a point.
 
 **p-values and Holm.** Each claim's p-value is the smallest alpha at which its (1 - alpha) interval
 excludes the null value (found by bisection; two-sided), so a claim's verdict agrees with its
@@ -42,6 +48,7 @@ from scipy import stats
 
 from ctrls.config import Config
 from ctrls.metrics import holm
+from ctrls.power import wilson_interval
 
 COLLAPSE_FRACTION = 0.1  # a start-state row with entropy below 10% of log K counts as collapsed
 RATE = -0.5  # the parametric rate of the transition fit's error (log TV error vs log chains)
@@ -49,49 +56,33 @@ RATE_MARGIN = 0.25  # the recovery claim holds when the slope lies within this o
 ALPHA = 0.05
 
 
-def _mean_interval(x: np.ndarray, level: float, bounds: tuple[float, float]) -> tuple[float, float]:
-    """The range-respecting score interval of one mean (module docstring)."""
+def _two_valued(x: np.ndarray, bounds: tuple[float, float]) -> bool:
+    """Every seed at one of the range's two ends: a count of seeds (module docstring)."""
+    lo_b, hi_b = bounds
+    return bool(np.all(np.isclose(x, lo_b, rtol=0, atol=1e-9) | np.isclose(x, hi_b, rtol=0, atol=1e-9)))
+
+
+def _side_interval(x: np.ndarray, level: float, bounds: tuple[float, float]) -> tuple[float, float, float]:
+    """(mean, lo, hi) of one side over seeds (module docstring): Wilson for a count of seeds, t for a
+    varying side (clipped to the range), the whole range for a side without spread."""
     lo_b, hi_b = bounds
     n, xbar = len(x), float(x.mean())
+    if _two_valued(x, bounds):
+        k = int(np.isclose(x, hi_b, rtol=0, atol=1e-9).sum())
+        wl, wh = wilson_interval(k, n, 1 - level)
+        return xbar, lo_b + (hi_b - lo_b) * wl, lo_b + (hi_b - lo_b) * wh
     s2 = float(x.var(ddof=1)) if n > 1 else 0.0
-    t, z = stats.t.ppf(0.5 + level / 2, max(n - 1, 1)), stats.norm.ppf(0.5 + level / 2)
-    mu = np.linspace(lo_b, hi_b, 20001)  # a grid: the ends are exact to (hi - lo) / 20000
-    # the t interval from the sample variance, widened to the score interval of the largest variance a
-    # mean mu allows on [lo, hi] (a known bound: the normal quantile)
-    ok = np.abs(xbar - mu) <= np.maximum(t * math.sqrt(s2), z * np.sqrt((hi_b - mu) * (mu - lo_b))) / math.sqrt(n) + 1e-12
-    i = int(np.clip(np.searchsorted(mu, xbar), 0, len(mu) - 1))
-    a = b = i
-    while a > 0 and ok[a - 1]:
-        a -= 1
-    while b < len(mu) - 1 and ok[b + 1]:
-        b += 1
-    return float(min(mu[a], xbar)), float(max(mu[b], xbar))
+    if s2 <= 0:
+        return xbar, lo_b, hi_b  # the same value on every seed: no spread, no information
+    h = stats.t.ppf(0.5 + level / 2, n - 1) * math.sqrt(s2 / n)
+    return xbar, max(lo_b, xbar - h), min(hi_b, xbar + h)
 
 
-def welch_interval(a: Sequence[float], b: Sequence[float] | None = None, level: float = 0.95,
-                   bounds: tuple[float, float] | None = None) -> tuple[float, float, float]:
-    """(d, lo, hi): mean(a) - mean(b) over seeds (b = None: mean(a)). With ``bounds`` (the range of
-    one observation) a range-respecting score interval, never a point; without, the Welch t interval,
-    (-inf, inf) where both variances are 0 (module docstring)."""
-    a = np.asarray(a, dtype=float)
-    if len(a) == 0 or (b is not None and len(b) == 0):
-        raise ValueError("welch_interval needs at least one value on each side")
-    if bounds is not None:
-        lo_b, hi_b = bounds
-        for x in (a,) if b is None else (a, np.asarray(b, dtype=float)):
-            if ((x < lo_b - 1e-9) | (x > hi_b + 1e-9)).any():
-                raise ValueError(f"values {x.tolist()} outside the stated range [{lo_b}, {hi_b}]")
-        la, ua = _mean_interval(a, level, bounds)
-        if b is None:
-            return float(a.mean()), la, ua
-        b = np.asarray(b, dtype=float)
-        lb, ub = _mean_interval(b, level, bounds)
-        d = float(a.mean() - b.mean())
-        return d, d - math.hypot(a.mean() - la, ub - b.mean()), d + math.hypot(ua - a.mean(), b.mean() - lb)  # MOVER
+def _welch(a: np.ndarray, b: np.ndarray | None, level: float) -> tuple[float, float, float]:
+    """The Welch t interval of mean(a) - mean(b) (of mean(a) when b is None); (-inf, inf) without spread."""
     if b is None:
         d, var, df = a.mean(), (a.var(ddof=1) / len(a) if len(a) > 1 else 0.0), len(a) - 1
     else:
-        b = np.asarray(b, dtype=float)
         va = a.var(ddof=1) / len(a) if len(a) > 1 else 0.0
         vb = b.var(ddof=1) / len(b) if len(b) > 1 else 0.0
         d, var = a.mean() - b.mean(), va + vb
@@ -101,6 +92,43 @@ def welch_interval(a: Sequence[float], b: Sequence[float] | None = None, level: 
         return float(d), -math.inf, math.inf  # no spread over seeds: no information, never a point
     h = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(var)
     return float(d), float(d - h), float(d + h)
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float] | None = None, level: float = 0.95,
+                   bounds: tuple[float, float] | None = None) -> tuple[float, float, float]:
+    """(d, lo, hi): mean(a) - mean(b) over seeds (b = None: mean(a)). With ``bounds`` (the range of
+    one observation) an interval read from the data that stays in range and is never a point:
+    binomial for counts of seeds, Welch where both sides vary, else square-and-add of each side's
+    own (module docstring); without, the Welch t interval, (-inf, inf) where both variances are 0."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    a = np.asarray(a, dtype=float)
+    bb = None if b is None else np.asarray(b, dtype=float)
+    if len(a) == 0 or (bb is not None and len(bb) == 0):
+        raise ValueError("welch_interval needs at least one value on each side")
+    for x in (a,) if bb is None else (a, bb):
+        if not np.isfinite(x).all():
+            raise ValueError(f"welch_interval: values {x.tolist()} are not all finite")
+    if bounds is None:
+        return _welch(a, bb, level)
+    lo_b, hi_b = bounds
+    for x in (a,) if bb is None else (a, bb):
+        if ((x < lo_b - 1e-9) | (x > hi_b + 1e-9)).any():
+            raise ValueError(f"values {x.tolist()} outside the stated range [{lo_b}, {hi_b}]")
+    if bb is None:
+        if _two_valued(a, bounds) or len(a) < 2 or a.var(ddof=1) <= 0:
+            return _side_interval(a, level, bounds)
+        d, lo, hi = _welch(a, None, level)
+        return d, max(lo_b, lo), min(hi_b, hi)
+    width = hi_b - lo_b
+    varies = lambda x: not _two_valued(x, bounds) and len(x) > 1 and x.var(ddof=1) > 0  # noqa: E731
+    if varies(a) and varies(bb):
+        d, lo, hi = _welch(a, bb, level)
+        return d, max(-width, lo), min(width, hi)
+    ma, la, ua = _side_interval(a, level, bounds)
+    mb, lb, ub = _side_interval(bb, level, bounds)
+    d = float(ma - mb)  # MOVER; for two counts of seeds this is Newcombe's method 10
+    return d, max(-width, d - math.hypot(ma - la, ub - mb)), min(width, d + math.hypot(ua - ma, mb - lb))
 
 
 def interval_p(interval: Callable[[float], tuple[float, float, float]], null: float = 0.0) -> float:
