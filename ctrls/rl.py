@@ -36,7 +36,7 @@ from ctrls.settings import Setting
 from ctrls.streams import seed_of
 from ctrls.config import Config
 from ctrls.policy import NonFiniteError, TransitionPolicy, check_finite
-from ctrls.runs import parquet_rows
+from ctrls.runs import UnsafeArtifactError, load_torch, parquet_rows
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,20 @@ def reinforce_loss(policy: TransitionPolicy, trajs: Sequence[Trajectory], epsilo
 
 
 
+def plain(x):
+    """``x`` with numpy scalars and arrays made Python numbers and lists, recursively through dicts,
+    lists and tuples: what ``torch.load(weights_only=True)`` reads back without any allowlist."""
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return (list if isinstance(x, list) else tuple)(plain(v) for v in x)
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
 class Trainer:
     """REINFORCE with Adam and gradient clipping, checkpointed to ``out`` every N steps.
 
@@ -170,13 +184,17 @@ class Trainer:
         if not self.ckpt.exists():
             return
         fresh = {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+        # weights_only (ctrls.runs.load_torch): a checkpoint that would need the full unpickler, which
+        # could run code, is refused with UnsafeArtifactError naming it; nothing of it is loaded
         try:
-            state = torch.load(self.ckpt, weights_only=False, map_location=self.policy.L.device)
+            state = load_torch(self.ckpt, map_location=self.policy.L.device)
             step, history = int(state["step"]), list(state["log"])
             self.policy.load_state_dict(state["policy"])
             self.opt.load_state_dict(state["opt"])
             for name, p in self.policy.state_dict().items():
                 check_finite(p, f"policy.{name}")
+        except UnsafeArtifactError:
+            raise  # refused, not overwritten: the user decides what to do with a file that is not ours
         except Exception as e:
             log.warning("RL checkpoint %s is unusable (%s: %s): training this run again from step 0",
                         self.ckpt, type(e).__name__, e)
@@ -204,8 +222,9 @@ class Trainer:
         for name, p in self.policy.state_dict().items():  # never save a non-finite policy
             check_finite(p, f"policy.{name} (not saved to {self.ckpt})")
         tmp = self.ckpt.with_suffix(".tmp")
+        # tensors and plain containers only: it loads with weights_only=True (no unpickling of code)
         torch.save({"policy": self.policy.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                    "log": self.log, "setting": self.setting.__dict__, "seed": self.seed}, tmp)
+                    "log": plain(self.log), "setting": plain(dict(self.setting.__dict__)), "seed": int(self.seed)}, tmp)
         tmp.replace(self.ckpt)
         self._write_curve()
 
@@ -254,7 +273,9 @@ class Trainer:
                 "concentration": float(self.policy.log_c.detach().exp()), **info}
 
     def record(self, row: dict) -> None:
-        """Append a row to the curve (and to TensorBoard when on)."""
+        """Append a row to the curve (and to TensorBoard when on). Its values are made plain Python
+        (numbers, strings, lists): the checkpoint holds the log and loads with ``weights_only=True``."""
+        row = plain(row)
         self.log.append(row)
         if self.tb is not None:
             kind = row.get("kind")

@@ -141,7 +141,7 @@ def assert_same_artifacts(ref: Path, got: Path) -> None:
                                           rtol=1e-4, atol=1e-6, obj=rel)
         elif p.name == "checkpoint.pt":  # an RL checkpoint: a resumed run pickles its log and optimizer state
             # with other object sharing (other bytes), so compare what it holds, exactly
-            assert_same_object(torch.load(p, weights_only=False), torch.load(b[rel], weights_only=False), rel)
+            assert_same_object(torch.load(p, weights_only=True), torch.load(b[rel], weights_only=True), rel)
         else:
             assert p.read_bytes() == b[rel].read_bytes(), rel
     assert summaries(ref) == summaries(got)
@@ -235,8 +235,9 @@ def test_rl_killed_mid_training_gives_the_same_curve_policy_and_table2(reference
     monkeypatch.setattr(R.Trainer, "update", killed_in_step_two)
     with pytest.raises(Killed):
         run_rl(smoke_cfg(tmp_path), progress=False)
+    assert not (tmp_path / "smoke" / ".rl.lock").exists()  # a killed run gives the stage's lock back
     ckpts = list((tmp_path / "smoke" / "rl").rglob("checkpoint.pt"))
-    assert ckpts and all(torch.load(c, weights_only=False)["step"] == 1 for c in ckpts)
+    assert ckpts and all(torch.load(c, weights_only=True)["step"] == 1 for c in ckpts)
     monkeypatch.setattr(R.Trainer, "update", real)
     run_rl(smoke_cfg(tmp_path), progress=False)
     assert_same_artifacts(reference / "smoke" / "rl", tmp_path / "smoke" / "rl")

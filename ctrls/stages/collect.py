@@ -20,7 +20,7 @@ from ctrls.backbone import Backbone
 from ctrls.config import Config
 from ctrls.data import Problem
 from ctrls.prompts import encode_prompt, encode_solution, final_answer_line, newline_token_ids, split_steps, step_spans
-from ctrls.runs import ArtifactError, append_jsonl, artifact_error, file_name, load_torch
+from ctrls.runs import ArtifactError, UnsafeArtifactError, append_jsonl, artifact_error, file_name, load_torch
 from ctrls.stages.common import sample_params
 from ctrls.sampling import sample
 
@@ -227,11 +227,16 @@ def cache_features(cfg: Config, bb: Backbone, problems: list[Problem], collect_d
 
 
 def _valid_shard(f: Path, qid: str, n_traj: int) -> bool:
-    """Whether a shard written earlier can be reused: it loads, for this question and its trajectories."""
+    """Whether a shard written earlier can be reused: it loads, for this question and its trajectories.
+    Loaded with ``weights_only=True`` (``ctrls.runs.load_torch``): a shard that would need the full
+    unpickler (which could run code) is refused with :class:`UnsafeArtifactError`, never loaded or
+    overwritten."""
     try:
-        shard = torch.load(f, weights_only=False, mmap=True)  # reads the zip index, not the tensors
+        shard = load_torch(f, mmap=True)  # reads the zip index, not the tensors
         ok = shard["qid"] == qid and len(shard["trajectories"]) == n_traj
         why = f"it holds {shard['qid']!r} with {len(shard['trajectories'])} trajectories, expected {qid!r} with {n_traj}"
+    except UnsafeArtifactError:
+        raise
     except Exception as e:
         ok, why = False, f"{type(e).__name__}: {e}"
     if not ok:
@@ -245,4 +250,5 @@ def shard_file(features_dir: Path, qid: str) -> Path:
 
 
 def feature_shards(features_dir: Path) -> list[dict]:
-    return [load_torch(f, weights_only=False) for f in sorted(features_dir.glob("*.pt"))]
+    """Every feature shard, loaded with ``weights_only=True`` (tensors and plain containers only)."""
+    return [load_torch(f) for f in sorted(features_dir.glob("*.pt"))]

@@ -75,9 +75,6 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
 
     Data parallel under a launcher (``ctrls.distributed``): trajectory slots, evaluation questions
     and table questions are sharded by rank and gathered; the result equals a single process's."""
-    # Alg. 2: sample trajectories with pi~ (ctrls.sampling), reward, Eq. 14 update per run
-    import copy
-
     from ctrls.distributed import world
 
     w = world()
@@ -85,8 +82,25 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     if stage.is_done() and not force:
         return stage.dir
     if w.is_main:
-        stage.begin(force=force)
+        stage.begin(force=force)  # takes the stage's lock: one writer per stage (ctrls.runs)
+    try:
+        w.barrier()
+        _train_and_sample(cfg, stage, w, progress)
+        w.barrier()
+        if w.is_main:
+            stage.finish(pairs=len(cfg.pairs()))  # releases the lock
+    except BaseException:
+        stage.release()  # a failed or killed run gives the lock back; a rerun resumes from what it wrote
+        raise
     w.barrier()
+    return stage.dir
+
+
+def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool) -> None:
+    """The body of :func:`run_rl`, between the stage's begin and finish."""
+    # Alg. 2: sample trajectories with pi~ (ctrls.sampling), reward, Eq. 14 update per run
+    import copy
+
     rl = cfg.rl
     for bname, ds in cfg.pairs():
         pc = cfg.for_pair(bname, ds)
@@ -199,11 +213,6 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         for (m, label, eps, alpha, seed), res in zip(todo, generate("test", reqs, rl.lockstep)):
             _write_table_part(pc, part(label, eps, alpha), res,
                               {"config": label, "epsilon": eps, "alpha": alpha, "seed": seed})
-    w.barrier()
-    if w.is_main:
-        stage.finish(pairs=len(cfg.pairs()))
-    w.barrier()
-    return stage.dir
 
 
 def _write_table_part(cfg: Config, part: Path, res, meta: dict) -> None:
