@@ -56,7 +56,7 @@ def prompts_for(tok, n_prompts: int, profile: str = "paper"):
 def timed_parts(bb, decode: str):
     """Seconds inside the decoder body (engine: forward hooks) or inside the step (static: ``step_fn``
     wrapped), each with a synchronisation on either side; yields a dict filled on exit."""
-    import ctrls.sampling as sampling
+    import ctrls.static_decode as sampling  # the static path's step_fn
     from ctrls.backbone import decoder_body
 
     acc = {"inside_s": 0.0, "calls": 0}

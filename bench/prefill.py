@@ -14,6 +14,7 @@ import argparse
 import time
 from dataclasses import replace
 
+import ctrls.decoding as D
 import ctrls.sampling as S
 from common import machine, write_result
 from ctrls.backbone import load_backbone
@@ -24,14 +25,14 @@ from ctrls.prompts import prompt_ids
 
 def timed(bb, prompts, params, whole: bool):
     """(seconds, tokens) of one decode; ``whole``: every prompt prefilled whole (no shared prefix)."""
-    keep = S.MIN_SHARED_PREFIX
-    S.MIN_SHARED_PREFIX = 10**9 if whole else keep
+    keep = D.MIN_SHARED_PREFIX
+    D.MIN_SHARED_PREFIX = 10**9 if whole else keep
     try:
         t = time.perf_counter()
         gens = S.sample(bb, prompts, 4, params, seeds=list(range(len(prompts))))
         return time.perf_counter() - t, [g.token_ids for gs in gens for g in gs]
     finally:
-        S.MIN_SHARED_PREFIX = keep
+        D.MIN_SHARED_PREFIX = keep
 
 
 def main():

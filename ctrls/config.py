@@ -193,7 +193,7 @@ class SamplingConfig:
     max_new_tokens: int = key(256, at_least(1))
     batch_size: int = key(64, at_least(1))  # sequences decoded together
     # engine: dense batch, finished rows dropped (fastest eager on CPU, bench/sampling.py); static: fixed
-    # shapes, one graph per step (ctrls.sampling, "The static path"); the same samples either way
+    # shapes, one graph per step (ctrls.static_decode); the same samples either way
     decode: Literal["engine", "static"] = "engine"
     compile: Literal["none", "default", "reduce-overhead"] = "none"  # static only; reduce-overhead: CUDA graphs
 

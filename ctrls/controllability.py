@@ -107,7 +107,7 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
 def draw_chains(policy: "TransitionPolicy", s0: torch.Tensor, lengths: Sequence[int], epsilon: float,
                 generator: torch.Generator | None = None) -> list[list[int]]:
     """One state chain per entry of ``lengths``: a_1 ~ pi~(. | s_0), a_{t+1} ~ pi~(. | a_t), as the
-    sampler draws them (``sampling._draw_states``), returned as the argmax of each a_t, ``lengths[i]``
+    sampler draws them (``ctrls.decoding.draw_states``), returned as the argmax of each a_t, ``lengths[i]``
     states for chain i. The chains are drawn together from one ``generator``."""
     lengths = [int(n) for n in lengths]
     if not lengths or max(lengths) == 0:

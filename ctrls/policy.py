@@ -38,7 +38,7 @@ Sampling is seeded by a ``torch.Generator``: torch's Gamma/Dirichlet samplers ac
 ``torch.rand`` with the generator (same generator state, same draws, on any device), and
 normalises them in log space (softmax), which stays exact for tiny concentrations.
 
-The decoder (``sampling._draw_states``) draws all rows of a batch at once with
+The decoder (``ctrls.decoding.draw_states``) draws all rows of a batch at once with
 ``sample_policy_log_streams`` / ``TransitionPolicy.sample_log_streams``: the same Marsaglia-Tsang
 method, but every uniform (and every normal, by Box-Muller) comes from the row's counter-based
 splitmix64 stream (``streams.stream_uniform``), keyed by (row key, draw index) and a round counter,

@@ -232,6 +232,7 @@ def test_preallocated_layer_equals_dynamic_layer_through_growth_and_row_drops():
 def test_decoding_with_rows_ending_equals_the_concatenating_cache(tiny_llama, monkeypatch):
     """Tokens sampled with PreallocatedLayer equal those with transformers' DynamicCache while rows end
     at different times (many token ids made EOS): the row drops copy the right rows."""
+    import ctrls.decoding as D
     import ctrls.sampling as S
     from transformers import DynamicCache
 
@@ -243,7 +244,7 @@ def test_decoding_with_rows_ending_equals_the_concatenating_cache(tiny_llama, mo
     monkeypatch.setattr(S.PreallocatedLayer, "batch_select_indices",
                         lambda self, idx: (drops.append(len(idx)), orig(self, idx))[1])
     ours = sample(tiny_llama, prompts, 4, p, seeds=[1, 2, 3])
-    monkeypatch.setattr(S, "new_cache", lambda model, capacity: DynamicCache(config=model.config))
+    monkeypatch.setattr(D, "new_cache", lambda model, capacity: DynamicCache(config=model.config))
     ref = sample(tiny_llama, prompts, 4, p, seeds=[1, 2, 3])
     lengths = {g.n_tokens for gs in ours for g in gs}
     assert len(lengths) > 3 and min(lengths) < 24 and drops, "the test needs rows that end at different times"
@@ -256,9 +257,9 @@ def test_decoding_with_rows_ending_equals_the_concatenating_cache(tiny_llama, mo
 def _frequent_boundaries(monkeypatch):
     """Declare every token a newline, so that a tiny random model (whose greedy output repeats one
     token) closes a step at every non-blank token and the state redraw path runs."""
-    import ctrls.sampling as sampling_mod
+    import ctrls.decoding as decoding
 
-    monkeypatch.setattr(sampling_mod, "newline_token_ids", lambda tok: frozenset(range(len(tok))))
+    monkeypatch.setattr(decoding, "newline_token_ids", lambda tok: frozenset(range(len(tok))))
 
 
 def _teacher_forced(bb, model, prompt, g, s_of_token, params=None, key=None):
@@ -366,6 +367,7 @@ def test_every_draw_that_conditioned_a_token_enters_eq14(tiny_llama, monkeypatch
     """Scripted tokens "x\n x\n EOS": s_1 is drawn before "x", s_2 when step 1 closes, s_3 when step 2
     closes; s_3 conditioned the EOS draw (and the whitespace before it), so all three draws are
     Eq. 14's actions, though only two steps exist. Counts the draws, then checks the loss sees them."""
+    import ctrls.decoding as decoding
     import ctrls.sampling as sampling_mod
     from ctrls.rl import Trajectory, reinforce_loss
 
@@ -379,14 +381,14 @@ def test_every_draw_that_conditioned_a_token_enters_eq14(tiny_llama, monkeypatch
         return torch.tensor([seq[int(c)] for c in counters])
 
     draws = []
-    real_draw = sampling_mod._draw_states
+    real_draw = decoding.draw_states
 
     def counting(model, prev, rows, epsilon):
         draws.append(len(rows))
         return real_draw(model, prev, rows, epsilon)
 
     monkeypatch.setattr(sampling_mod, "_pick", scripted)
-    monkeypatch.setattr(sampling_mod, "_draw_states", counting)
+    monkeypatch.setattr(decoding, "draw_states", counting)
     model = random_ctrls(bb, K=4, trained=True, scale=0.5)
     p = SampleParams(temperature=1.0, max_new_tokens=20, max_steps=10_000, stop_at_answer=False, epsilon=0.2)
     (g,), = sample(bb, [tok("Q:")["input_ids"]], 1, p, model=model, seeds=[3])

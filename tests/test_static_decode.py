@@ -43,7 +43,7 @@ def _many_eos(bb, monkeypatch):
 
 
 def _count_bucket_moves(monkeypatch):
-    import ctrls.sampling as S
+    import ctrls.static_decode as S
 
     moves = []
     orig = S.select_rows
@@ -201,7 +201,7 @@ def test_packed_attention_equals_repeated_heads():
 def test_static_steps_attend_on_the_kv_heads(tiny_llama, monkeypatch):
     """Every static step runs with the packed attention (compiled, transformers would repeat the KV
     cache per query head), and the model's own attention is restored afterwards."""
-    import ctrls.sampling as sampling
+    import ctrls.static_decode as sampling
     from ctrls.kv_cache import PACKED_SDPA
 
     seen, real = [], sampling.step_fn

@@ -81,6 +81,7 @@ class DecodeProbe(TorchDispatchMode):
         return out
 
     def __enter__(self):
+        import ctrls.decoding as D
         import ctrls.sampling as S
         from ctrls.backbone import decoder_body
 
@@ -88,18 +89,19 @@ class DecodeProbe(TorchDispatchMode):
         self._handles = [body.register_forward_pre_hook(self._body_pre), body.register_forward_hook(self._body_post)]
         for layer in body.layers:
             self._handles += [layer.register_forward_pre_hook(self._push_layer), layer.register_forward_hook(self._pop)]
-        self._orig_pick, self._orig_draw = S._pick, S._draw_states
-        S._pick, S._draw_states = self._pick, self._draw
+        self._orig_pick, self._orig_draw = S._pick, D.draw_states
+        S._pick, D.draw_states = self._pick, self._draw
         if self.count:
             super().__enter__()
         return self
 
     def __exit__(self, *exc):
+        import ctrls.decoding as D
         import ctrls.sampling as S
 
         if self.count:
             super().__exit__(*exc)
-        S._pick, S._draw_states = self._orig_pick, self._orig_draw
+        S._pick, D.draw_states = self._orig_pick, self._orig_draw
         for h in self._handles:
             h.remove()
         return False

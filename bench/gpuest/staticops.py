@@ -23,10 +23,10 @@ HOST_COPIES = 3
 
 
 class StaticProbe(DecodeProbe):
-    """``DecodeProbe`` for ``_decode_static``. Regions: 'body' and 'layer' (the step's decoder body), 'head'
+    """``DecodeProbe`` for ``ctrls.static_decode.decode_static``. Regions: 'body' and 'layer' (the step's decoder body), 'head'
     (the rest of the step: the CTRLS adapter, the LM head, top-k), 'tokens' (the eager Gumbel-max draw among
-    the top k), 'post' (from the end of the draw to the next step: the loop over the rows ``_advance``, the
-    slot bookkeeping, the mask column, the positions; timed), 'draw' (``_draw_states``), 'launch' (the rest:
+    the top k), 'post' (from the end of the draw to the next step: the loop over the rows ``advance``, the
+    slot bookkeeping, the mask column, the positions; timed), 'draw' (``draw_states``), 'launch' (the rest:
     the draw's counters, built before it)."""
 
     def _head(self, *args, **kwargs):
@@ -44,16 +44,16 @@ class StaticProbe(DecodeProbe):
         return out
 
     def __enter__(self):
-        import ctrls.sampling as S
+        import ctrls.static_decode as S
 
-        self._orig_head, self._orig_tokens = S._head_candidates, S._draw_tokens
-        S._head_candidates, S._draw_tokens = self._head, self._tokens
+        self._orig_head, self._orig_tokens = S._head_candidates, S.draw_tokens
+        S._head_candidates, S.draw_tokens = self._head, self._tokens
         return super().__enter__()
 
     def __exit__(self, *exc):
-        import ctrls.sampling as S
+        import ctrls.static_decode as S
 
-        S._head_candidates, S._draw_tokens = self._orig_head, self._orig_tokens
+        S._head_candidates, S.draw_tokens = self._orig_head, self._orig_tokens
         return super().__exit__(*exc)
 
 
