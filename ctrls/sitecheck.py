@@ -5,8 +5,15 @@
 driven by Playwright), and for each page:
 
 * records every request the page makes;
-* aborts every request whose host is not ``127.0.0.1``/``localhost`` and records it as *external*
-  (such a request never leaves the machine: the book must not depend on a CDN);
+* records every connection the page opens, of every kind, with its type (``connections``): resource
+  loads, ``fetch``/``XMLHttpRequest``, ``EventSource``, ``navigator.sendBeacon``, WebSocket,
+  WebTransport, WebRTC ICE servers, workers' requests, ``<link rel=preconnect|dns-prefetch|...>``;
+  seen three ways: Playwright's request routing (HTTP and WebSocket), the DevTools protocol's
+  network events, and hooks on the page's JavaScript connection APIs;
+* aborts every request and WebSocket whose host is not ``127.0.0.1``/``localhost``/``::1`` and
+  records every such connection as *external* (the book must not depend on a CDN). None leaves the
+  machine: besides the aborts, the browser's only route to other hosts is a proxy on a closed
+  loopback port (``--proxy-server`` with ``<-loopback>``), and WebRTC may not use UDP outside it;
 * records as *missing* every request that failed or whose response has status >= 400;
 * waits for the network to go idle and for MathJax (when the page loads it) to finish typesetting,
   then takes a full-page PNG screenshot into ``out_dir``;
@@ -60,6 +67,12 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
     "--disable-dev-shm-usage",
+    # nothing reaches another host even if a page finds a way past the recording: every non-local
+    # connection (a preconnect, a WebSocket) goes to a proxy on a closed port (PROXY_ARGS), and
+    # WebRTC may not send UDP around it
+    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+    # and no name lookup leaves the machine either (a dns-prefetch, a proxied host): only localhost resolves
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1, EXCLUDE [::1]",
 ]
 DEFAULT_PAGES = ("index.html", "generated/02_exploration.html")  # kept first by all_pages()
 # Pages Sphinx generates that are not the book's content.
@@ -67,6 +80,63 @@ NON_CONTENT = {"search.html", "genindex.html", "py-modindex.html"}
 # Screenshot file names for the default pages; any other page gets its path with '/' -> '_'.
 SCREENSHOT_NAMES = {"index.html": "index.png", "generated/02_exploration.html": "table1.png"}
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+# ``<-loopback>``: only the hosts listed bypass the proxy (Chromium would bypass all of 127.0.0.0/8)
+PROXY_BYPASS = "<-loopback>;127.0.0.1;localhost;[::1]"
+
+# Hooks on the page's connection APIs, installed before any page script runs: each reports
+# (type, absolute URL) to Python through the exposed binding, which survives navigations.
+_HOOKS = r"""
+(() => {
+  const report = (type, url) => {
+    try {
+      const abs = (url instanceof Request) ? url.url : new URL(String(url), location.href).href;
+      window.__ctrlsConnection(type, abs);
+    } catch (e) {
+      try { window.__ctrlsConnection(type, String(url)); } catch (e2) {}
+    }
+  };
+  const hookCtor = (name, type) => {
+    const C = window[name];
+    if (typeof C !== 'function') return;
+    window[name] = new Proxy(C, {construct(t, args, nt) { report(type, args[0]); return Reflect.construct(t, args, nt); }});
+  };
+  hookCtor('WebSocket', 'websocket');
+  hookCtor('EventSource', 'eventsource');
+  hookCtor('WebTransport', 'webtransport');
+  hookCtor('Worker', 'worker');
+  hookCtor('SharedWorker', 'sharedworker');
+  if (typeof window.fetch === 'function') {
+    window.fetch = new Proxy(window.fetch, {apply(t, self, args) { report('fetch', args[0]); return Reflect.apply(t, self, args); }});
+  }
+  if (window.XMLHttpRequest) {
+    const open = XMLHttpRequest.prototype.open;
+    XMLHttpRequest.prototype.open = function (method, url, ...rest) { report('xhr', url); return open.call(this, method, url, ...rest); };
+  }
+  if (navigator.sendBeacon) {
+    const beacon = navigator.sendBeacon.bind(navigator);
+    navigator.sendBeacon = (url, data) => { report('sendbeacon', url); return beacon(url, data); };
+  }
+  const RTC = window.RTCPeerConnection;
+  if (typeof RTC === 'function') {
+    const servers = (config) => {
+      for (const s of (config && config.iceServers) || []) {
+        for (const u of [].concat(s.urls || s.url || [])) { try { window.__ctrlsConnection('webrtc', String(u)); } catch (e) {} }
+      }
+    };
+    window.RTCPeerConnection = new Proxy(RTC, {construct(t, args, nt) { servers(args[0]); return Reflect.construct(t, args, nt); }});
+    const setConf = RTC.prototype.setConfiguration;
+    if (setConf) RTC.prototype.setConfiguration = function (config) { servers(config); return setConf.call(this, config); };
+  }
+})();
+"""
+
+# Links that make the browser connect to a host without a request of their own (preconnect) or
+# before any is needed; found in the page after it settles.
+_LINK_HINTS = """
+() => Array.from(document.querySelectorAll('link[rel][href]'))
+  .map((l) => [l.rel.toLowerCase(), l.href])
+  .filter(([rel]) => /\\b(preconnect|dns-prefetch|prefetch|preload|modulepreload|prerender)\\b/.test(rel))
+"""
 VIEWPORT = {"width": 1280, "height": 900}
 
 # Wait for MathJax 3 (when the page loads it) to finish its first typesetting pass, then for the
@@ -211,11 +281,33 @@ class SiteCheckError(RuntimeError):
 
 
 def is_local(url: str) -> bool:
-    """True for a URL that stays on this machine: loopback http(s), or data:/blob:/about: URLs."""
+    """True for a URL that stays on this machine: loopback http(s)/ws(s), or data:/blob:/about:
+    URLs. A protocol-relative ``//host/...`` and a WebRTC ``stun:host:port`` are judged by host."""
     parts = urlsplit(url)
-    if parts.scheme in ("data", "blob", "about", "chrome-error", ""):
+    scheme = parts.scheme.lower()
+    if scheme in ("data", "blob", "about", "chrome-error", "javascript") or (not scheme and not parts.netloc):
         return True
-    return (parts.hostname or "") in LOCAL_HOSTS
+    try:
+        host = parts.hostname
+        if host is None and scheme in ("stun", "stuns", "turn", "turns"):
+            host = urlsplit("//" + parts.path.split("?")[0]).hostname
+    except ValueError:  # a malformed port or address: not known to be local
+        return False
+    return (host or "") in LOCAL_HOSTS
+
+
+@contextmanager
+def closed_port():
+    """A loopback TCP port where nothing listens (bound, never listened on, while in use): the proxy
+    every non-local connection of the browser is sent to, so that it fails at once."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))  # holding the port (without listen) keeps anyone else off it
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()
 
 
 def screenshot_name(page: str) -> str:
@@ -265,9 +357,20 @@ def _check_page(context, url: str, shot: Path, timeout_ms: int) -> dict:
     missing: dict[str, str] = {}  # url -> why (first reason seen)
     external: list[str] = []
     console_errors: list[str] = []
+    connections: list[dict] = []  # every connection of every kind: {"type", "url"}, first sighting of each
+    seen: set[tuple[str, str]] = set()
+
+    def connection(kind: str, u: str) -> None:
+        """Record a connection (once per type and URL); a non-local one is external."""
+        if (kind, u) not in seen:
+            seen.add((kind, u))
+            connections.append({"type": kind, "url": u})
+        if not is_local(u) and u not in external:
+            external.append(u)
 
     def on_request(req):
         requests.append(req.url)
+        connection(req.resource_type, req.url)
 
     def on_response(resp):
         if resp.status >= 400:
@@ -291,10 +394,32 @@ def _check_page(context, url: str, shot: Path, timeout_ms: int) -> dict:
         if is_local(r.request.url):
             r.continue_()
         else:  # recorded, and never let out
-            external.append(r.request.url)
+            connection(r.request.resource_type, r.request.url)
             r.abort("blockedbyclient")
 
+    def route_ws(ws):
+        connection("websocket", ws.url)
+        if is_local(ws.url):
+            ws.connect_to_server()
+        else:  # never connected: the page sees a socket that closes
+            ws.close(code=1008, reason="blocked by ctrls.sitecheck: not a local host")
+
     page.route("**/*", route)
+    page.route_web_socket(lambda u: True, route_ws)
+    page.on("websocket", lambda ws: connection("websocket", ws.url))
+    # the JavaScript APIs' own view (sendBeacon, EventSource, WebRTC ICE servers, ...)
+    page.expose_function("__ctrlsConnection", lambda kind, u: connection(str(kind), str(u)))
+    page.add_init_script(_HOOKS)
+    # the DevTools protocol's view of the network: every request with its type, WebSockets, WebTransport
+    try:
+        cdp = context.new_cdp_session(page)
+        cdp.send("Network.enable")
+        cdp.on("Network.requestWillBeSent",
+               lambda e: connection(str(e.get("type", "Other")).lower(), e["request"]["url"]))
+        cdp.on("Network.webSocketCreated", lambda e: connection("websocket", e["url"]))
+        cdp.on("Network.webTransportCreated", lambda e: connection("webtransport", e["url"]))
+    except Exception as e:  # noqa: BLE001 - the routes and hooks above still record; say so
+        console_errors.append(f"sitecheck: no DevTools network events ({e})")
 
     response = None
     try:
@@ -328,6 +453,9 @@ def _check_page(context, url: str, shot: Path, timeout_ms: int) -> dict:
     # The theme slides its sidebars in with CSS transitions: let them end (finite ones are also
     # fast-forwarded by animations="disabled"), else the screenshot catches them half-way.
     page.evaluate(_WAIT_ANIMATIONS, 5000)
+    for rel, href in page.evaluate(_LINK_HINTS):  # a preconnect opens a connection without a request
+        connection(next(k for k in ("preconnect", "dns-prefetch", "modulepreload", "prefetch", "preload",
+                                    "prerender") if k in rel), href)
     inspected = page.evaluate(_INSPECT)
     shot.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(shot), full_page=True, animations="disabled")
@@ -340,6 +468,7 @@ def _check_page(context, url: str, shot: Path, timeout_ms: int) -> dict:
         "missing": list(missing),
         "missing_why": missing,
         "external": external,
+        "connections": connections,
         "console_errors": console_errors,
         "mathjax": mathjax,
         "n_math": n_math,
@@ -376,7 +505,10 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
     Returns ``{"html_dir", "out_dir", "chromium", "ok", "pages": {page: report}}`` where each page's
     report holds ``url`` (asked for), ``final_url`` (after redirects), ``title``, ``n_requests``,
     ``requests``, ``missing`` (URLs that failed or answered >= 400; ``missing_why`` maps each to
-    the reason), ``external`` (URLs on a host other than 127.0.0.1/localhost: aborted, never sent),
+    the reason), ``external`` (URLs on a host other than 127.0.0.1/localhost/::1, of any connection
+    type: aborted, never sent), ``connections`` (every connection the page opened, ``{"type",
+    "url"}``: resource types such as ``script``, ``fetch``, ``xhr``, ``eventsource``, ``ping`` (a
+    beacon), ``websocket``, ``webtransport``, and ``sendbeacon``, ``webrtc``, ``preconnect``...),
     ``console_errors``, ``mathjax`` ("none", "done", "timeout" or "error: ..."), ``n_math`` (formulas
     MathJax typeset), ``warnings`` (waits that timed out), ``overflow`` and ``junk`` (lists of
     ``{"element", "why"}`` and ``{"kind", "element", "text"}``; see the module's docstring),
@@ -406,9 +538,10 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
     # Never let Playwright look for (or fetch) a browser of its own.
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
     with serve(html_dir) as base, tempfile.TemporaryDirectory(prefix="ctrls-chromium-") as profile, \
-            sync_playwright() as pw:
+            closed_port() as dead, sync_playwright() as pw:
+        args = [*CHROMIUM_ARGS, f"--proxy-server=http://127.0.0.1:{dead}", f"--proxy-bypass-list={PROXY_BYPASS}"]
         context = pw.chromium.launch_persistent_context(
-            profile, executable_path=exe, headless=True, args=CHROMIUM_ARGS,
+            profile, executable_path=exe, headless=True, args=args,
             viewport=VIEWPORT, service_workers="block", timeout=timeout_ms)
         try:
             for p in pages:
@@ -425,12 +558,15 @@ def format_report(report: dict) -> str:
     lines = [f"site {report['html_dir']} (browser {report['chromium']})"]
     for page, r in report["pages"].items():
         lines.append(f"{page}: {r['title']!r} -> {r['final_url']}")
+        kinds = {}
+        for c in r.get("connections", []):
+            kinds.setdefault(c["url"], c["type"])
         lines.append(f"  {r['n_requests']} requests, {len(r['missing'])} missing, "
                      f"{len(r['external'])} external, {len(r['console_errors'])} console errors, "
                      f"mathjax {r['mathjax']} ({r['n_math']} formulas), "
                      f"{len(r['overflow'])} overflowing, {len(r['junk'])} junk")
         lines += [f"  missing:  {u} ({r['missing_why'].get(u, '?')})" for u in r["missing"]]
-        lines += [f"  external (blocked): {u}" for u in r["external"]]
+        lines += [f"  external (blocked): {u} ({kinds.get(u, 'request')})" for u in r["external"]]
         lines += [f"  console:  {m}" for m in r["console_errors"]]
         lines += [f"  warning:  {m}" for m in r["warnings"]]
         lines += [f"  overflow: {page}: {o['element']} ({o['why']})" for o in r["overflow"]]

@@ -201,3 +201,94 @@ def test_checker_reports_overflow_and_junk(chromium, tmp_path):
     for clean in ("index.html", "generated/clean.html"):
         r = report["pages"][clean]
         assert r["overflow"] == [] and r["junk"] == [], summary
+
+
+class _TcpCanary:
+    """A TCP listener on 127.0.0.2 (not a local host for the checker) that records every connection
+    it accepts, with the first line the client sent (if any): a connection of any kind, an HTTP
+    request, a WebSocket handshake or a bare preconnect, would show up here."""
+
+    def __init__(self):
+        import socket
+
+        self.hits: list[str] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.2", 0))
+        self.sock.listen(50)
+        self.host = f"127.0.0.2:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.settimeout(2)
+            try:
+                first = conn.recv(1024).split(b"\r\n")[0].decode(errors="replace")
+            except OSError:
+                first = ""
+            self.hits.append(first or "<connection without a request>")
+            conn.close()
+
+    def close(self):
+        self.sock.close()
+
+
+# Every way a page can reach another host from script or markup, each to its own path on the canary.
+_CONNECTIONS = {
+    "websocket": "new WebSocket('ws://{h}/ws');",
+    "eventsource": "new EventSource('http://{h}/es');",
+    "sendbeacon": "navigator.sendBeacon('http://{h}/beacon', 'x');",
+    "fetch": "fetch('http://{h}/fetch').catch(() => 0);",
+    "xhr": "const x = new XMLHttpRequest(); x.open('GET', 'http://{h}/xhr'); x.send();",
+    "worker": "new Worker(URL.createObjectURL(new Blob([\"fetch('http://{h}/worker').catch(() => 0)\"])));",
+    "webrtc": "new RTCPeerConnection({{iceServers: [{{urls: 'stun:{h}'}}]}}).createDataChannel('x');",
+    "preconnect": "",  # a <link rel=preconnect>: a connection without any request
+}
+
+
+@pytest.mark.parametrize("kind", list(_CONNECTIONS))
+def test_every_kind_of_connection_to_another_host_is_recorded_and_blocked(chromium, tmp_path, kind):
+    """Issue 34, item 4: a WebSocket, an EventSource, a beacon (and fetch, XHR, a worker's fetch,
+    a WebRTC ICE server, a preconnect) to a non-local host is external: recorded with its type, the
+    page fails the check, and the host receives no connection at all."""
+    from ctrls.sitecheck import check_site, format_report, main
+
+    canary = _TcpCanary()
+    h = canary.host
+    site = tmp_path / "site"
+    site.mkdir()
+    head = f'<link rel="preconnect" href="http://{h}">' if kind == "preconnect" else ""
+    script = _CONNECTIONS[kind].format(h=h)
+    (site / "index.html").write_text(f"<!doctype html><html><head><title>Leaky</title>{head}</head>"
+                                     f"<body><h1>Leaky</h1><script>{script}</script></body></html>")
+    try:
+        report = check_site(site, tmp_path / "shots", pages=("index.html",), chromium=chromium, timeout_s=30)
+        assert main([str(site), "--out", str(tmp_path / "shots2"), "--page", "index.html"]) == 1
+    finally:
+        canary.close()
+    r, summary = report["pages"]["index.html"], format_report(report)
+    assert not report["ok"], summary
+    assert r["external"] and all(h in u for u in r["external"]), summary
+    assert any(h in c["url"] for c in r["connections"]), summary
+    assert canary.hits == [], (canary.hits, summary)  # nothing reached the other host
+
+
+def test_local_connections_of_every_kind_are_not_external(chromium, tmp_path):
+    """fetch, XHR, a beacon and a worker on the page's own host: recorded by type, not external."""
+    from ctrls.sitecheck import check_site, format_report
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "data.json").write_text('{"a": 1}')
+    (site / "index.html").write_text(
+        "<!doctype html><html><head><title>Local</title><link rel='preload' href='data.json' as='fetch'></head>"
+        "<body><h1>Local</h1><script>fetch('data.json'); const x = new XMLHttpRequest(); x.open('GET', 'data.json');"
+        " x.send(); new Worker(URL.createObjectURL(new Blob([\"fetch('" + "/data.json')\"])));</script></body></html>")
+    report = check_site(site, tmp_path / "shots", pages=("index.html",), chromium=chromium, timeout_s=30)
+    r, summary = report["pages"]["index.html"], format_report(report)
+    assert r["external"] == [] and r["missing"] == [] and report["ok"], summary
+    kinds = {c["type"] for c in r["connections"]}
+    assert {"document", "fetch", "xhr"} <= kinds, (kinds, summary)
