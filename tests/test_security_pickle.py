@@ -5,7 +5,6 @@ plain containers only. A crafted RL checkpoint or feature shard, whose unpicklin
 (an object whose ``__reduce__`` writes a marker file), is refused with an error that names the file,
 and the marker is never written: not when a run resumes, not when a shard is only checked.
 """
-import os
 
 import numpy as np
 import pytest
