@@ -100,3 +100,20 @@ def test_scaling_frame_reads_sorts_and_refuses_bad_results(tmp_path):
     f.write_text(json.dumps({"points": [bad]}))
     with pytest.raises(ValueError, match="not a readable bench/steering.py result"):
         scaling_frame(f)
+
+
+def test_reference_chains_have_one_answer_line():
+    """Word problems' reference steps already end with the answer line: the chain must not repeat it
+    (it did, which taught the adapter to write the answer twice); GSM8K-style steps get one appended."""
+    from ctrls.data import Problem
+    from ctrls.stages.collect import reference_steps
+    from ctrls.word_problems import generate
+
+    import dataclasses
+    wp = generate("train", 4, seed=0)[0]
+    p = Problem(id="w0", question=wp["question"], answer=wp["answer"], steps=tuple(wp["steps"]), source="word_problems",
+                split="train")
+    steps = reference_steps(p, 12)
+    assert sum(s.startswith("The answer is") for s in steps) == 1 and steps[-1] == f"The answer is {p.answer}."
+    q = dataclasses.replace(p, steps=p.steps[:-1])
+    assert reference_steps(q, 12) == steps

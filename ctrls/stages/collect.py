@@ -70,8 +70,7 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
                              "correct": gr.correct, "pred": gr.pred, "kept": gr.correct and len(g.steps) > 0,
                              "finish": g.finish})
             if "reference" in cfg.pretrain.sources:
-                # steps beyond T merge into step T, as split_steps does for generations
-                steps = split_steps("\n".join([*p.steps, final_answer_line(p.answer)]), cfg.prompt.max_steps)
+                steps = reference_steps(p, cfg.prompt.max_steps)
                 rows.append({"qid": p.id, "source": "reference", "sample_index": -1,
                              "solution_ids": encode_solution(tok, steps), "steps": steps, "valid": True,
                              "correct": True, "pred": p.answer, "kept": True, "finish": "reference"})
@@ -96,6 +95,15 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
 
 def _question_seed(seed: int, qid: str) -> int:
     return zlib.crc32(f"collect|{seed}|{qid}".encode())
+
+
+def reference_steps(p: Problem, max_steps: int) -> list[str]:
+    """A reference chain's steps: the problem's own steps and one final answer line (not a second one
+    where the steps already end with it, as word problems' do); steps beyond T merge into step T, as
+    ``split_steps`` does for generations."""
+    line = final_answer_line(p.answer)
+    own = list(p.steps)
+    return split_steps("\n".join(own if own and own[-1].strip() == line else [*own, line]), max_steps)
 
 
 TRAJ_COLUMNS = ["qid", "source", "sample_index", "solution_ids", "steps", "valid", "correct", "pred", "kept", "finish"]
