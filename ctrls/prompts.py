@@ -15,6 +15,8 @@ import functools
 import re
 from typing import Sequence
 
+from ctrls.overrides import ConfigError
+
 INSTRUCTION = (
     "Solve the following math problem step by step. Write each reasoning step on its own line. "
     "End with a final line of the form \"The answer is X.\" where X is the final answer only.")
@@ -75,13 +77,50 @@ def prompt_ids(tokenizer, question: str, use_chat_template: bool = True, few_sho
     return encode_prompt(tokenizer, question, use_chat_template, few_shot)[0]
 
 
+class PromptError(ConfigError):
+    """A prompt that cannot be decoded: empty, or with ``max_new_tokens`` longer than the model's
+    positions. A config error: the remedy is a key (``prompt.few_shot``, ``sampling.max_new_tokens``)."""
+
+
+def model_positions(model) -> int | None:
+    """The positions a model (or a ``Backbone``) was built for: its config's ``max_position_embeddings``
+    (or ``n_positions``, ``n_ctx``, ``seq_length``); None when it states none."""
+    model = getattr(model, "model", model)  # a Backbone holds the model
+    cfg = getattr(model, "config", None)
+    for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, positions: int | None,
+                  names: Sequence[str] | None = None) -> None:
+    """Refuse, before any decoding, a prompt that is empty or that with ``max_new_tokens`` new tokens
+    would run past the model's ``positions`` (None: not checked). ``names[i]`` says which prompt
+    (default "prompt i") in the :class:`PromptError`."""
+    for i, p in enumerate(prompts):
+        name = names[i] if names is not None else f"prompt {i}"
+        n = len(p)
+        if n == 0:
+            raise PromptError(f"{name} is empty (0 tokens): a decode starts from at least one token")
+        if positions is not None and n + max_new_tokens > positions:
+            raise PromptError(
+                f"{name} has {n} tokens; with sampling.max_new_tokens={max_new_tokens} a decode needs {n + max_new_tokens} "
+                f"positions, but the model has {positions}: lower sampling.max_new_tokens (at most {positions - n} for "
+                f"this prompt), use fewer exemplars (prompt.few_shot) or a shorter question")
+
+
 def encode_prompt(tokenizer, question: str, use_chat_template: bool = True, few_shot: int = 4) -> tuple[list[int], int]:
     """Token ids of the prompt x_0, and the index of the first token of the question in it.
 
     The tokens from that index on (the question and what follows it) are the ones whose hidden
     states encode s_0 = Q_phi(x_0): the exemplars and instructions shared by every prompt are left
-    out, so that s_0 tells questions apart.
+    out, so that s_0 tells questions apart. An empty (or blank) question is a :class:`PromptError`:
+    it has no tokens of its own to encode s_0 from.
     """
+    if not isinstance(question, str) or not question.strip():
+        raise PromptError(f"an empty question ({question!r}) cannot be prompted: it has no tokens to encode s_0 from")
     text = build_prompt(tokenizer, question, use_chat_template, few_shot)
     # the chat template already holds the special tokens it needs
     add_special = not (use_chat_template and getattr(tokenizer, "chat_template", None))

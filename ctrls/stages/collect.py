@@ -19,7 +19,8 @@ from ctrls.answers import grade
 from ctrls.backbone import Backbone
 from ctrls.config import Config
 from ctrls.data import Problem
-from ctrls.prompts import encode_prompt, encode_solution, final_answer_line, newline_token_ids, split_steps, step_spans
+from ctrls.prompts import (check_prompts, encode_prompt, encode_solution, final_answer_line, model_positions,
+                           newline_token_ids, split_steps, step_spans)
 from ctrls.runs import ArtifactError, UnsafeArtifactError, append_jsonl, artifact_error, file_name, load_torch
 from ctrls.stages.common import sample_params
 from ctrls.sampling import sample
@@ -60,6 +61,9 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
         gens = [[] for _ in todo]
         if todo and "samples" in cfg.pretrain.sources and n > 0:
             enc = [encode_prompt(tok, p.question, cfg.prompt.use_chat_template, cfg.prompt.few_shot) for p in todo]
+            # a prompt that does not fit the model's positions with its new tokens is refused, not decoded
+            check_prompts([e[0] for e in enc], params.max_new_tokens, model_positions(bb),
+                          [f"the prompt of training question {p.id!r}" for p in todo])
             # one seed per question: a resumed or sharded run regenerates exactly the same samples
             gens = sample(bb, [e[0] for e in enc], n, params, seeds=[_question_seed(cfg.seed, p.id) for p in todo])
         for p, gs in zip(todo, gens):

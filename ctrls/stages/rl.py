@@ -15,7 +15,7 @@ from ctrls.answers import grade
 from ctrls.config import Config, override
 from ctrls.data import problems_from_config
 from ctrls.policy import TransitionPolicy
-from ctrls.prompts import encode_prompt
+from ctrls.prompts import check_prompts, encode_prompt, model_positions
 from ctrls.rl import Trainer, Trajectory, run_lockstep, state_usage_entropy
 from ctrls.runs import Stage, file_name, pair_slug, read_parquet, safe_name, valid_part
 from ctrls.sampling import SampleParams, sample
@@ -117,6 +117,9 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool) -> None:
             if (split, i) not in encoded:
                 p = (train if split == "train" else test)[i]
                 encoded[split, i] = encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot)
+                # refused, not decoded, when it does not fit the model's positions with its new tokens
+                check_prompts([encoded[split, i][0]], pc.sampling.max_new_tokens, model_positions(bb),
+                              [f"the prompt of {split} question {p.id!r}"])
             return encoded[split, i]
 
         def params(eps: float) -> SampleParams:
