@@ -130,3 +130,54 @@ def scaling_frame(path) -> "pd.DataFrame":
     if not np.isfinite(df[["follows", "coincidence", "harm"]].to_numpy(dtype=float)).all():
         raise ValueError(f"{path}: NaN or Inf among the steering results")
     return df
+
+
+# ---- what the states capture: reasoning moves or content ----------------------------------------
+
+STEP_KINDS = ("answer", "arithmetic", "statement")
+
+
+def step_kind(text: str) -> str:
+    """A step's reasoning move, by its surface form: ``answer`` (a final-answer line), ``arithmetic``
+    (an operation with "="), else ``statement`` (a fact restated or a quantity introduced)."""
+    import re
+
+    t = text.strip().lower()
+    if t.startswith("the answer is") or "####" in t or "\\boxed" in t:
+        return "answer"
+    if re.search(r"\d\s*[-+*/x×÷]\s*\d.*=", t):
+        return "arithmetic"
+    return "statement"
+
+
+def _nmi(a, b) -> float:
+    from sklearn.metrics import normalized_mutual_info_score
+
+    return float(normalized_mutual_info_score(a, b))
+
+
+def granularity_table(e: torch.Tensor, texts, ks=(4, 8, 16, 32), seed: int = 0) -> "pd.DataFrame":
+    """For each K, k-means states of the step embeddings ``e`` (N, D) (``ctrls.states.fit_states``)
+    against what they could capture: the normalised mutual information of the hard states with the
+    steps' reasoning moves (``step_kind``) and with their numbers (the digits in the step), the share
+    of steps whose state's majority move is their own (purity), and the coincidence rate sum_j p_j^2
+    (two independent steps in the same state), the floor a follows-its-state rate must beat."""
+    import re
+
+    import pandas as pd
+
+    from ctrls.states import fit_states
+
+    kinds = [step_kind(t) for t in texts]
+    numbers = [" ".join(re.findall(r"\d+", t)) for t in texts]
+    rows = []
+    for k in ks:
+        if k > len(texts):
+            continue
+        hard = fit_states(e, k, seed=seed).assign(e).argmax(-1).numpy()
+        tab = pd.crosstab(hard, kinds)
+        p = np.bincount(hard, minlength=k) / len(hard)
+        rows.append({"K": k, "NMI with move": round(_nmi(hard, kinds), 3), "NMI with numbers": round(_nmi(hard, numbers), 3),
+                     "move purity": round(float(tab.max(axis=1).sum() / len(hard)), 3),
+                     "coincidence": round(float((p ** 2).sum()), 3)})
+    return pd.DataFrame(rows)

@@ -117,3 +117,19 @@ def test_reference_chains_have_one_answer_line():
     assert sum(s.startswith("The answer is") for s in steps) == 1 and steps[-1] == f"The answer is {p.answer}."
     q = dataclasses.replace(p, steps=p.steps[:-1])
     assert reference_steps(q, 12) == steps
+
+
+def test_step_kind_and_granularity():
+    from ctrls.controls import granularity_table, step_kind
+
+    assert step_kind("The answer is 7.") == "answer" and step_kind("4 + 3 = 7, so Ana has 7 cards.") == "arithmetic"
+    assert step_kind("Ana starts with 4 cards.") == "statement"
+    # two moves, each with its own direction, and numbers that vary within a move: K = 2 recovers
+    # the moves exactly (NMI 1, purity 1); the coincidence of two equal states is 1/2
+    g = torch.Generator().manual_seed(0)
+    texts = [f"The answer is {i}." for i in range(20)] + [f"{i} + 1 = {i + 1}, so" for i in range(20)]
+    e = torch.cat([torch.randn(20, 8, generator=g) * 0.1 + torch.eye(8)[0] * 5,
+                   torch.randn(20, 8, generator=g) * 0.1 + torch.eye(8)[1] * 5])
+    t = granularity_table(e, texts, ks=(2, 4)).set_index("K")
+    assert t.loc[2, "NMI with move"] == 1.0 and t.loc[2, "move purity"] == 1.0 and t.loc[2, "coincidence"] == 0.5
+    assert t.loc[4, "coincidence"] < 0.5

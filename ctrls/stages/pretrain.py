@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ctrls.backbone import Backbone
 from ctrls.config import Config
-from ctrls.controls import CONDITIONS, control_seed, control_states, ratio_interval, step_logprobs
+from ctrls.controls import CONDITIONS, control_seed, control_states, granularity_table, ratio_interval, step_logprobs
 from ctrls.data import problems_from_config
 from ctrls.display import interval
 from ctrls.elbo import elbo, relaxed_loss, relaxed_terms
@@ -111,6 +111,25 @@ class PretrainRun:
 
     def controls_summary(self) -> pd.DataFrame:
         return controls_summary(self.controls())
+
+    def granularity(self, ks=(4, 8, 16, 32)) -> pd.DataFrame:
+        """What k-means states of the training steps capture, per K, for this run's representation
+        (the k rows of Eq. 5) and for its first row alone (``ctrls.controls.granularity_table``): moves
+        or numbers. The run's own K and k are marked."""
+        sp = load_torch(self.root / "spectral" / "spectral.pt", weights_only=True)
+        steps = self.steps()
+        keep = ~torch.from_numpy(steps.heldout.to_numpy(dtype=bool))
+        e, texts = sp["step_e"][keep], steps.text[~steps.heldout].tolist()
+        k = int(self.model().config.spectral_k)
+        d = e.shape[1] // k
+        K = int(self.states()["centroids"].shape[0])
+        out = []
+        for rows, x in ((k, e), (1, e[:, :d])) if k > 1 else ((1, e),):
+            t = granularity_table(x, texts, sorted(set(ks) | {K}))
+            t.insert(0, "representation", f"k = {rows} row{'s' if rows > 1 else ''} of Eq. 5")
+            t["this run"] = ["✓" if (r == k and kk == K) else "" for r, kk in zip([rows] * len(t), t.K)]
+            out.append(t)
+        return pd.concat(out, ignore_index=True)
 
     def schedule(self) -> str:
         """One sentence: epochs run and kept, Adam steps, and whether training stopped early."""
