@@ -235,7 +235,8 @@ def diversity_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
     bootstrap interval: the number of distinct final answers among a question's samples
     (``answers.normalize``d, no-answer samples not counted); the entropy (bits) of the states its
     samples' steps visit, as re-encoded by Q_phi (every row, Base included); and for CTRLS rows the
-    entropy of the states drawn for them. Entropies are plug-in estimates over a question's pooled
+    entropy of the states drawn for them (for "fixed s0" fixed by construction, one state at every
+    step: printed as such, its bounds NaN). Entropies are plug-in estimates over a question's pooled
     steps, biased low (``ctrls.controllability``)."""
     out = []
     for (b, ds, eta, label), g in df.groupby(["backbone", "dataset", "temperature", "config"], sort=False):
@@ -251,6 +252,8 @@ def diversity_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.D
             if values is None:
                 continue
             m, lo, hi = ctl.mean_with_ci(values, n_boot=n_boot, seed=seed)
+            if name == "drawn-state entropy (bits)" and label == FIXED:
+                lo = hi = math.nan  # fixed by construction (one state, s_0, at every step): no interval
             row.update({name: m, f"{name} lo": lo, f"{name} hi": hi})
         out.append(row)
     t = pd.DataFrame(out)
@@ -284,10 +287,20 @@ def layout(t: pd.DataFrame) -> pd.DataFrame:
     return wide.fillna("not run")  # a row a dataset has no samples for (the transfer rows run CTRLS and Base only)
 
 
-def _fmt(v: float, lo: float, hi: float, scale: float = 100.0, digits: int | None = None, sign: bool = False) -> str:
-    """``v [lo, hi]`` scaled; ``digits`` defaults to what the interval supports (``report.ci_decimals``)."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+def _isnan(x) -> bool:
+    return x is None or (isinstance(x, (float, np.floating)) and math.isnan(x))
+
+
+def _fmt(v: float, lo: float, hi: float, scale: float = 100.0, digits: int | None = None, sign: bool = False,
+         n: int | None = None) -> str:
+    """``v [lo, hi]`` scaled; ``digits`` defaults to what the interval supports (``report.ci_decimals``).
+    NaN bounds beside a value (``metrics.bootstrap_ci`` of one value) print the value alone: "9.00 (n = 1,
+    no interval)" (``n`` when known), never "[nan, nan]"."""
+    if _isnan(v):
         return "–"
+    if _isnan(lo) or _isnan(hi):
+        f = f"{{:{'+' if sign else ''}.{2 if digits is None else digits}f}}"
+        return f"{f.format(scale * v)} ({'' if n is None else f'n = {n}, '}no interval)"
     if digits is None:
         digits = ci_decimals(scale * lo, scale * hi)
     f = f"{{:{'+' if sign else ''}.{digits}f}}"
@@ -349,12 +362,17 @@ def controllability_view(t: pd.DataFrame) -> pd.DataFrame:
 
 
 def diversity_view(t: pd.DataFrame) -> pd.DataFrame:
-    """:func:`diversity_table` for the book: means over questions with their 95% intervals."""
+    """:func:`diversity_table` for the book: means over questions with their 95% intervals; a value
+    without one (one question) reads "x (n = 1, no interval)", and the fixed-s0 row's drawn-state
+    entropy, fixed by construction, is printed as such."""
     cols = {"backbone": t.backbone.str.split("/").str[-1], "dataset": t.dataset, "η": t.temperature,
             "config": t.config, "questions": t.questions, "samples": t.samples}
     for name in ("distinct answers", "encoded-state entropy (bits)", "drawn-state entropy (bits)"):
         if name in t:
-            cols[name] = list(map(lambda *a: _fmt(*a, scale=1.0), t[name], t[f"{name} lo"], t[f"{name} hi"]))
+            cols[name] = [f"{v:.2f} (fixed by construction: s_0 at every step)"
+                          if name.startswith("drawn") and c == FIXED and not _isnan(v)
+                          else _fmt(v, lo, hi, scale=1.0, n=nq)
+                          for v, lo, hi, c, nq in zip(t[name], t[f"{name} lo"], t[f"{name} hi"], t.config, t.questions)]
     return pd.DataFrame(cols)
 
 
@@ -428,7 +446,8 @@ def reward_note(cfg: Config, rates: pd.DataFrame, low: float = 0.05) -> str:
 
 def rubric_table(judged: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Table 3 from judged rows: per config, n, the mean score per criterion as "mean [lo, hi]"
-    with a 95% percentile-bootstrap interval over the judged rows, and how many of the config's
+    with a 95% percentile-bootstrap interval over the judged rows ("mean (n = 1, no interval)" for a
+    config with one judged row), and how many of the config's
     n x 5 scores were read by regex, clipped, or defaulted."""
     # Table 3: the rubric scores per setting
     out = []
@@ -436,7 +455,7 @@ def rubric_table(judged: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.
         row = {"config": cfg, "n": len(g)}
         for k in CRITERIA:
             m, lo, hi = bootstrap_ci(g[k].to_numpy(), n_boot=n_boot, seed=seed)
-            row[LABELS[k]] = f"{m:.2f} [{lo:.2f}, {hi:.2f}]"
+            row[LABELS[k]] = _fmt(m, lo, hi, scale=1.0, digits=2, n=len(g))
         how = g[[f"parse_{k}" for k in CRITERIA]].to_numpy().ravel()
         row.update({"scores read by regex": int((how == "regex").sum()), "clipped": int((how == "clipped").sum()),
                     "defaulted": int((how == "default").sum())})

@@ -330,7 +330,7 @@ def test_judge_samples_columns_and_rubric_table_counts(tmp_path):
     assert (t.loc["eps=0.1", "scores read by regex"], t.loc["eps=0.1", "clipped"], t.loc["eps=0.1", "defaulted"]) == (1, 1, 3)
     mean, lo, hi = map(float, re.findall(r"[\d.]+", t.loc["Base", "A"]))
     assert mean == pytest.approx((8 + 4 + D) / 3, abs=0.005) and lo <= mean <= hi and lo < hi
-    assert t.loc["eps=0.1", "Overall"] == "9.00 [9.00, 9.00]"
+    assert t.loc["eps=0.1", "Overall"] == "9.00 (n = 1, no interval)"  # one judged row: no zero-width interval
 
 
 def test_judge_samples_names_missing_columns(tmp_path):
