@@ -42,8 +42,9 @@ rows).
 and ``rl.entropy_coef``) and of the sweep grid ``synthetic.epsilons`` x ``synthetic.alphas``, each
 evaluated with the Dirichlet policy itself (eps = 0) on ``synthetic.eval_samples`` chains; and an
 L-recovery experiment: ``ctrls.policy.fit_transitions`` on chains sampled from P, its error against
-the number of chains. The verdicts on the paper's claims (range-respecting intervals over seeds, a
-stated collapse threshold, the tested recovery rate, Holm's adjustment) are in
+the number of chains. The verdicts on the paper's claims (intervals over seeds from the data: binomial
+for counts of seeds, Welch where both sides vary, clipped to the quantity's range; a stated
+collapse threshold, the tested recovery rate, Holm's adjustment) are in
 ``ctrls.synthetic_claims`` (``claims``, ``claims_text``, ``welch_interval`` are re-exported here).
 """
 from __future__ import annotations

@@ -25,7 +25,9 @@ Without bounds it is the plain (Welch) t interval, and where the variance is 0 t
 excludes the null value (found by bisection; two-sided), so a claim's verdict agrees with its
 interval at the adjusted level. Verdicts are drawn from Holm-adjusted p-values over all the claims
 of the table (``ctrls.metrics.holm``): *supported* when the adjusted p < 0.05 and the estimate is on
-the claimed side, *contradicted* when it is on the other side, else *not supported*. The intervals
+the claimed side, *contradicted* when it is on the other side, else *not supported* with the
+estimate's direction ("not supported: the estimate is in the opposite direction (−0.12)"), the
+one label the scorecard uses for an unresolved estimate. The intervals
 shown are per-claim 95% intervals.
 
 **Collapse.** "Without entropy regularisation the policy collapses" needs both: the runs without the
@@ -158,6 +160,13 @@ def recovery_slope(recovery: pd.DataFrame, level: float = 0.95) -> tuple[float, 
     return float(r.slope), float(r.slope - h), float(r.slope + h), float(r.stderr), df
 
 
+def _unresolved(side: int, value: float) -> str:
+    """The one label for an unresolved claim (``ctrls.verdicts.NOT_SUPPORTED``) with the estimate's
+    direction: ``side`` is +1 when the estimate lies on the claimed side, -1 on the other, 0 at 0."""
+    way = "in the claimed direction" if side > 0 else "in the opposite direction" if side < 0 else "zero"
+    return f"not supported: the estimate is {way} ({value:+g})".replace("-", "−")
+
+
 def _verdict(lo: float, hi: float, side: int) -> str:
     """'supported' when the interval lies on the claimed side of 0, 'contradicted' when on the other,
     else 'not supported' (the interval includes 0)."""
@@ -256,8 +265,8 @@ def claims(summary: pd.DataFrame, recovery: pd.DataFrame, cfg: Config) -> pd.Dat
                              f"{recovery.chains.min()} chains, {big_n.mean_tv.mean():.3f} at {recovery.chains.max()}"})
     t = pd.DataFrame(rows)
     t["p (Holm)"] = holm(t.p)  # the family: every claim of this table
-    t["verdict"] = [("supported" if side > 0 else "contradicted") if ph < ALPHA else "not supported"
-                    for ph, side in zip(t["p (Holm)"], t["_side"])]
+    t["verdict"] = [("supported" if side > 0 else "contradicted") if ph < ALPHA else _unresolved(side, v)
+                    for ph, side, v in zip(t["p (Holm)"], t["_side"], t["value"])]
     return t.drop(columns="_side")
 
 
@@ -267,7 +276,7 @@ def claims_text(c: pd.DataFrame, n_seeds: int) -> str:
              f"intervals are per-claim 95% intervals over {n_seeds} seeds that stay inside each quantity's range."]
     for verdict, head in (("supported", "The study supports"), ("contradicted", "The study contradicts"),
                           ("not supported", f"The study does not support (at {n_seeds} seeds, Holm-adjusted p ≥ 0.05)")):
-        rows = c[c.verdict == verdict]
+        rows = c[c.verdict.str.startswith(verdict)] if verdict == "not supported" else c[c.verdict == verdict]
         if len(rows):
             items = "; ".join(f"*{r.claim}* ({r.measure}: {r.value:g}, 95% CI {r['95% CI']})" for _, r in rows.iterrows())
             parts.append(f"**{head}:** {items}.")

@@ -9,7 +9,11 @@ paired interval (``ctrls.metrics``, sound at 0% and 100%); p-values are exact Mc
 within-question permutation p-values, printed by ``metrics.format_p`` (never as 0). Where a page
 draws verdicts from a table's family of comparisons (Table 1's rows against Base, the ablation, the
 controllability rows), the table adds Holm-adjusted p-values (``metrics.holm``) over that family,
-and the verdicts use them; the intervals are per-comparison 95% intervals.
+and its difference intervals are *family* intervals on the same footing: Newcombe's paired
+interval at level 1 - 0.05/m over the family's m comparisons (Bonferroni, simultaneous 95%). A
+verdict says *higher* / *lower* only when the adjusted p and the family interval both resolve the
+difference, and otherwise states the estimate's direction (``ctrls.verdicts.direction``). Each
+comparison belongs to one family per page: fixed s0 − Base is the ablation's, not Table 1's.
 """
 from __future__ import annotations
 
@@ -90,12 +94,14 @@ def _per_question(m: np.ndarray, column: str) -> tuple[np.ndarray, np.ndarray]:
 def table1(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Table 1 in long form: one row per (backbone, dataset, eta, config) with pass@n and Succ.
     (fractions, with 95% Wilson intervals, ``metrics.rate_interval``) and a paired comparison to
-    Base on the same questions (left empty where Base has other questions or sample counts):
-    Newcombe's paired 95% interval for the pass@n difference, McNemar's exact p, and that p
-    Holm-adjusted over the table's rows compared with Base ("p (Holm)"). ``n_boot`` and ``seed``:
+    Base on the same questions (left empty where Base has other questions or sample counts, and
+    for the "fixed s0" row, whose comparison with Base belongs to the ablation's family): Newcombe's
+    paired interval for the pass@n difference at the family level 1 - 0.05/m (Bonferroni over the
+    m rows compared with Base, "family"), McNemar's exact p, and that p Holm-adjusted over the same
+    m rows ("p (Holm)"). ``n_boot`` and ``seed``:
     permutations for clustered p-values (unused by pass@n's exact test)."""
     # Table 1: pass@n and Succ. per (backbone, dataset, eta, row)
-    out = []
+    out, pairs = [], []
     for (b, ds, eta), grp in df.groupby(["backbone", "dataset", "temperature"], sort=False):
         base_c = matrix_frame(grp[grp.config == BASE], "correct") if (grp.config == BASE).any() else None
         for cfg_label, g in grp.groupby("config", sort=False):
@@ -107,14 +113,16 @@ def table1(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
             row = {"backbone": b, "dataset": ds, "temperature": eta, "config": cfg_label,
                    "questions": c.shape[0], "samples": c.shape[1], "pass@n": p, "pass@n lo": plo, "pass@n hi": phi,
                    "succ": s, "succ lo": slo, "succ hi": shi}
-            if base_c is not None and cfg_label != BASE and _paired(cf, base_c):
-                cmp = paired_rate_difference(*_per_question(c, "correct"),
-                                             *_per_question(base_c.to_numpy(dtype=bool), "correct"),
-                                             n_perm=n_boot, seed=seed)
-                row.update({"Δ pass@n vs Base": cmp["diff"], "Δ lo": cmp["lo"], "Δ hi": cmp["hi"], "p": cmp["p_value"]})
+            if base_c is not None and cfg_label not in (BASE, FIXED) and _paired(cf, base_c):
+                pairs.append((len(out), c, base_c.to_numpy(dtype=bool)))
             out.append(row)
+    for i, c, bc in pairs:  # the family: every row compared with Base; intervals at 1 - ALPHA / family
+        cmp = paired_rate_difference(*_per_question(c, "correct"), *_per_question(bc, "correct"),
+                                     alpha=ALPHA / len(pairs), n_perm=n_boot, seed=seed)
+        out[i].update({"Δ pass@n vs Base": cmp["diff"], "Δ lo": cmp["lo"], "Δ hi": cmp["hi"], "p": cmp["p_value"],
+                       "family": len(pairs)})
     t = pd.DataFrame(out)
-    for col in ("Δ pass@n vs Base", "Δ lo", "Δ hi", "p"):  # present (NaN) when no row could be paired
+    for col in ("Δ pass@n vs Base", "Δ lo", "Δ hi", "p", "family"):  # present (NaN) when no row could be paired
         if col not in t:
             t[col] = math.nan
     t["p (Holm)"] = holm(t["p"])  # the family: every row compared with Base
@@ -126,18 +134,23 @@ def ablation_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.Da
     """The no-transition ablation's paired comparisons, per (backbone, dataset, eta): "fixed s0" − Base
     (what the trained adapter does without transitions) and CTRLS(epsilon) − "fixed s0" for each
     epsilon (what the transitions add). Differences in pass@n and in Succ. (fractions), each with
-    Newcombe's paired 95% interval and a two-sided p-value (:func:`ctrls.metrics.paired_rate_difference`:
-    exact McNemar for pass@n, a within-question permutation test for Succ.), and that p
-    Holm-adjusted over the whole table (every comparison, both metrics: the family the page draws
-    its verdicts from)."""
-    out = []
-    for (b, ds, eta), grp in df.groupby(["backbone", "dataset", "temperature"], sort=False):
+    Newcombe's paired interval at the family level 1 - 0.05/m and a two-sided p-value
+    (:func:`ctrls.metrics.paired_rate_difference`: exact McNemar for pass@n, a within-question
+    permutation test for Succ.), and that p Holm-adjusted over the whole table: the family of m
+    ("family") is every comparison, both metrics, the one the page draws its verdicts from; fixed s0
+    − Base belongs to this family only (Table 1's leaves it out)."""
+    def comparisons(grp):
         labels = sorted(grp.config.unique(), key=_row_order)
         if FIXED not in labels:
-            continue
+            return []
         pairs = [(FIXED, BASE)] if BASE in labels else []
-        pairs += [(c, FIXED) for c in labels if c not in (BASE, FIXED)]
-        for a_label, b_label in pairs:
+        return pairs + [(c, FIXED) for c in labels if c not in (BASE, FIXED)]
+
+    groups = list(df.groupby(["backbone", "dataset", "temperature"], sort=False))
+    family = 2 * sum(len(comparisons(grp)) for _, grp in groups)  # every comparison, both metrics
+    out = []
+    for (b, ds, eta), grp in groups:
+        for a_label, b_label in comparisons(grp):
             ga, gb = grp[grp.config == a_label], grp[grp.config == b_label]
             row = {"backbone": b, "dataset": ds, "temperature": eta, "comparison": f"{a_label} − {b_label}"}
             for metric_name, column in (("pass@n", "correct"), ("Succ.", "valid")):
@@ -146,10 +159,12 @@ def ablation_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.Da
                     raise ValueError(f"{a_label!r} and {b_label!r} (backbone {b!r}, dataset {ds!r}, eta {eta}) "
                                      f"do not cover the same questions and samples: no paired comparison")
                 cmp = paired_rate_difference(*_per_question(fa.to_numpy(dtype=bool), column),
-                                             *_per_question(fb.to_numpy(dtype=bool), column), n_perm=n_boot, seed=seed)
+                                             *_per_question(fb.to_numpy(dtype=bool), column), alpha=ALPHA / family,
+                                             n_perm=n_boot, seed=seed)
                 row.update({f"Δ {metric_name}": cmp["diff"], f"Δ {metric_name} lo": cmp["lo"],
                             f"Δ {metric_name} hi": cmp["hi"], f"p ({metric_name})": cmp["p_value"]})
             row["questions"] = fa.shape[0]
+            row["family"] = family
             out.append(row)
     t = pd.DataFrame(out)
     if not t.empty:  # Holm over the family: every comparison of the table, both metrics
@@ -200,13 +215,14 @@ def controllability_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -
     states ("Base, random states": for CTRLS(epsilon) a chain drawn from the same epsilon-greedy
     policy from the prompt's s_0, for "fixed s0" the prompt's s_0 at every step), with the paired
     difference follows − Base. Rates are fractions of steps with 95% Wilson intervals at the
-    question-clustered effective size, the difference Newcombe's paired interval with a permutation
-    p-value (``ctrls.controllability``), Holm-adjusted over the table's rows ("p (Holm)")."""
+    question-clustered effective size, the difference Newcombe's paired interval at the family level
+    1 - 0.05/m over the table's m rows with a permutation p-value (``ctrls.controllability``),
+    Holm-adjusted over the same rows ("p (Holm)")."""
     need = {"encoded", "s0", "n_states", "chains", "chain_eps"} - set(df.columns)
     if need:
         raise ValueError(f"the exploration samples lack the columns {sorted(need)}: rerun the exploration stage "
                          f"(--force exploration) to re-encode their steps")
-    out = []
+    out, pairs = [], []
     for (b, ds, eta), grp in df.groupby(["backbone", "dataset", "temperature"], sort=False):
         base = grp[grp.config == BASE]
         for label, g in sorted(grp[grp.config != BASE].groupby("config", sort=False), key=lambda kv: _row_order(kv[0])):
@@ -221,9 +237,12 @@ def controllability_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -
                 ref = ctl.match_rate(*bsteps, n_boot=n_boot, seed=seed)
                 row.update({"Base steps": ref["steps"], **_with_ci("Base, random states", ref)})
                 if set(map(str, steps[2])) == set(map(str, bsteps[2])):
-                    d = ctl.match_rate_difference(steps, bsteps, n_boot=n_boot, seed=seed)
-                    row.update({"Δ vs Base": d["diff"], "Δ lo": d["lo"], "Δ hi": d["hi"], "p": d["p_value"]})
+                    pairs.append((len(out), steps, bsteps))
             out.append(row)
+    for i, steps, bsteps in pairs:  # the family: every row compared with Base; intervals at 1 - ALPHA / family
+        d = ctl.match_rate_difference(steps, bsteps, n_boot=n_boot, alpha=ALPHA / len(pairs), seed=seed)
+        out[i].update({"Δ vs Base": d["diff"], "Δ lo": d["lo"], "Δ hi": d["hi"], "p": d["p_value"],
+                       "family": len(pairs)})
     t = pd.DataFrame(out)
     if "p" in t:
         t["p (Holm)"] = holm(t["p"])  # the family: every row compared with Base
@@ -307,23 +326,30 @@ def _fmt(v: float, lo: float, hi: float, scale: float = 100.0, digits: int | Non
     return f"{f.format(scale * v)} [{f.format(scale * lo)}, {f.format(scale * hi)}]"
 
 
-def _verdict(p_holm: float) -> str:
-    """The page's verdict from a Holm-adjusted p-value at level ``ALPHA``."""
-    if p_holm is None or math.isnan(p_holm):
+def _verdict(p_holm: float, d: float = math.nan, lo: float | None = None, hi: float | None = None) -> str:
+    """The page's verdict from a Holm-adjusted p-value at level ``ALPHA`` and the family interval
+    beside it (``verdicts.direction``): *higher* / *lower* when both resolve the difference, else
+    *no detectable difference* with the estimate's direction."""
+    from ctrls.verdicts import direction
+
+    if _isnan(p_holm):
         return "–"
-    return "differs" if p_holm < ALPHA else "not shown"
+    return direction(d, p_holm, lo=lo, hi=hi)
+
+
+VERDICT = f"verdict (Holm, α = {ALPHA:g}, with the family interval)"
 
 
 def vs_base_view(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`table1`'s comparisons with Base for the book: Δ pass@n in points with Newcombe's paired
-    95% interval, McNemar's exact p, the Holm-adjusted p and the verdict drawn from it."""
+    interval at the family level (simultaneous 95%, Bonferroni over the table's comparisons), McNemar's exact p, the Holm-adjusted p and the verdict drawn from it."""
     t = t[t["p"].notna()]
     return pd.DataFrame({
         "backbone": t.backbone.str.split("/").str[-1], "dataset": t.dataset, "η": t.temperature,
         "config": t.config, "questions": t.questions,
         "Δ pass@n vs Base (pts)": list(map(lambda *a: _fmt(*a, sign=True), t["Δ pass@n vs Base"], t["Δ lo"], t["Δ hi"])),
         "p": t["p"].map(format_p), "p (Holm)": t["p (Holm)"].map(format_p),
-        f"verdict (Holm, α = {ALPHA:g})": t["p (Holm)"].map(_verdict)})
+        VERDICT: list(map(_verdict, t["p (Holm)"], t["Δ pass@n vs Base"], t["Δ lo"], t["Δ hi"]))})
 
 
 def ablation_view(t: pd.DataFrame) -> pd.DataFrame:
@@ -337,10 +363,10 @@ def ablation_view(t: pd.DataFrame) -> pd.DataFrame:
         "comparison": t.comparison, "questions": t.questions,
         "Δ pass@n (pts)": list(map(lambda *a: _fmt(*a, sign=True), t["Δ pass@n"], t["Δ pass@n lo"], t["Δ pass@n hi"])),
         "p (pass@n)": t["p (pass@n)"].map(format_p), "p (pass@n, Holm)": t["p (pass@n, Holm)"].map(format_p),
-        "pass@n": t["p (pass@n, Holm)"].map(_verdict),
+        "pass@n": list(map(_verdict, t["p (pass@n, Holm)"], t["Δ pass@n"], t["Δ pass@n lo"], t["Δ pass@n hi"])),
         "Δ Succ. (pts)": list(map(lambda *a: _fmt(*a, sign=True), t["Δ Succ."], t["Δ Succ. lo"], t["Δ Succ. hi"])),
         "p (Succ.)": t["p (Succ.)"].map(format_p), "p (Succ., Holm)": t["p (Succ., Holm)"].map(format_p),
-        "Succ.": t["p (Succ., Holm)"].map(_verdict)})
+        "Succ.": list(map(_verdict, t["p (Succ., Holm)"], t["Δ Succ."], t["Δ Succ. lo"], t["Δ Succ. hi"]))})
 
 
 def controllability_view(t: pd.DataFrame) -> pd.DataFrame:
@@ -357,7 +383,7 @@ def controllability_view(t: pd.DataFrame) -> pd.DataFrame:
         cols["Δ vs Base (pts)"] = list(map(lambda *a: _fmt(*a, sign=True), t["Δ vs Base"], t["Δ lo"], t["Δ hi"]))
         cols["p"] = t["p"].map(format_p)
         cols["p (Holm)"] = t["p (Holm)"].map(format_p)
-        cols[f"verdict (Holm, α = {ALPHA:g})"] = t["p (Holm)"].map(_verdict)
+        cols[VERDICT] = list(map(_verdict, t["p (Holm)"], t["Δ vs Base"], t["Δ lo"], t["Δ hi"]))
     return pd.DataFrame(cols)
 
 

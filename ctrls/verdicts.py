@@ -1,18 +1,26 @@
 """Conclusions computed, not typed: the "What this run shows" boxes of the run pages and the claims
 scorecard of the book's first page.
 
-Every sentence here is written from a table the pages also show, with its 95% interval; a verdict
-is read off an interval or a Holm-adjusted p-value, never typed:
+Every sentence here is written from a table the pages also show, with its interval; a verdict
+is read off a Holm-adjusted p-value *and* an interval on the same footing, never typed:
 
-- a paired difference (``ctrls.metrics.paired_rate_difference``: Newcombe's interval, an exact or
-  permutation p) is *higher* / *lower* when its Holm-adjusted p < 0.05 (the family: the table it
-  comes from), else *no detectable difference*; the scorecard calls a claimed direction
-  *supported*, the other *contradicted*, and no detectable difference *not shown*, with the
-  demo's minimal detectable difference (``ctrls.sizing``) beside it where one was computed;
+- a paired difference (``ctrls.metrics.paired_rate_difference``: Newcombe's paired interval, an
+  exact McNemar or within-question permutation p) is *higher* / *lower* when its Holm-adjusted
+  p < 0.05 (the family: the table it comes from) and its family interval excludes 0. The family
+  interval is Newcombe's at level 1 - 0.05/m over the table's m comparisons (Bonferroni: all m
+  intervals hold together with probability >= 95%, and Bonferroni is never less conservative than
+  Holm, so an interval that excludes 0 goes with a Holm rejection except where the exact test and
+  the score interval differ, which the verdict then says). Otherwise the verdict is *no detectable
+  difference* with the estimate's direction: "(the estimate is lower: −22.5 points)";
+- the scorecard calls a resolved claimed direction *supported*, the other *contradicted*, and an
+  unresolved one *not supported* (the one label, also the synthetic study's), always with the
+  direction of the estimate ("not supported: the estimate is in the opposite direction (−22.5
+  points)"), and the demo's minimal detectable difference (``ctrls.sizing``) beside it;
 - RL (:func:`rl_verdicts`): held-out accuracy at the last evaluation vs step 0, per setting, on
   the same evaluation questions, the seeds' samples pooled per question (the comparison is
   conditional on these runs: the seed-to-seed variance of training is not in the interval),
-  Holm over the settings: *learned*, *got worse* or *no detectable change*.
+  Holm over the settings, the family interval as above: *learned*, *got worse* or *no detectable
+  change* with the estimate's direction.
 """
 from __future__ import annotations
 
@@ -46,28 +54,72 @@ def pct(v: float, lo: float | None = None, hi: float | None = None) -> str:
     return s if lo is None else f"{s} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
-def direction(d: float, p_adj: float, up: str = "higher", down: str = "lower",
-              none: str = "no detectable difference") -> str:
-    """The verdict of a difference d from its Holm-adjusted p-value; "not computed" when the p-value
-    is missing. A p-value without an estimate (d NaN), or one outside [0, 1], is an error: a NaN
-    estimate would otherwise read as "lower"."""
+NOT_SUPPORTED = "not supported"  # the one label, on every page and in the scorecard, for an unresolved estimate
+
+
+def _estimate(d: float, scale: float, unit: str) -> str:
+    return f"{scale * d:+.1f}{' ' + unit if unit else ''}".replace("-", "−")
+
+
+def _resolved(p_adj: float, lo: float | None, hi: float | None) -> tuple[bool, str]:
+    """(resolved, note): resolved when the Holm-adjusted p < ALPHA and, where an interval is given,
+    it excludes 0 as well (the two are on the same footing: the family interval); the note names a
+    disagreement of the two, so an interval that excludes 0 never stands beside a bare "no
+    detectable difference"."""
+    sig = p_adj < ALPHA
+    if lo is None or hi is None or _missing(lo, hi):
+        return sig, ""
+    excl = lo > 0 or hi < 0
+    if sig == excl:
+        return sig, ""
+    return False, ("; the family interval excludes 0 but the Holm-adjusted test does not reject" if excl else
+                   "; the Holm-adjusted test rejects but the family interval includes 0")
+
+
+def _check(d: float, p_adj: float) -> bool:
     if _missing(p_adj):
-        return "not computed"
+        return False
     if _missing(d):
         raise ValueError(f"a verdict needs an estimate: the difference is {d} beside p = {p_adj}")
     if not 0 <= p_adj <= 1:
         raise ValueError(f"an adjusted p-value must lie in [0, 1], got {p_adj}")
-    if p_adj < ALPHA:
+    return True
+
+
+def direction(d: float, p_adj: float, up: str = "higher", down: str = "lower",
+              none: str = "no detectable difference", lo: float | None = None, hi: float | None = None,
+              scale: float = 100.0, unit: str = "points") -> str:
+    """The verdict of a difference d from its Holm-adjusted p-value and, when given, its family
+    interval (lo, hi): ``up``/``down`` when both resolve it, else ``none`` with the estimate's
+    direction, e.g. "no detectable difference (the estimate is lower: −22.5 points)". "not computed"
+    when the p-value is missing. A p-value without an estimate (d NaN), or one outside [0, 1], is an
+    error: a NaN estimate would otherwise read as "lower"."""
+    if not _check(d, p_adj):
+        return "not computed"
+    ok, note = _resolved(p_adj, lo, hi)
+    if ok:
         return up if d > 0 else down
-    return none
+    way = "higher" if d > 0 else "lower" if d < 0 else "zero"
+    return f"{none} (the estimate is {way}: {_estimate(d, scale, unit)}{note})"
 
 
-def claim_verdict(d: float, p_adj: float, side: int = 1) -> str:
-    """'supported' / 'contradicted' / 'not shown' for a claimed direction ``side`` (+1: a rise, -1: a
-    fall); errors as :func:`direction`."""
+def claim_verdict(d: float, p_adj: float, side: int = 1, lo: float | None = None, hi: float | None = None,
+                  scale: float = 100.0, unit: str = "points") -> str:
+    """'supported' / 'contradicted' for a claimed direction ``side`` (+1: a rise, -1: a fall) that
+    the test and the family interval resolve; otherwise the one label for an unresolved estimate,
+    *not supported*, with the estimate's direction: "not supported: the estimate is in the opposite
+    direction (−22.5 points)" or "... in the claimed direction (+3.1 points)". Errors as
+    :func:`direction`."""
     if side not in (1, -1):
         raise ValueError(f"side must be +1 (a claimed rise) or -1 (a claimed fall), got {side}")
-    return direction(side * d, p_adj, "supported", "contradicted", "not shown")
+    if not _check(d, p_adj):
+        return "not computed"
+    ok, note = _resolved(p_adj, lo, hi)
+    if ok:
+        return "supported" if side * d > 0 else "contradicted"
+    way = ("in the claimed direction" if side * d > 0 else "in the opposite direction" if side * d < 0
+           else "zero")
+    return f"{NOT_SUPPORTED}: the estimate is {way} ({_estimate(d, scale, unit)}){note}"
 
 
 def box(sentences: list[str], title: str = "What this run shows") -> str:
@@ -90,7 +142,7 @@ def exploration_sentences(table: pd.DataFrame, ablation: pd.DataFrame, control: 
                    f"{b.questions} test questions in {b.samples} samples (pass@{b.samples}), and gives a valid final "
                    f"answer in {pct(b.succ, b['succ lo'], b['succ hi'])} of its samples (Succ.).")
     for _, r in table[table.p.notna()].iterrows():
-        v = direction(r["Δ pass@n vs Base"], r["p (Holm)"])
+        v = direction(r["Δ pass@n vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"])
         b = base[(base.dataset == r.dataset) & (base.temperature == r.temperature)]["pass@n"]
         vs = f" vs {pct(b.iloc[0])}" if len(b) else ""
         out.append(f"{where(r)}: {r.config} vs Base, pass@{r.samples} {pct(r['pass@n'])}{vs}, "
@@ -98,13 +150,13 @@ def exploration_sentences(table: pd.DataFrame, ablation: pd.DataFrame, control: 
                    f"**{v}**.")
     for _, r in ablation.iterrows():
         for m in ("pass@n", "Succ."):
-            v = direction(r[f"Δ {m}"], r[f"p ({m}, Holm)"])
+            v = direction(r[f"Δ {m}"], r[f"p ({m}, Holm)"], lo=r[f"Δ {m} lo"], hi=r[f"Δ {m} hi"])
             out.append(f"{where(r)}: ablation, {r.comparison}, {m}: "
                        f"{pts(r[f'Δ {m}'], r[f'Δ {m} lo'], r[f'Δ {m} hi'])}, Holm-adjusted p = "
                        f"{format_p(r[f'p ({m}, Holm)'])}: **{v}**.")
     if "Δ vs Base" in control:
         for _, r in control[control["Δ vs Base"].notna()].iterrows():
-            v = direction(r["Δ vs Base"], r["p (Holm)"])
+            v = direction(r["Δ vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"])
             out.append(f"{where(r)}: controllability, {r.config}: {pct(r['follows'])} of {r.steps} steps "
                        f"land in the state they were generated under, vs {pct(r['Base, random states'])} for Base "
                        f"steps paired with random states (chance 1/K = {pct(r.chance)}): "
@@ -123,7 +175,7 @@ def rl_verdicts(curves: pd.DataFrame) -> pd.DataFrame:
     ev = curves[curves.kind == "eval"]
     if "correct_by_question" not in ev:
         raise ValueError("the RL curves have no per-question results (correct_by_question): rerun the RL stage")
-    rows = []
+    rows, arrays = [], []
     for (pair, setting), g in ev.groupby(["pair", "setting"], sort=False):
         first, last = g.step.min(), g.step.max()
         seeds = sorted(g.seed.unique())
@@ -138,6 +190,7 @@ def rl_verdicts(curves: pd.DataFrame) -> pd.DataFrame:
 
         (m1, n1), (m0, n0) = pooled(last), pooled(first)
         c = paired_rate_difference(m1, n1, m0, n0)
+        arrays.append((m1, n1, m0, n0))
         rows.append({"pair": pair, "setting": setting, "seeds": len(seeds), "last step": int(last),
                      "questions": len(m0), "samples per question": int(n0[0]),
                      "accuracy at step 0": m0.sum() / n0.sum(), "accuracy at the end": m1.sum() / n1.sum(),
@@ -146,7 +199,12 @@ def rl_verdicts(curves: pd.DataFrame) -> pd.DataFrame:
     if t.empty:
         return t
     t["p (Holm)"] = holm(t.p)
-    t["verdict"] = [direction(d, p, "learned", "got worse", "no detectable change") for d, p in zip(t["Δ"], t["p (Holm)"])]
+    t["family"] = len(t)  # the interval: Newcombe's at 1 - 0.05 / family (Bonferroni), on Holm's footing
+    for i, a in enumerate(arrays):
+        c = paired_rate_difference(*a, alpha=ALPHA / len(t))
+        t.loc[i, ["Δ lo", "Δ hi"]] = c["lo"], c["hi"]
+    t["verdict"] = [direction(d, p, "learned", "got worse", "no detectable change", lo, hi)
+                    for d, p, lo, hi in zip(t["Δ"], t["p (Holm)"], t["Δ lo"], t["Δ hi"])]
     return t
 
 

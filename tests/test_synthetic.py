@@ -180,7 +180,8 @@ def test_the_study_runs_its_runs_once_and_reports_every_claim(tmp_path):
     summary = sy.run_summary(curves)
     assert list(sy.settings_table(summary, cfg).setting) == list(sy.SETTINGS)
     claims = sy.claims(summary, recovery, cfg)
-    assert set(claims.verdict) <= {"supported", "not supported", "contradicted"} and len(claims) >= 4
+    assert all(v in ("supported", "contradicted") or v.startswith("not supported: the estimate is ")
+               for v in claims.verdict) and len(claims) >= 4
     stamp = (out / "curves.parquet").stat().st_mtime_ns
     stage.run_study(cfg, progress=False)  # cached: nothing is recomputed
     assert (out / "curves.parquet").stat().st_mtime_ns == stamp
@@ -241,9 +242,9 @@ def test_claims_use_a_collapse_threshold_the_stated_rate_and_holm():
                              "seed": [0, 1] * 6})
     c = sc.claims(summary, recovery, cfg).set_index("claim")
     collapse = c.loc["without entropy regularisation the policy collapses onto a few transitions"]
-    assert "collapse: below" in collapse.measure and collapse.verdict == "not supported"  # entropy fell, no collapse
+    assert "collapse: below" in collapse.measure and collapse.verdict.startswith("not supported")  # entropy fell, no collapse
     rate = c[c.index.str.contains("parametric rate")].iloc[0]
     assert rate.verdict == "contradicted"  # slope -0.2 < 0, but not the n^-0.5 rate
     assert "Thm. 5.3" not in rate.paper.split("(")[0] and "no recovery claim" in rate.paper
     assert np.allclose(c["p (Holm)"], holm(c.p))
-    assert set(c.verdict) <= {"supported", "contradicted", "not supported"}
+    assert all(v in ("supported", "contradicted") or v.startswith("not supported: the estimate is ") for v in c.verdict)
