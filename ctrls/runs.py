@@ -258,8 +258,10 @@ class _StageLock:
         """No flock on this file system: the recorded pid is the lock (taken over when it is dead)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         h = self.holder()
+        if not (isinstance(h.get("pid"), int) and not isinstance(h["pid"], bool) and h["pid"] > 0):
+            h = {}  # no holder recorded (or garbage): free
         here = h.get("host") == socket.gethostname()
-        if h.get("pid") and h["pid"] != os.getpid() and (not here or _pid_alive(int(h["pid"]))):
+        if h.get("pid") and h["pid"] != os.getpid() and (not here or _pid_alive(h["pid"])):
             raise self.busy(h, hint="" if here else
                             f" (this file system has no flock and the holder runs on another host: if it is "
                             f"gone, remove {self.path})")

@@ -181,6 +181,9 @@ def test_without_flock_a_live_holder_blocks_and_a_dead_one_is_taken_over(tmp_pat
     st.lock_file.write_text(json.dumps({"pid": 4242, "host": "elsewhere"}))  # can't tell: held
     with pytest.raises(StageBusyError, match="another host.*remove"):
         st.begin()
+    for garbage in ({"pid": "x"}, {"pid": -1}, {"pid": True}, []):  # no holder recorded: taken
+        st.lock_file.write_text(json.dumps(garbage))
+        st.begin().release()
     dead = dead_pid()
     st.lock_file.write_text(json.dumps({"pid": dead, "host": socket.gethostname()}))
     with caplog.at_level(logging.WARNING, logger="ctrls.runs"):
