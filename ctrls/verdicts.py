@@ -260,15 +260,22 @@ def bound_sentences(bound: pd.DataFrame) -> list[str]:
 
 
 def case_sentences(samples: pd.DataFrame, config: str) -> list[str]:
-    """Per question, how often CTRLS row ``config`` and Base disagree on solving it (any sample correct)."""
+    """Per dataset and temperature (never pooled across datasets: a question id of one dataset says
+    nothing of another's), how often CTRLS row ``config`` and Base disagree on solving a question
+    (any sample correct)."""
     out = []
-    for eta, g in samples.groupby("temperature"):
+    keys = ["dataset", "temperature"] if "dataset" in samples else ["temperature"]
+    for key, g in samples.groupby(keys, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        ds, eta = (key if len(key) == 2 else (None, key[0]))
         solved = g.groupby(["config", "question_id"]).correct.any().unstack(0)
         if config not in solved or "Base" not in solved:
             continue
+        solved = solved[[config, "Base"]].dropna().astype(bool)  # questions both rows were run on
         only_c = int((solved[config] & ~solved["Base"]).sum())
         only_b = int((~solved[config] & solved["Base"]).sum())
-        out.append(f"At η = {eta:g}, {config} solves {only_c} question(s) that Base misses in its samples, and misses "
+        where = f"{ds}, η = {eta:g}" if ds is not None else f"At η = {eta:g}"
+        out.append(f"{where}: {config} solves {only_c} question(s) that Base misses in its samples, and misses "
                    f"{only_b} that Base solves (of {len(solved)}); the cases below are drawn from the first kind.")
     return out
 

@@ -54,3 +54,35 @@ def test_table1_family_interval_and_one_family_per_comparison():
     assert list(vs_base_view(table1(df, n_boot=50)).config) == ["eps=0.1", "eps=0.3"]
     a = ablation_table(df, n_boot=50)
     assert (a.family == 2 * len(a)).all() and f"{FIXED} − {BASE}" in set(a.comparison)
+
+
+def test_scorecard_judges_controllability_on_the_epsilon_rows():
+    """Eq. 7 is judged on the epsilon rows against their coincidence reference; the fixed-s0 row is
+    reported separately and cannot change the verdict."""
+    from ctrls.stages.scorecard import controllability_claim
+
+    row = dict(dataset="wp", K=4, follows=0.5, **{"Base, random states": 0.25})
+    ct = pd.DataFrame([{**row, "config": FIXED, "Δ vs Base": 0.6, "Δ lo": 0.4, "Δ hi": 0.8, "p (Holm)": 0.001},
+                       {**row, "config": "eps=0.1", "Δ vs Base": -0.05, "Δ lo": -0.2, "Δ hi": 0.1, "p (Holm)": 0.6}])
+    c = controllability_claim(ct, {"controllability": 12.0}, "p")
+    assert c.verdict.startswith("not supported: the estimate is in the opposite direction (−5.0 points)")
+    assert "detects about 12 points" in c.verdict
+    assert "Reported separately, the fixed-s0 row" in c.evidence and c.evidence.index("eps=0.1") < c.evidence.index("fixed-s0")
+    assert controllability_claim(ct[ct.config == FIXED], {}, "p") is None  # fixed s0 alone is not the claim's test
+    ct.loc[1, ["Δ vs Base", "Δ lo", "Δ hi", "p (Holm)"]] = 0.2, 0.05, 0.35, 0.01
+    assert controllability_claim(ct, {"controllability": 12.0}, "p").verdict == "supported"
+
+
+def test_case_sentences_per_dataset():
+    from ctrls.verdicts import case_sentences
+
+    rows = []
+    for ds, (c_ok, b_ok) in {"gsm8k": ([1, 0], [0, 0]), "word_problems": ([0, 1, 1], [1, 1, 1])}.items():
+        for cfg, oks in (("eps=0.1", c_ok), (BASE, b_ok)):
+            for q, ok in enumerate(oks):
+                rows.append({"dataset": ds, "temperature": 0.7, "config": cfg, "question_id": f"q{q}", "correct": bool(ok)})
+    s = case_sentences(pd.DataFrame(rows), "eps=0.1")
+    assert s == ["gsm8k, η = 0.7: eps=0.1 solves 1 question(s) that Base misses in its samples, and misses 0 that "
+                 "Base solves (of 2); the cases below are drawn from the first kind.",
+                 "word_problems, η = 0.7: eps=0.1 solves 0 question(s) that Base misses in its samples, and misses 1 "
+                 "that Base solves (of 3); the cases below are drawn from the first kind."]

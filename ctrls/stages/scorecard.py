@@ -16,6 +16,7 @@ import pandas as pd
 from ctrls import power, synthetic, tables
 from ctrls.config import Config
 from ctrls.report import git_commit
+from ctrls.settings import FIXED
 from ctrls.stages import exploration, rl
 from ctrls.stages import synthetic as study
 from ctrls.verdicts import NOT_SUPPORTED, Claim, claim_verdict, pts, rl_verdicts, scorecard_markdown
@@ -69,6 +70,27 @@ def _mdd_note(mdd: dict, key: str, verdict: str = NOT_SUPPORTED) -> str:
     return f" (the demo detects about {v:.0f} points at 80% power with the page's test and Holm)"
 
 
+def controllability_claim(ct: pd.DataFrame, mdd: dict, page: str) -> Claim | None:
+    """Eq. 7's row from ``tables.controllability_table``: judged on the epsilon rows (the claim's own
+    test) against their coincidence reference, Base steps paired with chains drawn by the same
+    epsilon-greedy policy; the fixed-s0 row (the adapter holding one state) is reported beside it,
+    separately, and does not enter the verdict. None when no row has a comparison."""
+    ct = ct[ct["Δ vs Base"].notna()] if "Δ vs Base" in ct else ct.iloc[:0]
+    eps, fixed = ct[ct.config != FIXED], ct[ct.config == FIXED]
+    if eps.empty:
+        return None
+    ev = "; ".join(f"{r.dataset} {r.config}: {100 * r.follows:.1f}% vs {100 * r['Base, random states']:.1f}% "
+                   f"(coincidence reference), {pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}" for _, r in eps.iterrows())
+    sep = "; ".join(f"{r.dataset}: {100 * r.follows:.1f}% of steps stay in s0 vs {100 * r['Base, random states']:.1f}% "
+                    f"of Base steps, {pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}" for _, r in fixed.iterrows())
+    v = _combine([claim_verdict(r["Δ vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"]) for _, r in eps.iterrows()])
+    return Claim("generation follows the sampled latent state", "Eq. 7",
+                 "ε rows, steps that land in their sampled state vs Base steps paired with chains drawn by the same "
+                 f"policy: {ev}" + (f". Reported separately, the fixed-s0 row (one state held, not the claim's test): "
+                                    f"{sep}" if sep else ""),
+                 v + _mdd_note(mdd, "controllability", v), page)
+
+
 def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
     """The scorecard rows from this run's exploration and RL stages."""
     mdd = mdd or {}
@@ -100,27 +122,9 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
             out.append(Claim("the gain comes from the state transitions, not the adapter alone",
                              "Sec. 4; our fixed-s0 ablation", f"pass@n: {ev}",
                              v + _mdd_note(mdd, "ablation", v), page1))
-        ct = tables.controllability_table(samples, seed=cfg.seed)
-        ct = ct[ct["Δ vs Base"].notna()] if "Δ vs Base" in ct else ct
-        if "Δ vs Base" in ct and not ct.empty:
-            # the claim's own test: the epsilon rows against their coincidence reference (Base steps
-            # paired with chains drawn by the same epsilon-greedy policy); the fixed-s0 row is reported
-            # separately, as what it is (the adapter holding one state), not as evidence for Eq. 7
-            eps, fixed = ct[ct.config != "fixed s0"], ct[ct.config == "fixed s0"]
-            ev = "; ".join(f"{r.dataset} {r.config}: {100 * r.follows:.1f}% vs {100 * r['Base, random states']:.1f}% "
-                           f"(coincidence reference), {pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}"
-                           for _, r in eps.iterrows())
-            sep = "; ".join(f"{r.dataset}: {100 * r.follows:.1f}% of steps stay in s0 vs {100 * r['Base, random states']:.1f}% "
-                            f"of Base steps, {pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}" for _, r in fixed.iterrows())
-            if not eps.empty:
-                v = _combine([claim_verdict(r["Δ vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"])
-                              for _, r in eps.iterrows()])
-                out.append(Claim("generation follows the sampled latent state", "Eq. 7",
-                                 f"ε rows, steps that land in their sampled state vs Base steps paired with chains "
-                                 f"drawn by the same policy: {ev}" + (f". Reported separately, the fixed-s0 row "
-                                                                      f"(one state held, not the claim's test): {sep}"
-                                                                      if sep else ""),
-                                 v + _mdd_note(mdd, "controllability", v), page1))
+        claim = controllability_claim(tables.controllability_table(samples, seed=cfg.seed), mdd, page1)
+        if claim is not None:
+            out.append(claim)
     page3 = "generated/03_rl"
     try:
         rv = rl_verdicts(rl.load_curves(cfg))
