@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy.stats import norm
+from scipy.stats import binom, norm
 
 from ctrls.paper import PAPER_N, PAPER_TABLE1, PAPER_TABLE2
 from ctrls.settings import BASE, setting_label
@@ -150,6 +150,59 @@ def paper_power(alpha: float = ALPHA, power: float = POWER, n: dict[str, int] | 
                      "excludes 0": bool(lo > 0 or hi < 0), "MDD up (pp)": 100 * up, "MDD down (pp)": 100 * down,
                      "below MDD": bool(np.isnan(mdd) or abs(d) < mdd)})
     return pd.concat([df, pd.DataFrame(recs)], axis=1)
+
+
+def mcnemar_p(b: int, c: int) -> float:
+    """Exact two-sided McNemar p-value of b vs c discordant questions (binomial, 1/2): 2 P(X <= min)
+    capped at 1; 1 without discordant questions."""
+    if b + c == 0:
+        return 1.0
+    return float(min(1.0, 2 * binom.cdf(min(b, c), b + c, 0.5)))
+
+
+def paired_p_range(x1: int, x0: int, n: int) -> tuple[float, float]:
+    """(smallest, largest) exact McNemar p that two rows of x1 and x0 solved questions out of the same
+    n could give, over every pairing of their questions consistent with the published rates: the
+    smallest with minimal discordance (only the |x1 - x0| questions that make the difference are
+    discordant, all one way), the largest with maximal discordance (b + c = min(x1 + x0, 2n - x1 - x0))."""
+    if not (0 <= x1 <= n and 0 <= x0 <= n):
+        raise ValueError(f"need 0 <= x1, x0 <= n, got x1={x1}, x0={x0}, n={n}")
+    d = x1 - x0
+    lo_p = mcnemar_p(max(d, 0), max(-d, 0))
+    total = min(x1 + x0, 2 * n - x1 - x0)  # b + c at most; b - c = d, same parity as d
+    b = (total + d) // 2
+    return lo_p, mcnemar_p(b, b - d)
+
+
+def paired_p_columns(t: pd.DataFrame) -> pd.DataFrame:
+    """:func:`paper_power`'s table with the exact McNemar p under the most and the least favourable
+    pairing of questions (:func:`paired_p_range`) and the questions behind the difference."""
+    lo, hi, k = [], [], []
+    for r in t.to_dict("records"):
+        x1, x0 = round(r["ctrls (%)"] * r["n"] / 100), round(r["base (%)"] * r["n"] / 100)
+        a, b = paired_p_range(x1, x0, r["n"])
+        lo.append(a), hi.append(b), k.append(abs(x1 - x0))
+    return t.assign(**{"questions apart": k, "p, minimal discordance": lo, "p, maximal discordance": hi})
+
+
+def table_statements(t: pd.DataFrame, alpha: float = ALPHA) -> dict[str, str]:
+    """One statement per paper table from :func:`paired_p_columns`: whether any pairing of the
+    questions could resolve a difference (exact McNemar p < alpha), and the range the published
+    rates leave open."""
+    out = {}
+    for table, g in t.groupby("table", sort=False):
+        n, k = int(g.n.iloc[0]), len(g)
+        best, worst = int((g["p, minimal discordance"] < alpha).sum()), int((g["p, maximal discordance"] < alpha).sum())
+        if best == 0:
+            out[table] = (f"{table} (n = {n}): no difference is resolvable under any pairing of the questions: the "
+                          f"largest is {int(g['questions apart'].max())} questions, and even with every discordant "
+                          f"question one way the exact McNemar p is ≥ {g['p, minimal discordance'].min():.4g}.")
+        else:
+            out[table] = (f"{table} (n = {n}): the published rates cannot decide it: between {worst} (every "
+                          f"question the rows could disagree on discordant) and {best} (minimal discordance) of the "
+                          f"{k} differences would reach exact McNemar p < {alpha:g}; only the per-question outcomes "
+                          f"could say which.")
+    return out
 
 
 def power_summary(t: pd.DataFrame) -> pd.DataFrame:

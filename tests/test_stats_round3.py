@@ -86,3 +86,29 @@ def test_case_sentences_per_dataset():
                  "Base solves (of 2); the cases below are drawn from the first kind.",
                  "word_problems, η = 0.7: eps=0.1 solves 0 question(s) that Base misses in its samples, and misses 1 "
                  "that Base solves (of 3); the cases below are drawn from the first kind."]
+
+
+def test_paper_tables_by_table_paired_p_range_against_brute_force():
+    """Item 6: the range of exact McNemar p-values a pairing of the questions could give, checked
+    against every feasible 2x2 table (scipy's binomial test); Table 1 resolves nothing under any
+    pairing (5 questions at most, p >= 0.0625), Table 2's published rates leave 0 to 17 of 32 open."""
+    from scipy.stats import binomtest
+
+    from ctrls import power
+
+    def brute(x1, x0, n):
+        ps = []
+        for both in range(0, n + 1):  # A: solved by both; b = x1 - A, c = x0 - A, neither = n - A - b - c
+            b, c = x1 - both, x0 - both
+            if b < 0 or c < 0 or both + b + c > n:
+                continue
+            ps.append(1.0 if b + c == 0 else binomtest(b, b + c, 0.5).pvalue)
+        return min(ps), max(ps)
+
+    for x1, x0, n in ((5, 0, 40), (20, 15, 40), (39, 36, 40), (250, 239, 500), (3, 3, 10), (0, 0, 5)):
+        assert power.paired_p_range(x1, x0, n) == pytest.approx(brute(x1, x0, n)), (x1, x0, n)
+    pw = power.paired_p_columns(power.paper_power())
+    st = power.table_statements(pw)
+    assert "no difference is resolvable under any pairing" in st["Table 1"] and "5 questions" in st["Table 1"]
+    assert "≥ 0.0625" in st["Table 1"]
+    assert "between 0" in st["Table 2"] and "and 17 (minimal discordance) of the 32" in st["Table 2"]
