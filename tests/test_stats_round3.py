@@ -112,3 +112,71 @@ def test_paper_tables_by_table_paired_p_range_against_brute_force():
     assert "no difference is resolvable under any pairing" in st["Table 1"] and "5 questions" in st["Table 1"]
     assert "≥ 0.0625" in st["Table 1"]
     assert "between 0" in st["Table 2"] and "and 17 (minimal discordance) of the 32" in st["Table 2"]
+
+
+def test_sizing_simulates_the_pages_own_tests():
+    """Item 5: the simulated tests are the pages' (exact McNemar against scipy's binomial test, the
+    swap test against ctrls.metrics'), Holm's family lowers the power, a between-arm correlation
+    below 1 lowers it too, and the null rejects at most at the level."""
+    import numpy as np
+    from scipy.stats import binomtest
+
+    from ctrls import sizing
+    from ctrls.metrics import paired_rate_difference
+
+    rng = np.random.default_rng(3)
+    x1, x0 = rng.random((50, 40)) < 0.5, rng.random((50, 40)) < 0.35
+    ref = [binomtest(int((a & ~b).sum()), int((a ^ b).sum()), 0.5).pvalue if (a ^ b).any() else 1.0
+           for a, b in zip(x1, x0)]
+    assert np.allclose(sizing._mcnemar_p(x1, x0), ref)
+    m1, m0 = rng.binomial(4, 0.6, (1, 40)), rng.binomial(4, 0.45, (1, 40))
+    ours = sizing._swap_p((m1 - m0) / 4, 20000, rng)[0]
+    page = paired_rate_difference(m1[0], np.full(40, 4.0), m0[0], np.full(40, 4.0), n_perm=20000)["p_value"]
+    assert ours == pytest.approx(page, abs=0.01)
+    kw = dict(p0=0.25, n_q=40, m=4, icc=0.2, n_sim=600, seed=1)
+    assert sizing.simulated_power(delta=0.0, stat="any", test="mcnemar", **kw) <= 0.05 + 0.02
+    assert sizing.simulated_power(delta=0.0, stat="mean", test="permutation", n_perm=400, **kw) <= 0.05 + 0.02
+    one = sizing.simulated_power(delta=0.25, stat="any", test="mcnemar", **kw)
+    four = sizing.simulated_power(delta=0.25, stat="any", test="mcnemar", family=4, **kw)
+    loose = sizing.simulated_power(delta=0.25, stat="any", test="mcnemar", rho=0.3, **kw)
+    assert four < one - 0.05 and loose < one - 0.05
+    with pytest.raises(ValueError, match="McNemar"):
+        sizing.simulated_power(delta=0.1, stat="mean", test="mcnemar", **kw)
+
+
+def test_between_arm_correlation():
+    import numpy as np
+
+    from ctrls.sizing import between_arm_correlation
+
+    r = np.linspace(0, 1, 30)
+    assert between_arm_correlation(r, r ** 2) == pytest.approx(1.0)
+    assert between_arm_correlation(r, r[::-1]) == 0.0  # clipped at 0
+    noise = np.random.default_rng(0).random(400)
+    assert abs(between_arm_correlation(np.random.default_rng(1).random(400), noise)) < 0.15
+    assert between_arm_correlation(np.zeros(5), r[:5]) == 1.0  # no spread: no information, the shift model
+
+
+def test_one_mdd_per_claim_and_the_pages_families(monkeypatch):
+    """The scorecard quotes the summary page's MDDs (one number per claim); each comparison is sized
+    with its page's test and family, Succ. with its own correlation, controllability against its
+    reference."""
+    from ctrls.config import load_config
+    from ctrls.sizing import demo_comparisons, families
+    from ctrls.stages import scorecard as sc
+
+    cfg = load_config("demo")
+    monkeypatch.setattr(sc, "N_SIM", 60)
+    table, mdds = sc.demo_power_table(cfg), sc.demo_mdds(cfg)
+    assert len(table) == 5 and set(mdds) == {"pass@n", "succ", "ablation", "rl", "controllability"}
+    for name, mdd in zip(table.comparison, table["MDD at 80% power (pts)"]):
+        key = {c.name: c.key for c in demo_comparisons(cfg, 0.2)}[name]
+        assert (math.isnan(mdd) and math.isnan(mdds[key])) or mdds[key] == mdd
+    fam = families(cfg)
+    cs = {c.key: c for c in demo_comparisons(cfg, 0.2, succ0=0.9, icc_succ=0.01, reference=0.3)}
+    assert cs["pass@n"].test == "mcnemar" and cs["pass@n"].family == fam["table1"]
+    assert cs["succ"].test == "permutation" and cs["succ"].icc == 0.01 and cs["succ"].family == fam["ablation"]
+    assert cs["controllability"].p0 == 0.3 and cs["rl"].family == fam["rl"]
+    g = cfg.grid
+    assert fam["table1"] == len(g.backbones) * (len(g.datasets) * len(g.temperatures) * len(g.epsilons)
+                                                 + len(g.transfer_datasets))

@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ctrls import power, synthetic, tables
@@ -170,43 +171,96 @@ def paper_power_claim() -> Claim:
                  "; ".join(parts), "generated/06_summary")
 
 
+N_SIM = 1000  # simulated runs of every power figure: the summary page and the scorecard quote the same numbers
+
+
+def design_inputs(cfg: Config) -> dict | None:
+    """What the demo's power calculation starts from: the pilot's Base pass@1, Succ. and their own
+    intra-question correlations; the between-arm correlation ``rho`` (the pilot's, where it measured
+    two arms; else estimated from this run's Base and CTRLS per-question rates,
+    ``ctrls.sizing.between_arm_correlation``; else 1, the deterministic shift, stated); the
+    controllability reference (the rate at which Base steps land in chains drawn for them, from this
+    run; else chance 1/K, stated). None without a pilot."""
+    from ctrls.sizing import between_arm_correlation
+
+    p = pilot(cfg)
+    if p is None:
+        return None
+    out = {"p0": p["pass@1"], "icc": p["icc"], "succ0": p.get("succ"), "icc_succ": p.get("icc (succ)"),
+           "rho": p.get("rho"), "rho from": "the pilot" if p.get("rho") is not None else None,
+           "reference": None, "reference from": f"chance 1/K = 1/{cfg.states.n_states} (no run to measure it)"}
+    try:
+        samples = exploration.load_samples(cfg)
+    except FileNotFoundError:
+        samples = None
+    if samples is not None and out["rho"] is None:
+        rs = []
+        for _, g in samples[samples.dataset == cfg.data.dataset].groupby(["backbone", "temperature"]):
+            rates = g.groupby(["config", "question_id"]).correct.mean().unstack(0)
+            if "Base" in rates:
+                rs += [between_arm_correlation(rates["Base"], rates[c]) for c in rates if c not in ("Base", "fixed s0")
+                       and rates[c].notna().all() and rates["Base"].notna().all() and len(rates) >= 3]
+        if rs:
+            out["rho"], out["rho from"] = float(np.mean(rs)), f"this run's Base and CTRLS rows ({len(rs)} pairs)"
+    if samples is not None:
+        try:
+            ct = tables.controllability_table(samples, n_boot=10, seed=cfg.seed)
+            ref = ct[ct.config != "fixed s0"]["Base, random states"].dropna() if "Base, random states" in ct else []
+            if len(ref):
+                out["reference"] = float(ref.mean())
+                out["reference from"] = "this run's Base steps paired with drawn chains (ε rows)"
+        except (ValueError, KeyError):
+            pass
+    if out["rho"] is None:
+        out["rho"], out["rho from"] = 1.0, "none measured: 1, the deterministic shift (optimistic)"
+    return out
+
+
 def power_note(cfg: Config) -> str:
     """What the power table below starts from: the pilot's numbers, or why there is none."""
-    p = pilot(cfg)
+    p, d = pilot(cfg), design_inputs(cfg)
     if p is None:
         return (f"No pilot measurement for this profile's dataset ({cfg.data.dataset}): the demo's power "
                 f"calculation needs bench/results/word_problems_difficulty.json at the profile's difficulty.")
     lo, hi = p["pass@1 95% CI"]
+    ref = "" if d["reference"] is None else f"{100 * d['reference']:.1f}% "
+    icc_succ = d["icc_succ"] if d["icc_succ"] is not None else p["icc"]
     return (f"The pilot (`python bench/word_problems.py`, committed in bench/results/word_problems_difficulty.json) "
             f"measured Base at difficulty `{p['difficulty']}` on {p['questions']} test questions × {p['samples']} "
             f"samples: pass@1 {100 * p['pass@1']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}], Succ. {100 * p['succ']:.1f}%, "
-            f"intra-question correlation {p['icc']:.2f}. The table gives, for the profile's sizes, the power to "
-            f"detect a rise of 10 points and the minimal detectable difference (MDD) at 80% power "
-            f"(Monte Carlo, 1,000 simulated runs; `ctrls.sizing`). Where the power at 10 points is below 0.8, "
-            f"the MDD is the difference this demo can detect.")
+            f"intra-question correlation {p['icc']:.2f} (Succ.'s own: {icc_succ:.2f}). "
+            f"Between-arm correlation {d['rho']:.2f} ({d['rho from']}); controllability reference "
+            f"{ref}"
+            f"({d['reference from']}). The table gives, for the profile's sizes and each page's own test (exact "
+            f"McNemar for pass@n, the within-question permutation test for rates) with Holm at the page's family "
+            f"size, the power to detect a rise of 10 points and the minimal detectable difference (MDD) at 80% power "
+            f"(Monte Carlo, {N_SIM:,} simulated runs; `ctrls.sizing`). Where the power at 10 points is below 0.8, "
+            f"the MDD is the difference this demo can detect; the scorecard quotes these same numbers.")
 
 
-def demo_power_table(cfg: Config, n_sim: int = 1000) -> pd.DataFrame:
-    """``ctrls.sizing.demo_power`` from the pilot at the profile's sizes (empty without a pilot)."""
+def _demo_power(cfg: Config) -> pd.DataFrame:
     from ctrls.sizing import demo_power
 
-    p = pilot(cfg)
-    if p is None:
+    d = design_inputs(cfg)
+    if d is None:
         return pd.DataFrame()
-    return demo_power(cfg, p["pass@1"], p["icc"], succ0=p.get("succ"), n_sim=n_sim).round(
-        {"base rate (%)": 1, "power at +10 pts": 2, "MDD at 80% power (pts)": 0})
+    return demo_power(cfg, d["p0"], d["icc"], succ0=d["succ0"], icc_succ=d["icc_succ"], rho=d["rho"],
+                      reference=d["reference"], n_sim=N_SIM)
+
+
+def demo_power_table(cfg: Config) -> pd.DataFrame:
+    """``ctrls.sizing.demo_power`` from the pilot at the profile's sizes (empty without a pilot)."""
+    t = _demo_power(cfg)
+    if t.empty:
+        return t
+    return t.drop(columns="key").round({"base rate (%)": 1, "power at +10 pts": 2, "MDD at 80% power (pts)": 0})
 
 
 def demo_mdds(cfg: Config) -> dict:
-    """The demo's MDDs (points) from the pilot, keyed as ``demo_claims`` reads them; {} without a pilot."""
-    from ctrls.sizing import demo_power
-
-    p = pilot(cfg)
-    if p is None:
-        return {}
-    t = demo_power(cfg, p["pass@1"], p["icc"], succ0=p.get("succ"), n_sim=400)
-    keys = ["pass@n", "succ", "ablation", "rl", "controllability"]
-    return dict(zip(keys, t["MDD at 80% power (pts)"]))
+    """The demo's MDDs (points, rounded as the summary page prints them) keyed as ``demo_claims``
+    reads them; {} without a pilot."""
+    t = _demo_power(cfg)
+    return {} if t.empty else dict(zip(t.key, t["MDD at 80% power (pts)"].round(0)))
 
 
 def scorecard(cfg: Config) -> list[Claim]:
