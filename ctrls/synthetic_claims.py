@@ -27,8 +27,11 @@ interval at the adjusted level. Verdicts are drawn from Holm-adjusted p-values o
 of the table (``ctrls.metrics.holm``): *supported* when the adjusted p < 0.05 and the estimate is on
 the claimed side, *contradicted* when it is on the other side, else *not supported* with the
 estimate's direction ("not supported: the estimate is in the opposite direction (−0.12)"), the
-one label the scorecard uses for an unresolved estimate. The intervals
-shown are per-claim 95% intervals.
+one label the scorecard uses for an unresolved estimate. Beside each per-claim 95% interval
+stands the family interval on the verdict's footing, at level 1 - 0.05/m over the m claims
+(Bonferroni); a claim is resolved only where the Holm-adjusted p and that interval agree (its
+p-value is read off the same interval, so the two disagree only where Holm's later steps reject
+above 0.05/m, which the verdict then says).
 
 **Collapse.** "Without entropy regularisation the policy collapses" needs both: the runs without the
 bonus end with a start-state entropy below ``COLLAPSE_FRACTION`` x log K (a collapsed row), and
@@ -180,8 +183,9 @@ def _verdict(lo: float, hi: float, side: int) -> str:
 def claims(summary: pd.DataFrame, recovery: pd.DataFrame, cfg: Config) -> pd.DataFrame:
     """The paper's claims about exploration in RL (App. F, Sec. 6.4), and our check of the transition
     fit, each measured on the study with a per-claim 95% interval over seeds that respects the
-    quantity's range, a p-value, its Holm adjustment over the table, and the verdict drawn from it
-    (module docstring)."""
+    quantity's range, a p-value, its Holm adjustment over the table, the family interval at level
+    1 - 0.05/m over the table's m claims ("family CI", Bonferroni: the Holm verdict's footing), and
+    the verdict drawn from both (module docstring)."""
     def runs(eps: float, alpha: float) -> pd.DataFrame:
         return summary[np.isclose(summary.epsilon, eps) & np.isclose(summary.alpha, alpha)]
 
@@ -201,7 +205,7 @@ def claims(summary: pd.DataFrame, recovery: pd.DataFrame, cfg: Config) -> pd.Dat
             p = max(p, extra_p)  # intersection-union: every part must hold
         rows.append({"claim": claim, "paper": source, "measure": measure, "value": round(d, 3),
                      "95% CI": f"[{lo:.3f}, {hi:.3f}]", "p": p, "_side": side * (1 if d > 0 else -1 if d < 0 else 0),
-                     "evidence": evidence})
+                     "evidence": evidence, "_family": lambda level: welch_interval(a, b, level, bounds)})
 
     tau = COLLAPSE_FRACTION * log_k
     collapsed = none.start_entropy_final.mean() < tau
@@ -260,14 +264,29 @@ def claims(summary: pd.DataFrame, recovery: pd.DataFrame, cfg: Config) -> pd.Dat
                  "paper": "— (no recovery claim: Sec. 5.3 / Thm. 5.3 define the bound; Alg. 1 fits P_θ \"via KL\")",
                  "measure": f"slope of log mean TV error vs log chains; supported if within ±{RATE_MARGIN:g} of {RATE:g} (TOST)",
                  "value": round(s, 3), "95% CI": f"[{lo:.3f}, {hi:.3f}]", "p": float(p_rate),
-                 "_side": 1 if inside else -1,
+                 "_side": 1 if inside else -1, "_family": None,
                  "evidence": f"mean TV error {recovery[recovery.chains == recovery.chains.min()].mean_tv.mean():.3f} at "
                              f"{recovery.chains.min()} chains, {big_n.mean_tv.mean():.3f} at {recovery.chains.max()}"})
     t = pd.DataFrame(rows)
     t["p (Holm)"] = holm(t.p)  # the family: every claim of this table
-    t["verdict"] = [("supported" if side > 0 else "contradicted") if ph < ALPHA else _unresolved(side, v)
-                    for ph, side, v in zip(t["p (Holm)"], t["_side"], t["value"])]
-    return t.drop(columns="_side")
+    # the interval on the Holm verdict's footing: 1 - 0.05/m over the m claims (Bonferroni); the
+    # recovery row tests a margin (TOST), its interval is the slope's at that level
+    level = 1 - ALPHA / len(t)
+    fam, verdicts = [], []
+    for f, side, value, ph in zip(t["_family"], t["_side"], t["value"], t["p (Holm)"]):
+        lo_f, hi_f = f(level)[1:] if f is not None else recovery_slope(recovery, level)[1:3]
+        fam.append(f"[{lo_f:.3f}, {hi_f:.3f}]")
+        if ph < ALPHA and f is not None and lo_f <= 0 <= hi_f:
+            # Holm rejects, its family interval does not exclude 0: not resolved, and said so
+            verdicts.append(_unresolved(side, value) + "; the Holm-adjusted test rejects but the family "
+                            "interval includes 0")
+        elif ph < ALPHA:
+            verdicts.append("supported" if side > 0 else "contradicted")
+        else:
+            verdicts.append(_unresolved(side, value))
+    t["family CI"] = fam
+    t["verdict"] = verdicts
+    return t.drop(columns=["_side", "_family"])
 
 
 def claims_text(c: pd.DataFrame, n_seeds: int) -> str:

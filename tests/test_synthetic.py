@@ -248,3 +248,10 @@ def test_claims_use_a_collapse_threshold_the_stated_rate_and_holm():
     assert "Thm. 5.3" not in rate.paper.split("(")[0] and "no recovery claim" in rate.paper
     assert np.allclose(c["p (Holm)"], holm(c.p))
     assert all(v in ("supported", "contradicted") or v.startswith("not supported: the estimate is ") for v in c.verdict)
+    # the family interval (1 - 0.05/m, Bonferroni) on the Holm verdict's footing contains the 95% one
+    bounds = lambda col: np.array([[float(x) for x in v.strip("[]").split(",")] for v in c[col]])  # noqa: E731
+    per, fam = bounds("95% CI"), bounds("family CI")
+    assert (fam[:, 0] <= per[:, 0] + 1e-9).all() and (fam[:, 1] >= per[:, 1] - 1e-9).all()
+    assert ((fam[:, 1] - fam[:, 0]) > (per[:, 1] - per[:, 0]) + 1e-6).any()
+    for v, (lo, hi) in zip(c.verdict, fam):  # a resolved difference never has a family interval across 0
+        assert not (v in ("supported", "contradicted") and lo < 0 < hi)

@@ -152,7 +152,8 @@ def synthetic_claims(cfg: Config) -> list[Claim]:
         return [Claim("the synthetic study's claims", "App. F, Sec. 6.4", "", NOT_RUN, page)]
     c = synthetic.claims(synthetic.run_summary(curves), recovery, cfg)
     return [Claim(r.claim, f"synthetic; {r.paper}",
-                  f"{r.measure}: {'not computed' if pd.isna(r.value) else format(r.value, 'g')}, 95% CI {r['95% CI']}",
+                  f"{r.measure}: {'not computed' if pd.isna(r.value) else format(r.value, 'g')}, 95% CI {r['95% CI']}"
+                  + (f", family interval {r['family CI']}" if "family CI" in r else ""),
                   r.verdict, page) for _, r in c.iterrows()]
 
 
