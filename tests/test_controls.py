@@ -133,3 +133,30 @@ def test_step_kind_and_granularity():
     t = granularity_table(e, texts, ks=(2, 4)).set_index("K")
     assert t.loc[2, "NMI with move"] == 1.0 and t.loc[2, "move purity"] == 1.0 and t.loc[2, "coincidence"] == 0.5
     assert t.loc[4, "coincidence"] < 0.5
+
+
+# ---- on the real backbone (the smoke run) ---------------------------------------------------------
+
+
+def test_real_backbone_steps_and_prompts_keep_their_side(smoke_runs):
+    """SmolLM2's top direction has two near-equal entries of opposite sign: with the old sign rule a
+    third of the steps flipped into a mirror cluster. Every step's and prompt's first row of Eq. 5 now
+    points the same way as their mean."""
+    _, _, run = smoke_runs
+    sp = torch.load(run.root / "spectral" / "spectral.pt", weights_only=True)
+    d = sp["step_e"].shape[1] // run.model().config.spectral_k
+    first = torch.cat([sp["step_e"][:, :d], sp["prompt_e"][:, :d]])
+    assert torch.all(first @ first.mean(0) > 0)
+
+
+def test_smoke_adapter_keeps_its_best_heldout_epoch_and_reports_controls(smoke_runs):
+    _, _, run = smoke_runs
+    a = run.summaries["adapter"]
+    assert a["optimizer_steps"] >= a["epochs_run"] >= a["kept_epoch"] >= 0
+    h = run.bound_history()
+    held = h[h.split == "heldout"]
+    assert held.epoch.tolist() == list(range(a["epochs_run"] + 1))  # evaluated after every epoch
+    assert held.loc[held.elbo_per_token.idxmax(), "epoch"] == a["kept_epoch"] == h.epoch[h.kept].max()
+    t = run.controls_table()
+    assert t["state given to the adapter"].tolist() == list(CONDITIONS)
+    assert t.loc[0, "vs no adapter"] == 0.0 and "Adam steps" in run.schedule()
