@@ -45,7 +45,7 @@ book: setup
 	$(PY) -m ctrls reproduce --profile $(PROFILE)
 
 test: setup chromium
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 bench: setup
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
