@@ -209,12 +209,12 @@ def rl_verdicts(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def rl_view(t: pd.DataFrame) -> pd.DataFrame:
-    """:func:`rl_verdicts` for the book: rates in %, the difference in points with its interval."""
+    """:func:`rl_verdicts` for the book: rates in %, the difference in points with its family interval."""
     return pd.DataFrame({"setting": t.setting, "seeds": t.seeds, "steps": t["last step"], "questions": t.questions,
                          "samples / question": t["samples per question"],
                          "accuracy at step 0 (%)": (100 * t["accuracy at step 0"]).round(1),
                          "accuracy at the end (%)": (100 * t["accuracy at the end"]).round(1),
-                         "Δ (pts, 95% CI)": [pts(*x) for x in zip(t["Δ"], t["Δ lo"], t["Δ hi"])],
+                         "Δ (pts, family 95% CI)": [pts(*x) for x in zip(t["Δ"], t["Δ lo"], t["Δ hi"])],
                          "p (Holm)": t["p (Holm)"].map(format_p), "verdict": t.verdict})
 
 
@@ -294,7 +294,7 @@ class Claim:
 
 def scorecard_markdown(claims: list[Claim], where: str) -> str:
     """The scorecard as a Markdown table, with a line naming the run behind it."""
-    lines = [f"*{where}*", "", "| the paper's claim | evidence here (95% intervals) | verdict | page |",
+    lines = [f"*{where}*", "", "| the paper's claim | evidence here (95% intervals; differences: family intervals) | verdict | page |",
              "|---|---|---|---|"]
     for c in claims:
         esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
