@@ -118,7 +118,7 @@ class PretrainRun:
         or numbers. The run's own K and k are marked."""
         sp = load_torch(self.root / "spectral" / "spectral.pt", weights_only=True)
         steps = self.steps()
-        keep = ~torch.from_numpy(steps.heldout.to_numpy(dtype=bool))
+        keep = ~torch.tensor(steps.heldout.to_numpy(dtype=bool).tolist(), dtype=torch.bool)
         e, texts = sp["step_e"][keep], steps.text[~steps.heldout].tolist()
         k = int(self.model().config.spectral_k)
         d = e.shape[1] // k
