@@ -44,6 +44,9 @@ def test_combined_verdict_of_a_family():
     assert _combine([opp]) == opp  # one row: its own sentence, with its direction
     assert _combine([opp, opp]) == "not supported: every estimate is in the opposite direction"
     assert _combine([ns, opp]) == "not supported: 1 of 2 estimates in the claimed direction, 1 in the opposite"
+    zero = "not supported: the estimate is zero (+0.0 points)"
+    assert _combine([zero, zero]) == "not supported: every estimate is zero"
+    assert _combine([ns, zero]) == "not supported: 1 of 2 estimates in the claimed direction, 0 in the opposite, 1 zero"
 
 
 def _curves(per_setting: dict[str, tuple[list[int], list[int]]], seeds=(0, 1, 2), n_q=24, samples=2) -> pd.DataFrame:

@@ -56,11 +56,12 @@ def _combine(verdicts: list[str]) -> str:
         return verdicts[0]
     up = sum("in the claimed direction" in v for v in verdicts)
     down = sum("in the opposite direction" in v for v in verdicts)
-    if down == len(verdicts):
-        return f"{NOT_SUPPORTED}: every estimate is in the opposite direction"
-    if up == len(verdicts):
-        return f"{NOT_SUPPORTED}: every estimate is in the claimed direction"
-    return f"{NOT_SUPPORTED}: {up} of {len(verdicts)} estimates in the claimed direction, {down} in the opposite"
+    zero = len(verdicts) - up - down
+    for k, where in ((down, "in the opposite direction"), (up, "in the claimed direction"), (zero, "zero")):
+        if k == len(verdicts):
+            return f"{NOT_SUPPORTED}: every estimate is {where}"
+    return (f"{NOT_SUPPORTED}: {up} of {len(verdicts)} estimates in the claimed direction, {down} in the opposite"
+            + (f", {zero} zero" if zero else ""))
 
 
 def _mdd_note(mdd: dict, key: str, verdict: str = NOT_SUPPORTED) -> str:
