@@ -1,7 +1,6 @@
-"""The exploration grid: samples per question, resumable after kill -9, Table 1 from them; the
+"""The exploration grid: samples per question (resume after a kill: test_resume.py), Table 1 from them; the
 fixed-s0 ablation, the controllability and diversity tables, and the matrices' completeness check."""
 import math
-import shutil
 
 import numpy as np
 import pandas as pd
@@ -10,10 +9,10 @@ import pytest
 from conftest import requires_data
 from ctrls.config import load_config
 from ctrls.settings import BASE, FIXED
-from ctrls.stages.exploration import explore, load_samples, samples_dir
+from ctrls.stages.exploration import load_samples
 from ctrls.metrics import holm
 from ctrls.tables import ablation_table, ablation_view, controllability_table, diversity_table, matrices, table1
-from test_pretrain import OVR, kill_when, run_in_subprocess
+from test_pretrain import OVR
 
 
 
@@ -230,28 +229,8 @@ def test_diversity_table_known_values():
     assert math.isnan(d.loc[BASE, "drawn-state entropy (bits)"])
 
 
-@pytest.mark.integration
-@requires_data
-def test_resume_after_kill_loses_and_duplicates_nothing(smoke_runs, tmp_path):
-    ref_dir, cfg, _ = smoke_runs
-    shutil.copytree(ref_dir / "smoke" / "pretrain", tmp_path / "smoke" / "pretrain")
-    out = samples_dir(load_config("smoke", [*OVR, f"run_dir={tmp_path}"]))
-
-    def some_parts():
-        return out.exists() and len(list(out.glob("*.parquet"))) >= 2
-
-    proc = run_in_subprocess(tmp_path, "from ctrls.stages.exploration import explore\n"
-                                       "explore(load_config('smoke', %r), progress=False)\n" % [*OVR, f"run_dir={tmp_path}"])
-    kill_when(proc, some_parts)
-    n_before = len(list(out.glob("*.parquet")))
-    assert 2 <= n_before < cfg.data.n_test * 2
-    (out / "partial.parquet.tmp").write_bytes(b"PAR1 cut")  # a kill can leave a half-written temp file
-    explore(load_config("smoke", [*OVR, f"run_dir={tmp_path}"]), progress=False)
-    key = ["temperature", "config", "question_id", "sample_index"]
-    a = load_samples(cfg).sort_values(key).reset_index(drop=True)
-    b = load_samples(load_config("smoke", [*OVR, f"run_dir={tmp_path}"])).sort_values(key).reset_index(drop=True)
-    assert not b.duplicated(key).any()
-    pd.testing.assert_frame_equal(a, b)
+# Resume after a kill mid-grid (the samples equal an uninterrupted run's, none duplicated, a half-written
+# temp file ignored): tests/test_resume.py::test_exploration_killed_mid_grid_gives_the_same_samples.
 
 
 @pytest.mark.integration

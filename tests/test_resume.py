@@ -24,6 +24,7 @@ import torch
 
 from conftest import SMOKE_OVERRIDES, requires_data
 from ctrls.config import load_config
+from ctrls.stages.collect import kept_trajectories
 from ctrls.policy import TransitionPolicy
 from ctrls.rl import Trainer
 from ctrls.settings import Setting
@@ -185,11 +186,15 @@ def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path
     assert [len(r) for r in calls] == [4, 4]
     traj = P.pretrain_stages(pair_cfg(tmp_path))["collect"].dir / "trajectories.jsonl"
     assert len(traj.read_text().splitlines()) == 6
+    with open(traj, "a") as f:  # a kill can also cut a line in half (moved from test_pretrain)
+        f.write('{"qid": "gsm8k-train-')
 
     monkeypatch.setattr(C, "append_jsonl", real)
     run = P.pretrain(pair_cfg(tmp_path), progress=False)
     c = run.summaries["collect"]
     assert c["questions"] == 4 and c["sampled"] == 4 * 2  # not 10: the cut question counted once
+    key = ["qid", "source", "sample_index"]
+    assert not kept_trajectories(run.root / "collect").duplicated(subset=key).any()
     assert_same_artifacts(reference / "smoke" / "pretrain", tmp_path / "smoke" / "pretrain")
 
 
@@ -212,9 +217,13 @@ def test_exploration_killed_mid_grid_gives_the_same_samples(reference, tmp_path,
         E.explore(smoke_cfg(tmp_path), progress=False)
     monkeypatch.setattr(E, "write_part", real)
     truncate(written[1])  # a part cut short on disk must not be reused
+    out = E.samples_dir(smoke_cfg(tmp_path))
+    (out / "partial.parquet.tmp").write_bytes(b"PAR1 cut")  # nor a half-written temp file (moved from test_exploration)
     with caplog.at_level(logging.WARNING):
         E.explore(smoke_cfg(tmp_path), progress=False)
     assert str(written[1]) in caplog.text
+    key = ["temperature", "config", "question_id", "sample_index"]
+    assert not E.load_samples(smoke_cfg(tmp_path)).duplicated(key).any()
     assert_same_artifacts(reference / "smoke" / "exploration", tmp_path / "smoke" / "exploration")
 
 
