@@ -287,15 +287,17 @@ DEGENERATE = {
 def test_answer_work_is_bounded_on_degenerate_text(name):
     """Issue 27, item 7: normalize("1"*8000 + "!") took 39 s. Work is bounded (the last
     MAX_TEXT_CHARS characters, MAX_MARKERS markers, answers of MAX_ANSWER_CHARS) and the regexes
-    backtrack linearly; 1 MB stays far below a second (generous bound for a loaded machine)."""
+    backtrack linearly. A guard against super-linear work, not a speed test: the CPU time of this
+    process (unaffected by other processes on a loaded machine, where wall time under 1 s failed) stays
+    far below the old code's tens of seconds."""
     import time
 
     text = DEGENERATE[name]
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     grade(text, "1")
     normalize(text)
     verify("1", text)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 5.0
 
 
 def test_regexes_are_linear_on_long_answers_within_the_bound():
