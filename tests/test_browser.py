@@ -116,8 +116,7 @@ def test_checker_reports_missing_and_external_assets(chromium, tmp_path):
 """)
     try:
         report = check_site(site, tmp_path / "shots", pages=("index.html",), chromium=chromium, timeout_s=30)
-        if kind == "websocket":  # the command's exit status follows the report, whatever the kind: one browser run, not 8
-            assert main([str(site), "--out", str(tmp_path / "shots2"), "--page", "index.html"]) == 1
+        assert main([str(site), "--out", str(tmp_path / "shots2"), "--page", "index.html"]) == 1
     finally:
         canary.shutdown()
         canary.server_close()
