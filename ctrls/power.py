@@ -216,3 +216,25 @@ def power_summary(t: pd.DataFrame) -> pd.DataFrame:
                          "|diff| below MDD": g["below MDD"].sum(), "largest |diff| (pp)": g["diff (pp)"].agg(lambda v: v.abs().max()),
                          "median MDD up (pp)": g["MDD up (pp)"].median(),  # over the comparisons with an MDD up
                          "no detectable gain": g["MDD up (pp)"].agg(lambda v: int(v.isna().sum()))}).reset_index()
+
+
+def power_view(t: pd.DataFrame) -> pd.DataFrame:
+    """:func:`paired_p_columns`'s rows for the page, narrow enough for its width: the difference and
+    its interval in one column, short headers, explained in the frame's note. The numbers are the
+    frame's, rounded to one decimal (p to three); nothing is recomputed."""
+    def iv(r) -> str:
+        return f"{r['diff (pp)']:+.1f} [{r['lo (pp)']:+.1f}, {r['hi (pp)']:+.1f}]"
+
+    v = pd.DataFrame({
+        "table": t["table"], "backbone": t["backbone"], "dataset": t["dataset"], "T": t["temperature"],
+        "config": t["config"], "metric": t["metric"], "Base (%)": t["base (%)"].round(1),
+        "CTRLS (%)": t["ctrls (%)"].round(1), "n": t["n"], "diff [95% CI] (pp)": t.apply(iv, axis=1),
+        "excludes 0": t["excludes 0"], "MDD up": t["MDD up (pp)"].round(1), "MDD down": t["MDD down (pp)"].round(1),
+        "below MDD": t["below MDD"], "apart": t["questions apart"],
+        "p best": t["p, minimal discordance"].round(3), "p worst": t["p, maximal discordance"].round(3)})
+    v.attrs["note"] = ("T: sampling temperature. diff [95% CI]: CTRLS − Base, Newcombe's hybrid score interval at "
+                       "the paper's n (unpaired). MDD up/down: minimal detectable difference from Base, "
+                       "percentage points (empty: not detectable even at 100%). apart: questions between the two "
+                       "rates. p best / p worst: exact McNemar p under the most / least favourable pairing "
+                       "of the questions.")
+    return v.reset_index(drop=True)

@@ -92,3 +92,20 @@ def test_below_mdd_compares_with_the_mdd_in_the_direction_of_the_difference():
 def test_a_percentage_off_the_question_grid_is_an_error_naming_the_row():
     with pytest.raises(ValueError, match=r"Table 1 .* is not a multiple of 100/7"):
         paper_power(n={"Table 1": 7, "Table 2": 500})
+
+
+def test_power_view_shows_the_frames_numbers_in_fewer_columns():
+    """The page's narrow view carries the frame's rows and numbers: each interval cell reads back to the
+    frame's diff, lo and hi, and no row is lost or reordered."""
+    import re
+
+    from ctrls.power import paired_p_columns, power_view
+
+    t = paired_p_columns(paper_power())
+    v = power_view(t)
+    assert len(v) == len(t) and len(v.columns) < len(t.columns)
+    for cell, d, lo, hi in zip(v["diff [95% CI] (pp)"], t["diff (pp)"], t["lo (pp)"], t["hi (pp)"]):
+        got = [float(x) for x in re.findall(r"[+-]\d+\.\d", cell)]
+        assert got == pytest.approx([d, lo, hi], abs=0.051), cell
+    assert (v["p worst"] == t["p, maximal discordance"].round(3)).all()
+    assert v.attrs["note"]

@@ -85,7 +85,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         stage.begin(force=force)  # takes the stage's lock: one writer per stage (ctrls.runs)
     try:
         w.barrier()
-        _train_and_sample(cfg, stage, w, progress)
+        _train_and_sample(cfg, stage, w, progress)  # Alg. 2: sample with pi~, reward, Eq. 14 update
         w.barrier()
         if w.is_main:
             stage.finish(pairs=len(cfg.pairs()))  # releases the lock
