@@ -11,6 +11,9 @@ and its nearest centroid, and compare that state with the one the step was gener
   tokens of the step, stored at float16 as the feature cache stores them, ``CTRLSModel.embed``
   (spectral_embeddings, Eq. 5), ``CTRLSModel.assign`` and its argmax. The prompt is run once per
   question and its KV cache shared by the question's samples (prefix sharing, as in sampling).
+  The exploration stage no longer runs it: it reads the same states back from the sampler's own pass
+  (``sample(..., read_states=model)``, ``ctrls.decoding.StepReader``), checked against this function
+  in ``tests/test_readback.py``; ``explore(..., readback=False)`` and ``bench/readback.py`` keep it.
 - :func:`draw_chains` draws state chains from the epsilon-greedy policy pi~ (Sec. 5.4) without
   generating anything: the "random states" the Base steps are paired with.
 - :func:`match_rate` / :func:`match_rate_difference`: the fraction of steps whose re-encoded state

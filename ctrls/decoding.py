@@ -68,6 +68,10 @@ class Generation:
     # so it enters the loss, though it starts no step. With transitions=False no state is drawn (None).
     log_actions: torch.Tensor | None = None
     policy_states: torch.Tensor | None = None
+    # with sample(..., read_states=model), Base rows too: Q_phi's state of each step (the nearest centroid of its
+    # spectral embedding, Sec. 5.2) read back from this decoding pass (StepReader), and the prompt's soft s_0 (K,)
+    encoded: list[int] | None = None
+    encoded_s0: torch.Tensor | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -88,6 +92,7 @@ class _Row:
     finish: str | None = None
     policy: "TransitionPolicy | None" = None  # this row's state policy (lockstep RL); None: model.policy
     epsilon: float | None = None  # this row's epsilon; None: params.epsilon
+    encoded_s0: torch.Tensor | None = None  # Q_phi(x_0) of the reader (StepReader), when states are read back
 
 
 
@@ -178,13 +183,13 @@ class Prefilled:
 def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
             seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams, model: "CTRLSModel | None",
             policies: Sequence, epsilons: Sequence, room: int, pad_to: int = 1,
-            cross_prefix: bool = True) -> Prefilled:
+            cross_prefix: bool = True, reader: "StepReader | None" = None) -> Prefilled:
     """Prefill the distinct prompts once, expand each to its samples, encode s_0 and draw s_1 (CTRLS):
     the part of a group's decoding that both loops share. With ``cross_prefix`` the prompts' shared
     prefix (``shared_prefix_length``: a system prompt and few-shot exemplars) is run once, then each
     prompt's own suffix on its cache; rows are left padded (between the prefix and the suffix) to a
     width that is a multiple of ``pad_to``. The cache is allocated for ``room`` positions past the
-    prompts."""
+    prompts. With a ``reader``, each row's ``encoded_s0`` is its Q_phi of the prompt."""
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
@@ -230,7 +235,7 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     expand = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor([len(ms) for ms in sample_ids]))
     if len(expand) != len(prompts) or bool((expand != torch.arange(len(prompts))).any()):
         cache.batch_select_indices(expand.to(dev))
-    state = None
+    state = s0 = None
     if model is not None:
         s0 = model.encode([prompt_hidden(i, st) for i, st in enumerate(starts)])
         state = s0[expand.to(s0.device)]
@@ -243,6 +248,11 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
         else:  # the fixed-s0 ablation: no state is drawn; s_0 is recorded for every step
             for r, b in zip(rows, state.float().cpu()):
                 r.states.append(b)
+    if reader is not None:
+        s0r = s0 if reader.model is model else reader.model.encode([prompt_hidden(i, st)
+                                                                    for i, st in enumerate(starts)])
+        for r, a in zip(rows, s0r[expand.to(s0r.device)].float().cpu()):
+            r.encoded_s0 = a
     return Prefilled(rows, expand, cache, width, attn[expand].to(dev), pos[expand, -1].to(dev) + 1,
                      h[expand.to(h.device), -1], state, is_nl, is_eos)
 
@@ -316,13 +326,16 @@ def redraw_states(model: "CTRLSModel", params: SampleParams, state: torch.Tensor
 
 
 
-def generations(rows: Sequence[_Row], expand: torch.Tensor, n_prompts: int, tok) -> list[list[Generation]]:
-    """Each row's :class:`Generation`, grouped by prompt."""
+def generations(rows: Sequence[_Row], expand: torch.Tensor, n_prompts: int, tok,
+                reader: "StepReader | None" = None) -> list[list[Generation]]:
+    """Each row's :class:`Generation`, grouped by prompt (with the states a ``reader`` read back)."""
     gens: list[list[Generation]] = [[] for _ in range(n_prompts)]
-    for r, i in zip(rows, expand.tolist()):
+    for r in rows:
         if r.finish is None:  # loop ran out (max_new_tokens == 0)
             _end_step(r, tok)
             r.finish = "max_tokens"
+    encoded = reader.states(rows) if reader is not None else [None] * len(rows)
+    for r, i, enc in zip(rows, expand.tolist(), encoded):
         spans = r.spans
         d = r.used_draws
         gens[i].append(Generation(
@@ -331,7 +344,8 @@ def generations(rows: Sequence[_Row], expand: torch.Tensor, n_prompts: int, tok)
             spans=spans, finish=r.finish,
             states=torch.stack(r.states[: len(spans) + 1]) if r.states else None,
             log_actions=torch.stack(r.log_actions[:d]) if d else None,  # Eq. 14: every draw that conditioned a token
-            policy_states=torch.stack(r.states[: d + 1]) if d else None))  # s_0, then draw i = log_actions[i].exp()
+            policy_states=torch.stack(r.states[: d + 1]) if d else None,  # s_0, then draw i = log_actions[i].exp()
+            encoded=enc, encoded_s0=r.encoded_s0))
     return gens
 
 
@@ -356,3 +370,62 @@ def _end_step(r: _Row, tok) -> None:
         else:
             r.spans[-1] = (r.spans[-1][0], b)
         r.step_start = b
+
+
+class StepReader:
+    """Q_phi's state of every generated step, read back from the decoding pass itself (no second forward).
+
+    The adapter rewrites only the last hidden state *after* the frozen decoder body (Eq. 7), so the body's
+    last-layer hidden state of a generated token, computed when the token is fed as input, is the one a
+    re-encode of the generation in context computes (``ctrls.controllability.encode_generations``: token j
+    of the generation at position P + j, step [a, b) = its tokens a .. b-1, the closing newline included).
+    The loops hand each fed batch to :meth:`add`; a row that ends on a token it keeps (the answer line's
+    newline, the T-th step's, the token limit; not EOS, which is not kept) is fed that token once more
+    (:meth:`tail`) before it leaves the batch, so every kept token's state is read. The states are kept at
+    float16, the precision of pretraining's feature cache (``controllability.feature_precision``), and at
+    the end :meth:`states` gives each step's spectral embedding (Eq. 5) and nearest centroid
+    (``CTRLSModel.assign``), as the re-encode does. Only the last layer (``backbone.hidden_layer`` = -1).
+    """
+
+    def __init__(self, model: "CTRLSModel"):
+        if model.config.hidden_layer != -1:
+            raise ValueError(f"read_states reads the last layer's hidden states; this model's states are of layer "
+                             f"{model.config.hidden_layer} (re-encode them: ctrls.controllability.encode_generations)")
+        self.model = model
+        self._h: list[torch.Tensor] = []
+        self._owner: list[int] = []
+
+    @staticmethod
+    def tail(rows: Sequence[_Row], active: Sequence[int]) -> list[int]:
+        """Positions j of ``active`` whose row has just ended on a token it keeps: fed once more."""
+        return [j for j, ri in enumerate(active) if rows[ri].finish not in (None, "eos")]
+
+    def add(self, h: torch.Tensor, owner: Sequence[int]) -> None:
+        """The last hidden states ``h`` (B, d) of the tokens just fed; ``owner[b]``: row index of h[b]."""
+        self._h.append(h.to(torch.float16))
+        self._owner.extend(owner)
+
+    def hidden(self, n_rows: int) -> list[torch.Tensor]:
+        """Each row's hidden states (its fed tokens in order, float16)."""
+        if not self._h:
+            return [torch.zeros(0, 0)] * n_rows
+        owner = torch.tensor(self._owner)
+        flat = torch.cat(self._h)[torch.argsort(owner, stable=True).to(self._h[0].device)]
+        return list(flat.split(torch.bincount(owner, minlength=n_rows).tolist()))
+
+    def states(self, rows: Sequence[_Row]) -> list[list[int]]:
+        """The hard state (nearest centroid) of each step of each row."""
+        steps, counts = [], []
+        for i, (r, H) in enumerate(zip(rows, self.hidden(len(rows)))):
+            if len(r.tokens) and H.shape[0] != len(r.tokens):
+                raise RuntimeError(f"row {i}: {H.shape[0]} hidden states read for {len(r.tokens)} tokens")
+            spans = r.spans if r.tokens else []
+            steps += [H[a:b].float() for a, b in spans]
+            counts.append(len(spans))
+        m = self.model
+        hard = m.assign(m.embed(steps)).argmax(-1).tolist() if steps else []
+        out, k = [], 0
+        for c in counts:
+            out.append(hard[k:k + c])
+            k += c
+        return out

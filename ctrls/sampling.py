@@ -23,6 +23,11 @@ vectorised over the rows). So a sample does not depend on
 its batch-mates, the batch size, the device's RNG or the process that draws it: data-parallel
 sharding (``ctrls.distributed``) reproduces a single-process run, up to floating-point batch effects.
 
+**Reading the states back** (``sample(..., read_states=model)``, the exploration stage): the body's last
+hidden state of every generated token, computed when the token is fed, is kept, and at the end each
+step's Q_phi state (Eq. 5, nearest centroid) is computed from it, for Base rows too: the state a second
+forward pass over the generation in context would give (``ctrls.decoding.StepReader``).
+
 **The static path** (``SampleParams.decode = "static"``, config ``sampling.decode``): fixed shapes,
 one graph per step, the same samples; it lives in :mod:`ctrls.static_decode`, and what both loops
 share (prefill, draws, stopping rules) in :mod:`ctrls.decoding`.
@@ -36,7 +41,7 @@ from tqdm.auto import tqdm
 
 from ctrls.backbone import Backbone, decoder_body
 from ctrls.decoding import (COMPILE_MODES, DECODE_PATHS, MIN_SHARED_PREFIX, Generation, SampleParams,  # noqa: F401 (re-exported)
-                            advance, generations, prefill, redraw_states, shared_prefix_length)
+                            StepReader, advance, generations, prefill, redraw_states, shared_prefix_length)
 from ctrls.decoding import pick as _pick  # the engine's token draw (tests replace it here)
 from ctrls.kv_cache import PreallocatedLayer, fill_holes, new_cache  # noqa: F401 (re-exported)
 from ctrls.static_decode import STATIC_PAD_TO, decode_static, step_fn  # noqa: F401 (re-exported)
@@ -52,7 +57,7 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
            prompt_starts: Sequence[int] | None = None, share_prefix: bool = True,
            progress: bool = False, seeds: Sequence[int] | None = None,
            sample_ids: Sequence[Sequence[int]] | None = None, policies: "Sequence[TransitionPolicy] | None" = None,
-           epsilons: Sequence[float] | None = None) -> list[list[Generation]]:
+           epsilons: Sequence[float] | None = None, read_states: "CTRLSModel | None" = None) -> list[list[Generation]]:
     """Sample ``n`` chains of thought for each tokenized prompt; Base when ``model`` is None.
 
     ``prompt_starts[i]`` is the first token of prompt i whose hidden states encode s_0 (see
@@ -63,8 +68,10 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     samples as the whole, which is how data-parallel ranks share a prompt's samples. ``policies[i]``
     and ``epsilons[i]`` (CTRLS only) replace ``model.policy`` and ``params.epsilon`` for prompt i's
     state draws, so runs that share the adapter but not the policy decode in one batch (lockstep
-    RL); a sample is the same whichever batch it is in. Returns one list of :class:`Generation` per
-    prompt, in the order of its sample indices.
+    RL); a sample is the same whichever batch it is in. ``read_states``: a CTRLS model whose Q_phi reads
+    the state of every generated step back from this decoding pass (``Generation.encoded`` and
+    ``encoded_s0``, Base rows too; ``ctrls.decoding.StepReader``), instead of a second forward pass.
+    Returns one list of :class:`Generation` per prompt, in the order of its sample indices.
     """
     starts = list(prompt_starts) if prompt_starts is not None else [0] * len(prompts)
     params = params or SampleParams()
@@ -98,7 +105,8 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
         decode = decode_static if params.decode == "static" else _decode
         gens = decode(backbone, [prompts[i] for i, _ in group], [starts[i] for i, _ in group],
                       [m for _, m in group], [seeds[i] for i, _ in group], [i for i, _ in group], params, model,
-                      [pol[i] for i, _ in group], [eps[i] for i, _ in group], cross_prefix=share_prefix)
+                      [pol[i] for i, _ in group], [eps[i] for i, _ in group], cross_prefix=share_prefix,
+                      reader=StepReader(read_states) if read_states is not None else None)
         for (i, _), gs in zip(group, gens):
             out[i].extend(gs)
     return out
@@ -108,13 +116,15 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
 def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
             seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams,
             model: "CTRLSModel | None", policies: Sequence = (), epsilons: Sequence = (),
-            cross_prefix: bool = True) -> list[list[Generation]]:
-    """The engine: a growing KV cache whose finished rows are dropped from the batch (``fill_holes``)."""
+            cross_prefix: bool = True, reader: StepReader | None = None) -> list[list[Generation]]:
+    """The engine: a growing KV cache whose finished rows are dropped from the batch (``fill_holes``).
+    With a ``reader`` every fed token's last hidden state is read (``StepReader``): a row that ended on a
+    token it keeps is fed it once more, then dropped."""
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
     pre = prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
-                   params.max_new_tokens + 1, cross_prefix=cross_prefix)
+                  params.max_new_tokens + 1, cross_prefix=cross_prefix, reader=reader)
     rows, cache, attn, next_pos, h_last, state = pre.rows, pre.cache, pre.attn, pre.next_pos, pre.h_last, pre.state
     active = list(range(len(rows)))  # row index of each batch position
 
@@ -125,27 +135,41 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
         # a 3-D input takes a faster GEMM path than a (B, d) matrix on CPU
         nxt = _pick(head(hh[:, None])[:, 0], params.temperature, params.top_k, keys, counters).cpu()
         keep, redraw = advance(rows, active, nxt, pre, params, tok)
-        if not keep:
+        tail = reader.tail(rows, active) if reader is not None else []  # fed once more, then dropped
+        if not keep and not tail:
             break
-        if len(keep) < len(active):
-            pos = fill_holes(keep, len(active))  # positions in the old batch, in the new batch's order
+        redraw = [keep[k] for k in redraw]  # batch positions
+        feed = sorted(keep + tail) if tail else keep
+        if len(feed) < len(active):
+            pos = fill_holes(feed, len(active))  # positions in the old batch, in the new batch's order
             at = {j: i for i, j in enumerate(pos)}
-            redraw = sorted(at[keep[k]] for k in redraw)
-            keep = pos
-            sel = torch.as_tensor(keep, device=dev)
-            cache.batch_select_indices(sel)
-            attn, next_pos = attn[sel], next_pos[sel]
-            if state is not None:
-                state = state[sel]
-            nxt = nxt[keep]
-            active = [active[j] for j in keep]
+            redraw = sorted(at[j] for j in redraw)
+            attn, next_pos, state = _take(cache, pos, dev, attn, next_pos, state)
+            nxt = nxt[pos]
+            active = [active[j] for j in pos]
         if model is not None and redraw:
             state = redraw_states(model, params, state, redraw, [rows[active[j]] for j in redraw])
         attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
         h_last = body(input_ids=nxt[:, None].to(dev), attention_mask=attn, position_ids=next_pos[:, None],
                       past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
         next_pos = next_pos + 1
-    return generations(rows, pre.expand, len(prompts), tok)
+        if reader is not None:
+            reader.add(h_last, active)
+            if tail:
+                live = [j for j, ri in enumerate(active) if rows[ri].finish is None]
+                if not live:
+                    break
+                pos = fill_holes(live, len(active))
+                attn, next_pos, state, h_last = _take(cache, pos, dev, attn, next_pos, state, h_last)
+                active = [active[j] for j in pos]
+    return generations(rows, pre.expand, len(prompts), tok, reader)
+
+
+def _take(cache, pos: list[int], dev, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Keep the batch rows ``pos`` (``fill_holes``' order) of the cache, in place, and of each tensor."""
+    sel = torch.as_tensor(pos, device=dev)
+    cache.batch_select_indices(sel)
+    return [None if t is None else t[sel] for t in tensors]
 
 
 

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from ctrls.backbone import Backbone, decoder_body
-from ctrls.decoding import (COMPILE_MODES, Generation, SampleParams, advance, candidates, draw_tokens, generations,
-                            prefill, redraw_states)
+from ctrls.decoding import (COMPILE_MODES, Generation, SampleParams, StepReader, advance, candidates, draw_tokens,
+                            generations, prefill, redraw_states)
 from ctrls.kv_cache import packed_decode_attention, select_rows, static_cache
 
 if TYPE_CHECKING:
@@ -58,15 +58,17 @@ def _head_candidates(head, model, temperature: float, top_k: int, h: torch.Tenso
 
 
 def _step(body, head, model, temperature: float, top_k: int, cache, ids: torch.Tensor, pos: torch.Tensor,
-          mask: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+          mask: torch.Tensor, state: torch.Tensor | None
+          ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """One static-shape decode step: consume tokens ``ids`` (B, 1) at positions ``pos`` (B, 1) into the
-    cache; return the next token's candidates (``candidates``). Shapes depend on the bucket only and
+    cache; return the next token's candidates (``candidates``) and the body's last hidden states (B, d) of
+    the tokens consumed (what ``StepReader`` reads). Shapes depend on the bucket only and
     nothing is read by the host. The draw itself (``draw_tokens``, a few ops on B x top-k) runs
     eagerly after it: inductor's CPU code for splitmix64's wrapping int64 arithmetic corrupted memory
     (torch 2.13; ``free(): corrupted unsorted chunks``), and the draw is not where the time goes."""
     h = body(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
              use_cache=True).last_hidden_state[:, -1]
-    return _head_candidates(head, model, temperature, top_k, h, state)
+    return (*_head_candidates(head, model, temperature, top_k, h, state), h)
 
 
 def step_fn(mode: str):
@@ -93,13 +95,16 @@ def _bucket(live: int, slots: int) -> int:
 def decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int],
                  sample_ids: Sequence[list[int]], seeds: Sequence[int], prompt_index: Sequence[int],
                  params: SampleParams, model: "CTRLSModel | None", policies: Sequence = (),
-                 epsilons: Sequence = (), cross_prefix: bool = True) -> list[list[Generation]]:
-    """``_decode`` with static shapes (see "The static path" in the module docstring); the same arguments and result."""
+                 epsilons: Sequence = (), cross_prefix: bool = True,
+                 reader: StepReader | None = None) -> list[list[Generation]]:
+    """The engine (``ctrls.sampling._decode``) with static shapes (module docstring); the same arguments and
+    result. With a ``reader``, a row that ended on a token it keeps stays in its slot for one more step
+    (a bucket move keeps it), so that the step reads that token's hidden state."""
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
     pre = prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
-                   0, pad_to=STATIC_PAD_TO, cross_prefix=cross_prefix)
+                  0, pad_to=STATIC_PAD_TO, cross_prefix=cross_prefix, reader=reader)
     rows, state, width = pre.rows, pre.state, pre.width
     cap = width + params.max_new_tokens + 1
     cache = static_cache(lm.config, [(layer.keys, layer.values) for layer in pre.cache.layers], width, cap)
@@ -118,23 +123,26 @@ def decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: 
         return torch.tensor([len(rows[ri].tokens) for ri in slot_row], dtype=torch.int64, device=dev)
 
     nxt = draw_tokens(*_head_candidates(head, model, params.temperature, params.top_k, pre.h_last, state),
-                       params.temperature, keys, counters())
+                      params.temperature, keys, counters())
     with packed_decode_attention(lm):  # attention on the KV heads, also when compiled (its docstring says why)
         for _ in range(params.max_new_tokens):
             nxt = nxt.cpu()  # the step's one host read
             slots = [s for s, on in enumerate(live) if on]
             keep, redraw = advance(rows, [slot_row[s] for s in slots], nxt[slots], pre, params, tok)
-            if not keep:
+            tail = [slots[j] for j in reader.tail(rows, [slot_row[s] for s in slots])] if reader is not None else []
+            if not keep and not tail:
                 break
             kept = {slots[j] for j in keep}
             for s in slots:
                 live[s] = s in kept
             redraw_slots = [slots[keep[k]] for k in redraw]
-            n_slots = _bucket(len(kept), len(slot_row))
-            if n_slots < len(slot_row):  # move the live rows (in slot order) to a smaller bucket
-                order = sorted(kept) + [s for s in range(len(slot_row)) if s not in kept][: n_slots - len(kept)]
+            hold = kept | set(tail)  # the slots this step must keep: the live rows, and the tail to be read
+            n_slots = _bucket(len(hold), len(slot_row))
+            if n_slots < len(slot_row):  # move the held rows (in slot order) to a smaller bucket
+                order = sorted(hold) + [s for s in range(len(slot_row)) if s not in hold][: n_slots - len(hold)]
                 at = {s: i for i, s in enumerate(order)}
                 redraw_slots = [at[s] for s in redraw_slots]
+                tail = [at[s] for s in tail]
                 sel = torch.as_tensor(order, device=dev)
                 cache = select_rows(cache, lm.config, sel, cur)
                 mask, next_pos, keys, nxt = mask[sel].contiguous(), next_pos[sel], keys[sel], nxt[order]
@@ -145,9 +153,12 @@ def decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: 
             if model is not None and redraw_slots:
                 state = redraw_states(model, params, state, redraw_slots, [rows[slot_row[s]] for s in redraw_slots])
             mask[:, 0, 0, cur] = True
-            cand = step(body, head, model, params.temperature, params.top_k, cache, nxt[:, None].to(dev),
-                        next_pos[:, None], mask, state)
-            nxt = draw_tokens(*cand, params.temperature, keys, counters())
+            vals, idx, h = step(body, head, model, params.temperature, params.top_k, cache, nxt[:, None].to(dev),
+                                next_pos[:, None], mask, state)
+            if reader is not None:
+                read = sorted([s for s, on in enumerate(live) if on] + tail)
+                reader.add(h[torch.as_tensor(read, dtype=torch.long, device=h.device)], [slot_row[s] for s in read])
+            nxt = draw_tokens(vals, idx, params.temperature, keys, counters())
             next_pos = next_pos + 1
             cur += 1
-    return generations(rows, pre.expand, len(prompts), tok)
+    return generations(rows, pre.expand, len(prompts), tok, reader)

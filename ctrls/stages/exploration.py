@@ -4,9 +4,13 @@ For every backbone x dataset pair, temperature eta and row we draw ``grid.n_samp
 thought per test question and grade them. The rows: Base (the backbone alone); "fixed s0" (with
 ``grid.fixed_state``: the trained adapter decoding every step under the prompt's own state s_0, no
 transition drawn, which separates what the adapter learned from what the state transitions add);
-and CTRLS(epsilon) for each epsilon of the profile. Every step of every sample is also re-encoded by
-the pretrained Q_phi, and every Base sample gets state chains drawn from the policy without being
-generated under them (``ctrls.controllability``): the controllability table reads both.
+and CTRLS(epsilon) for each epsilon of the profile. Every step of every sample, Base included, also gets
+the pretrained Q_phi's state, read back from the sampler's own pass (``sample(..., read_states=model)``:
+the frozen body's hidden states of the step's tokens, computed while decoding, are the ones a re-encode
+in context computes; ``readback=False`` re-encodes them in a second forward pass instead,
+``ctrls.controllability.encode_generations``), and every Base sample gets state chains drawn from the
+policy without being generated under them (``ctrls.controllability``): the controllability table reads
+both.
 
 Results are written per question as parquet parts of the dataset directory
 ``runs/<profile>/exploration/samples.parquet/`` (atomic renames): after a kill -9 a rerun recomputes only the missing questions, with the same seeds,
@@ -70,8 +74,10 @@ def _stage(cfg: Config) -> Stage:
 
 
 def stage_summary(cfg: Config) -> dict:
-    """The exploration stage's ``done`` record: wall_s, samples, questions, reencode_s (the seconds
-    its last run spent re-encoding steps and drawing Base's state chains), or {} before it ran."""
+    """The exploration stage's ``done`` record: wall_s, samples, questions, readback (whether the steps'
+    states were read back from the sampler's pass), reencode_s (the seconds its last run spent on the
+    controllability columns besides sampling: re-encoding steps when not read back, drawing Base's state
+    chains), or {} before it ran."""
     return _stage(cfg).summary()
 
 
@@ -86,8 +92,12 @@ def sample_note(samples: pd.DataFrame, run: dict) -> str:
         parts.append(f"{ds}: {len(d)} = {n_q} test questions × {n_s} samples × {n_t} "
                      f"temperature{'s' if n_t != 1 else ''} × {d.config.nunique()} rows")
     wall, enc = run.get("wall_s", float("nan")), run.get("reencode_s", float("nan"))
-    return (f"{len(samples)} samples ({'; '.join(parts)}). The stage's last run took {wall:.0f} s, of which "
-            f"{enc:.0f} s re-encoded the steps for the controllability table.")
+    if run.get("readback", False):
+        what = (f"{enc:.0f} s went to the controllability table besides sampling (Base's state chains; each "
+                f"step's state was read back from the sampler's own pass)")
+    else:
+        what = f"{enc:.0f} s re-encoded the steps for the controllability table"
+    return f"{len(samples)} samples ({'; '.join(parts)}). The stage's last run took {wall:.0f} s, of which {what}."
 
 
 def generation_rows(gens: list[Generation], problem, meta: dict) -> list[dict]:
@@ -102,8 +112,10 @@ def generation_rows(gens: list[Generation], problem, meta: dict) -> list[dict]:
     return rows
 
 
-def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
+def explore(cfg: Config, force: bool = False, progress: bool = True, readback: bool = True) -> Path:
     """Run (or resume, or reuse) the whole exploration grid; return the samples directory.
+    ``readback``: read each step's state back from the sampler's pass (else re-encode it: the old path,
+    kept for ``bench/readback.py``).
 
     Under a data-parallel launch (``ctrls.distributed``) each process samples its block of the
     test questions; every question's samples are seeded by its id, so the parts written are the
@@ -127,7 +139,7 @@ def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         bb = backbone_for(pc, bname)
         model = load_pretrained(pc, bb)
         reencode_s += _sample_grid(cfg, pc, bb, model, problems_from_config(pc, "test"), ds, grid, g.temperatures,
-                                   out, progress and w.is_main)
+                                   out, progress and w.is_main, readback=readback)
         # the transfer rows: this pair's CTRLS model on a few questions of other datasets (e.g. GSM8K)
         rows = [r for r in grid if r.label == BASE or r.epsilon == (g.epsilons[0] if g.epsilons else None)]
         for td in g.transfer_datasets:
@@ -135,20 +147,22 @@ def explore(cfg: Config, force: bool = False, progress: bool = True) -> Path:
             problems = load_problems(td, "test", n=g.transfer_questions, seed=d.seed, data_dir=d.data_dir,
                                      max_bad_fraction=d.max_bad_fraction, difficulty=d.word_problems.difficulty())
             reencode_s += _sample_grid(cfg, pc, bb, model, problems, td, rows, [cfg.rl.temperature], out,
-                                       progress and w.is_main, trained_on=ds)
+                                       progress and w.is_main, trained_on=ds, readback=readback)
     w.barrier()
     if w.is_main:
         df = load_samples(cfg)
-        # seconds this process spent re-encoding steps and drawing Base's chains (controllability)
-        stage.finish(samples=len(df), questions=int(df.question_id.nunique()), reencode_s=round(reencode_s, 1))
+        # seconds this process spent on the controllability columns besides sampling (re-encoding, Base's chains)
+        stage.finish(samples=len(df), questions=int(df.question_id.nunique()), reencode_s=round(reencode_s, 1),
+                     readback=readback)
     w.barrier()
     return out
 
 
 def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, grid: list[GridRow],
-                 temperatures: list[float], out: Path, progress: bool, trained_on: str | None = None) -> float:
+                 temperatures: list[float], out: Path, progress: bool, trained_on: str | None = None,
+                 readback: bool = True) -> float:
     """Sample and write every (temperature, row, question) part of one dataset's questions that is not
-    already on disk; return the seconds spent re-encoding steps (controllability). ``ds`` is the
+    already on disk; return the seconds spent on the controllability columns besides sampling. ``ds`` is the
     dataset the questions come from; ``trained_on`` (transfer rows) the dataset the model was
     pretrained on, when it differs."""
     from ctrls.distributed import world
@@ -177,13 +191,13 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
         # one seed per question: its samples do not depend on the chunking or on the process
         seeds = [seed_of(cfg.seed, bname, ds, eta, label, problems[j].id) for j in todo]
         gens = sample(bb, [enc[j][0] for j in todo], g.n_samples, params, model=model if row.ctrls else None,
-                      seeds=seeds, prompt_starts=[enc[j][1] for j in todo])
+                      seeds=seeds, prompt_starts=[enc[j][1] for j in todo], read_states=model if readback else None)
         meta = {"backbone": bname, "dataset": ds, "temperature": eta, "config": label,
                 "epsilon": math.nan if row.epsilon is None else row.epsilon, "seed": cfg.seed,
                 "trained_on": trained_on or ds}  # the dataset the CTRLS model was pretrained on
         for j, gs in zip(todo, gens):
             t0 = time.perf_counter()
-            extra = _controllability_columns(cfg, pc, bb, model, enc[j], gs, row, eta, problems[j].id)
+            extra = _controllability_columns(cfg, pc, bb, model, enc[j], gs, row, eta, problems[j].id, readback)
             reencode_s += time.perf_counter() - t0
             write_part(pd.DataFrame(generation_rows(gs, problems[j], meta)).assign(**extra), parts[j])
     bar.close()
@@ -191,12 +205,16 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
 
 
 def _controllability_columns(cfg: Config, pc: Config, bb, model, prompt: tuple[list[int], int], gens: list[Generation],
-                             row: GridRow, eta: float, qid: str) -> dict[str, list]:
+                             row: GridRow, eta: float, qid: str, readback: bool = True) -> dict[str, list]:
     """The columns the controllability and diversity tables read, one entry per generation:
-    ``encoded`` (Q_phi's state of each step, re-encoded), ``s0`` (the prompt's state), ``n_states``
-    (K); for Base rows ``chains`` / ``chain_eps``: one state chain per grid epsilon, drawn from the
-    policy pi~ from the prompt's s_0, as long as the sample (the states it is paired with)."""
-    s0, encoded = ctl.encode_generations(bb, model, prompt[0], prompt[1], gens, layer=pc.backbone.hidden_layer)
+    ``encoded`` (Q_phi's state of each step: read back from the sampler's pass with ``readback``, else
+    re-encoded), ``s0`` (the prompt's state), ``n_states`` (K); for Base rows ``chains`` / ``chain_eps``:
+    one state chain per grid epsilon, drawn from the policy pi~ from the prompt's s_0, as long as the
+    sample (the states it is paired with)."""
+    if readback:  # sample(..., read_states=model) filled them in; a prompt's samples share its s_0
+        s0, encoded = gens[0].encoded_s0, [g.encoded for g in gens]
+    else:
+        s0, encoded = ctl.encode_generations(bb, model, prompt[0], prompt[1], gens, layer=pc.backbone.hidden_layer)
     n = len(gens)
     chains: list[list[list[int]]] = [[] for _ in range(n)]
     chain_eps = [[] for _ in range(n)]
