@@ -11,7 +11,7 @@ samples (every sample is seeded by its question); ``states_equal_fraction`` is t
 over samples with equal text in both runs, whose state read back equals the re-encoded one (also s_0
 and Base's state chains, which start from s_0). The last line printed is a JSON object; ``--out``
 writes it too, with the machine.
-Usage: python bench/readback.py [--out bench/results/readback.json] [--n-test 16] [--rounds 2]
+Usage: python bench/readback.py [--out bench/results/readback.json] [--n-test 16] [--rounds 2] [--pretrained runs/demo]
 """
 from __future__ import annotations
 
@@ -68,6 +68,8 @@ def main():
     ap.add_argument("--n-test", type=int, default=16)
     ap.add_argument("--transfer", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--pretrained", default=None,
+                    help="a demo run directory whose pretrain/ to reuse (e.g. runs/demo after make book)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="readback_"))
     overrides = [f"data.n_test={args.n_test}", f"grid.transfer_questions={args.transfer}"]
@@ -77,6 +79,8 @@ def main():
 
     base = tmp / "pretrained"
     cfg = cfg_of(base)
+    if args.pretrained:  # reused: the stage finds its artifacts done and does not rerun
+        shutil.copytree(Path(args.pretrained) / "pretrain", base / "pretrain")
     t = time.perf_counter()
     for b, ds in cfg.pairs():
         pretrain(cfg.for_pair(b, ds), progress=False)

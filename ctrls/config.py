@@ -172,6 +172,9 @@ class PolicyConfig:
     fit_steps: int = key(300, at_least(0))  # fit: mixture only: gradient refinement steps after the soft-count start
     fit_lr: float = key(0.05, in_range(0, MAX_LR, open_lo=True))  # fit: mixture only
     count_smoothing: float = key(0.1, in_range(0, 1e6, open_lo=True))  # pseudo-count added to the soft transition counts (0: log 0)
+    # fit c by maximum likelihood of the training posteriors under Dir(c p) (ctrls.policy.fit_concentration)
+    # instead of starting RL and sampling at ``concentration``
+    fit_concentration: bool = False
     entropy: Literal["categorical", "dirichlet"] = "categorical"
 
 

@@ -191,7 +191,7 @@ def test_stage_f_bounds_every_token_and_trains_on_the_training_split_only(small_
     """Stage (f)'s wiring on hand-made cached features: the held-out row sums Thm. 5.3's bound over
     every token of every held-out step, with s_0 before a first step; training batches truncate
     steps to max_tokens and hold no held-out question."""
-    from ctrls.stages.pretrain import _StepData, _batches, transition_pairs, evaluate_bound
+    from ctrls.stages.pretrain import StepData, step_batches, transition_pairs, evaluate_bound
 
     bb = small_llama
     g = torch.Generator().manual_seed(0)
@@ -208,7 +208,7 @@ def test_stage_f_bounds_every_token_and_trains_on_the_training_split_only(small_
     states = {"index": torch.tensor(index), "s_post": torch.softmax(torch.randn(len(index), K, generator=g), -1),
               "s0": torch.softmax(torch.randn(3, K, generator=g), -1)}
     prev, post = transition_pairs(states)
-    data = _StepData(shards, post, prev, {tuple(x): r for r, x in enumerate(index)}, {"q2"})
+    data = StepData(shards, post, prev, {tuple(x): r for r, x in enumerate(index)}, {"q2"})
     ad, C, L = _adapter(bb, std=0.05)
     row = evaluate_bound(ad, bb.lm_head, C, L, data, "heldout", batch_steps=2)
     tr, rows = shards[2]["trajectories"][0], [3, 4, 5]
@@ -218,7 +218,7 @@ def test_stage_f_bounds_every_token_and_trains_on_the_training_split_only(small_
     assert (row["questions"], row["steps"], row["tokens"]) == (1, 3, 11)
     assert row["elbo_per_step"] == pytest.approx(float(ref.value) / 3, rel=1e-9)
     assert row["kl_per_step"] >= row["mixture_kl_per_step"]
-    train = list(_batches(data, "train", 2, max_tokens=4, shuffle_seed=0))
+    train = list(step_batches(data, "train", 2, max_tokens=4, shuffle_seed=0))
     assert {q for b in train for q in b[5]} == {"q0", "q1"} and sum(len(b[1]) for b in train) == 3 + 4 + 4
 
 
