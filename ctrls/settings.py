@@ -49,8 +49,15 @@ def parse_setting(name: str, cfg: Config) -> Setting:
     if name in named:
         return Setting(name, *named[name])
     eps = alpha = 0.0
+    seen: dict[str, str] = {}
     for part in name.split(","):
         key, _, val = part.partition("=")
+        canon = {"eps": "eps", "epsilon": "eps", "H": "H", "alpha": "H"}.get(key.strip())
+        if canon is not None and canon in seen:
+            raise ValueError(f"RL setting {name!r} gives {canon} twice ({seen[canon]!r} and {part.strip()!r}): "
+                             f"give each of eps and H at most once")
+        if canon is not None:
+            seen[canon] = part.strip()
         try:
             if key.strip() in ("eps", "epsilon"):
                 eps = float(val)
