@@ -41,7 +41,7 @@ import yaml
 
 from ctrls.config_checks import (CROSS_CHECKS, builtin_sizes, check_type, refuse, type_hints,  # noqa: F401 (re-exported)
                                  validate)
-from ctrls.overrides import ConfigError, parse_overrides
+from ctrls.overrides import ConfigError, dump_yaml, load_yaml, parse_overrides, short
 from ctrls.rules import (Rule, above, anything, at_least, between, in_range, key, only, path_part,  # noqa: F401 (re-exported)
                          text, token_temperature)
 from ctrls.settings import parse_setting
@@ -385,7 +385,7 @@ def _set(obj: Any, path: list[str], value: Any, full_key: str) -> None:
 def _apply_mapping(cfg: Config, mapping: dict[str, Any], prefix: str = "") -> None:
     for k, v in mapping.items():
         if not isinstance(k, str):
-            raise ConfigError(f"config key {k!r} is not a string")
+            raise ConfigError(f"config key {short(k)} is not a string")
         _set(cfg, (prefix + k).split("."), v, prefix + k)
 
 
@@ -418,9 +418,9 @@ def load_config(profile: str = "demo", overrides: str | typing.Iterable[str] | d
             raise ConfigError(f"unknown profile {profile!r}; available: {', '.join(available_profiles())}")
         text, name = f.read_text(), profile
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = load_yaml(text, f"profile {profile!r}") or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"profile {profile!r} is not valid YAML: {' '.join(str(e).split())}") from None
+        raise ConfigError(f"profile {profile!r} is not valid YAML: {short(' '.join(str(e).split()), 300)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"profile {profile!r} must be a mapping")
     cfg = Config(profile=name)
@@ -430,4 +430,4 @@ def load_config(profile: str = "demo", overrides: str | typing.Iterable[str] | d
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    Path(path).write_text(dump_yaml(cfg.to_dict()))

@@ -14,7 +14,7 @@ import typing
 from typing import TYPE_CHECKING, Any, Callable, Literal, Union, get_args, get_origin
 
 from ctrls.names import slug
-from ctrls.overrides import ConfigError
+from ctrls.overrides import ConfigError, short
 from ctrls.rules import Rule
 from ctrls.settings import parse_setting, row_label
 
@@ -104,6 +104,10 @@ def _check_labels(cfg: Config) -> None:
     if len(set(rows)) < len(rows):
         raise refuse("grid.epsilons", cfg.grid.epsilons, "epsilons with distinct row labels",
                       f"{next(r for r in rows if rows.count(r) > 1)} twice")
+    etas = [f"{t:g}" for t in cfg.grid.temperatures]  # the tables print eta so (0.7 and 0.7000000000000001: "0.7")
+    if len(set(etas)) < len(etas):
+        raise refuse("grid.temperatures", cfg.grid.temperatures, "temperatures that differ when printed",
+                      f"eta={next(e for e in etas if etas.count(e) > 1)} twice")
     for k in ("rl.table2", "judge.settings"):
         labels: dict[str, str] = {}
         for name in getattr(cfg.rl if k == "rl.table2" else cfg.judge, k.split(".")[1]):
@@ -143,7 +147,7 @@ def validate(cfg: Config) -> Config:
 
 
 def refuse(k: str, value: Any, allowed: str, why: str = "") -> ConfigError:
-    return ConfigError(f"config key {k!r}: {value!r} is not allowed; allowed: {allowed}" + (f" ({why})" if why else ""))
+    return ConfigError(f"config key {k!r}: {short(value)} is not allowed; allowed: {allowed}" + (f" ({why})" if why else ""))
 
 
 def _validate_section(obj: Any, prefix: str) -> None:
@@ -187,35 +191,35 @@ def check_type(value: Any, tp: Any, key: str) -> Any:
                 return check_type(value, arg, key)
             except ConfigError:
                 pass
-        raise ConfigError(f"config key {key!r}: {value!r} is not of type {_tname(tp)}")
+        raise ConfigError(f"config key {key!r}: {short(value)} is not of type {_tname(tp)}")
     if tp is type(None):
         if value is None:
             return None
-        raise ConfigError(f"config key {key!r}: expected None, got {value!r}")
+        raise ConfigError(f"config key {key!r}: expected None, got {short(value)}")
     if origin is Literal:
         if value in get_args(tp):
             return value
-        raise ConfigError(f"config key {key!r}: {value!r} is not one of {list(get_args(tp))}")
+        raise ConfigError(f"config key {key!r}: {short(value)} is not one of {list(get_args(tp))}")
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key {key!r}: expected a list, got {value!r}")
+            raise ConfigError(f"config key {key!r}: expected a list, got {short(value)}")
         (inner,) = get_args(tp) or (Any,)
         return [check_type(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is float:
         if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
             value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"config key {key!r}: expected a float, got {value!r}")
+            raise ConfigError(f"config key {key!r}: expected a float, got {short(value)}")
         if not math.isfinite(value):
-            raise ConfigError(f"config key {key!r}: {value!r} is not allowed; allowed: a finite number")
+            raise ConfigError(f"config key {key!r}: {short(value)} is not allowed; allowed: a finite number")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"config key {key!r}: expected an int, got {value!r}")
+            raise ConfigError(f"config key {key!r}: expected an int, got {short(value)}")
         return value
     if tp in (str, bool):
         if not isinstance(value, tp):
-            raise ConfigError(f"config key {key!r}: expected {tp.__name__}, got {value!r}")
+            raise ConfigError(f"config key {key!r}: expected {tp.__name__}, got {short(value)}")
         return value
     raise ConfigError(f"config key {key!r}: unsupported type {tp}")
 

@@ -18,3 +18,74 @@ def test_a_setting_with_a_repeated_key_is_refused(name):
 def test_a_config_setting_with_a_repeated_key_is_a_config_error():
     with pytest.raises(ConfigError, match=r"rl\.settings\[0\]"):
         load_config("smoke", ['rl.settings=["eps=0.1,eps=0.2"]'])
+
+
+# ---- item 8: numbers as written ----------------------------------------------------------------
+
+@pytest.mark.parametrize("item,key,value", [("pretrain.epochs=010", "pretrain", 10), ("pretrain.epochs=0o10", "pretrain", 8),
+                                            ("pretrain.epochs=0x10", "pretrain", 16), ("states.tau=1e-1", "states", 0.1),
+                                            ("states.tau=.5", "states", 0.5)])
+def test_numbers_are_read_as_written(item, key, value):
+    cfg = load_config("smoke", [item])
+    k = item.split("=")[0].split(".")[1]
+    got = getattr(getattr(cfg, key), k)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("item,text", [("pretrain.epochs=1:30", "1:30"), ("states.tau=1:30", "1:30"),
+                                       ("pretrain.epochs=1_000", "1_000")])
+def test_yaml11_only_numbers_are_refused_naming_key_and_text(item, text):
+    key = item.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}.*'{text}'"):
+        load_config("smoke", [item])
+
+
+def test_a_profile_file_reads_numbers_as_written(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text("pretrain:\n  epochs: 010\n")
+    assert load_config(str(p)).pretrain.epochs == 10
+    p.write_text("pretrain:\n  epochs: 1:30\n")
+    with pytest.raises(ConfigError, match=r"pretrain\.epochs.*'1:30'"):
+        load_config(str(p))
+
+
+def test_a_saved_config_reads_back_the_same(tmp_path):
+    from ctrls.config import save_config
+    cfg = load_config("smoke", ["data.dataset=word_problems", "run_dir='1e3'"])
+    save_config(cfg, tmp_path / "c.yaml")
+    back = load_config(str(tmp_path / "c.yaml"))
+    assert back.run_dir == "1e3" and back.to_dict() == cfg.to_dict()
+
+
+def test_temperatures_equal_when_printed_are_refused():
+    with pytest.raises(ConfigError, match=r"grid\.temperatures.*eta=0\.7 twice"):
+        load_config("smoke", ["grid.temperatures=[0.7, 0.7000000000000001]", "rl.temperature=0.7"])
+
+
+BOMB = ("grid.temperatures=[&a [0.7,0.7,0.7,0.7,0.7,0.7,0.7,0.7,0.7], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+        "&c [*b,*b,*b,*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,*c,*c,*c,*c], &e [*d,*d,*d,*d,*d,*d,*d,*d,*d], "
+        "&f [*e,*e,*e,*e,*e,*e,*e,*e,*e], &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]]")
+
+
+def test_an_alias_bomb_in_an_override_is_a_short_error():
+    with pytest.raises(ConfigError, match="alias") as e:
+        load_config("smoke", [BOMB])
+    assert len(str(e.value)) < 600 and "\n" not in str(e.value)
+
+
+def test_an_alias_bomb_in_a_profile_is_a_short_error(tmp_path):
+    p = tmp_path / "bomb.yaml"
+    p.write_text(BOMB.replace("grid.temperatures=", "grid:\n  temperatures: "))
+    with pytest.raises(ConfigError, match="more than 100,000 values") as e:
+        load_config(str(p))
+    assert len(str(e.value)) < 600
+    p.write_text("pretrain: &p\n  epochs: 3\nrl: {steps: 2}\n")  # a small alias is still read
+    with pytest.raises(ConfigError, match="a recursive YAML alias"):
+        p.write_text("grid:\n  temperatures: &a [0.7, *a]\n")
+        load_config(str(p))
+
+
+def test_a_long_wrong_value_is_cut_in_the_message():
+    with pytest.raises(ConfigError, match="characters") as e:
+        load_config("smoke", ["grid.temperatures=" + "x" * 10000])
+    assert len(str(e.value)) < 600
