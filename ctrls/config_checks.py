@@ -13,7 +13,7 @@ import types
 import typing
 from typing import TYPE_CHECKING, Any, Callable, Literal, Union, get_args, get_origin
 
-from ctrls.names import slug
+from ctrls.names import PAIR_NAME_ROOM, name_max, pair_slug, slug
 from ctrls.overrides import ConfigError, short
 from ctrls.rules import Rule
 from ctrls.settings import parse_setting, row_label
@@ -97,6 +97,24 @@ def _check_pair_dirs(cfg: Config) -> None:
             seen[s] = n
 
 
+def _check_name_lengths(cfg: Config) -> None:
+    """Each pair's files ``<backbone>__<dataset>...`` (a transfer dataset's too) must fit the file
+    system's limit on a file name (``PC_NAME_MAX`` under ``run_dir``, usually 255 bytes), with
+    :data:`ctrls.names.PAIR_NAME_ROOM` bytes left for what a stage adds; else no stage could write them."""
+    limit = name_max(cfg.profile_dir)
+    g = cfg.grid
+    named = [(b, d, f"grid.backbones[{i}]", f"grid.datasets[{j}]") for i, b in enumerate(g.backbones)
+             for j, d in enumerate(g.datasets)]
+    named += [(b, f"{t}-from-{d}", f"grid.backbones[{i}]", f"grid.transfer_datasets[{k}]")
+              for i, b in enumerate(g.backbones) for d in g.datasets for k, t in enumerate(g.transfer_datasets)]
+    for b, d, kb, kd in named:
+        n = len(pair_slug(b, d).encode("utf-8", "surrogatepass"))
+        if n + PAIR_NAME_ROOM > limit:
+            k, v = (kb, b) if len(slug(b)) >= len(slug(d)) else (kd, d)
+            raise refuse(k, v, f"a shorter name: the pair's directory name is {n} bytes and its files add up to "
+                               f"{PAIR_NAME_ROOM}, beyond the file system's limit of {limit} bytes on a file name")
+
+
 def _check_labels(cfg: Config) -> None:
     """Rows and RL runs are found by their labels and file names: two settings that would share one
     are refused (e.g. epsilons equal to 6 digits share the label eps=0.123457)."""
@@ -134,7 +152,7 @@ def _check_word_problems(cfg: Config) -> None:
 
 # Each takes the whole config and raises ConfigError naming the key it refuses.
 CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes,
-                                                _check_judge_pair, _check_generated_sizes, _check_pair_dirs,
+                                                _check_judge_pair, _check_generated_sizes, _check_pair_dirs, _check_name_lengths,
                                                 _check_labels, _check_word_problems, _check_transfer, _check_compile]
 
 

@@ -42,6 +42,29 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name if "/" in name and Path(name).exists() else name)
 
 
+def pair_slug(backbone: str, dataset: str) -> str:
+    """The directory name of a (backbone, dataset) pair, ``<backbone>__<dataset>`` (slugs)."""
+    return f"{slug(backbone)}__{slug(dataset)}"
+
+
+# Bytes a stage adds to a pair's name in one file name: the longest is the exploration stage's part,
+# "<pair>__eta<float repr>__<row label>__<question file name>.parquet.tmp" (5+24+2+16+2+80+12 < 150).
+PAIR_NAME_ROOM = 150
+DEFAULT_NAME_MAX = 255
+
+
+def name_max(directory: str | os.PathLike) -> int:
+    """The longest file name, in bytes, that the file system holding ``directory`` (or its nearest
+    existing parent) takes: ``os.pathconf(..., "PC_NAME_MAX")``, 255 where it does not say."""
+    p = Path(directory).expanduser().absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return int(os.pathconf(p, "PC_NAME_MAX"))
+    except (OSError, ValueError, TypeError):
+        return DEFAULT_NAME_MAX
+
+
 def colliding(names: Iterable[str], to_file=file_name) -> list[tuple[str, str]]:
     """Pairs of distinct names whose file names are equal (compared case-insensitively); [] if none."""
     seen: dict[str, str] = {}

@@ -49,7 +49,7 @@ from typing import Any
 
 from ctrls.config import Config, save_config
 from ctrls.overrides import ConfigError
-from ctrls.names import check_inside, file_name, inside, slug  # noqa: F401 (file_name, slug: re-exported)
+from ctrls.names import check_inside, file_name, inside, pair_slug, slug  # noqa: F401 (file_name, pair_slug, slug: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,6 @@ def safe_name(name: str) -> str:
     """``name`` with every character but letters, digits, '-', '_' and '.' replaced by '_'. Not
     injective: for names that must not collide use :func:`file_name`."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
-def pair_slug(backbone: str, dataset: str) -> str:
-    return f"{slug(backbone)}__{slug(dataset)}"
 
 
 # ---- checksums and loads that name the file ---------------------------------------------------

@@ -89,3 +89,36 @@ def test_a_long_wrong_value_is_cut_in_the_message():
     with pytest.raises(ConfigError, match="characters") as e:
         load_config("smoke", ["grid.temperatures=" + "x" * 10000])
     assert len(str(e.value)) < 600
+
+
+# ---- item 10a: names too long for the file system ------------------------------------------------
+
+def _dataset_dir(d):
+    d.mkdir()
+    for split in ("train", "test"):
+        (d / f"{split}.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    return str(d)
+
+
+@pytest.mark.parametrize("key", ["grid.datasets", "grid.transfer_datasets"])
+def test_a_dataset_name_too_long_for_the_file_system_fails_at_load(tmp_path, key):
+    from ctrls.names import name_max
+    long = _dataset_dir(tmp_path / ("d" * 200))  # a legal directory name; the pair's file names are not
+    ok = _dataset_dir(tmp_path / "short")
+    items = [f"run_dir={tmp_path / 'runs'}", f"grid.datasets=[{ok if key != 'grid.datasets' else long}]"]
+    if key == "grid.transfer_datasets":
+        items.append(f"grid.transfer_datasets=[{long}]")
+    with pytest.raises(ConfigError, match=rf"{key}\[0\].*limit of {name_max(tmp_path)} bytes on a file name") as e:
+        load_config("smoke", items)
+    assert "\n" not in str(e.value)
+    load_config("smoke", [f"run_dir={tmp_path / 'runs'}", f"grid.datasets=[{ok}]"])
+
+
+def test_the_name_limit_is_the_file_systems(tmp_path, monkeypatch):
+    import os
+    from ctrls import names
+    monkeypatch.setattr(os, "pathconf", lambda p, k: 143)  # e.g. eCryptfs
+    assert names.name_max(tmp_path / "not" / "yet") == 143
+    ok = _dataset_dir(tmp_path / "short")
+    with pytest.raises(ConfigError, match="limit of 143 bytes"):
+        load_config("smoke", [f"run_dir={tmp_path}", f"grid.datasets=[{ok}]"])
