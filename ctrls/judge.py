@@ -11,6 +11,8 @@ Appendix D's pipeline, step by step:
    overall quality.
 4. Post-processing: ``parse_scores`` reads the JSON; "when parsing fails, we apply simple regex
    extraction or fall back to default values" -- the default is the scale's midpoint, 5.5.
+   A score given on another stated scale ("3 out of 5", "4 on a 5-point scale") is read as the
+   same fraction of 10; one whose scale cannot be read is unreadable (the default).
    Out-of-range scores are clipped to 1..10. Every fallback is recorded per score and counted
    in ``rubric_table``, so a table built on defaults says so.
 
@@ -107,6 +109,48 @@ _KEY_RE = {k: re.compile(rf"{k.replace('_', '[ _-]?')}s?(?:\W*score)?\W{{0,6}}?(
                          re.IGNORECASE) for k in CRITERIA}
 
 
+# A scale stated with a score ("7/10", "7 out of 10", "7 on a 10-point scale", "7 on a scale of 1 to
+# 10"), one stated for the whole reply ("on a 5-point scale", "a scale of 1-5", "a 1-5 scale"), and
+# any scale wording after a score, readable or not ("7 out of ten", "7 on a scale").
+_N = r"(\d+(?:\.\d+)?)"
+_RANGE = r"\d+(?:\.\d+)?\s*(?:-|–|to)\s*"
+_OWN_SCALE = re.compile(rf"\s*/\s*{_N}(?![\d.])|\s+out\s+of\s+{_N}(?![\d.])|\s+on\s+an?\s+{_N}[- ]point\s+scale"
+                        rf"|\s+on\s+a\s+scale\s+(?:of|from)\s+{_RANGE}{_N}(?![\d.])", re.IGNORECASE)
+_SCALE_WORDS = re.compile(r"\s*/|\s+out\s+of\b|\s+on\s+(?:an?|the)\b[^.,;\n]{0,30}?\bscale\b", re.IGNORECASE)
+_REPLY_SCALE = re.compile(rf"\b{_N}[- ]point\s+scale|\bscale\s+(?:of|from)\s+{_RANGE}{_N}(?![\d.])"
+                          rf"|\b{_RANGE}{_N}\s+scale", re.IGNORECASE)
+
+
+def _on_scale(v: float, top: float | None) -> float | None:
+    """A score ``v`` given on a scale whose best score is ``top``, as the same fraction of 10 (``10 v / top``);
+    None (unreadable) when the scale is not a positive finite number or ``v`` lies outside 0..top."""
+    if top is None or top == 10:
+        return v
+    if not (math.isfinite(top) and top > 0 and math.isfinite(v) and 0 <= v <= top):
+        return None
+    return 10 * v / top
+
+
+def _reply_scale(text: str) -> float | None:
+    """The best score of the one scale the reply states for itself (10 when it states none); None when
+    it states several."""
+    tops = {float(next(g for g in m.groups() if g)) for m in _REPLY_SCALE.finditer(text)}
+    return 10.0 if not tops else tops.pop() if len(tops) == 1 else None
+
+
+def _regex_score(k: str, text: str, top: float | None) -> float | None:
+    """The number after criterion ``k``'s name (``_KEY_RE``), on the scale stated right after it, else
+    on the reply's (``top``); None when there is none or its scale cannot be read."""
+    m = _KEY_RE[k].search(text)
+    if not m:
+        return None
+    v, after = float(m.group(1)), text[m.end(1):m.end(1) + 80]
+    own = _OWN_SCALE.match(after)
+    if own:
+        return _on_scale(v, float(next(g for g in own.groups() if g)))
+    return None if _SCALE_WORDS.match(after) or top is None else _on_scale(v, top)
+
+
 def _norm_key(key: str) -> str:
     return re.sub(r"[^a-z]+", "_", key.lower()).strip("_")
 
@@ -131,17 +175,24 @@ def parse_scores(text: str | None) -> Parsed:
     """Read the five scores from a judge's reply; never raises.
 
     Per criterion: a number under its key in a JSON object ("json"); else the regex ``_KEY_RE``
-    on the whole reply ("regex"); else ``DEFAULT_SCORE`` ("default"). A number outside 1..10 is
-    clipped into it ("clipped"); a non-numeric or non-finite value counts as unreadable.
+    on the whole reply ("regex"); else ``DEFAULT_SCORE`` ("default"). A score given on a stated
+    scale ("7/10", "3 out of 5", "4 on a 5-point scale", or a scale the reply states once for all
+    its scores: "on a 1-5 scale") is read as the same fraction of 10 (3 out of 5 -> 6); a score whose
+    scale cannot be read ("7 out of ten", a reply stating two scales, 6/5) counts as unreadable. A
+    number outside 1..10 is clipped into it ("clipped"); a non-numeric or non-finite value counts
+    as unreadable.
     """
     text = text if isinstance(text, str) else ""
     obj = _json_scores(text)
+    top = _reply_scale(text)
     scores, per_key = {}, {}
     for k in CRITERIA:
         v, how = obj.get(k), "json"
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            m = _KEY_RE[k].search(text)
-            v, how = (float(m.group(1)), "regex") if m else (None, "default")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = None if top is None else _on_scale(float(v), top)
+        else:
+            v = _regex_score(k, text, top)
+            how = "regex" if v is not None else "default"
         if v is None or not math.isfinite(v):
             v, how = DEFAULT_SCORE, "default"
         elif not 1 <= v <= 10:

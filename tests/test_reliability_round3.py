@@ -122,3 +122,38 @@ def test_the_name_limit_is_the_file_systems(tmp_path, monkeypatch):
     ok = _dataset_dir(tmp_path / "short")
     with pytest.raises(ConfigError, match="limit of 143 bytes"):
         load_config("smoke", [f"run_dir={tmp_path}", f"grid.datasets=[{ok}]"])
+
+
+# ---- item 12: the judge reads a stated scale ------------------------------------------------------
+
+def _scores(reply):
+    from ctrls.judge import CRITERIA, parse_scores
+    p = parse_scores(reply)
+    return [p.scores[k] for k in CRITERIA], "".join(p.per_key[k][0] for k in CRITERIA)
+
+
+@pytest.mark.parametrize("reply,expect,how", [
+    ("Algebra: 7 on a 10-point scale", 7, "r"),
+    ("Algebra: 7/10", 7, "r"),
+    ("Algebra score: 7 out of 10", 7, "r"),
+    ("Algebra: 7 on a scale of 1 to 10", 7, "r"),
+    ("Algebra: 3/5", 6, "r"),
+    ("Algebra: 3 out of 5", 6, "r"),
+    ("Algebra: 4 on a 5-point scale", 8, "r"),
+    ("Algebra: 80/100", 8, "r"),
+    ("Algebra: 0/5", 1, "c"),
+    ('On a 1-5 scale: {"self_reflection": 3, "algebra": 4, "coherence": 5, "hallucination": 5, "overall": 4}', 8, "j"),
+    ("Scores on a 5-point scale. Algebra: 4, coherence: 3", 8, "r"),
+])
+def test_a_score_on_a_stated_scale_is_read_as_the_same_fraction_of_10(reply, expect, how):
+    scores, per_key = _scores(reply)
+    assert scores[1] == expect and per_key[1] == how
+
+
+@pytest.mark.parametrize("reply", ["Algebra: 7 out of ten", "Algebra: 7 on a scale", "Algebra: 6/5", "Algebra: 3/0",
+                                   "Algebra: 7/x", "On a 1-5 scale, or a 10-point scale: algebra: 4",
+                                   '{"algebra": 4} on a 5-point scale or a 1-7 scale'])
+def test_a_score_whose_scale_cannot_be_read_is_refused(reply):
+    from ctrls.judge import DEFAULT_SCORE
+    scores, per_key = _scores(reply)
+    assert scores[1] == DEFAULT_SCORE and per_key[1] == "d"
