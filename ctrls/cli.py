@@ -8,7 +8,9 @@
 Overrides are dotted ``key=value`` items with YAML values (``-o rl.steps=3 "grid.epsilons=[0.1, 0.3]"``).
 A bad profile or override (``ctrls.config.ConfigError``) is one line on stderr and exit status 2,
 before any stage runs; data that cannot be loaded (``ctrls.data.DataError``: an unknown dataset or
-split, a missing file) is one line and exit status 1.
+split, a missing file) is one line and exit status 1; so is a failed notebook (e.g. a table given no
+samples). A ``--run-dir`` that is not a writable directory and an unknown ``CTRLS_LOG`` level are
+one line and exit status 2.
 
 Several GPUs: ``accelerate launch --multi_gpu --num_processes 8 -m ctrls stage rl --profile paper``
 runs a stage data-parallel (``ctrls.distributed``); ``ctrls reproduce`` then reuses its results.
@@ -23,6 +25,7 @@ import platform
 import re
 import shutil
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -62,8 +65,8 @@ def run_notebook(stage: str, profile: str, run_dir: str, overrides: list[str], f
         pm.execute_notebook(str(src), str(out), parameters=params, kernel_name="python3",
                             cwd=str(ROOT), progress_bar=True, log_output=log_output)
     except pm.PapermillExecutionError as e:
-        raise NotebookFailed(f"stage {stage!r} failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
-                             f"see the executed notebook: {out}") from e
+        raise NotebookFailed(f"stage {stage!r} failed in cell {e.exec_count}: {e.ename}: {e.evalue} "
+                             f"(see the executed notebook: {out})") from e
     finally:
         if out.exists():
             settle_streams(out)
@@ -147,6 +150,33 @@ def copy_book(dest: Path) -> Path:
     return dest
 
 
+class UsageError(Exception):
+    """A command-line argument or environment variable that cannot be used: one line, status 2."""
+
+
+def check_run_dir(run_dir: str) -> Path:
+    """``--run-dir``, created if missing; UsageError (one line) when it is not a directory or cannot
+    be written, before any stage runs."""
+    p = Path(run_dir).expanduser()
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(f"--run-dir {str(p)!r} is not a directory") from None
+    except OSError as e:
+        raise UsageError(f"--run-dir {str(p)!r} is not a writable directory ({e.strerror or e})") from None
+    return p
+
+
+def log_level(name: str) -> int:
+    """The level ``CTRLS_LOG`` names (DEBUG, INFO, WARNING, ERROR, CRITICAL, any case)."""
+    level = logging.getLevelName(name.strip().upper())
+    if not isinstance(level, int):
+        raise UsageError(f"CTRLS_LOG={name!r} is not a log level; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    return level
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     stages = [s for s in STAGES if (NOTEBOOKS / STAGES[s]).exists()]
     unknown = sorted((set(args.only or []) | set(args.force or [])) - set(STAGES))
@@ -158,6 +188,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from ctrls.config import load_config
 
     load_config(args.profile, args.override)  # fail fast on a bad profile or override
+    check_run_dir(args.run_dir)
     book = copy_book(Path(args.book_dir)) if args.book_dir else BOOK
     t0 = time.time()
     seconds: dict[str, float] = {}
@@ -166,8 +197,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         ts = time.time()
         try:
             run_notebook(stage, args.profile, args.run_dir, args.override, stage in (args.force or []), book)
-        except NotebookFailed as e:
-            print(f"\nERROR: {e}", file=sys.stderr)
+        except NotebookFailed as e:  # one line: the stage, the cell, the error (a table given no samples, ...)
+            print(f"ctrls reproduce: {' '.join(str(e).split())}", file=sys.stderr)
             return 1
         seconds[stage] = round(time.time() - ts, 1)
         print(f"[{i}/{len(stages)}] {stage} done in {seconds[stage]:.0f} s", flush=True)
@@ -247,6 +278,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from ctrls.distributed import shutdown, world
 
     cfg = load_config(args.profile, {**parse_overrides(args.override), "run_dir": str(Path(args.run_dir).resolve())})
+    check_run_dir(args.run_dir)
     w = world()
     for name in args.names:
         t0 = time.time()
@@ -289,7 +321,12 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=os.environ.get("CTRLS_LOG", "INFO"), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        level = log_level(os.environ.get("CTRLS_LOG", "INFO"))
+    except UsageError as e:
+        print(f"ctrls: {e}", file=sys.stderr)
+        sys.exit(2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     p = argparse.ArgumentParser(prog="ctrls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -331,6 +368,9 @@ def main(argv: list[str] | None = None) -> None:
         rc = args.fn(args)
     except ConfigError as e:  # a bad profile or override: one line, no traceback, argparse's status
         print(f"ctrls {args.cmd}: config error: {' '.join(str(e).split())}", file=sys.stderr)
+        rc = 2
+    except UsageError as e:  # an unusable --run-dir: one line, argparse's status
+        print(f"ctrls {args.cmd}: {e}", file=sys.stderr)
         rc = 2
     except DataError as e:  # an unknown dataset or split, missing or malformed data: one line
         print(f"ctrls {args.cmd}: data error: {' '.join(str(e).split())}", file=sys.stderr)

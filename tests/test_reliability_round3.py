@@ -157,3 +157,77 @@ def test_a_score_whose_scale_cannot_be_read_is_refused(reply):
     from ctrls.judge import DEFAULT_SCORE
     scores, per_key = _scores(reply)
     assert scores[1] == DEFAULT_SCORE and per_key[1] == "d"
+
+
+# ---- item 13: one-line errors from the CLI --------------------------------------------------------
+
+def _cli(argv, capsys, monkeypatch):
+    from ctrls import cli
+    monkeypatch.setattr(cli, "run_notebook", lambda *a, **k: pytest.fail("a stage ran"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code != 0 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return e.value.code, lines[0]
+
+
+@pytest.mark.parametrize("cmd", [["stage", "pretrain"], ["reproduce", "--no-book"]])
+def test_a_run_dir_that_is_a_file_is_one_line(cmd, tmp_path, capsys, monkeypatch):
+    f = tmp_path / "file"
+    f.write_text("x")
+    for bad in (f, f / "sub"):
+        code, line = _cli([*cmd, "--profile", "smoke", "--run-dir", str(bad)], capsys, monkeypatch)
+        assert code == 2 and line == f"ctrls {cmd[0]}: --run-dir {str(bad)!r} is not a directory"
+
+
+def test_an_unwritable_run_dir_is_one_line(tmp_path, capsys, monkeypatch):
+    import os
+    bad = "/proc/ctrls-no-such-dir/runs"  # not writable, even by root
+    code, line = _cli(["stage", "rl", "--profile", "smoke", "--run-dir", bad], capsys, monkeypatch)
+    assert code == 2 and line.startswith(f"ctrls stage: --run-dir {bad!r} is not a writable directory (")
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        code, line = _cli(["stage", "rl", "--profile", "smoke", "--run-dir", str(ro)], capsys, monkeypatch)
+        assert "is not a writable directory (Permission denied)" in line
+
+
+@pytest.mark.parametrize("level", ["LOUD", "", "10"])
+def test_an_unknown_log_level_is_one_line(level, capsys, monkeypatch):
+    monkeypatch.setenv("CTRLS_LOG", level)
+    code, line = _cli(["profiles"], capsys, monkeypatch)
+    assert code == 2 and line == f"ctrls: CTRLS_LOG={level!r} is not a log level; use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+
+
+def test_a_known_log_level_in_any_case_is_taken(capsys, monkeypatch):
+    from ctrls import cli
+    monkeypatch.setenv("CTRLS_LOG", "warning")
+    assert cli.log_level("warning") == 30
+    with pytest.raises(SystemExit) as e:
+        cli.main(["profiles"])
+    assert e.value.code == 0 and "smoke" in capsys.readouterr().out
+
+
+def test_a_table_given_no_samples_is_one_line(tmp_path, capsys, monkeypatch):
+    import pandas as pd
+    import papermill as pm
+    from ctrls import cli
+    from ctrls.tables import matrix_frame
+
+    with pytest.raises(ValueError) as empty:
+        matrix_frame(pd.DataFrame(), "correct")
+
+    def execute(src, out, **kw):  # the summary notebook's table cell raises as the table does
+        raise pm.PapermillExecutionError(3, 3, "table1(samples)", "ValueError", str(empty.value),
+                                         ["Traceback (most recent call last):", "  ...", f"ValueError: {empty.value}"])
+
+    monkeypatch.setattr(pm, "execute_notebook", execute)
+    monkeypatch.setattr(cli, "BOOK", tmp_path / "book")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["reproduce", "--profile", "smoke", "--run-dir", str(tmp_path / "runs"), "--no-book", "--only", "summary"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(lines) == 1
+    assert lines[0].startswith("ctrls reproduce: stage 'summary' failed in cell 3: ValueError: no samples for 'correct'")
+    assert "see the executed notebook" in lines[0]
