@@ -1,4 +1,4 @@
-"""Diagnostic (not a speed benchmark): the bias of Eq. 14's score under a clamped log-density.
+"""Diagnostic (not a speed benchmark): the bias of Eq. 16's score under a clamped log-density.
 
 Issue 15: evaluating log pi~(a | s) at an action clamped to >= 1e-6 (the old code) moves
 E[grad log pi~] away from 0 once pretraining has made many c p_j tiny. This script measures, side

@@ -1,4 +1,4 @@
-"""P_omega: the U-Net adapter that conditions generation on the latent state (Eq. 7).
+"""P_omega: the U-Net adapter that conditions generation on the latent state (Eq. 8).
 
     E'_{t,i} = E_{t,i} + F_u( GELU([F_d(E_{t,i}); W_z z_t]) )
 
@@ -38,11 +38,11 @@ FUSIONS = ("linear", "mlp")
 
 
 class StateAdapter(torch.nn.Module):
-    """E' = E + F_u(GELU([F_d(E); W_z z])) (Eq. 7), rank ``rank``, F_u's output layer zero-initialised.
+    """E' = E + F_u(GELU([F_d(E); W_z z])) (Eq. 8), rank ``rank``, F_u's output layer zero-initialised.
 
     ``hidden_size`` is d, ``state_dim`` is D = k d (the dimension of z_t and of the centroids).
 
-    ``fusion`` says what F_u is. The paper does not (Eq. 7 writes F_u([F_d(E); W_z z])):
+    ``fusion`` says what F_u is. The paper does not (Eq. 8 writes F_u([F_d(E); W_z z])):
     - ``"linear"``: F_u(h) = U h + b. Then E' = A(E) + u(z) separates (``ctrls.elbo.state_token_logprobs``):
       the state adds one vector per state to every position, a logit bias that cannot depend on the
       context;
@@ -117,7 +117,7 @@ class StateAdapter(torch.nn.Module):
         h = F.gelu(torch.cat([self.down(x), code], dim=-1))
         if self.mix is not None:  # the mlp fusion: the token's and the state's codes interact
             h = F.gelu(self.mix(h))
-        return (x + self.up(h)).to(E.dtype)  # Eq. 7
+        return (x + self.up(h)).to(E.dtype)  # Eq. 8
 
     def forward(self, E: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """E (..., n, d), z (..., n, D) or broadcastable (..., 1, D) -> E' (..., n, d) in E's dtype."""

@@ -1,4 +1,4 @@
-"""Case studies (Sec. 6.4, Figures 5-7): Base vs CTRLS step traces with each step's latent state.
+"""Case studies (Sec. 6.4 and App. D, Figures 3, 6 and 7): Base vs CTRLS step traces with each step's latent state.
 
 Cases are chosen per backbone (each backbone's Base against its own CTRLS). The selection rule is
 code, never a hand pick (``select_cases``): for each backbone and temperature, questions
@@ -97,7 +97,7 @@ def shown_answer(row: pd.Series) -> str:
 
 def trace_html(question: str, gold: str, left: pd.Series, right: pd.Series, left_title: str = "Base",
                right_title: str = "CTRLS") -> str:
-    """Side-by-side step traces, each step with its latent state, laid out like Figures 5-7. The
+    """Side-by-side step traces, each step with its latent state, laid out like Figures 3, 6 and 7. The
     steps are the model's own lines, in order (not renumbered); ``$...$`` TeX is typeset."""
     def column(row: pd.Series, title: str) -> str:
         states = list(row.get("states", []) if isinstance(row.get("states"), (list, tuple)) else

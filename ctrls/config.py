@@ -183,7 +183,7 @@ class AdapterConfig:
     rank: int = key(64, at_least(1))
     # only last_hidden (INJECT_AT_WHY); input_embeds stays in the type for a future implementation
     inject_at: Literal["last_hidden", "input_embeds"] = key("last_hidden", only("last_hidden", why=INJECT_AT_WHY))
-    # F_u of Eq. 7: linear (the state adds one logit bias per state) or mlp (the state's effect depends on the token)
+    # F_u of Eq. 8: linear (the state adds one logit bias per state) or mlp (the state's effect depends on the token)
     fusion: Literal["linear", "mlp"] = "linear"
 
 
@@ -238,7 +238,7 @@ class RLConfig:
     lr: float = key(1e-2, in_range(0, MAX_LR, open_lo=True))
     grad_clip: float = key(1.0, above(0))
     baseline: Literal["none", "group_mean"] = "none"  # group_mean: leave-one-out mean of the group's other returns
-    entropy_grad: Literal["full", "eq14"] = "full"  # full: exact gradient of J; eq14: score-function term only
+    entropy_grad: Literal["full", "eq16"] = "full"  # full: exact gradient of J; eq16: score-function term only
     epsilon: float = key(0.1, between(0, 1))
     entropy_coef: float = key(0.01, between(0, MAX_ALPHA))  # alpha
     temperature: float = key(0.7, token_temperature())  # eta; one of grid.temperatures (Base rows of Table 2 and the judge)

@@ -1,6 +1,6 @@
-"""Controllability and diversity: does a generated step follow the state it was sampled under (Eq. 7)?
+"""Controllability and diversity: does a generated step follow the state it was sampled under (Eq. 8)?
 
-The paper injects z_t = s_t Gamma into every token that predicts step t (Eq. 7) and claims that the
+The paper injects z_t = s_t Gamma into every token that predicts step t (Eq. 8) and claims that the
 step then "follows" the state; it never measures it. We measure it with the pretrained inference
 model Q_phi itself (Sec. 5.2): re-encode each generated step from the *frozen* backbone's hidden
 states of the step in context (prompt + generation so far), take its spectral embedding (Eq. 5)

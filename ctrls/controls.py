@@ -1,4 +1,4 @@
-"""Controls for the adapter P_omega (Eq. 7): does the state z_t steer step t, or only add style?
+"""Controls for the adapter P_omega (Eq. 8): does the state z_t steer step t, or only add style?
 
 Teacher forcing on held-out chains, log P_omega(x_t | x_<t, z_t) per token under conditions that
 differ only in the state the adapter is given:
@@ -55,7 +55,7 @@ def control_states(s_post: torch.Tensor, s_prev: torch.Tensor, s0: torch.Tensor,
 def step_logprobs(adapter: StateAdapter | None, lm_head: torch.nn.Module, centroids: torch.Tensor,
                   hidden: torch.Tensor, targets: torch.Tensor, step_index: torch.Tensor, s: torch.Tensor | None,
                   chunk: int = 512) -> torch.Tensor:
-    """sum_p log P_omega(y_p | z = s_{t(p)} Gamma) per step (S,) float64, no gradient (Eq. 7 + softmax).
+    """sum_p log P_omega(y_p | z = s_{t(p)} Gamma) per step (S,) float64, no gradient (Eq. 8 + softmax).
 
     ``hidden`` (P, d): the frozen backbone's last hidden states at the positions that predict the
     steps' tokens ``targets`` (P,); ``step_index`` (P,) in 0..S-1; ``s`` (S, K), or None for the

@@ -62,7 +62,7 @@ class Generation:
     spans: list[tuple[int, int]]  # [a, b) of each step in token_ids
     finish: str  # eos | answer | max_steps | max_tokens
     states: torch.Tensor | None = None  # (T'+1, K): s_0 then the state drawn for each step (CTRLS only)
-    # Eq. 14's trajectory: s_0 then *every* state draw that conditioned a sampled token, (D+1, K), and the
+    # Eq. 16's trajectory: s_0 then *every* state draw that conditioned a sampled token, (D+1, K), and the
     # exact log of each draw, (D, K) float64 (= policy_states[1:]). D is T' or T' + 1: a draw made when the
     # last step closed conditions the next token even when that token is EOS (or whitespace, then EOS),
     # so it enters the loss, though it starts no step. With transitions=False no state is drawn (None).
@@ -88,7 +88,7 @@ class _Row:
     spans: list[tuple[int, int]] = field(default_factory=list)
     states: list[torch.Tensor] = field(default_factory=list)
     log_actions: list[torch.Tensor] = field(default_factory=list)
-    used_draws: int = 0  # how many of the draws so far conditioned a sampled token (Eq. 14 needs them all)
+    used_draws: int = 0  # how many of the draws so far conditioned a sampled token (Eq. 16 needs them all)
     finish: str | None = None
     policy: "TransitionPolicy | None" = None  # this row's state policy (lockstep RL); None: model.policy
     epsilon: float | None = None  # this row's epsilon; None: params.epsilon
@@ -135,7 +135,7 @@ def draw_states(model: "CTRLSModel", prev: torch.Tensor, rows: Sequence["_Row"],
     its counter-based stream (row key, draw index) alone (``policy.sample_policy_log_streams``), so it
     does not depend on its batch-mates. Each row uses its own policy and epsilon when it has them
     (lockstep RL: one batch, many policies), else ``model.policy`` and ``epsilon``. The exact
-    log-actions are kept for Eq. 14 (``policy`` module docstring)."""
+    log-actions are kept for Eq. 16 (``policy`` module docstring)."""
     from ctrls.policy import sample_policy_log_streams
 
     dev = model.policy.L.device
@@ -343,7 +343,7 @@ def generations(rows: Sequence[_Row], expand: torch.Tensor, n_prompts: int, tok,
             text=tok.decode(r.tokens), steps=[tok.decode(r.tokens[a:b]).strip() for a, b in spans],
             spans=spans, finish=r.finish,
             states=torch.stack(r.states[: len(spans) + 1]) if r.states else None,
-            log_actions=torch.stack(r.log_actions[:d]) if d else None,  # Eq. 14: every draw that conditioned a token
+            log_actions=torch.stack(r.log_actions[:d]) if d else None,  # Eq. 16: every draw that conditioned a token
             policy_states=torch.stack(r.states[: d + 1]) if d else None,  # s_0, then draw i = log_actions[i].exp()
             encoded=enc, encoded_s0=r.encoded_s0))
     return gens
@@ -375,7 +375,7 @@ def _end_step(r: _Row, tok) -> None:
 class StepReader:
     """Q_phi's state of every generated step, read back from the decoding pass itself (no second forward).
 
-    The adapter rewrites only the last hidden state *after* the frozen decoder body (Eq. 7), so the body's
+    The adapter rewrites only the last hidden state *after* the frozen decoder body (Eq. 8), so the body's
     last-layer hidden state of a generated token, computed when the token is fed as input, is the one a
     re-encode of the generation in context computes (``ctrls.controllability.encode_generations``: token j
     of the generation at position P + j, step [a, b) = its tokens a .. b-1, the closing newline included).

@@ -4,7 +4,7 @@ The model, with z discrete (design notes: book/design.md, "The ELBO (Thm. 5.3) w
 - states z_t in {gamma_1 .. gamma_K} (the k-means centroids); z_0 ~ s_0, the prompt's encoding
   (x_0, the prompt, is given, not modelled);
 - transition P_theta(z_t = gamma_j | z_{t-1} = gamma_i) = softmax(L)_ij;
-- emission P_omega(x_t | x_<t, z_t): the frozen backbone with the adapter (Eq. 7) applied with z_t
+- emission P_omega(x_t | x_<t, z_t): the frozen backbone with the adapter (Eq. 8) applied with z_t
   at the positions that predict step t's tokens (position rule below);
 - variational posterior Q(z_{0:T}) = prod_t Q(z_t), Q(z_t = gamma_j) = s_tj (the soft assignment
   Q_phi), Q(z_0) = s_0 = P(z_0), so z_0 adds no KL.
@@ -20,7 +20,7 @@ the K centroids (``samples=0``) or by Monte Carlo over z_t ~ Q with its standard
 
 The relaxed objective (``relaxed_terms``, ``relaxed_loss``) is what the adapter is trained on:
 the reconstruction at the mean state z_t = sum_j s_tj gamma_j (the paper's "continuous
-relaxation", Sec. 5.1) minus KL(s_t || s_{t-1} softmax(L)), the KL to the mixture prior. It is
+relaxation", Sec. 5.2) minus KL(s_t || s_{t-1} softmax(L)), the KL to the mixture prior. It is
 not a bound on log P(x): the mean-z likelihood is not the expectation over z, and by convexity of
 the KL the mixture-prior KL is at most the expected KL (``expected_kl``). Only ``elbo`` is called
 an ELBO.
@@ -97,7 +97,7 @@ def state_token_logprobs(adapter: StateAdapter, lm_head: torch.nn.Module, centro
     at the cost of about one LM-head pass (not K); with ``s_post`` also (P,) at the mean state
     z = sum_j s_{t(p),j} gamma_j (else None).
 
-    Why one pass suffices: the adapter's fusion (Eq. 7) is E' = E + F_u(GELU([F_d(E); W_z z])) with
+    Why one pass suffices: the adapter's fusion (Eq. 8) is E' = E + F_u(GELU([F_d(E); W_z z])) with
     F_u(h) = U h + b_u and an elementwise GELU, so U splits into its two column blocks U_a, U_c and
         E' = A(E) + u(z),   A(E) = E + U_a GELU(F_d E) + b_u,   u(z) = U_c GELU(W_z z):
     the state shifts the hidden state by a vector that does not depend on the token. The logits
@@ -127,7 +127,7 @@ def state_token_logprobs(adapter: StateAdapter, lm_head: torch.nn.Module, centro
         out, out_bar = [], []
         for a in range(0, hidden.shape[0], chunk):
             x = hidden[a:a + chunk].to(adapter.down.weight.dtype)
-            A = (x + F.gelu(adapter.down(x)) @ U_a.T + adapter.up.bias).to(hidden.dtype)  # A(E), Eq. 7
+            A = (x + F.gelu(adapter.down(x)) @ U_a.T + adapter.up.bias).to(hidden.dtype)  # A(E), Eq. 8
             base = F.linear(A.to(W.dtype), W, b).double()  # (c, V)
             y = targets[a:a + chunk]
             base_y = base.gather(-1, y[:, None])  # (c, 1)
@@ -141,7 +141,7 @@ def state_token_logprobs(adapter: StateAdapter, lm_head: torch.nn.Module, centro
                 cols = torch.cat([e_delta, (d_bar - M_bar).exp()])
             sums = e_base @ cols.T  # (c, K [+ n_steps]): sum_v exp(base - m) exp(delta - M)
             lse = sums[:, :K].log() + m + M.T  # (c, K): logsumexp_v(base_v + delta_jv)
-            out.append(base_y + delta[:, y].T - lse)  # Eq. 7 + softmax, under every state
+            out.append(base_y + delta[:, y].T - lse)  # Eq. 8 + softmax, under every state
             if s_post is not None:
                 lse_bar = sums[:, K:].gather(-1, inv[:, None]).log() + m + M_bar[inv]
                 out_bar.append((base_y + d_bar[inv, y][:, None] - lse_bar)[:, 0])
@@ -309,7 +309,7 @@ def relaxed_terms(adapter: StateAdapter, lm_head: torch.nn.Module, centroids: to
     code = adapter.mixture_code(s_post, centroids)  # (S, r): W_z z_t for every step, z_t = s_t Gamma
     logps = []
     for a in range(0, hidden.shape[0], chunk):
-        h = adapter.fuse(hidden[a:a + chunk], code[step_index[a:a + chunk]])  # Eq. 7
+        h = adapter.fuse(hidden[a:a + chunk], code[step_index[a:a + chunk]])  # Eq. 8
         logps.append(_FrozenHeadLogprob.apply(h, lm_head.weight, lm_head.bias, targets[a:a + chunk]))
     token_logprob = torch.cat(logps) if logps else hidden.new_zeros(0, dtype=torch.float32)
     S = s_post.shape[0]

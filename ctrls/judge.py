@@ -1,6 +1,6 @@
-"""The rubric judge of Table 3 and Appendix D ("GPT-as-judge Evaluation Details").
+"""The rubric judge of Table 3 and Appendix E ("GPT-as-judge Evaluation Details").
 
-Appendix D's pipeline, step by step:
+Appendix E's pipeline, step by step:
 1. Sampling: ``subsample`` draws up to 100 outputs per configuration (seeded), from one named
    (backbone, dataset) pair (``judge.pair``; the paper: Qwen2.5-3B-Instruct x GSM8K), for the
    paper's six rows (Base and ``judge.settings``).
@@ -23,10 +23,10 @@ keyed by the backend, model, base URL, temperature and prompt, so re-rendering t
 resuming an interrupted run costs nothing. The API key is read from the environment only; it
 is neither part of the cache key nor written anywhere.
 
-On "hallucination": Appendix D's criterion is the *reduction* of hallucinated steps, and Table
+On "hallucination": Appendix E's criterion is the *reduction* of hallucinated steps, and Table
 3's values (8.51 ... 8.68) sit on the same scale as the other criteria, yet the table's header
 reads "H↓". We ask for the reduction (10 = no hallucinated step), so every column, H included,
-is higher-is-better. (Table 3's caption also says "0-10" where Appendix D says 1-10; we use 1-10.)
+is higher-is-better. (Table 3's caption also says "0-10" where Appendix E says 1-10; we use 1-10.)
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ class NotAChatCompletion(Exception):
     Retried like an HTTP 5xx; never scored or cached."""
 
 
-# ---- prompt (Appendix D, step 2) --------------------------------------------------------------------
+# ---- prompt (Appendix E, step 2) --------------------------------------------------------------------
 
 
 def build_prompt(question: str, gold: str, steps: Sequence[str], pred: str | None) -> list[dict]:
@@ -94,7 +94,7 @@ def build_prompt(question: str, gold: str, steps: Sequence[str], pred: str | Non
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 
-# ---- parsing (Appendix D, step 4) -------------------------------------------------------------------
+# ---- parsing (Appendix E, step 4) -------------------------------------------------------------------
 
 
 class Parsed(NamedTuple):
@@ -201,7 +201,7 @@ def parse_scores(text: str | None) -> Parsed:
     return Parsed(scores, max(per_key.values(), key=PARSE_LEVELS.index), per_key)
 
 
-# ---- backends (Appendix D, step 3) ------------------------------------------------------------------
+# ---- backends (Appendix E, step 3) ------------------------------------------------------------------
 
 
 class Backend(Protocol):

@@ -3,7 +3,7 @@
 - Q_phi (Sec. 5.2): the spectral embedding e_t of a step's hidden states (Eq. 5), softly assigned
   to k-means centroids gamma_j: s_t = softmax(-||e_t - gamma_j||^2 / tau), z_t = s_t Gamma.
 - P_theta / pi_theta (Sec. 5.3, 5.4): ``TransitionPolicy`` (K x K logits L and concentration c).
-- P_omega (Eq. 7): ``StateAdapter`` on the frozen backbone's last hidden state.
+- P_omega (Eq. 8): ``StateAdapter`` on the frozen backbone's last hidden state.
 
 A checkpoint directory holds ``config.json`` and ``model.safetensors`` (centroids, tau, L, c and
 the adapter), and reloads with ``CTRLSModel.from_pretrained(path, backbone)``.
@@ -34,7 +34,7 @@ class CTRLSConfig:
     tau: float
     rank: int
     inject_at: str = "last_hidden"
-    fusion: str = "linear"  # F_u of Eq. 7: linear (separable) or mlp (ctrls.adapter.StateAdapter)
+    fusion: str = "linear"  # F_u of Eq. 8: linear (separable) or mlp (ctrls.adapter.StateAdapter)
     hidden_layer: int = -1
     backbone: str = ""
     notes: list[str] = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""P_theta and pi_theta: the transition model and the Dirichlet policy (Sec. 5.3, 5.4; Eq. 13 and Eq. 14).
+"""P_theta and pi_theta: the transition model and the Dirichlet policy (Sec. 5.3, 5.4; Eq. 14 and Eq. 16).
 
 One K x K logit matrix L serves both (the design notes (book/design.md, "Transition model and policy")):
 - transition prior: row j of softmax(L) is P_theta(. | state j); for a state distribution s the
@@ -7,7 +7,7 @@ One K x K logit matrix L serves both (the design notes (book/design.md, "Transit
   c = exp(log_c). The epsilon-greedy policy pi~ draws from Dir(1, ..., 1), the uniform
   distribution on the simplex, with probability epsilon; its log-density is exactly
   log[(1 - eps) Dir(a; c p) + eps Dir(a; 1)], with Dir(a; 1) = Gamma(K) = (K-1)!.
-- entropy bonus H (Eq. 13): the entropy of the categorical p (the paper's discrete sum); the
+- entropy bonus H (Eq. 14): the entropy of the categorical p (the paper's discrete sum); the
   Dirichlet's differential entropy is an option.
 Offline (pretraining, Alg. 1: P_theta "via KL"), L is fitted by ``fit_transitions`` to Thm. 5.3's KL
 term, the expected KL sum_t sum_i s_{t-1,i} KL(s_t || softmax(L)_i) (``expected_kl``), whose exact
@@ -16,7 +16,7 @@ minimiser is the row-normalised soft transition counts (closed form, ``soft_coun
 the relaxed objective's KL term, at most the expected KL by convexity) is an option
 (``policy.fit: mixture``): gradient refinement from the soft counts. RL then fine-tunes L and log_c only.
 
-Log-actions, never clamped actions (Eq. 14's score must be unbiased):
+Log-actions, never clamped actions (Eq. 16's score must be unbiased):
 after pretraining many Dirichlet parameters c p_j are tiny (~0.03) and a sampled a_j is then
 often far below any float floor (log a_j ~ -1/(c p_j) ~ -30 or less). A log-density evaluated at
 a clamped action moves E[grad log pi~(a | s)] away from 0 (measured: +11.4 for d/d log c on a
@@ -261,7 +261,7 @@ class TransitionPolicy(torch.nn.Module):
         return self.sample_log(s, epsilon, generator).exp().to(self.L.dtype)
 
     def log_prob_log(self, log_a: torch.Tensor, s: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
-        """log pi~(a | s) (...,) from log a (Eq. 14's log pi~): log[(1 - eps) Dir(a; c p) + eps Gamma(K)],
+        """log pi~(a | s) (...,) from log a (Eq. 16's log pi~): log[(1 - eps) Dir(a; c p) + eps Gamma(K)],
         by logaddexp. Both densities are on the (K-1)-simplex w.r.t. the same Lebesgue measure;
         Dir(a; 1) = Gamma(K) = (K-1)!."""
         _check_epsilon(epsilon)
@@ -276,7 +276,7 @@ class TransitionPolicy(torch.nn.Module):
             return log_dir
         if epsilon == 1:
             return log_uniform
-        return torch.logaddexp(log_dir + math.log1p(-epsilon), log_uniform + math.log(epsilon))  # Eq. 14: log pi~(a | s)
+        return torch.logaddexp(log_dir + math.log1p(-epsilon), log_uniform + math.log(epsilon))  # Eq. 13: log pi~(a | s), the mixture
 
     def log_prob(self, a: torch.Tensor, s: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
         """log pi~(a | s) for a plain simplex vector a strictly inside the simplex (every a_j > 0).
@@ -289,11 +289,11 @@ class TransitionPolicy(torch.nn.Module):
         return self.log_prob_log(torch.log(a), s, epsilon)
 
     def entropy(self, s: torch.Tensor, kind: str = "categorical") -> torch.Tensor:
-        """H(pi_theta(. | s)) (...,), Eq. 13: the categorical entropy -sum_j p_j log p_j of the
+        """H(pi_theta(. | s)) (...,), Eq. 14: the categorical entropy -sum_j p_j log p_j of the
         mean next-state distribution p = s softmax(L) (default), or (``kind="dirichlet"``) the
         differential entropy of Dir(c p).
 
-        Why the categorical reading is the default: Eq. 13 is a sum over a discrete action set A,
+        Why the categorical reading is the default: Eq. 14 is a sum over a discrete action set A,
         and the discrete object the policy chooses among is the next latent state j, which the
         policy visits with probability p_j on average (E[a] = p). That entropy is bounded
         (0 <= H <= log K), is 0 exactly when the transition row collapses onto one state, and its
@@ -305,7 +305,7 @@ class TransitionPolicy(torch.nn.Module):
         lowering c; it stays an option."""
         if kind == "categorical":
             p = self.prior(s)
-            return -(p * p.clamp(min=PROB_FLOOR).log()).sum(-1)  # Eq. 13
+            return -(p * p.clamp(min=PROB_FLOOR).log()).sum(-1)  # Eq. 14
         if kind == "dirichlet":
             return self.dirichlet(s).entropy()
         raise ValueError(f"unknown entropy kind {kind!r}: categorical or dirichlet")

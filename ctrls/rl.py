@@ -1,14 +1,14 @@
-"""Alg. 2: on-policy REINFORCE of the transition policy (Eq. 14), adapter and backbone frozen.
+"""Alg. 2: on-policy REINFORCE of the transition policy (Eq. 16), adapter and backbone frozen.
 
 For each question x_0, G trajectories are sampled with the epsilon-greedy policy pi~_theta at
 temperature eta; each trajectory tau = (s_0, a_1, ..., a_T) earns R = 1{y = y*}. The objective is
 
-    J(theta) = E_tau[ R(tau) + alpha * sum_t H(pi_theta(s_t)) ]                       (Eq. 13 and Eq. 14)
+    J(theta) = E_tau[ R(tau) + alpha * sum_t H(pi_theta(s_t)) ]                       (Eq. 15; H is Eq. 14)
 
-and the REINFORCE estimator (Eq. 14) weights sum_t grad log pi~_theta(a_t | s_t) by the return
+and the REINFORCE estimator (Eq. 16) weights sum_t grad log pi~_theta(a_t | s_t) by the return
 R + alpha * sum_t H. H depends on theta directly too; ``rl.entropy_grad = "full"`` (default) adds
 that pathwise term alpha * sum_t grad H, which makes the estimate the exact gradient of J;
-``"eq14"`` uses Eq. 14's score-function term alone. The paper's plain estimator (no baseline) is
+``"eq16"`` uses Eq. 16's score-function term alone. The paper's plain estimator (no baseline) is
 the default; ``rl.baseline = group_mean`` subtracts, from each trajectory's return, the mean return
 of the *other* trajectories of its question's group (leave-one-out). The baseline then does not
 depend on the trajectory's own actions, so E[b grad log pi~(tau)] = 0 and the estimator stays
@@ -63,7 +63,7 @@ class Trajectory:
         a = self.states[1:]
         if bool((a <= 0).any()):
             raise ValueError("a trajectory's action has an entry <= 0 and no log_actions were kept: "
-                             "sample with policy.sample_log and pass log_actions (a clamp would bias Eq. 14)")
+                             "sample with policy.sample_log and pass log_actions (a clamp would bias Eq. 16)")
         return a.log()
 
 
@@ -80,7 +80,7 @@ def reinforce_loss(policy: TransitionPolicy, trajs: Sequence[Trajectory], epsilo
                    baseline: str = "none", entropy_grad: str = "full", entropy_kind: str = "categorical",
                    all_sum: Callable[[torch.Tensor], torch.Tensor] = _identity, n_groups: int | None = None
                    ) -> tuple[torch.Tensor, dict]:
-    """The negated Eq. 14 surrogate, averaged over trajectories, and diagnostics (batched over
+    """The negated Eq. 16 surrogate, averaged over trajectories, and diagnostics (batched over
     trajectories of different lengths with a mask).
 
     Data parallel: each rank passes its own trajectories and ``all_sum`` (a sum over ranks, see
@@ -89,8 +89,8 @@ def reinforce_loss(policy: TransitionPolicy, trajs: Sequence[Trajectory], epsilo
     calls in the same order, whatever its trajectories."""
     if baseline not in ("none", "group_mean"):
         raise ValueError(f"unknown baseline {baseline!r}: none or group_mean")
-    if entropy_grad not in ("full", "eq14"):
-        raise ValueError(f"unknown entropy_grad {entropy_grad!r}: full or eq14")
+    if entropy_grad not in ("full", "eq16"):
+        raise ValueError(f"unknown entropy_grad {entropy_grad!r}: full or eq16")
     bad = [i for i, tr in enumerate(trajs) if not math.isfinite(tr.reward)]
     if bad or not math.isfinite(alpha):
         raise NonFiniteError(f"reinforce_loss: trajectory {bad[0]} has reward {trajs[bad[0]].reward!r}" if bad
@@ -108,7 +108,7 @@ def reinforce_loss(policy: TransitionPolicy, trajs: Sequence[Trajectory], epsilo
         mask[i, : len(tr.states) - 1] = 1
     S, LA, mask = S.to(dev), LA.to(dev), mask.to(dev)
     prev, log_act = S[:, :-1].reshape(-1, K), LA.reshape(-1, K)
-    logp = (policy.log_prob_log(log_act, prev, epsilon).view(len(used), T) * mask).sum(1)  # Eq. 14: sum_t log pi~(a_t | s_t)
+    logp = (policy.log_prob_log(log_act, prev, epsilon).view(len(used), T) * mask).sum(1)  # Eq. 16: sum_t log pi~(a_t | s_t)
     H = (policy.entropy(prev, kind=entropy_kind).view(len(used), T) * mask).sum(1)  # sum_t H(pi(s_t))
     ret = torch.tensor([tr.reward for tr in used], device=dev, dtype=logp.dtype) + alpha * H.detach()
     n_used = float(all_sum(torch.tensor(float(len(used)), device=dev)))
@@ -249,7 +249,7 @@ class Trainer:
         return self.update(plan, trajs)
 
     def update(self, plan: "Plan", trajs: list[Trajectory]) -> dict:
-        """One Adam step of Eq. 14 on the trajectories sampled for ``plan``."""
+        """One Adam step of Eq. 16 on the trajectories sampled for ``plan``."""
         rl = self.cfg.rl
         slots, qs = plan.slots, range(plan.n_questions)
         for tr in trajs:  # the sampler numbers groups by position in its call; make them step-global

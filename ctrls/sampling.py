@@ -7,7 +7,7 @@ the whole batch, and each prompt's own suffix on its copy of the cache. With a C
 s_0 = Q_phi(x_0) encodes the prompt, and at every step boundary (a newline token) the next state
 s_{t+1} ~ pi~_theta(. | s_t) is drawn from the epsilon-greedy Dirichlet policy; the adapter then
 rewrites the last hidden state of every token position that predicts step t+1 with
-z_{t+1} = s_{t+1} Gamma (Eq. 7). The position rule of the design notes (book/design.md): the
+z_{t+1} = s_{t+1} Gamma (Eq. 8). The position rule of the design notes (book/design.md): the
 newline that ends step t is consumed by a forward pass whose logits (predicting step t+1's
 first token) already use the new state. Without a CTRLS model the loop is plain sampling: the
 "Base" rows of the paper's tables.

@@ -18,7 +18,7 @@ GPU the ~1,500 kernel launches of an eager step, not FLOPs or bandwidth, set the
   rows' wasted work stays below the live rows' work;
 - the one query token attends on the KV heads (``ctrls.kv_cache.packed_sdpa_attention``; compiled,
   transformers would copy the cache once per query head);
-- the step (decoder body, the CTRLS adapter of Eq. 7, the LM head and its top-k) is a function of
+- the step (decoder body, the CTRLS adapter of Eq. 8, the LM head and its top-k) is a function of
   tensors with no host synchronisation, compiled with ``torch.compile`` when ``sampling.compile``
   asks for it (``reduce-overhead``: CUDA-graph capture); the Gumbel-max draw among the top k from
   the counter-based streams follows it eagerly (``_step`` says why).
@@ -52,7 +52,7 @@ RECOMPILE_LIMIT = 64  # shapes one compiled step may meet (batch buckets x cache
 
 def _head_candidates(head, model, temperature: float, top_k: int, h: torch.Tensor,
                      state: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The draw's candidates from last hidden states: the adapter (Eq. 7, CTRLS), the LM head, top-k."""
+    """The draw's candidates from last hidden states: the adapter (Eq. 8, CTRLS), the LM head, top-k."""
     hh = model.adapt(h, state) if model is not None else h
     return candidates(head(hh[:, None])[:, 0], temperature, top_k)
 

@@ -1,4 +1,4 @@
-"""A controlled study of Alg. 2 (Eq. 13 and Eq. 14) on a synthetic latent chain whose optimum is known exactly.
+"""A controlled study of Alg. 2 (Eq. 14 and Eq. 16) on a synthetic latent chain whose optimum is known exactly.
 
 The real backbone of the demo almost never earns a reward, so its RL curves are flat. Here the same
 ``TransitionPolicy``, ``reinforce_loss`` and ``Trainer`` run on a small "reasoning" MDP in which
@@ -19,7 +19,7 @@ p_follow, else the easy path; the easy path continues; rows of answers and distr
 uniform; every row is mixed with ``noise`` uniform mass, so every entry is positive.
 
 **Actions and latent states.** The policy is ``ctrls.policy.TransitionPolicy`` as it is:
-a_t ~ pi~(. | s_{t-1}) (the eps-greedy Dirichlet of Eq. 13 and Eq. 14), and s_t = a_t, as in the LLM path
+a_t ~ pi~(. | s_{t-1}) (the eps-greedy Dirichlet of Eq. 14 and Eq. 16), and s_t = a_t, as in the LLM path
 (design notes, book/design.md: the next state is s_{t+1} = a). The latent state the reward sees is
 z_t = argmax_j a_tj, the state that dominates the draw (exact from log a: the argmax is the same).
 With this reading the policy sees its own state up to the soft mixing s_t softmax(L), as an LLM
@@ -64,7 +64,7 @@ from ctrls.streams import stream_key
 from ctrls.synthetic_claims import claims, claims_text, recovery_slope, welch_interval  # noqa: F401 (the page's API)
 
 _MASK = 2**63 - 1
-SETTINGS = ("none", "epsilon", "entropy", "both")  # the paper's four RL curves (App. F)
+SETTINGS = ("none", "epsilon", "entropy", "both")  # the paper's four RL curves (App. C.1, Figs. 4-5)
 
 
 @dataclass(frozen=True)
@@ -403,7 +403,7 @@ def plot_learning_curves(curves: pd.DataFrame, cfg: Config, smooth: int = 10):
 
 
 def plot_entropy(curves: pd.DataFrame):
-    """The four settings: the policy's categorical entropy (Eq. 13) over the visited states of each
+    """The four settings: the policy's categorical entropy (Eq. 14) over the visited states of each
     training step, and at the start state (exact) at each evaluation."""
     import matplotlib.pyplot as plt
     import seaborn as sns
@@ -421,7 +421,7 @@ def plot_entropy(curves: pd.DataFrame):
 
     integer_ticks(*axes)
     fig.tight_layout()
-    return show(fig, "Policy entropy (Eq. 13) per setting, mean and min–max band over seeds. Left: over the states "
+    return show(fig, "Policy entropy (Eq. 14) per setting, mean and min–max band over seeds. Left: over the states "
                      "visited in each training step; right: exactly, at the start state *s*<sub>0</sub>, at each evaluation.")
 
 

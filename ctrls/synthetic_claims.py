@@ -181,7 +181,7 @@ def _verdict(lo: float, hi: float, side: int) -> str:
 
 
 def claims(summary: pd.DataFrame, recovery: pd.DataFrame, cfg: Config) -> pd.DataFrame:
-    """The paper's claims about exploration in RL (App. F, Sec. 6.4), and our check of the transition
+    """The paper's claims about exploration in RL (App. C.1, Sec. 6.3), and our check of the transition
     fit, each measured on the study with a per-claim 95% interval over seeds that respects the
     quantity's range, a p-value, its Holm adjustment over the table, the family interval at level
     1 - 0.05/m over the table's m claims ("family CI", Bonferroni: the Holm verdict's footing), and
@@ -211,14 +211,14 @@ def claims(summary: pd.DataFrame, recovery: pd.DataFrame, cfg: Config) -> pd.Dat
     collapsed = none.start_entropy_final.mean() < tau
     p_tau = interval_p(lambda lv: welch_interval(none.start_entropy_final, bounds=ent_range, level=lv), tau)
     _, nlo, nhi = welch_interval(none.start_entropy_final, bounds=ent_range)
-    add("without entropy regularisation the policy collapses onto a few transitions", "App. F",
+    add("without entropy regularisation the policy collapses onto a few transitions", "App. C.1",
         f"entropy − none: start-state entropy after RL (nats); collapse: below {COLLAPSE_FRACTION:g} log K = {tau:.3f}",
         ent.start_entropy_final, none.start_entropy_final, ent_range, +1,
         f"none: {none.start_entropy_final.mean():.3f} nats after RL (95% CI [{nlo:.3f}, {nhi:.3f}]; "
         f"{'below' if collapsed else 'not below'} the threshold), entropy runs: {ent.start_entropy_final.mean():.3f}; "
         f"{seeds(none)}", extra_p=p_tau if collapsed else 1.0)
     add(f"entropy regularisation (α = {alpha:g}) prevents premature convergence onto high-probability, "
-        "sub-optimal transitions", "Sec. 6.4, App. F",
+        "sub-optimal transitions", "Sec. 6.3, App. C.1",
         "entropy − none: final fraction of held-out chains on the easy path", ent.easy_final, none.easy_final, unit, -1,
         f"entropy: {seeds(ent)}; none: {seeds(none)}; start-state entropy after RL "
         f"{ent.start_entropy_final.mean():.3f} vs {none.start_entropy_final.mean():.3f} nats")
@@ -229,17 +229,17 @@ def claims(summary: pd.DataFrame, recovery: pd.DataFrame, cfg: Config) -> pd.Dat
             f"α={a_max:g} − none (ε = 0): final fraction of held-out chains on the easy path",
             big.easy_final, none.easy_final, unit, -1,
             f"α={a_max:g}: {seeds(big)}; start-state entropy after RL {big.start_entropy_final.mean():.3f} nats")
-    add(f"ε-greedy sampling (ε = {eps:g}) improves RL over no exploration", "App. F, Table 2",
+    add(f"ε-greedy sampling (ε = {eps:g}) improves RL over no exploration", "App. C.1, Table 2",
         "epsilon − none: final held-out reward", epsr.reward_final, none.reward_final, unit, +1, f"epsilon: {seeds(epsr)}")
     others = {n: s for n, s in (("none", none), ("epsilon", epsr), ("entropy", ent))}
     best = max(others, key=lambda n: others[n].reward_mean.mean())
-    add("both together give the fastest and most stable gains", "App. F",
+    add("both together give the fastest and most stable gains", "App. C.1",
         f"both − best other ({best}): mean held-out reward over training", both.reward_mean, others[best].reward_mean,
         unit, +1, f"both: {seeds(both)}; final reward range {both.reward_final.max() - both.reward_final.min():.3f} "
         f"(best other: {others[best].reward_final.max() - others[best].reward_final.min():.3f})")
     lo_e, hi_e = min(e for e in cfg.synthetic.epsilons if e > 0), max(cfg.synthetic.epsilons)
     if hi_e > lo_e:
-        add(f"a mild ε ({lo_e:g}) beats a larger one ({hi_e:g})", "Sec. 6.4 (Llama)",
+        add(f"a mild ε ({lo_e:g}) beats a larger one ({hi_e:g})", "Sec. 6.3 (Llama)",
             f"ε={lo_e:g} − ε={hi_e:g} (α = 0): final held-out reward", runs(lo_e, 0).reward_final,
             runs(hi_e, 0).reward_final, unit, +1, f"ε={lo_e:g}: {seeds(runs(lo_e, 0))}; ε={hi_e:g}: {seeds(runs(hi_e, 0))}")
     e_max = max(cfg.synthetic.epsilons)

@@ -1,4 +1,4 @@
-"""The rubric judge (Table 3, App. D): parsing fallbacks, retries, caching, key hygiene, and a
+"""The rubric judge (Table 3, App. E): parsing fallbacks, retries, caching, key hygiene, and a
 real ``transformers serve`` server."""
 import json
 import math

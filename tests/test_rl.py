@@ -1,4 +1,4 @@
-"""REINFORCE (Eq. 14) on a synthetic MDP whose reward depends only on the state sequence."""
+"""REINFORCE (Eq. 16) on a synthetic MDP whose reward depends only on the state sequence."""
 import math
 
 import numpy as np
@@ -119,9 +119,9 @@ def test_entropy_bonus_keeps_the_policy_entropy_higher(tmp_path):
     assert ent[0.1] > ent[0.0] + 0.15
 
 
-@pytest.mark.parametrize("eps,alpha,entropy_grad", [(0.1, 0.01, "full"), (0.0, 0.5, "eq14"), (0.3, 0.0, "full")])
+@pytest.mark.parametrize("eps,alpha,entropy_grad", [(0.1, 0.01, "full"), (0.0, 0.5, "eq16"), (0.3, 0.0, "full")])
 def test_loss_gradient_equals_a_per_trajectory_reference(eps, alpha, entropy_grad):
-    """reinforce_loss's gradient against Eq. 14 written out per trajectory with torch.distributions:
+    """reinforce_loss's gradient against Eq. 16 written out per trajectory with torch.distributions:
     -(1/N) sum_i [(R_i + alpha sum_t H_t) sum_t grad log pi~(a_t | s_t)] (- alpha/N sum_i sum_t grad H_t, 'full')."""
     policy = TransitionPolicy(K, concentration=5.0)
     with torch.no_grad():

@@ -103,7 +103,7 @@ def test_fresh_ctrls_greedy_equals_base_greedy(tiny_llama):
                    generator=seeded(0))
     assert [[g.token_ids for g in gs] for gs in ctrls] == [[g.token_ids for g in gs] for gs in base]
     assert all(g.states is not None and g.states.shape[1] == 4 for gs in ctrls for g in gs)
-    for g in (g for gs in ctrls for g in gs):  # the exact log-actions of Eq. 14 ride along with the states
+    for g in (g for gs in ctrls for g in gs):  # the exact log-actions of Eq. 16 ride along with the states
         assert g.log_actions.dtype == torch.float64 and g.log_actions.shape == g.policy_states[1:].shape
         torch.testing.assert_close(g.log_actions.exp().float(), g.policy_states[1:])
         n = len(g.states)  # the per-step states are the first draws of the trajectory
@@ -358,15 +358,15 @@ def test_fixed_state_follows_the_design_rule_on_the_real_backbone(smollm):
     assert _teacher_forced(smollm, model, ids, g, g.states[0]) == g.token_ids
 
 
-# ---- Eq. 14 sees every state draw that conditioned a sampled token ------------------------------
+# ---- Eq. 16 sees every state draw that conditioned a sampled token ------------------------------
 
 
 @pytest.mark.parametrize("script", [["x", "\n", " x", "\n", "EOS"], ["x", "\n", " x", "\n", " ", "EOS"]],
                          ids=["step-then-EOS", "step-then-whitespace-then-EOS"])
-def test_every_draw_that_conditioned_a_token_enters_eq14(tiny_llama, monkeypatch, script):
+def test_every_draw_that_conditioned_a_token_enters_eq16(tiny_llama, monkeypatch, script):
     """Scripted tokens "x\n x\n EOS": s_1 is drawn before "x", s_2 when step 1 closes, s_3 when step 2
     closes; s_3 conditioned the EOS draw (and the whitespace before it), so all three draws are
-    Eq. 14's actions, though only two steps exist. Counts the draws, then checks the loss sees them."""
+    Eq. 16's actions, though only two steps exist. Counts the draws, then checks the loss sees them."""
     import ctrls.decoding as decoding
     import ctrls.sampling as sampling_mod
     from ctrls.rl import Trajectory, reinforce_loss

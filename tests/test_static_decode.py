@@ -74,7 +74,7 @@ def test_static_equals_engine_greedy_with_padding(tiny_qwen2):
 
 def test_static_equals_engine_ctrls_lockstep(tiny_qwen2, monkeypatch):
     """CTRLS with a state redraw at most tokens, three policies and epsilons in one batch (lockstep RL),
-    rows ending at different times: tokens, states and Eq. 14's log-actions equal the engine's."""
+    rows ending at different times: tokens, states and Eq. 16's log-actions equal the engine's."""
     _frequent_boundaries(monkeypatch)
     _many_eos(tiny_qwen2, monkeypatch)
     moves = _count_bucket_moves(monkeypatch)

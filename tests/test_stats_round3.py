@@ -57,7 +57,7 @@ def test_table1_family_interval_and_one_family_per_comparison():
 
 
 def test_scorecard_judges_controllability_on_the_epsilon_rows():
-    """Eq. 7 is judged on the epsilon rows against their coincidence reference; the fixed-s0 row is
+    """Eq. 8 is judged on the epsilon rows against their coincidence reference; the fixed-s0 row is
     reported separately and cannot change the verdict."""
     from ctrls.stages.scorecard import controllability_claim
 

@@ -1,4 +1,4 @@
-"""The judge stage (Table 3, Appendix D): subsample the Base and RL outputs of the judged pair,
+"""The judge stage (Table 3, Appendix E): subsample the Base and RL outputs of the judged pair,
 score them with the rubric judge (``ctrls.judge``) and cache every reply under ``runs/<profile>/judge``.
 """
 from __future__ import annotations

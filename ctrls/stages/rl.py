@@ -85,7 +85,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         stage.begin(force=force)  # takes the stage's lock: one writer per stage (ctrls.runs)
     try:
         w.barrier()
-        _train_and_sample(cfg, stage, w, progress)  # Alg. 2: sample with pi~, reward, Eq. 14 update
+        _train_and_sample(cfg, stage, w, progress)  # Alg. 2: sample with pi~, reward, Eq. 16 update
         w.barrier()
         if w.is_main:
             stage.finish(pairs=len(cfg.pairs()))  # releases the lock
@@ -98,7 +98,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
 
 def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool) -> None:
     """The body of :func:`run_rl`, between the stage's begin and finish."""
-    # Alg. 2: sample trajectories with pi~ (ctrls.sampling), reward, Eq. 14 update per run
+    # Alg. 2: sample trajectories with pi~ (ctrls.sampling), reward, Eq. 16 update per run
     import copy
 
     rl = cfg.rl
@@ -152,7 +152,7 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool) -> None:
             return out
 
         def trajectories(res) -> list[Trajectory]:
-            # Eq. 14's trajectory: every state draw that conditioned a sampled token (Generation.policy_states)
+            # Eq. 16's trajectory: every state draw that conditioned a sampled token (Generation.policy_states)
             return [Trajectory(states=x.policy_states if x.policy_states is not None else x.states[:1],
                                reward=float(grade(x.text, p.answer).correct), group=gi, log_actions=x.log_actions)
                     for gi, (p, gs) in enumerate(res) for x in gs]

@@ -73,7 +73,7 @@ def _mdd_note(mdd: dict, key: str, verdict: str = NOT_SUPPORTED) -> str:
 
 
 def controllability_claim(ct: pd.DataFrame, mdd: dict, page: str) -> Claim | None:
-    """Eq. 7's row from ``tables.controllability_table``: judged on the epsilon rows (the claim's own
+    """Eq. 8's row from ``tables.controllability_table``: judged on the epsilon rows (the claim's own
     test) against their coincidence reference, Base steps paired with chains drawn by the same
     epsilon-greedy policy; the fixed-s0 row (the adapter holding one state) is reported beside it,
     separately, and does not enter the verdict. None when no row has a comparison."""
@@ -86,7 +86,7 @@ def controllability_claim(ct: pd.DataFrame, mdd: dict, page: str) -> Claim | Non
     sep = "; ".join(f"{r.dataset}: {100 * r.follows:.1f}% of steps stay in s0 vs {100 * r['Base, random states']:.1f}% "
                     f"of Base steps, {pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}" for _, r in fixed.iterrows())
     v = _combine([claim_verdict(r["Δ vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"]) for _, r in eps.iterrows()])
-    return Claim("generation follows the sampled latent state", "Eq. 7",
+    return Claim("generation follows the sampled latent state", "Eq. 8",
                  "ε rows, steps that land in their sampled state vs Base steps paired with chains drawn by the same "
                  f"policy: {ev}" + (f". Reported separately, the fixed-s0 row (one state held, not the claim's test): "
                                     f"{sep}" if sep else ""),
@@ -150,7 +150,7 @@ def synthetic_claims(cfg: Config) -> list[Claim]:
     try:
         curves, recovery = study.load_curves(cfg), study.load_recovery(cfg)
     except FileNotFoundError:
-        return [Claim("the synthetic study's claims", "App. F, Sec. 6.4", "", NOT_RUN, page)]
+        return [Claim("the synthetic study's claims", "App. C.1, Sec. 6.3", "", NOT_RUN, page)]
     c = synthetic.claims(synthetic.run_summary(curves), recovery, cfg)
     return [Claim(r.claim, f"synthetic; {r.paper}",
                   f"{r.measure}: {'not computed' if pd.isna(r.value) else format(r.value, 'g')}, 95% CI {r['95% CI']}"
