@@ -1,4 +1,4 @@
-"""Final answers y, the reward 1{y = y*} (Sec. 5.4, Eq. 16), and Table 1's "valid answer" (Succ.).
+"""Final answers y, the reward 1{y = y*} (Sec. 5.4, Eq. 12), and Table 1's "valid answer" (Succ.).
 
 The answer policy of this project (also on the book's method page, "Answer checking"):
 
