@@ -71,6 +71,7 @@ def test_controls_table_pairs_questions():
     assert t.loc["posterior (soft)", "vs no adapter"] == pytest.approx(0.2)
     assert t.loc["posterior (soft)", "95% CI (paired)"] == "[0.200, 0.200]"  # the same gain on every question
     assert t.loc["no adapter", "log P / token"] == pytest.approx(-1.2)
+    assert t.loc["no adapter", "95% CI (paired)"] == "—"  # the reference row is not compared with itself
     assert ratio_interval([1.0], [2.0], 0) != ratio_interval([1.0], [2.0], 0)  # nan: one question, no interval
 
 

@@ -215,8 +215,11 @@ def controls_table(controls: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame({"state given to the adapter": t.condition, "questions": t.questions, "steps": t.steps,
                          "tokens": t.tokens, "log P / token": t.logp_per_token.round(3),
                          "95% CI": [interval(a, b, 3) for a, b in zip(t.lo, t.hi)],
-                         "vs no adapter": t.delta.round(3),
-                         "95% CI (paired)": [interval(a, b, 3) for a, b in zip(t.delta_lo, t.delta_hi)]})
+                         # the reference row against itself has no difference to show
+                         "vs no adapter": [float("nan") if c == "no adapter" else round(d, 3)
+                                           for c, d in zip(t.condition, t.delta)],
+                         "95% CI (paired)": ["—" if c == "no adapter" else interval(a, b, 3)
+                                             for c, a, b in zip(t.condition, t.delta_lo, t.delta_hi)]})
 
 
 def check_bound_keys(cfg: Config) -> None:
