@@ -435,3 +435,49 @@ def test_fit_concentration_recovers_the_dirichlet_precision_of_known_draws():
     assert fits == sorted(fits)
     with pytest.raises(ValueError, match="must both be"):
         fit_concentration(prev[:, :3], a[:, :3], L)
+
+
+def test_the_transitions_stage_fits_c_and_the_model_uses_it(tmp_path):
+    """policy.fit_concentration: the transitions stage saves the fitted c beside L and reports it; the
+    model built from the stage's outputs samples with that c; off (the default) it keeps
+    policy.concentration and saves no c."""
+    import types
+
+    from ctrls.config import load_config
+    from ctrls.policy import fit_concentration, sample_dirichlet_log
+    from ctrls.stages.pretrain import build_model, fit_transition_model, transition_pairs
+
+    g = torch.Generator().manual_seed(1)
+    K, Q, T = 4, 60, 5
+    L_true = torch.randn(K, K, generator=g)
+    s0 = torch.softmax(torch.randn(Q, K, generator=g) * 3, -1)
+    index, post = [], []
+    for q in range(Q):
+        prev = s0[q]
+        for t in range(T):
+            a = sample_dirichlet_log((3.0 * prev @ torch.softmax(L_true, -1)).clamp(min=1e-3), g).exp().float()
+            post.append(a)
+            index.append((q, 0, t))
+            prev = a
+    st = {"index": torch.tensor(index), "s_post": torch.stack(post), "s0": s0,
+          "heldout": torch.zeros(len(index), dtype=torch.bool), "centroids": torch.randn(K, 2),
+          "requested_k": torch.tensor(K), "tau": torch.tensor(1.0)}
+    (tmp_path / "states").mkdir()
+    torch.save(st, tmp_path / "states" / "states.pt")
+    bb = types.SimpleNamespace(hidden_size=8)
+    for fit in (True, False):
+        out = tmp_path / f"transitions_{fit}"
+        out.mkdir()
+        cfg = load_config("smoke", [f"policy.fit_concentration={str(fit).lower()}", "policy.concentration=20"])
+        summary = fit_transition_model(cfg, tmp_path / "states", out)
+        tr = torch.load(out / "transitions.pt", weights_only=True)
+        model = build_model(cfg, bb, st, tr)
+        c_model = float(model.policy.log_c.exp())
+        if fit:
+            prev, nxt = transition_pairs(st)
+            want, _ = fit_concentration(prev, nxt, tr["L"])
+            assert summary["concentration"] == pytest.approx(want) and float(tr["c"]) == pytest.approx(want)
+            assert c_model == pytest.approx(want, rel=1e-5) and 1.0 < want < 10.0  # near the 3 it was drawn with
+        else:
+            assert "c" not in tr and "concentration" not in summary
+            assert c_model == pytest.approx(20.0, rel=1e-5)
