@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -81,7 +82,8 @@ def main():
                        "samples": {k: int(v) for k, v in acc["size"].items()}})
         print(f"c = {c:g}: " + "; ".join(f"{k}: follows {v['follows']:.3f} vs {v['Base, random states']:.3f}"
                                          for k, v in rows.items()), flush=True)
-    res = {"fitted_c": c_fit, "fit": fit_info, "points": points, "grid": {"profile": "demo", "overrides": over},
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    res = {"commit": commit, "fitted_c": c_fit, "fit": fit_info, "points": points, "grid": {"profile": "demo", "overrides": over},
            "pretrained": args.pretrained, "command": "python bench/concentration.py --pretrained runs/demo "
            "--out bench/results/concentration.json", "machine": machine()}
     shutil.rmtree(tmp, ignore_errors=True)

@@ -181,3 +181,42 @@ def granularity_table(e: torch.Tensor, texts, ks=(4, 8, 16, 32), seed: int = 0) 
                      "move purity": round(float(tab.max(axis=1).sum() / len(hard)), 3),
                      "coincidence": round(float((p ** 2).sum()), 3)})
     return pd.DataFrame(rows)
+
+
+CONCENTRATION_RESULT = "bench/results/concentration.json"
+
+
+def concentration_result_path():
+    """Where the repository keeps the stored ``bench/concentration.py`` result (None when absent)."""
+    from pathlib import Path
+
+    p = Path(__file__).resolve().parents[1] / CONCENTRATION_RESULT
+    return p if p.exists() else None
+
+
+def concentration_frame(path) -> "pd.DataFrame":
+    """The points of a ``bench/concentration.py`` result: one row per (Dirichlet concentration c, CTRLS
+    row) with the follows-its-state rate, its coincidence reference (Base steps against chains drawn from
+    the same policy), each with its 95% interval, the row's pass@1 and Base's, and n. The fitted c is in
+    ``attrs``. A missing field or a non-finite rate is a clear error."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    path = Path(path)
+    try:
+        res = json.loads(path.read_text())
+        rows = [{"c": p["c"], "row": row, "steps": v["steps"], "follows": v["follows"], "follows_lo": v["follows lo"],
+                 "follows_hi": v["follows hi"], "coincidence": v["Base, random states"],
+                 "coincidence_lo": v["Base, random states lo"], "coincidence_hi": v["Base, random states hi"],
+                 "pass@1": p["pass@1"][row], "Base pass@1": p["pass@1"]["Base"], "samples": p["samples"][row]}
+                for p in res["points"] for row, v in p["controllability"].items()]
+        fitted = float(res["fitted_c"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a readable bench/concentration.py result ({type(e).__name__}: {e})") from e
+    df = pd.DataFrame(rows).sort_values(["row", "c"]).reset_index(drop=True)
+    if df.empty or not np.isfinite(df[["c", "follows", "coincidence", "pass@1"]].to_numpy(dtype=float)).all():
+        raise ValueError(f"{path}: a bench/concentration.py result with no points or a NaN/Inf rate")
+    df.attrs.update({"fitted_c": fitted, "machine": res.get("machine", {}), "commit": res.get("commit", "?")})
+    return df

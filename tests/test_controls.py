@@ -161,3 +161,28 @@ def test_smoke_adapter_keeps_its_best_heldout_epoch_and_reports_controls(smoke_r
     t = run.controls_table()
     assert t["state given to the adapter"].tolist() == list(CONDITIONS)
     assert t.loc[0, "vs no adapter"] == 0.0 and "Adam steps" in run.schedule()
+
+
+def test_concentration_frame_reads_points_and_refuses_bad_results(tmp_path):
+    import json
+
+    from ctrls.controls import concentration_frame
+
+    def point(c, f):
+        ctl = {"follows": f, "follows lo": f / 2, "follows hi": f * 2, "Base, random states": 0.07,
+               "Base, random states lo": 0.03, "Base, random states hi": 0.2, "steps": 300}
+        return {"c": c, "controllability": {"eps=0.1": ctl, "eps=0": dict(ctl, follows=f / 2)},
+                "pass@1": {"Base": 0.2, "eps=0.1": 0.3, "eps=0": 0.25}, "samples": {"Base": 160, "eps=0.1": 160, "eps=0": 160}}
+
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"fitted_c": 4.2, "points": [point(20.0, 0.1), point(1.0, 0.12)]}))
+    df = concentration_frame(f)
+    e = df[df.row == "eps=0.1"]
+    assert e.c.tolist() == [1.0, 20.0] and e.follows.tolist() == [0.12, 0.1] and df.attrs["fitted_c"] == 4.2
+    assert df[df.row == "eps=0"].follows.tolist() == [0.06, 0.05] and (df["Base pass@1"] == 0.2).all()
+    f.write_text(json.dumps({"fitted_c": 4.2, "points": [point(1.0, float("nan"))]}))
+    with pytest.raises(ValueError, match="NaN"):
+        concentration_frame(f)
+    f.write_text(json.dumps({"points": [point(1.0, 0.1)]}))
+    with pytest.raises(ValueError, match="not a readable bench/concentration.py result"):
+        concentration_frame(f)
