@@ -51,7 +51,7 @@ def compare(new: pd.DataFrame, old: pd.DataFrame) -> dict:
     for a, b in zip(new.encoded[same_text], old.encoded[same_text]):
         a, b = list(a), list(b)
         assert len(a) == len(b)
-        eq += sum(x == y for x, y in zip(a, b))
+        eq += int(sum(x == y for x, y in zip(a, b)))  # a plain int: numpy's int64 is not JSON
         tot += len(a)
     base = new.config == "Base"
     pick = base & same_text
