@@ -97,13 +97,19 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
                       past_key_values=cache, use_cache=True, output_hidden_states=want))
         # generated token j sits at position P + j: step [a, b) is h[i, a:b] (pretraining's H[1+a : 1+b])
         steps = [feature_precision(h[i, a:b]) for i, g in enumerate(gens) for a, b in g.spans]
-    hard = model.assign(model.embed(steps)).argmax(-1).tolist() if steps else []  # Q_phi: Eq. 5, nearest centroid (Sec. 5.2)
-    out_states, k = [], 0
-    for g in generations:
-        m = len(g.spans) if len(g.token_ids) else 0
-        out_states.append(hard[k:k + m])
-        k += m
-    return s0.float().cpu(), out_states
+    counts = [len(g.spans) if len(g.token_ids) else 0 for g in generations]
+    return s0.float().cpu(), step_states(model, steps, counts)
+
+
+def step_states(model: "CTRLSModel", steps: Sequence[torch.Tensor], counts: Sequence[int]) -> list[list[int]]:
+    """Q_phi's hard state of each step (its hidden states (n_i, d), in order), split into consecutive groups
+    of ``counts`` steps (one per generation): the spectral embedding (Eq. 5) and the nearest centroid."""
+    hard = model.assign(model.embed(list(steps))).argmax(-1).tolist() if steps else []  # Q_phi: Eq. 5, nearest centroid (Sec. 5.2)
+    out, k = [], 0
+    for c in counts:
+        out.append(hard[k:k + c])
+        k += c
+    return out
 
 
 @torch.no_grad()

@@ -422,10 +422,6 @@ class StepReader:
             spans = r.spans if r.tokens else []
             steps += [H[a:b].float() for a, b in spans]
             counts.append(len(spans))
-        m = self.model
-        hard = m.assign(m.embed(steps)).argmax(-1).tolist() if steps else []
-        out, k = [], 0
-        for c in counts:
-            out.append(hard[k:k + c])
-            k += c
-        return out
+        from ctrls.controllability import step_states
+
+        return step_states(self.model, steps, counts)
