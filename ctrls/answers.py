@@ -6,7 +6,11 @@ The answer policy of this project (also on the book's method page, "Answer check
    (or "The final answer is X"; any case, an optional colon) or by ``\\boxed{X}`` (or
    ``\\fbox{X}``; braces matched). Whatever their kinds, the marker that comes last in the text
    gives the answer. After ``####`` and "the answer is", X is the rest of the line up to the first
-   sentence end outside math, with ``**``, ``$`` signs, ``\\(...\\)`` and a final period removed.
+   sentence end outside math, with ``**``, ``$`` signs, ``\\(...\\)`` and a final period removed; it
+   also ends where the next marker starts, so a doubled or closing ``####`` ("#### 42 ####") is
+   never part of the answer. A lone surrogate in the text is no character: it is read as U+FFFD, a
+   character lost in decoding, and an answer holding one is no answer (it may have lost a digit),
+   so the marker before it is read instead.
    A marker with nothing readable after it (a trailing ``####``, "The answer is.", an empty or
    unclosed ``\\boxed{``) is passed over for the marker before it, and so is a marker whose text
    is not answer-like (:func:`answer_like`: it does not start with a number, a sign, a bracket or a
@@ -39,10 +43,15 @@ The answer policy of this project (also on the book's method page, "Answer check
      prediction equals only a gold that normalises to the same text;
    - writes a number in scientific notation as a plain decimal ("1e-05" is "0.00001").
    It also unwraps ``\\text{}``, ``\\textbf{}``, ``\\textrm{}``, ``\\mathrm{}`` and ``\\mbox{}``,
-   reads "−" as "-", and removes LaTeX spacing, a final period, a leading ``x =``, thousands
-   separators (``1,000`` and ``12,345.5``, not the tuple ``(1,2)`` or ``1,0000``) and trailing
-   zero decimals (``18.00``).
+   reads "−" as "-", and an en-dash "–" as "-" too, except between two numbers, where it is a range
+   ("3–5": no number, equal only to the same range), and removes LaTeX spacing, a final period, a
+   leading ``x =``, thousands separators (``1,000`` and ``12,345.5``, not the tuple ``(1,2)`` or
+   ``1,0000``; a space, no-break, thin or narrow no-break space in groups of three at the start:
+   ``12 345`` is 12345, ``1 2`` and ``1 0000`` stay as written) and trailing zero decimals (``18.00``).
 3. **math-verify decides equality.** Two normalised strings that are identical are equal;
+   two plain decimal numbers are equal as written, to the last digit (``0.5`` = ``0.50``, but
+   ``2.5000001`` is not ``2.5`` and ``3.14159`` is not the gold ``3.14``: a gold's decimals are its
+   precision, and math-verify's rounding to 6 places is not applied to them);
    otherwise ``math_verify.parse``/``verify`` compares them (gold first, with a timeout), so
    ``1/2`` equals ``0.5`` and ``x^2+1`` equals ``1+x^2``. A math-verify timeout or error counts as
    not equal (and is logged). A prediction that is not answer-like (prose: "Monday", "no
@@ -54,7 +63,8 @@ The answer policy of this project (also on the book's method page, "Answer check
    regexes split digits one way only, so they backtrack linearly: 1 MB of any text is graded in
    well under a second.
 
-Golds (:func:`gold_problem`): a gold must survive :func:`normalize` ("$" or "%" alone does not)
+Golds (:func:`gold_problem`): a gold must survive :func:`normalize` ("$" or "%" alone does not),
+hold no ``####`` marker and no lone surrogate or U+FFFD,
 and verify against what a model writes to state it (``\\boxed{gold}``, "The answer is gold");
 ``ctrls.data`` skips and counts a row whose gold does not, and writes JSON numbers without an
 exponent (``1e-05`` -> ``0.00001``).
@@ -162,6 +172,20 @@ _NOT_UNITS = re.compile(r"\b(?:and|or|to|plus|minus|times|by|over|divided|than|o
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # 1,000 but not (1,2) or 1,0000
 _VAR_EQ = re.compile(r"^[A-Za-z]\s*=\s*(?=[^=]+$)")  # "x = 5" -> "5"
 _TEXT = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\{([^{}]*)\}")
+# an en-dash between two numbers is a range ("3–5"); anywhere else it is a minus sign ("–5", "x – 1")
+EN_DASH = "\u2013"
+_RANGE = re.compile(rf"(?<=\d)\s*{EN_DASH}\s*(?=[-+]?\.?\d)")
+# digits grouped by threes with a space (or a no-break, thin or narrow no-break space): "12 345", "1 000 000.5"
+_SPACE_GROUPS = re.compile(r"^([-+]?\d{1,3}(?:[ \u00a0\u2009\u202f]\d{3})+(?:\.\d+)?)(?![\d.,]|[ \u00a0\u2009\u202f]\d)")
+_DECIMAL = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")  # a plain decimal number, after normalize
+LOST = "\ufffd"  # what a lone surrogate (or a character lost in decoding) is read as
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def readable_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD: a lone surrogate is no character (it
+    cannot be written to a UTF-8 file), so it is read as a character lost in decoding."""
+    return _SURROGATE.sub(LOST, text)
 
 
 def _first_sentence(s: str) -> str:
@@ -219,15 +243,17 @@ def extract_answer(text: str) -> str | None:
     """
     if not text:
         return None
-    text = text[-MAX_TEXT_CHARS:]
+    text = readable_text(text[-MAX_TEXT_CHARS:])
     fallback = None  # the last readable answer, used when no marker's answer is answer-like
+    after = len(text)  # where the next marker starts: the text after a marker ends there ("#### 42 ####")
     for m in reversed(list(_MARKER.finditer(text))[-MAX_MARKERS:]):
         if m.group().startswith("\\"):
             boxed = boxed_at(text, m.start(), MAX_ANSWER_CHARS)
             ans = None if boxed is None else _clean(boxed)
         else:
-            ans = _clean(text[m.end():m.end() + MAX_ANSWER_CHARS + 2])
-        if ans is None:
+            ans = _clean(text[m.end():min(after, m.end() + MAX_ANSWER_CHARS + 2)])
+        after = m.start()
+        if ans is None or LOST in ans:  # nothing readable, or a character of it was lost: no answer
             continue
         if answer_like(ans):
             return ans
@@ -275,7 +301,9 @@ def normalize(ans: str) -> str:
     units, percent, currency and degree symbols dropped; see the module docstring for the list)."""
     if len(ans) > MAX_ANSWER_CHARS:  # no answer is this long: returned as is (verify refuses it), in linear time
         return ans.strip()
-    s = ans.strip().replace("\u2212", "-")
+    s = readable_text(ans.strip()).replace("\u2212", "-")
+    if EN_DASH in s:  # a range keeps its dash ("3 – 5" -> "3–5": no number); any other en-dash is a minus
+        s = re.sub(rf"(?<!\d){EN_DASH}|{EN_DASH}(?![-+]?\.?\d)", "-", _RANGE.sub(EN_DASH, s))
     for _ in range(2):  # \textbf{\text{12}}
         s = _TEXT.sub(r"\1", s)
     s = _CURRENCY.sub("", s)
@@ -283,6 +311,7 @@ def normalize(ans: str) -> str:
     s = _DEGREES.sub("", s)
     s = s.replace("\\!", "").replace("\\,", "").replace("{,}", ",")
     s = re.sub(r"(?<!\\)\\[;: ]|~", " ", s).strip()  # not the "\\ " of a matrix row end
+    s = _SPACE_GROUPS.sub(lambda m: re.sub(r"\s", "", m.group(1)), s)  # "12 345" -> "12345"
     s = re.sub(r"(?<!\.)\.$", "", s)  # one final period ("i." in a gold), not an ellipsis
     s = _VAR_EQ.sub("", s.strip()).strip()
     s = _scale(s)
@@ -335,6 +364,12 @@ def verify(gold: str, pred: str | None, timeout_s: float = 5.0) -> bool:
         return False
     if g == q:
         return True
+    if LOST in q:  # a character of it was lost in decoding: no answer
+        return False
+    if _DECIMAL.fullmatch(g) and _DECIMAL.fullmatch(q):  # two decimals: equal as written, to the last digit
+        return Decimal(g) == Decimal(q)
+    if EN_DASH in q or EN_DASH in g:  # a range ("3–5") is no number: equal only as the same text
+        return False
     if len(q) > MAX_VERIFY_CHARS or _VALUE_WORDS.search(q):
         return False  # too long to be an answer, or words that change the value and were not scaled: refused
     if not _ANSWER_LIKE.match(q):  # prose ("Monday", "no solution"): equal as text, case aside
@@ -369,6 +404,10 @@ def gold_problem(gold: str) -> str | None:
         return f"the gold answer cannot be normalised ({type(e).__name__})"
     if not g:
         return "the gold answer is empty once units, percent and currency symbols are dropped"
+    if _SURROGATE.search(gold) or LOST in gold:
+        return "the gold answer holds a lone surrogate or U+FFFD (a character lost in decoding)"
+    if "####" in gold:
+        return "the gold answer holds the answer marker '####' (the loader did not strip it)"
     if len(g) > MAX_ANSWER_CHARS:
         return f"the gold answer is longer than {MAX_ANSWER_CHARS} characters"
     for written in (f"\\boxed{{{gold}}}", f"The answer is {gold}"):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import unicodedata
 from pathlib import Path
 from typing import Iterable
 
@@ -28,10 +29,16 @@ HASH_CHARS = 12
 
 
 def file_name(name: str) -> str:
-    """An injective file-name component for ``name`` (module docstring)."""
+    """An injective file-name component for ``name`` (module docstring). Its readable slug spells
+    accented letters without their accents ("Größe_é" -> "Groe_e"; other letters are dropped); a name that is not a string is a
+    TypeError naming its type."""
+    if not isinstance(name, str):
+        raise TypeError(f"a file name is made from a string (a problem id, a setting's name), got "
+                        f"{type(name).__name__} {repr(name)[:80]}")
     if _PLAIN.fullmatch(name):
         return name
-    readable = _UNSAFE.sub("_", name).strip("._")[:60] or "x"
+    ascii_ = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
+    readable = _UNSAFE.sub("_", ascii_).strip("._")[:60] or "x"
     return f"{readable}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:HASH_CHARS]}"
 
 

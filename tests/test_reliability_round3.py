@@ -231,3 +231,187 @@ def test_a_table_given_no_samples_is_one_line(tmp_path, capsys, monkeypatch):
     assert e.value.code == 1 and len(lines) == 1
     assert lines[0].startswith("ctrls reproduce: stage 'summary' failed in cell 3: ValueError: no samples for 'correct'")
     assert "see the executed notebook" in lines[0]
+
+
+# ---- item 5: results of another config are never read as this one's -------------------------------
+
+def _cfg(tmp_path, *items):
+    return load_config("smoke", [f"run_dir={tmp_path}", *items])
+
+
+def _samples(n, correct=True, qid="q1"):
+    import pandas as pd
+    return pd.DataFrame([{"backbone": "b", "dataset": "d", "temperature": 0.7, "config": "Base", "epsilon": float("nan"),
+                          "question_id": qid, "sample_index": i, "valid": True, "correct": correct} for i in range(n)])
+
+
+def _finished_exploration(cfg, df, finish=True):
+    from ctrls.stages import exploration as E
+    stage = E._stage(cfg)
+    stage.begin()
+    out = E.samples_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    E.write_part(df, out / "part.parquet")
+    if finish:
+        stage.finish(samples=len(df))
+    else:
+        stage.release()
+    return out / "part.parquet"
+
+
+def test_exploration_samples_of_another_config_are_never_scored(tmp_path):
+    from ctrls.stages.common import NotRunError
+    from ctrls.stages.exploration import load_samples
+    from ctrls.stages.scorecard import demo_claims
+    two, four = _cfg(tmp_path, "grid.n_samples=2"), _cfg(tmp_path, "grid.n_samples=4")
+    _finished_exploration(two, _samples(2))
+    assert len(load_samples(two)) == 2  # the run of its own config is read
+    with pytest.raises(NotRunError, match=r"another config.*exploration stage with this config"):
+        load_samples(four)
+    claim = demo_claims(four)[0]
+    assert claim.verdict == "not run" and "another config" in claim.evidence
+
+
+def test_only_the_parts_the_finished_stage_recorded_are_read(tmp_path):
+    from ctrls.stages.exploration import load_samples, samples_dir, write_part
+    cfg = _cfg(tmp_path)
+    _finished_exploration(cfg, _samples(2))
+    write_part(_samples(2, qid="q-stray"), samples_dir(cfg) / "stray.parquet")  # written after the stage finished
+    assert set(load_samples(cfg).question_id) == {"q1"}
+
+
+def test_an_unfinished_exploration_is_not_scored(tmp_path):
+    from ctrls.stages.common import NotRunError
+    from ctrls.stages.exploration import load_samples
+    cfg = _cfg(tmp_path)
+    _finished_exploration(cfg, _samples(2), finish=False)
+    with pytest.raises(NotRunError, match="has not finished"):
+        load_samples(cfg)
+    assert len(load_samples(cfg, unfinished=True)) == 2  # the stage itself reads its parts before it finishes
+
+
+def _rl_curve(cfg, accuracy_ok=True):
+    import pandas as pd
+    from ctrls.stages.rl import _rl_stage
+    stage = _rl_stage(cfg)
+    stage.begin()
+    f = stage.dir / "b__d" / "eps_0.1__seed0" / "curve.parquet"
+    f.parent.mkdir(parents=True)
+    cbq = [[1, 0, 1], [1, 1, 1] if accuracy_ok else [1, float("nan"), 1]]
+    pd.DataFrame({"step": [0, 5], "kind": ["eval", "eval"], "correct_by_question": cbq,
+                  "samples_per_question": [1.0, 1.0], "setting": "eps=0.1", "seed": 0}).to_parquet(f)
+    stage.finish()
+    return f
+
+
+def test_rl_curves_of_another_config_are_never_scored(tmp_path):
+    from ctrls.stages.common import NotRunError
+    from ctrls.stages.rl import load_curves
+    _rl_curve(_cfg(tmp_path, "rl.steps=5"))
+    assert len(load_curves(_cfg(tmp_path, "rl.steps=5"))) == 2
+    with pytest.raises(NotRunError, match="another config"):
+        load_curves(_cfg(tmp_path, "rl.steps=6"))
+
+
+# ---- item 6: the scorecard's states ----------------------------------------------------------------
+
+def test_the_scorecard_says_not_run_for_a_stage_that_did_not_run(tmp_path):
+    from ctrls.stages.scorecard import demo_claims, synthetic_claims
+    claims = demo_claims(_cfg(tmp_path)) + synthetic_claims(_cfg(tmp_path))
+    assert [c.verdict for c in claims] == ["not run"] * 3
+    assert "has not run" in claims[0].evidence
+
+
+def test_a_grid_with_nothing_to_compare_is_no_comparison_not_a_verdict(tmp_path):
+    from ctrls.stages.scorecard import demo_claims
+    cfg = _cfg(tmp_path, "grid.epsilons=[]", "grid.fixed_state=false")
+    _finished_exploration(cfg, _samples(2))  # Base only, and run
+    claims = {c.claim: c for c in demo_claims(cfg)}
+    exploration = [c for c in claims.values() if c.page.endswith("02_exploration")]
+    assert len(exploration) == 3
+    assert all(c.verdict == "no comparison in this profile" and "grid.epsilons is empty" in c.evidence
+               for c in exploration)
+
+
+def test_the_combined_verdict_of_no_rows_is_not_a_direction():
+    from ctrls.stages.scorecard import _combine
+    assert _combine([]) == "not computed"
+
+
+def test_exploration_results_holding_nan_are_unreadable_naming_the_file(tmp_path):
+    from ctrls.stages.common import UnreadableResultsError
+    from ctrls.stages.exploration import load_samples
+    from ctrls.stages.scorecard import demo_claims
+    cfg = _cfg(tmp_path)
+    part = _finished_exploration(cfg, _samples(2, correct=float("nan")))
+    with pytest.raises(UnreadableResultsError, match=r"part\.parquet.*NaN in column 'correct'"):
+        load_samples(cfg)
+    assert demo_claims(cfg)[0].verdict == f"unreadable: {part}"
+
+
+def test_rl_curves_holding_nan_are_unreadable_naming_the_file(tmp_path):
+    from ctrls.stages.scorecard import demo_claims
+    cfg = _cfg(tmp_path, "rl.steps=5")
+    f = _rl_curve(cfg, accuracy_ok=False)
+    rl = [c for c in demo_claims(cfg) if c.page.endswith("03_rl")][0]
+    assert rl.verdict == f"unreadable: {f}" and "NaN in column 'correct_by_question'" in rl.evidence
+
+
+# ---- item 11: answers, decided by the policy (ctrls/answers.py) -----------------------------------
+
+@pytest.mark.parametrize("text,gold,correct", [
+    ("The answer is –5.", "-5", True), ("#### -5", "–5", True), ("#### 2 – x", "2-x", True),  # a sign: a minus
+    ("The answer is 3–5.", "3", False), ("The answer is 3 – 5.", "-2", False),  # between numbers: a range, no number
+    ("The answer is 3–5.", "3–5", True)])
+def test_an_en_dash_is_a_minus_except_between_two_numbers(text, gold, correct):
+    from ctrls.answers import grade
+    assert grade(text, gold).correct is correct
+
+
+@pytest.mark.parametrize("text,gold,correct", [
+    ("The answer is 12 345.", "12345", True), ("#### 1 000 000", "1000000", True), ("#### 12\u00a0345", "12345", True),
+    ("#### 12\u202f345.5", "12345.5", True), ("#### 12 345 dollars", "12345", True), ("#### 12345", "12 345", True),
+    ("#### 1 2", "12", False), ("#### 12 34", "1234", False), ("#### 1 0000", "10000", False)])
+def test_a_space_separates_thousands_only_in_groups_of_three(text, gold, correct):
+    from ctrls.answers import grade
+    assert grade(text, gold).correct is correct
+
+
+@pytest.mark.parametrize("pred,gold,correct", [
+    ("0.5", "0.50", True), ("18.0", "18", True), ("+5", "5", True),  # the same decimal, however many zeros
+    ("2.5000001", "2.5", False), ("2.0000001", "2", False), ("3.14159", "3.14", False), ("3.1", "3.14", False)])
+def test_decimals_are_equal_as_written_to_the_golds_last_digit(pred, gold, correct):
+    from ctrls.answers import verify
+    assert verify(gold, pred) is correct
+
+
+@pytest.mark.parametrize("text", ["#### 42 ####", "#### #### 42", "########42", "#### 42 ####\n", "The answer is 42 ####"])
+def test_a_doubled_marker_is_not_part_of_the_answer(text):
+    from ctrls.answers import extract_answer
+    assert extract_answer(text) == "42"
+
+
+def test_a_gold_holding_the_marker_is_refused():
+    from ctrls.answers import gold_problem
+    assert "####" in gold_problem("#### 42") and gold_problem("42") is None
+
+
+def test_a_lone_surrogate_is_a_lost_character_never_an_answer_or_a_crash(tmp_path):
+    import pandas as pd
+    from ctrls.answers import gold_problem, grade
+    g = grade("The answer is 5\ud800", "5")
+    assert (g.pred, g.valid, g.correct) == (None, False, False)  # the answer lost a character: no answer
+    assert grade("#### 7\n\ud800 The answer is 5\ud800", "7").correct  # the marker before it answers
+    assert grade("\ud83d text. The answer is 5.", "5").correct  # a lost character outside the answer is harmless
+    for text in ("The answer is 5\ud800", "#### 5\ud800 6"):  # the stage writes pred: never a surrogate in it
+        pd.DataFrame({"pred": [grade(text, "5").pred]}).to_parquet(tmp_path / "p.parquet")
+    assert "surrogate" in gold_problem("5\ud800")
+
+
+def test_the_slug_of_unusual_ids_is_readable_and_a_non_string_id_is_named():
+    from ctrls.names import file_name
+    assert file_name("é").startswith("e-") and file_name("e\u0301").startswith("e-")  # NFC and NFD: readable ...
+    assert file_name("é") != file_name("e\u0301")  # ... and still two names (the hash is the exact id's)
+    assert file_name("Größe?").startswith("Groe-") and file_name("\ud800").startswith("x-")
+    with pytest.raises(TypeError, match="got int 5"):
+        file_name(5)

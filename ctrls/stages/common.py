@@ -1,12 +1,24 @@
 """The plumbing every stage shares, written once: sampling parameters from the config and the
-backbone on this rank's device. (Seeds: ``ctrls.streams.seed_of``; file names: ``ctrls.runs``.)
+backbone on this rank's device, and which of a stage's files a reader may take as this config's
+(:func:`current_outputs`). (Seeds: ``ctrls.streams.seed_of``; file names: ``ctrls.runs``.)
 """
 from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
 
 from ctrls.backbone import Backbone, load_backbone
 from ctrls.config import Config
 from ctrls.distributed import world
+from ctrls.runs import BAD_FILE_HINT, ArtifactError, read_parquet
 from ctrls.sampling import SampleParams
+
+log = logging.getLogger(__name__)
 
 
 def sample_params(cfg: Config, temperature: float, **changes) -> SampleParams:
@@ -23,3 +35,88 @@ def backbone_for(cfg: Config, name: str | None = None) -> Backbone:
     rank's device (``ctrls.distributed``: ``cuda:<local rank>`` when launched on several GPUs)."""
     b = cfg.backbone
     return load_backbone(name or b.name, world().device(b.device), b.dtype, b.cache_dir)
+
+
+class NotRunError(FileNotFoundError):
+    """A stage's results for *this* config are not on disk: the stage was not run, was run under
+    another config (its key differs), or did not finish. The message names the directory and why."""
+
+
+def current_outputs(stage, what: str, unfinished: bool = False) -> set[Path] | None:
+    """The output files of ``stage`` (a ``ctrls.runs.Stage``) that belong to its key, the config's:
+    those its ``done`` marker records when it finished with this key; None (every file in the stage
+    directory) with ``unfinished`` while a run of this key is under way. A reader (tables, the
+    scorecard) takes only these, so results of another config are never read as this one's.
+
+    Raises :class:`NotRunError` naming ``what`` and the stage directory when the stage has not run,
+    holds another config's outputs (its ``key`` file differs: e.g. ``grid.n_samples`` changed) or
+    has not finished (unless ``unfinished``). Reads only: no lock, no checksums."""
+    d, key_file = Path(stage.dir), Path(stage.dir) / "key"
+    if not key_file.is_file():
+        raise NotRunError(f"no {what} in {d}: the {stage.name} stage has not run (run it first)")
+    key = key_file.read_text().strip()
+    if key != stage.key:
+        raise NotRunError(f"the {what} in {d} were made under another config (stage key {key}, this config's "
+                          f"{stage.key}: a setting the {stage.name} stage depends on differs): they are not read "
+                          f"as this config's; run the {stage.name} stage with this config")
+    rec = stage._record()
+    if rec is None or rec.get("key") != stage.key or not isinstance(rec.get("files"), dict):
+        if unfinished:
+            return None
+        raise NotRunError(f"the {stage.name} stage in {d} has not finished for this config (no done marker with "
+                          f"its key and checksums): rerun it to finish it before reading its {what}")
+    return {Path(os.path.normpath(d / rel)) for rel in rec["files"]}
+
+
+def only_current(files: list[Path], allowed: set[Path] | None) -> list[Path]:
+    """``files`` less those not in ``allowed`` (:func:`current_outputs`; None: all), named in the log."""
+    if allowed is None:
+        return list(files)
+    kept = [f for f in files if Path(os.path.normpath(f)) in allowed]
+    if len(kept) < len(files):
+        log.warning("%d file(s) the finished stage did not record are not read: %s", len(files) - len(kept),
+                    ", ".join(str(f) for f in files if Path(os.path.normpath(f)) not in allowed)[:500])
+    return kept
+
+
+class UnreadableResultsError(ArtifactError):
+    """A result file of a finished stage that cannot be read, or holds NaN where a result must be:
+    ``path`` names it (the scorecard shows "unreadable: <file>")."""
+
+    def __init__(self, path: Path, why: str):
+        self.path = Path(path)
+        super().__init__(f"{path} is unreadable: {why}; {BAD_FILE_HINT}")
+
+
+def _not_finite(v) -> bool:
+    """Whether a result cell is missing: None, NaN or infinite, or an array holding one."""
+    if v is None:
+        return True
+    if isinstance(v, (list, tuple, np.ndarray)):
+        try:
+            return not np.isfinite(np.asarray(v, dtype=float)).all()
+        except (TypeError, ValueError):
+            return False
+    if isinstance(v, (float, np.floating)):
+        return not math.isfinite(v)
+    try:
+        return bool(pd.isna(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def read_results(path: Path, required: tuple[str, ...] = (), rows=None):
+    """A stage's parquet results; :class:`UnreadableResultsError` naming the file when it cannot be
+    read or a ``required`` column is absent or holds NaN (on the rows ``rows(df)`` selects, if given)."""
+    try:
+        df = read_parquet(path)
+    except ArtifactError as e:
+        raise UnreadableResultsError(path, str(e.__cause__ or e)) from e
+    part = df if rows is None else rows(df)
+    for c in required:
+        if c not in df:
+            raise UnreadableResultsError(path, f"no column {c!r}")
+        bad = part[c].map(_not_finite)
+        if bad.any():
+            raise UnreadableResultsError(path, f"NaN in column {c!r} ({int(bad.sum())} of {len(part)} rows)")
+    return df

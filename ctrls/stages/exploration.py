@@ -35,10 +35,10 @@ from ctrls.answers import grade
 from ctrls.config import Config
 from ctrls.data import load_problems, problems_from_config
 from ctrls.prompts import encode_prompt
-from ctrls.runs import Stage, file_name, pair_slug, read_parquet, valid_part
+from ctrls.runs import Stage, file_name, pair_slug, valid_part
 from ctrls.sampling import Generation, sample, seeded
 from ctrls.settings import BASE, FIXED, row_label
-from ctrls.stages.common import backbone_for, sample_params
+from ctrls.stages.common import backbone_for, current_outputs, only_current, read_results, sample_params
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages
 
 
@@ -150,7 +150,7 @@ def explore(cfg: Config, force: bool = False, progress: bool = True, readback: b
                                        progress and w.is_main, trained_on=ds, readback=readback)
     w.barrier()
     if w.is_main:
-        df = load_samples(cfg)
+        df = load_samples(cfg, unfinished=True)
         # seconds this process spent on the controllability columns besides sampling (re-encoding, Base's chains)
         stage.finish(samples=len(df), questions=int(df.question_id.nunique()), reencode_s=round(reencode_s, 1),
                      readback=readback)
@@ -241,12 +241,21 @@ def write_part(df: pd.DataFrame, path: Path) -> None:
     tmp.replace(path)
 
 
-def load_samples(cfg: Config) -> pd.DataFrame:
+def load_samples(cfg: Config, unfinished: bool = False) -> pd.DataFrame:
+    """The exploration samples of this config: only the parts the stage's ``done`` marker recorded
+    under this config's key (``ctrls.stages.common.current_outputs``). Samples made under another
+    config (e.g. another ``grid.n_samples``) or an unfinished stage (unless ``unfinished``: the stage
+    itself, before it finishes) raise ``NotRunError`` (a ``FileNotFoundError``) naming the directory;
+    a part that cannot be read or holds NaN in ``SAMPLE_RESULTS`` raises ``UnreadableResultsError`` naming it."""
     d = samples_dir(cfg)
-    files = sorted(d.glob("*.parquet"))
+    allowed = current_outputs(_stage(cfg), "exploration samples", unfinished=unfinished)
+    files = only_current(sorted(d.glob("*.parquet")), allowed)
     if not files:
         raise FileNotFoundError(f"no exploration samples in {d}; run the exploration stage first")
-    return pd.concat([read_parquet(f) for f in files], ignore_index=True)
+    return pd.concat([read_results(f, SAMPLE_RESULTS) for f in files], ignore_index=True)
+
+
+SAMPLE_RESULTS = ("temperature", "config", "question_id", "valid", "correct")  # never NaN in a part the stage wrote
 
 
 # ---- tables and curves -----------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ctrls.rl import Trainer, Trajectory, run_lockstep, state_usage_entropy
 from ctrls.runs import Stage, file_name, pair_slug, read_parquet, safe_name, valid_part
 from ctrls.sampling import SampleParams, sample
 from ctrls.settings import BASE, Setting, judge_pair, parse_setting
-from ctrls.stages.common import backbone_for, sample_params
+from ctrls.stages.common import backbone_for, current_outputs, only_current, read_results, sample_params
 from ctrls.stages.exploration import generation_rows, write_part
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages
 from ctrls.streams import seed_of
@@ -232,18 +232,24 @@ def _write_table_part(cfg: Config, part: Path, res, meta: dict) -> None:
 
 
 def load_curves(cfg: Config) -> pd.DataFrame:
-    """Every run's logged curve, with its pair, setting and seed."""
+    """Every run's logged curve, with its pair, setting and seed: of this config's finished RL stage
+    only (``ctrls.stages.common.current_outputs``; else ``NotRunError`` naming why)."""
     root = cfg.stage_dir("rl")
     frames = []
-    for f in sorted(root.glob("*/*/curve.parquet")):
-        frames.append(read_parquet(f).assign(pair=f.parent.parent.name))
+    allowed = current_outputs(_rl_stage(cfg), "RL curves")
+    for f in only_current(sorted(root.glob("*/*/curve.parquet")), allowed):
+        # the evaluations the verdicts read: never NaN in a curve the stage wrote
+        frames.append(read_results(f, ("step", "correct_by_question", "samples_per_question"),
+                                   rows=lambda d: d[d.kind == "eval"] if "kind" in d else d).assign(pair=f.parent.parent.name))
     if not frames:
         raise FileNotFoundError(f"no RL curves under {root}; run the RL stage first")
     return pd.concat(frames, ignore_index=True)
 
 
 def load_table2_samples(cfg: Config) -> pd.DataFrame:
-    files = sorted((cfg.stage_dir("rl") / "table2.parquet").glob("*.parquet"))
+    """Table 2's RL samples of this config's finished RL stage only (as :func:`load_curves`)."""
+    allowed = current_outputs(_rl_stage(cfg), "Table 2 samples")
+    files = only_current(sorted((cfg.stage_dir("rl") / "table2.parquet").glob("*.parquet")), allowed)
     if not files:
         raise FileNotFoundError("no Table 2 samples; run the RL stage first")
     return pd.concat([read_parquet(f) for f in files], ignore_index=True)

@@ -1,6 +1,9 @@
 """The claims scorecard of the book's first page: for each of the paper's claims, the evidence this
 run has, the verdict with its interval (``ctrls.verdicts``), and the page that shows it. Reads the
-artifacts of the other stages; a stage that has not run is named as such, never guessed.
+artifacts of the other stages, only those of this config (``ctrls.stages.common.current_outputs``),
+and names each claim's state, never guessed: "not run" (its stage has not run for this config),
+"no comparison in this profile" (the grid has nothing to compare) or "unreadable: <file>" (results
+that cannot be read or hold NaN).
 
 ``ctrls reproduce`` writes it to ``<book>/generated/scorecard.md`` after the notebooks, and the intro
 page includes that file.
@@ -20,10 +23,13 @@ from ctrls.report import git_commit
 from ctrls.settings import FIXED
 from ctrls.stages import exploration, rl
 from ctrls.stages import synthetic as study
+from ctrls.stages.common import NotRunError, UnreadableResultsError
 from ctrls.verdicts import NOT_SUPPORTED, Claim, claim_verdict, pts, rl_verdicts, scorecard_markdown
 
 PILOT = Path(__file__).resolve().parents[2] / "bench" / "results" / "word_problems_difficulty.json"
-NOT_RUN = "not run"
+NOT_RUN = "not run"  # the stage has not run for this config
+NO_COMPARISON = "no comparison in this profile"  # the profile's grid has nothing to compare
+UNREADABLE = "unreadable"  # "unreadable: <file>": results on disk that cannot be read or hold NaN
 
 
 def pilot(cfg: Config, path: Path = PILOT) -> dict | None:
@@ -46,6 +52,8 @@ def _combine(verdicts: list[str]) -> str:
     supports it and none contradicts it, and so on; "mixed" when rows go both ways. Rows none of
     which is resolved give *not supported* with their directions: the row's own sentence for one
     row, else how many estimates lie in the claimed direction."""
+    if not verdicts:  # nothing was compared: never "every estimate is ..." of no estimates
+        return "not computed"
     kinds = [_kind(v) for v in verdicts]
     s, c = "supported" in kinds, "contradicted" in kinds
     if s and c:
@@ -86,24 +94,59 @@ def controllability_claim(ct: pd.DataFrame, mdd: dict, page: str) -> Claim | Non
     sep = "; ".join(f"{r.dataset}: {100 * r.follows:.1f}% of steps stay in s0 vs {100 * r['Base, random states']:.1f}% "
                     f"of Base steps, {pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}" for _, r in fixed.iterrows())
     v = _combine([claim_verdict(r["Δ vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"]) for _, r in eps.iterrows()])
-    return Claim("generation follows the sampled latent state", "Eq. 8",
+    return Claim(CONTROL_CLAIM, "Eq. 8",
                  "ε rows, steps that land in their sampled state vs Base steps paired with chains drawn by the same "
                  f"policy: {ev}" + (f". Reported separately, the fixed-s0 row (one state held, not the claim's test): "
                                     f"{sep}" if sep else ""),
                  v + _mdd_note(mdd, "controllability", v), page)
 
 
+def _load(load, cfg: Config):
+    """(results, None) from ``load(cfg)``, or (None, (verdict, evidence)) naming why there are none:
+    "not run" (the stage has not run, or not for this config: the reason is the evidence) or
+    "unreadable: <file>" (results on disk that cannot be read or hold NaN)."""
+    try:
+        return load(cfg), None
+    except UnreadableResultsError as e:
+        return None, (f"{UNREADABLE}: {e.path}", str(e))
+    except FileNotFoundError as e:
+        return None, (NOT_RUN, str(e) if isinstance(e, NotRunError) else "")
+
+
+def _exploration_gaps(cfg: Config) -> dict[str, str]:
+    """The exploration claims this profile's grid cannot test, with why (its rows have no comparison)."""
+    g, why = cfg.grid, {}
+    if not g.epsilons:
+        why["eps"] = ("the grid has no CTRLS(ε) row (grid.epsilons is empty)" +
+                      ("" if g.fixed_state else " and no fixed-s0 row (grid.fixed_state is false): Base only"))
+    if not (g.epsilons and g.fixed_state):
+        why["ablation"] = "the ablation compares CTRLS(ε) rows with the fixed-s0 row: " + (
+            "grid.fixed_state is false" if g.epsilons else why["eps"])
+    return why
+
+
+PASS_CLAIM = "ε-greedy state transitions raise pass@n over Base"
+ABLATION_CLAIM = "the gain comes from the state transitions, not the adapter alone"
+CONTROL_CLAIM = "generation follows the sampled latent state"
+RL_CLAIM = "RL on the transition policy raises accuracy"
+
+
 def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
-    """The scorecard rows from this run's exploration and RL stages."""
+    """The scorecard rows from this run's exploration and RL stages. A row states "not run" when its
+    stage has not run for this config, "no comparison in this profile" when the profile's grid has
+    nothing to compare (e.g. ``grid.epsilons=[]``), and "unreadable: <file>" when its results cannot
+    be read or hold NaN."""
     mdd = mdd or {}
     out: list[Claim] = []
-    try:
-        samples = exploration.load_samples(cfg)
-    except FileNotFoundError:
-        samples = None
     page1 = "generated/02_exploration"
-    if samples is None:
-        out.append(Claim("ε-greedy state transitions raise pass@n over Base", "Table 1", "", NOT_RUN, page1))
+    gaps = _exploration_gaps(cfg)
+    samples, missing = (None, None) if "eps" in gaps else _load(exploration.load_samples, cfg)
+    if "eps" in gaps:
+        out += [Claim(PASS_CLAIM, "Table 1", gaps["eps"], NO_COMPARISON, page1),
+                Claim(ABLATION_CLAIM, "Sec. 4; our fixed-s0 ablation", gaps["ablation"], NO_COMPARISON, page1),
+                Claim(CONTROL_CLAIM, "Eq. 8", gaps["eps"], NO_COMPARISON, page1)]
+    elif samples is None:
+        out.append(Claim(PASS_CLAIM, "Table 1", missing[1], missing[0], page1))
     else:
         t1 = tables.table1(samples, seed=cfg.seed)
         rows = t1[t1.p.notna() & ~t1.config.isin(["fixed s0"])]
@@ -111,35 +154,40 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
                        for _, r in rows.iterrows())
         v = _combine([claim_verdict(r["Δ pass@n vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"])
                       for _, r in rows.iterrows()])
-        out.append(Claim("ε-greedy state transitions raise pass@n over Base", "Table 1, Sec. 6.2",
+        out.append(Claim(PASS_CLAIM, "Table 1, Sec. 6.2",
                          f"pass@{int(t1.samples.max())} vs Base ({', '.join(f'{d}: {n} questions' for d, n in t1.groupby('dataset').questions.max().items())}): {ev}",
                          v + _mdd_note(mdd, "pass@n", v), page1))
         ab = tables.ablation_table(samples, seed=cfg.seed)
         ab = ab[ab.comparison.str.endswith("− fixed s0")] if not ab.empty else ab
-        if not ab.empty:
+        if "ablation" in gaps:
+            out.append(Claim(ABLATION_CLAIM, "Sec. 4; our fixed-s0 ablation", gaps["ablation"], NO_COMPARISON, page1))
+        elif not ab.empty:
             ev = "; ".join(f"{r.dataset} {r.comparison} (η={r.temperature:g}): {pts(r['Δ pass@n'], r['Δ pass@n lo'], r['Δ pass@n hi'])}"
                            for _, r in ab.iterrows())
             v = _combine([claim_verdict(r["Δ pass@n"], r["p (pass@n, Holm)"], lo=r["Δ pass@n lo"], hi=r["Δ pass@n hi"])
                           for _, r in ab.iterrows()])
-            out.append(Claim("the gain comes from the state transitions, not the adapter alone",
-                             "Sec. 4; our fixed-s0 ablation", f"pass@n: {ev}",
+            out.append(Claim(ABLATION_CLAIM, "Sec. 4; our fixed-s0 ablation", f"pass@n: {ev}",
                              v + _mdd_note(mdd, "ablation", v), page1))
         claim = controllability_claim(tables.controllability_table(samples, seed=cfg.seed), mdd, page1)
         if claim is not None:
             out.append(claim)
     page3 = "generated/03_rl"
+    curves, missing = _load(rl.load_curves, cfg)
     try:
-        rv = rl_verdicts(rl.load_curves(cfg))
-    except (FileNotFoundError, ValueError):
-        rv = None
-    if rv is None or rv.empty:
-        out.append(Claim("RL on the transition policy raises accuracy", "Alg. 2, Table 2", "", NOT_RUN, page3))
+        rv = None if curves is None else rl_verdicts(curves)
+    except ValueError as e:  # curves without per-question results: an older stage's
+        rv, missing = None, (NOT_RUN, str(e))
+    if rv is None:
+        out.append(Claim(RL_CLAIM, "Alg. 2, Table 2", missing[1], missing[0], page3))
+    elif rv.empty:
+        out.append(Claim(RL_CLAIM, "Alg. 2, Table 2", "no RL run has an evaluation after step 0 to compare with "
+                         "step 0 (rl.steps, rl.eval_every)", NO_COMPARISON, page3))
     else:
         ev = "; ".join(f"`{r.setting}` ({r.seeds} seeds × {r['last step']} steps): {pts(r['Δ'], r['Δ lo'], r['Δ hi'])}"
                        for _, r in rv.iterrows())
         verdicts = [claim_verdict(r["Δ"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"]) for _, r in rv.iterrows()]
         v = _combine(verdicts)
-        out.append(Claim("RL on the transition policy raises accuracy", "Alg. 2, Table 2",
+        out.append(Claim(RL_CLAIM, "Alg. 2, Table 2",
                          f"held-out accuracy, end vs step 0: {ev}", v + _mdd_note(mdd, "rl", v),
                          page3))
     return out
@@ -147,10 +195,10 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
 
 def synthetic_claims(cfg: Config) -> list[Claim]:
     page = "generated/07_synthetic"
-    try:
-        curves, recovery = study.load_curves(cfg), study.load_recovery(cfg)
-    except FileNotFoundError:
-        return [Claim("the synthetic study's claims", "App. C.1, Sec. 6.3", "", NOT_RUN, page)]
+    both, missing = _load(lambda c: (study.load_curves(c), study.load_recovery(c)), cfg)
+    if both is None:
+        return [Claim("the synthetic study's claims", "App. C.1, Sec. 6.3", missing[1], missing[0], page)]
+    curves, recovery = both
     c = synthetic.claims(synthetic.run_summary(curves), recovery, cfg)
     return [Claim(r.claim, f"synthetic; {r.paper}",
                   f"{r.measure}: {'not computed' if pd.isna(r.value) else format(r.value, 'g')}, 95% CI {r['95% CI']}"
@@ -191,10 +239,7 @@ def design_inputs(cfg: Config) -> dict | None:
     out = {"p0": p["pass@1"], "icc": p["icc"], "succ0": p.get("succ"), "icc_succ": p.get("icc (succ)"),
            "rho": p.get("rho"), "rho from": "the pilot" if p.get("rho") is not None else None,
            "reference": None, "reference from": f"chance 1/K = 1/{cfg.states.n_states} (no run to measure it)"}
-    try:
-        samples = exploration.load_samples(cfg)
-    except FileNotFoundError:
-        samples = None
+    samples, _ = _load(exploration.load_samples, cfg)
     if samples is not None and out["rho"] is None:
         rs = []
         for _, g in samples[samples.dataset == cfg.data.dataset].groupby(["backbone", "temperature"]):

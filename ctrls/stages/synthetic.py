@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +14,7 @@ from ctrls.policy import TransitionPolicy
 from ctrls.rl import Trainer
 from ctrls.runs import Stage, file_name
 from ctrls.settings import Setting, parse_setting
+from ctrls.stages.common import current_outputs
 from ctrls.synthetic import SETTINGS, make_evaluator, make_sampler, recovery_study, study_mdp
 
 
@@ -76,15 +78,24 @@ def run_study(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     return stage.dir
 
 
+def _current(cfg: Config, name: str, what: str) -> Path:
+    """The stage's file ``name``, when this config's finished stage recorded it (else ``NotRunError``)."""
+    f = cfg.stage_dir("synthetic") / name
+    allowed = current_outputs(Stage(cfg, "synthetic", KEYS), what)
+    if Path(os.path.normpath(f)) not in allowed:
+        raise FileNotFoundError(f"no {what} at {f}; run ctrls.stages.synthetic.run_study first")
+    return f
+
+
 def load_curves(cfg: Config) -> pd.DataFrame:
-    f = cfg.stage_dir("synthetic") / "curves.parquet"
+    f = _current(cfg, "curves.parquet", "synthetic curves")
     if not f.exists():
         raise FileNotFoundError(f"no synthetic curves at {f}; run ctrls.stages.synthetic.run_study first")
     return pd.read_parquet(f)
 
 
 def load_recovery(cfg: Config) -> pd.DataFrame:
-    f = cfg.stage_dir("synthetic") / "recovery.parquet"
+    f = _current(cfg, "recovery.parquet", "L-recovery results")
     if not f.exists():
         raise FileNotFoundError(f"no L-recovery results at {f}; run ctrls.stages.synthetic.run_study first")
     return pd.read_parquet(f)
