@@ -129,8 +129,10 @@ def merged_data(files: list[str]) -> dict:
     if len(parts) > 1:
         data["merged_from"] = [{"file": f, "environment": d.get("environment"), "settings": d.get("settings")}
                                for f, d in zip(files, parts)]
-        for d in parts[1:]:
-            data["backbones"].update(d["backbones"])
+        for d in parts[1:]:  # a backbone measured in several files (``--only``): its keys merged, later files win
+            for name, b in d["backbones"].items():
+                data["backbones"].setdefault(name, {}).update(
+                    {k: v for k, v in b.items() if not (isinstance(v, dict) and "error" in v)})
     for name, b in data["backbones"].items():
         if "ctrls_lockstep" not in b and "tokens_per_s" in b.get("ctrls_b160", {}):
             # measured before the lockstep run existed: the 160-row CTRLS batch times it (more rows than the
@@ -158,6 +160,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-rl", type=int, default=None,
                     help="decoded tokens per RL-batch run (default max_new_tokens; 16 with --tiny)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--only", nargs="+", default=None, help="measure only these keys (e.g. graph_ctrls_lockstep), "
+                    "to merge into an earlier file with --from-json (the build and warm-up still run)")
     ap.add_argument("--floor-iters", type=int, default=None, help="iterations of the bare-model decode loop (64; 8 with --tiny)")
     ap.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the library's sample() with decode=engine against decode=static, "

@@ -44,3 +44,31 @@ def test_section_numbers_are_the_results():
     assert f"| engine (1) | {1e3 * t['engine1']['s_per_iteration']:.1f} |" in text
     eq = check["equality"]["base"]["static_vs_graph1"]
     assert eq["all_equal"] and "gave exactly the eager static step's tokens" in text
+
+
+def _graph_page():
+    spec = importlib.util.spec_from_file_location("gpu_graph_page", ROOT / "bench" / "gpu_graph_page.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_graph_section_and_headline_are_rendered_from_the_stored_h200_result():
+    """The reproduce page's captured-path hours (its first paragraph and its section) are what the renderer makes
+    of the stored result, and the totals are the result's own, summed here from its per-stage rows."""
+    page = _graph_page()
+    d = json.loads((RES / "gpu_estimate_measured_nvidia_h200_qwen.json").read_text())
+    inc = ROOT / "book" / "_includes"
+    assert (inc / "gpu_measured_graph.md").read_text() == page.render(d) + "\n"
+    assert (inc / "gpu_headline.md").read_text() == page.headline(d) + "\n"
+    for key in ("estimate", "estimate_graph"):
+        for bound in ("mean", "cap"):
+            total = sum(r["seconds"] for r in d[key]["rows"] if r["bound"] == bound) / 3600
+            assert abs(total - d[key]["total_hours"][bound]) < 1e-6 * total
+            assert f"{total:.1f}" in page.headline(d)
+    # the captured path's RL training rate is its own lockstep measurement, not the engine's
+    rl = {key: next(r for r in d[key]["rows"] if r["stage"] == "RL training" and r["bound"] == "mean")
+          for key in ("estimate", "estimate_graph")}
+    b = d["backbones"]["Qwen/Qwen2.5-3B-Instruct"]
+    speed = b["graph_ctrls_lockstep"]["static"]["tokens_per_s"] / b["ctrls_lockstep"]["tokens_per_s"]
+    assert rl["estimate"]["batch_seconds"] / rl["estimate_graph"]["batch_seconds"] > 0.5 * speed > 1

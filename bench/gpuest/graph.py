@@ -105,6 +105,8 @@ def view(data: dict, path: str) -> dict | None:
         if path == "graph":
             keys = [k for k in ("base_b160", "ctrls_b160", "ctrls_rl") if "static" in b.get(f"graph_{k}", {})]
             runs = {k: b[f"graph_{k}"]["static"] for k in keys} if len(keys) == 3 else None
+            if runs and "static" in b.get("graph_ctrls_lockstep", {}):  # RL training's batch, when measured
+                runs["ctrls_lockstep"] = b["graph_ctrls_lockstep"]["static"]
         else:
             runs = b.get(path, {}).get("runs")
         if not runs:

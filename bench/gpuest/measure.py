@@ -192,7 +192,8 @@ def measure_backbone(name: str, args, tok, dev, dtype, cfg, res: dict, save) -> 
     if not args.skip_hf:
         runs.append(("hf_rl", lambda: decode_hf(bb, prompts[:1], G, args.new_rl)))
         runs.append(("hf_b160", lambda: decode_hf(bb, big_p, n, args.new)))
-    for key, fn in runs:
+    only = set(getattr(args, "only", None) or ())  # --only: measure these keys alone (e.g. a second lease)
+    for key, fn in [(k, f) for k, f in runs if not only or k in only]:
         r = guarded(res, key, fn)
         save()
         if "error" not in r:
@@ -217,8 +218,8 @@ def measure_backbone(name: str, args, tok, dev, dtype, cfg, res: dict, save) -> 
             res[f"ratio_{a}_over_{b}"] = res[a]["tokens_per_s"] / res[b]["tokens_per_s"]
             print(f"  {a} / {b} = {res[f'ratio_{a}_over_{b}']:.2f}x", flush=True)
     # pretraining before the CUDA-graph runs: their compile time is the part a time limit may cut short
-    r = guarded(res, "pretrain", pretrain_stages, bb, cfg, args.pretrain_questions, args.pretrain_tokens,
-                args.pretrain_steps)
+    r = (guarded(res, "pretrain", pretrain_stages, bb, cfg, args.pretrain_questions, args.pretrain_tokens,
+                 args.pretrain_steps) if not only or "pretrain" in only else {"error": "not asked for (--only)"})
     save()
     if "error" not in r:
         print(f"  features {r['features']['tokens_per_s']:.0f} forward tok/s; spectral {r['spectral']['seconds']:.1f} s, "
@@ -227,7 +228,12 @@ def measure_backbone(name: str, args, tok, dev, dtype, cfg, res: dict, save) -> 
               f"train epoch {r['adapter_train_tokens_per_s']:.0f} tok/s", flush=True)
     for key, ps, ss, nn, new, m in (("graph_base_b160", big_p, big_s, n, args.new, None),  # engine vs CUDA graphs
                                     ("graph_ctrls_b160", big_p, big_s, n, args.new, model),
-                                    ("graph_ctrls_rl", prompts[:1], starts[:1], G, args.new_rl, model))[:3 * args.graph]:
+                                    ("graph_ctrls_rl", prompts[:1], starts[:1], G, args.new_rl, model),
+                                    # the lockstep RL batch (every run's step at once), what RL training decodes
+                                    ("graph_ctrls_lockstep", ls_p, ls_s, cfg.rl.group_size, args.new_rl, model),
+                                    )[:4 * args.graph]:
+        if only and key not in only:
+            continue
         r = guarded(res, key, engine_vs_graph, bb, ps, ss, nn, new, m)
         save()
         if "error" not in r:
