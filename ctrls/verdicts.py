@@ -25,7 +25,7 @@ is read off a Holm-adjusted p-value *and* an interval on the same footing, never
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -282,6 +282,39 @@ def case_sentences(samples: pd.DataFrame, config: str) -> list[str]:
 
 # ---- the scorecard --------------------------------------------------------------------------
 
+PAPER, OWN = "paper", "own"  # the scorecard's two blocks: the paper's claims; this book's own checks
+BLOCKS = {PAPER: "The paper's claims", OWN: "This book's own checks"}
+LABELS = ("supported", "contradicted", "mixed", NOT_SUPPORTED, "not run", "no comparison in this profile",
+          "not computed", "unreadable")
+
+
+@dataclass
+class Estimate:
+    """One difference behind a claim: what is compared, the estimate and its family interval, in
+    points (``scale`` 100, ``unit`` "points") or in the quantity's own unit."""
+    label: str
+    d: float
+    lo: float
+    hi: float
+    scale: float = 100.0
+    unit: str = "points"
+
+    @property
+    def arrow(self) -> str:
+        """↑ (above 0), ↓ (below 0), = (0), ? (not computed)."""
+        if _missing(self.d):
+            return "?"
+        return "↑" if self.d > 0 else "↓" if self.d < 0 else "="
+
+    def text(self, label: bool = True) -> str:
+        """"↑ +3.1 points [−8.0, +14.2]", with the label first when asked."""
+        if _missing(self.d, self.lo, self.hi):
+            size = "not computed"
+        else:
+            f = lambda x: f"{self.scale * x:+.1f}" if self.scale != 1 else f"{x:+.3g}"  # noqa: E731
+            size = (f"{f(self.d)}{' ' + self.unit if self.unit else ''} [{f(self.lo)}, {f(self.hi)}]").replace("-", "−")
+        return f"{self.label}: {self.arrow} {size}" if label and self.label else f"{self.arrow} {size}"
+
 
 @dataclass
 class Claim:
@@ -290,14 +323,51 @@ class Claim:
     evidence: str
     verdict: str
     page: str  # the book page (docname) with the evidence
+    block: str = PAPER  # PAPER: one of the paper's claims; OWN: one of this book's own checks
+    claimed: str = ""  # the claimed direction, e.g. "↑ CTRLS − Base"
+    estimates: list = field(default_factory=list)  # the Estimates the verdict is read from
+    mdd: float | None = None  # the demo's minimal detectable difference (points), when the verdict is unresolved
+    beside: list = field(default_factory=list)  # Estimates reported beside the claim, not in its verdict
+
+    @property
+    def label(self) -> str:
+        return verdict_label(self.verdict)
+
+    def found(self) -> str:
+        """The estimates' direction and size, short (labels only where there are several)."""
+        if not self.estimates:  # nothing measured: why (not run, no comparison, unreadable), or the evidence itself
+            return self.evidence or "–"
+        text = "; ".join(e.text(label=len(self.estimates) > 1) for e in self.estimates)
+        return text + (f" (detectable: about {self.mdd:.0f} points)" if self.mdd is not None and not
+                       math.isnan(self.mdd) and self.label == NOT_SUPPORTED else "")
+
+
+def verdict_label(verdict: str) -> str:
+    """The verdict cell: the label alone ("not supported", "unreadable", ...), without the sentence the
+    verdict carries (its direction and size are the scorecard's own columns); a verdict that is none
+    of ``LABELS`` is returned as it is."""
+    return next((lab for lab in LABELS if verdict == lab or verdict.startswith(lab + ":")), verdict)
+
+
+def page_link(page: str) -> str:
+    """A link to a book page showing the page's own title (MyST ``{doc}`` without text)."""
+    return f"{{doc}}`/{page}`"
 
 
 def scorecard_markdown(claims: list[Claim], where: str) -> str:
-    """The scorecard as a Markdown table, with a line naming the run behind it."""
-    lines = [f"*{where}*", "", "| the paper's claim | evidence here (95% intervals; differences: family intervals) | verdict | page |",
-             "|---|---|---|---|"]
-    for c in claims:
-        esc = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
-        lines.append(f"| {esc(c.claim)} ({esc(c.source)}) | {esc(c.evidence)} | **{c.verdict}** | "
-                     f"{{doc}}`{c.page.rsplit('/', 1)[-1]} <{c.page}>` |")
-    return "\n".join(lines) + "\n"
+    """The scorecard in two blocks (:data:`BLOCKS`: the paper's claims, then this book's own checks),
+    each a Markdown table with the claimed direction, the direction and size found, a short verdict
+    and the page (by its title), with a line naming the run behind it."""
+    esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = [f"*{where}*", ""]
+    for block, title in BLOCKS.items():
+        rows = [c for c in claims if c.block == block]
+        if not rows:
+            continue
+        lines += [f"### {title}", "", "| claim | claimed | found: direction, size (family 95% CI) | verdict | page |",
+                  "|---|---|---|---|---|"]
+        for c in rows:
+            lines.append(f"| {esc(c.claim)} ({esc(c.source)}) | {esc(c.claimed or '–')} | {esc(c.found())} | "
+                         f"**{esc(c.label)}** | {page_link(c.page)} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -106,7 +106,7 @@ def test_exploration_sentences_read_the_tables():
 
 def test_scorecard_markdown_and_box():
     md = scorecard_markdown([Claim("a | b", "Table 1", "x", "supported", "generated/02_exploration")], "run X")
-    assert md.startswith("*run X*") and "a \\| b" in md and "{doc}`02_exploration <generated/02_exploration>`" in md
+    assert md.startswith("*run X*") and "a \\| b" in md and "{doc}`/generated/02_exploration`" in md
     assert box(["one", "two"]).count("> - ") == 2 and "Nothing to report" in box([])
 
 

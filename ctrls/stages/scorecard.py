@@ -24,7 +24,7 @@ from ctrls.settings import FIXED
 from ctrls.stages import exploration, rl
 from ctrls.stages import synthetic as study
 from ctrls.stages.common import NotRunError, UnreadableResultsError
-from ctrls.verdicts import NOT_SUPPORTED, Claim, claim_verdict, pts, rl_verdicts, scorecard_markdown
+from ctrls.verdicts import NOT_SUPPORTED, OWN, PAPER, Claim, Estimate, claim_verdict, pts, rl_verdicts, scorecard_markdown
 
 PILOT = Path(__file__).resolve().parents[2] / "bench" / "results" / "word_problems_difficulty.json"
 NOT_RUN = "not run"  # the stage has not run for this config
@@ -94,11 +94,15 @@ def controllability_claim(ct: pd.DataFrame, mdd: dict, page: str) -> Claim | Non
     sep = "; ".join(f"{r.dataset}: {100 * r.follows:.1f}% of steps stay in s0 vs {100 * r['Base, random states']:.1f}% "
                     f"of Base steps, {pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}" for _, r in fixed.iterrows())
     v = _combine([claim_verdict(r["Δ vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"]) for _, r in eps.iterrows()])
+    est = [Estimate(f"{r.dataset} {r.config}", r["Δ vs Base"], r["Δ lo"], r["Δ hi"]) for _, r in eps.iterrows()]
+    held = [Estimate(f"{r.dataset} {r.config}", r["Δ vs Base"], r["Δ lo"], r["Δ hi"]) for _, r in fixed.iterrows()]
     return Claim(CONTROL_CLAIM, "Eq. 8",
                  "ε rows, steps that land in their sampled state vs Base steps paired with chains drawn by the same "
                  f"policy: {ev}" + (f". Reported separately, the fixed-s0 row (one state held, not the claim's test): "
                                     f"{sep}" if sep else ""),
-                 v + _mdd_note(mdd, "controllability", v), page)
+                 v + _mdd_note(mdd, "controllability", v), page, block=OWN,
+                 claimed=CONTROL_DIR, estimates=est,
+                 mdd=mdd.get("controllability"), beside=held)
 
 
 def _load(load, cfg: Config):
@@ -129,6 +133,10 @@ PASS_CLAIM = "ε-greedy state transitions raise pass@n over Base"
 ABLATION_CLAIM = "the gain comes from the state transitions, not the adapter alone"
 CONTROL_CLAIM = "generation follows the sampled latent state"
 RL_CLAIM = "RL on the transition policy raises accuracy"
+PASS_DIR = "↑ CTRLS(ε) − Base, pass@n"
+ABLATION_DIR = "↑ CTRLS(ε) − fixed s0, pass@n"
+CONTROL_DIR = "↑ steps in their sampled state − coincidence reference"
+RL_DIR = "↑ end − step 0, held-out accuracy"
 
 
 def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
@@ -142,11 +150,12 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
     gaps = _exploration_gaps(cfg)
     samples, missing = (None, None) if "eps" in gaps else _load(exploration.load_samples, cfg)
     if "eps" in gaps:
-        out += [Claim(PASS_CLAIM, "Table 1", gaps["eps"], NO_COMPARISON, page1),
-                Claim(ABLATION_CLAIM, "Sec. 4; our fixed-s0 ablation", gaps["ablation"], NO_COMPARISON, page1),
-                Claim(CONTROL_CLAIM, "Eq. 8", gaps["eps"], NO_COMPARISON, page1)]
+        out += [Claim(PASS_CLAIM, "Table 1", gaps["eps"], NO_COMPARISON, page1, claimed=PASS_DIR),
+                Claim(ABLATION_CLAIM, "Sec. 4; our fixed-s0 ablation", gaps["ablation"], NO_COMPARISON, page1,
+                      block=OWN, claimed=ABLATION_DIR),
+                Claim(CONTROL_CLAIM, "Eq. 8", gaps["eps"], NO_COMPARISON, page1, block=OWN, claimed=CONTROL_DIR)]
     elif samples is None:
-        out.append(Claim(PASS_CLAIM, "Table 1", missing[1], missing[0], page1))
+        out.append(Claim(PASS_CLAIM, "Table 1", missing[1], missing[0], page1, claimed=PASS_DIR))
     else:
         t1 = tables.table1(samples, seed=cfg.seed)
         rows = t1[t1.p.notna() & ~t1.config.isin(["fixed s0"])]
@@ -156,18 +165,25 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
                       for _, r in rows.iterrows()])
         out.append(Claim(PASS_CLAIM, "Table 1, Sec. 6.2",
                          f"pass@{int(t1.samples.max())} vs Base ({', '.join(f'{d}: {n} questions' for d, n in t1.groupby('dataset').questions.max().items())}): {ev}",
-                         v + _mdd_note(mdd, "pass@n", v), page1))
-        ab = tables.ablation_table(samples, seed=cfg.seed)
-        ab = ab[ab.comparison.str.endswith("− fixed s0")] if not ab.empty else ab
+                         v + _mdd_note(mdd, "pass@n", v), page1, claimed=PASS_DIR, mdd=mdd.get("pass@n"),
+                         estimates=[Estimate(f"{r.dataset} {r.config} (η={r.temperature:g})", r["Δ pass@n vs Base"],
+                                             r["Δ lo"], r["Δ hi"]) for _, r in rows.iterrows()]))
+        ab_all = tables.ablation_table(samples, seed=cfg.seed)
+        ab = ab_all[ab_all.comparison.str.endswith("− fixed s0")] if not ab_all.empty else ab_all
+        alone = ab_all[ab_all.comparison.str.startswith("fixed s0 −")] if not ab_all.empty else ab_all
         if "ablation" in gaps:
-            out.append(Claim(ABLATION_CLAIM, "Sec. 4; our fixed-s0 ablation", gaps["ablation"], NO_COMPARISON, page1))
+            out.append(Claim(ABLATION_CLAIM, "Sec. 4; our fixed-s0 ablation", gaps["ablation"], NO_COMPARISON, page1,
+                             block=OWN, claimed=ABLATION_DIR))
         elif not ab.empty:
             ev = "; ".join(f"{r.dataset} {r.comparison} (η={r.temperature:g}): {pts(r['Δ pass@n'], r['Δ pass@n lo'], r['Δ pass@n hi'])}"
                            for _, r in ab.iterrows())
             v = _combine([claim_verdict(r["Δ pass@n"], r["p (pass@n, Holm)"], lo=r["Δ pass@n lo"], hi=r["Δ pass@n hi"])
                           for _, r in ab.iterrows()])
+            est = lambda t: [Estimate(f"{r.dataset} {r.comparison} (η={r.temperature:g})", r["Δ pass@n"],  # noqa: E731
+                                      r["Δ pass@n lo"], r["Δ pass@n hi"]) for _, r in t.iterrows()]
             out.append(Claim(ABLATION_CLAIM, "Sec. 4; our fixed-s0 ablation", f"pass@n: {ev}",
-                             v + _mdd_note(mdd, "ablation", v), page1))
+                             v + _mdd_note(mdd, "ablation", v), page1, block=OWN, claimed=ABLATION_DIR,
+                             estimates=est(ab), mdd=mdd.get("ablation"), beside=est(alone)))
         claim = controllability_claim(tables.controllability_table(samples, seed=cfg.seed), mdd, page1)
         if claim is not None:
             out.append(claim)
@@ -178,10 +194,10 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
     except ValueError as e:  # curves without per-question results: an older stage's
         rv, missing = None, (NOT_RUN, str(e))
     if rv is None:
-        out.append(Claim(RL_CLAIM, "Alg. 2, Table 2", missing[1], missing[0], page3))
+        out.append(Claim(RL_CLAIM, "Alg. 2, Table 2", missing[1], missing[0], page3, claimed=RL_DIR))
     elif rv.empty:
         out.append(Claim(RL_CLAIM, "Alg. 2, Table 2", "no RL run has an evaluation after step 0 to compare with "
-                         "step 0 (rl.steps, rl.eval_every)", NO_COMPARISON, page3))
+                         "step 0 (rl.steps, rl.eval_every)", NO_COMPARISON, page3, claimed=RL_DIR))
     else:
         ev = "; ".join(f"`{r.setting}` ({r.seeds} seeds × {r['last step']} steps): {pts(r['Δ'], r['Δ lo'], r['Δ hi'])}"
                        for _, r in rv.iterrows())
@@ -189,7 +205,8 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
         v = _combine(verdicts)
         out.append(Claim(RL_CLAIM, "Alg. 2, Table 2",
                          f"held-out accuracy, end vs step 0: {ev}", v + _mdd_note(mdd, "rl", v),
-                         page3))
+                         page3, claimed=RL_DIR, mdd=mdd.get("rl"),
+                         estimates=[Estimate(f"`{r.setting}`", r["Δ"], r["Δ lo"], r["Δ hi"]) for _, r in rv.iterrows()]))
     return out
 
 
@@ -197,28 +214,52 @@ def synthetic_claims(cfg: Config) -> list[Claim]:
     page = "generated/07_synthetic"
     both, missing = _load(lambda c: (study.load_curves(c), study.load_recovery(c)), cfg)
     if both is None:
-        return [Claim("the synthetic study's claims", "App. C.1, Sec. 6.3", missing[1], missing[0], page)]
+        return [Claim("the synthetic study's claims", "App. C.1, Sec. 6.3", missing[1], missing[0], page, block=OWN)]
     curves, recovery = both
     c = synthetic.claims(synthetic.run_summary(curves), recovery, cfg)
     return [Claim(r.claim, f"synthetic; {r.paper}",
                   f"{r.measure}: {'not computed' if pd.isna(r.value) else format(r.value, 'g')}, 95% CI {r['95% CI']}"
                   + (f", family interval {r['family CI']}" if "family CI" in r else ""),
-                  r.verdict, page) for _, r in c.iterrows()]
+                  r.verdict, page, block=OWN, claimed=r.claimed,
+                  estimates=[Estimate("", r.value, *_interval(r.get("family CI", r["95% CI"])), scale=1, unit="")])
+            for _, r in c.iterrows()]
+
+
+def _interval(text: str) -> tuple[float, float]:
+    """(lo, hi) of an interval written "[lo, hi]" (``synthetic.claims``'s columns)."""
+    lo, hi = (float(x) for x in text.strip("[] ").split(","))
+    return lo, hi
+
+
+def paper_power_counts(pw: pd.DataFrame | None = None) -> dict:
+    """What the paper's own Tables 1 and 2 show (``ctrls.power``): how many CTRLS − Base differences
+    there are, how many point up, down or nowhere, how many have an interval that excludes 0 and how
+    many lie below their minimal detectable difference, and per table how many an exact McNemar test
+    could resolve under the most and the least favourable pairing of the questions."""
+    pw = power.paired_p_columns(power.paper_power()) if pw is None else pw
+    d = pw["diff (pp)"]
+    out = {"n": len(pw), "up": int((d > 0).sum()), "down": int((d < 0).sum()), "zero": int((d == 0).sum()),
+           "excluding 0": int(pw["excludes 0"].sum()), "below MDD": int(pw["below MDD"].sum()),
+           "largest": float(d.loc[d.abs().idxmax()]), "tables": {}}  # the largest in size, signed
+    for table, g in pw.groupby("table", sort=False):
+        out["tables"][table] = {"n": int(g.n.iloc[0]), "differences": len(g),
+                                "best": int((g["p, minimal discordance"] < power.ALPHA).sum()),
+                                "worst": int((g["p, maximal discordance"] < power.ALPHA).sum()),
+                                "median MDD up": float(g["MDD up (pp)"].median())}
+    return out
 
 
 def paper_power_claim() -> Claim:
-    """The paper's own tables, by table (``ctrls.power.table_statements``): Table 1 cannot resolve
-    any difference under any pairing of its 40 questions; for Table 2 the published rates leave a
-    range open, stated."""
-    pw = power.paired_p_columns(power.paper_power())
-    st = power.table_statements(pw)
-    parts = []
-    for table, g in pw.groupby("table", sort=False):
-        best, worst = int((g["p, minimal discordance"] < power.ALPHA).sum()), int((g["p, maximal discordance"] < power.ALPHA).sum())
-        parts.append(f"{table}: none resolvable" if best == 0 else
-                     f"{table}: {worst} to {best} of {len(g)}, undecided by the published rates")
-    return Claim("the paper's CTRLS-vs-Base differences are real", "Tables 1 and 2", " ".join(st.values()),
-                 "; ".join(parts), "generated/06_summary")
+    """The paper's own tables, by table (:func:`paper_power_counts`): Table 1 cannot resolve any
+    difference under any pairing of its 40 questions; for Table 2 the published rates leave a range
+    open, stated."""
+    c = paper_power_counts()
+    parts = [f"{t}: none resolvable" if v["best"] == 0 else f"{t}: undecided ({v['worst']}–{v['best']} of {v['differences']})"
+             for t, v in c["tables"].items()]
+    return Claim("the paper's CTRLS-vs-Base differences are real", "Tables 1 and 2",
+                 f"{c['n']} differences: {c['up']} ↑, {c['down']} ↓, {c['zero']} =; {c['excluding 0']} with a 95% "
+                 f"interval that excludes 0, {c['below MDD']} below their minimal detectable difference",
+                 "; ".join(parts), "generated/06_summary", claimed="↑ CTRLS − Base")
 
 
 N_SIM = 1000  # simulated runs of every power figure: the summary page and the scorecard quote the same numbers
@@ -314,8 +355,9 @@ def scorecard(cfg: Config) -> list[Claim]:
     return [*demo_claims(cfg, demo_mdds(cfg)), *synthetic_claims(cfg), paper_power_claim()]
 
 
-def write_scorecard(cfg: Config, path: Path) -> Path:
-    """Write the scorecard Markdown (with the run it comes from) to ``path``."""
+def write_scorecard(cfg: Config, path: Path, claims: list[Claim] | None = None) -> Path:
+    """Write the scorecard Markdown (with the run it comes from) to ``path``: ``claims``, or the
+    scorecard of ``cfg``'s runs."""
     where = (f"Generated from the `{cfg.profile}` profile's runs: backbone(s) {', '.join(cfg.grid.backbones)}, "
              f"dataset(s) {', '.join(cfg.grid.datasets)}, commit `{git_commit()}`. Verdicts are read off Holm-adjusted "
              f"p-values at 0.05 over each page's family together with the family interval beside them (Newcombe's, "
@@ -323,8 +365,9 @@ def write_scorecard(cfg: Config, path: Path) -> Path:
              f"resolve the difference at this size, with the estimate's direction stated: not evidence of no effect.")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(scorecard_markdown(scorecard(cfg), where))
+    path.write_text(scorecard_markdown(scorecard(cfg) if claims is None else claims, where))
     return path
 
 
-__all__ = ["demo_claims", "demo_power_table", "pilot", "power_note", "scorecard", "synthetic_claims", "write_scorecard"]
+__all__ = ["demo_claims", "demo_power_table", "paper_power_counts", "pilot", "power_note", "scorecard", "synthetic_claims",
+           "write_scorecard"]
