@@ -218,13 +218,17 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def write_claims_scorecard(args: argparse.Namespace, book: Path) -> Path:
-    """The intro page's claims scorecard (``ctrls.stages.scorecard``), from the runs the notebooks made."""
+    """The intro page's findings (``ctrls.findings``) and claims scorecard (``ctrls.stages.scorecard``),
+    from the runs the notebooks made: one computation of the claims for both."""
+    from ctrls.findings import write_findings
     from ctrls.report import notebook_config
-    from ctrls.stages.scorecard import write_scorecard
+    from ctrls.stages.scorecard import scorecard, write_scorecard
 
     cfg = notebook_config(args.profile, str(Path(args.run_dir).resolve()), args.override)
-    path = write_scorecard(cfg, book / "generated" / "scorecard.md")
+    claims = scorecard(cfg)
+    path = write_scorecard(cfg, book / "generated" / "scorecard.md", claims)
     print(f"scorecard: {path}", flush=True)
+    print(f"findings: {write_findings(cfg, book, claims)}", flush=True)
     return path
 
 
