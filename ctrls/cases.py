@@ -77,6 +77,11 @@ STATE_NOTE = ("<b>s = j</b> on a step: the latent state (one of the K states, nu
               "encoded them.")
 
 
+def state_note_html() -> str:
+    """The ``s = j`` legend of the traces, once."""
+    return f"<p style='font-size:0.85em;margin:4px 0 12px'>{STATE_NOTE}</p>"
+
+
 def tex_html(text: str) -> str:
     """``text`` escaped for HTML, with each ``$...$`` that reads as TeX (a backslash, ``^``, ``_``,
     braces, an operator beside a letter, or a lone letter such as ``$x$``) turned into MathJax's ``\\(...\\)``; a dollar amount such
@@ -96,9 +101,10 @@ def shown_answer(row: pd.Series) -> str:
 
 
 def trace_html(question: str, gold: str, left: pd.Series, right: pd.Series, left_title: str = "Base",
-               right_title: str = "CTRLS") -> str:
+               right_title: str = "CTRLS", note: bool = True) -> str:
     """Side-by-side step traces, each step with its latent state, laid out like Figures 3, 6 and 7. The
-    steps are the model's own lines, in order (not renumbered); ``$...$`` TeX is typeset."""
+    steps are the model's own lines, in order (not renumbered); ``$...$`` TeX is typeset. ``note``: the
+    ``s = j`` legend under the traces (a page of several cases shows it once, :func:`state_note_html`)."""
     def column(row: pd.Series, title: str) -> str:
         states = list(row.get("states", []) if isinstance(row.get("states"), (list, tuple)) else
                       (row.get("states").tolist() if row.get("states") is not None else []))
@@ -116,7 +122,7 @@ def trace_html(question: str, gold: str, left: pd.Series, right: pd.Series, left
                 f"<ul style='list-style:none;padding-left:0'>{''.join(items)}</ul></div>")
     head = (f"<div style='border:2px solid #3b6fd1;border-radius:6px;background:#f3f6fd;padding:6px 10px;margin-bottom:6px'>"
             f"<b>Question</b>: {tex_html(question)}<br><b>Gold</b>: {tex_html(gold)}</div>")
-    note = f"<p style='font-size:0.85em;margin:4px 0 12px'>{STATE_NOTE}</p>"
+    note = state_note_html() if note else ""
     return (f"<div class='ctrls-case mathjax_process tex2jax_process'>{head}"
             f"<div style='display:flex;gap:10px'>{column(left, left_title)}{column(right, right_title)}</div>{note}</div>")
 

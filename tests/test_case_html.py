@@ -28,3 +28,18 @@ def test_trace_keeps_the_models_numbering_and_explains_states():
     assert "s = 5" in out and "latent state" in out
     assert "answer <code>no answer</code>" in out and "nan" not in out
     assert "\\(x^2\\)" in out and "mathjax_process" in out
+
+
+def test_the_state_legend_is_shown_once_per_page_not_per_case():
+    from ctrls.cases import STATE_NOTE, state_note_html
+
+    with_note = trace_html("Q", "7", row(), row())
+    without = trace_html("Q", "7", row(), row(), note=False)
+    assert STATE_NOTE in with_note and STATE_NOTE not in without and STATE_NOTE in state_note_html()
+    assert "s = 5" in without  # the badges stay; only the legend goes
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "05_case_studies.ipynb").read_text())
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert code.count("state_note_html()") == 1 and code.count("trace_html(") == code.count("note=False")
