@@ -45,10 +45,7 @@ def paper_forest(pw: pd.DataFrame):
     per table: each difference with its 95% Newcombe interval (points), over a grey band from −MDD
     down to +MDD up, the smallest change from Base its test detects with power 0.8 at the paper's n
     (to the edge where no rate is detectable). Returns the matplotlib Figure."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # headless outside a kernel: matplotlib falls back to Agg
 
     tables = list(dict.fromkeys(pw["table"]))
     rows = max(int((pw["table"] == t).sum()) for t in tables)

@@ -191,3 +191,25 @@ def test_run_your_own_page_has_the_format_the_keys_the_command_and_the_outputs()
     keys = fd.config_keys_markdown()
     for key in ("states.n_states", "spectral.k", "states.tau", "adapter.rank", "pretrain.epochs"):
         assert f"`{key}`" in keys
+
+
+# ---- item 7: the summary's forest plot, Table 3 once ---------------------------------------------
+
+
+def _code_cells(name):
+    nb = json.loads((ROOT / "notebooks" / name).read_text())
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def test_summary_shows_the_forest_plot_and_folds_the_80_row_table():
+    cells = _code_cells("06_summary.ipynb")
+    forest = next(i for i, c in enumerate(cells) if "findings.paper_forest(pw)" in "".join(c["source"]))
+    folded = next(i for i, c in enumerate(cells) if "power.power_view(pw)" in "".join(c["source"]))
+    assert forest < folded and "hide-output" in cells[folded]["metadata"]["tags"]
+    assert "power_view" not in "".join(cells[forest]["source"])
+
+
+def test_the_papers_table_3_is_shown_once_in_the_book():
+    code = ["".join(c["source"]) for nb in sorted((ROOT / "notebooks").glob("*.ipynb")) for c in _code_cells(nb.name)]
+    assert sum(s.count("table3_vs_paper(") for s in code) == 1
+    assert not any(s.strip().splitlines()[-1].strip() in ("paper.PAPER_TABLE3", "PAPER_TABLE3") for s in code if s.strip())
