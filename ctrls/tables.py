@@ -18,6 +18,7 @@ comparison belongs to one family per page: fixed s0 − Base is the ablation's, 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -447,7 +448,17 @@ def wilson(k: int, n: int) -> tuple[float, float]:
     return wilson_interval(k, n)
 
 
-SYNTHETIC_PAGE = "07_synthetic.ipynb"  # the book's page "A controlled study on a synthetic latent chain"
+SYNTHETIC_PAGE = "07_synthetic.html"  # the built page beside the RL page: Sphinx leaves links in outputs as they are
+
+
+def synthetic_link() -> str:
+    """A Markdown link to the synthetic study's page, by its own title (its notebook's first heading)."""
+    import json
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "07_synthetic.ipynb").read_text())
+    title = next(line[2:].strip() for c in nb["cells"] if c["cell_type"] == "markdown"
+                 for line in "".join(c["source"]).splitlines() if line.startswith("# "))
+    return f"[{title}]({SYNTHETIC_PAGE})"
 
 
 def reward_note(cfg: Config, rates: pd.DataFrame, low: float = 0.05) -> str:
@@ -463,10 +474,10 @@ def reward_note(cfg: Config, rates: pd.DataFrame, low: float = 0.05) -> str:
                  "α·ΣH), so the REINFORCE gradient carries almost no information about correctness: flat accuracy "
                  "curves are what this size is expected to give, not a finding about CTRLS. How the policy learns, "
                  "explores and collapses is studied where the reward is informative and the optimum known: "
-                 f"[A controlled study on a synthetic latent chain]({SYNTHETIC_PAGE}).")
+                 f"{synthetic_link()}.")
     else:
         text += (" For the learning dynamics against a known optimum, see "
-                 f"[A controlled study on a synthetic latent chain]({SYNTHETIC_PAGE}).")
+                 f"{synthetic_link()}.")
     return text
 
 

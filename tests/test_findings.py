@@ -213,3 +213,12 @@ def test_the_papers_table_3_is_shown_once_in_the_book():
     code = ["".join(c["source"]) for nb in sorted((ROOT / "notebooks").glob("*.ipynb")) for c in _code_cells(nb.name)]
     assert sum(s.count("table3_vs_paper(") for s in code) == 1
     assert not any(s.strip().splitlines()[-1].strip() in ("paper.PAPER_TABLE3", "PAPER_TABLE3") for s in code if s.strip())
+
+
+def test_the_rl_pages_link_to_the_synthetic_study_resolves_by_its_title():
+    from ctrls.tables import synthetic_link
+
+    link = synthetic_link()
+    nb = json.loads((ROOT / "notebooks" / "07_synthetic.ipynb").read_text())
+    title = "".join(nb["cells"][0]["source"]).splitlines()[0][2:]
+    assert link == f"[{title}](07_synthetic.html)"  # the built page beside the RL page, never the .ipynb (a 404)
