@@ -125,7 +125,7 @@ def _claim_finding(c: Claim | None, key: str, what: str, extra: str = "") -> str
     head = HEADS[key].get(c.label)
     if head is None:  # not run, no comparison, unreadable: the state and why
         return f"**{what}: {c.label}.** {c.found()}"
-    return f"**{head}** ({what}, {{doc}}`/{c.page}`). {_sized(c)}.{extra}"
+    return f"**{head}** ({{doc}}`/{c.page}`). {_sized(c)}.{extra}"
 
 
 def demo_findings(claims: list[Claim]) -> list[str]:
