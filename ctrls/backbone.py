@@ -7,19 +7,31 @@
   loads read that copy (well under 2 s).
 - any Hugging Face hub id (``Qwen/Qwen2.5-3B-Instruct``) or local model directory.
 
-The model is frozen (``requires_grad_(False)``, eval mode). Device and dtype default to
-cuda/bfloat16 when a GPU is present and cpu/float32 otherwise.
+The model is frozen (``requires_grad_(False)``, eval mode). The device defaults to cuda when a GPU
+is present, else cpu. The dtype (``backbone.dtype``, :func:`resolve_dtype`):
+
+- ``device`` (the default): bfloat16 on CUDA, float32 elsewhere;
+- ``auto``: bfloat16 on CUDA; on a CPU a short GEMM probe (:func:`probe_gemm`, under a second) times
+  square matrix products in float32 and bfloat16, and bfloat16 is picked only where it is measured
+  at least ``BF16_MARGIN`` (1.2x) faster. CPUs differ: bfloat16 was 4x faster on one 2-core EPYC and
+  40x slower on another (bench/dtype.py). The probe runs once per machine, CPU threads and torch
+  version; its numbers are kept in ``<cache>/dtype_probe.json`` (delete it to measure again), so
+  every stage of a run, and every process reading it, gets the same choice. Loading a backbone logs
+  the choice, the run's ``config.yaml`` and the book's banner record it (:meth:`DtypeChoice.describe`);
+- ``float32``, ``bfloat16``, ``float16``: that dtype.
 """
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
+import platform
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -42,6 +54,7 @@ class Backbone:
     model: torch.nn.Module
     tokenizer: object
     name: str
+    dtype_choice: "DtypeChoice | None" = None  # how backbone.dtype was resolved (load_backbone)
 
     @property
     def device(self) -> torch.device:
@@ -88,13 +101,145 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BF16_MARGIN = 1.2  # auto picks bfloat16 on a CPU only where its GEMM is measured at least this much faster
+PROBE_MAX_N = 1024  # the probe's largest square matrix
+PROBE_MIN_SECONDS = 0.02  # the probe's size doubles from 128 until one product takes this long (or PROBE_MAX_N)
+
+
+@dataclass(frozen=True)
+class GemmProbe:
+    """What :func:`probe_gemm` measured: GFLOP/s of an n x n product per dtype (best of ``repeats``)."""
+
+    fp32_gflops: float
+    bf16_gflops: float
+    fp32_n: int
+    bf16_n: int
+    threads: int
+    seconds: float  # the probe's own wall time
+
+    def picks_bf16(self, margin: float = BF16_MARGIN) -> bool:
+        """The decision rule: bfloat16 only where measured at least ``margin`` times faster."""
+        return self.bf16_gflops >= margin * self.fp32_gflops
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """How ``backbone.dtype`` became a torch dtype: the requested value, the result, the probe (auto on CPU)."""
+
+    requested: str
+    dtype: str
+    device: str
+    probe: GemmProbe | None = None
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def describe(self) -> str:
+        """``dtype auto -> float32 (probe: fp32 X GFLOP/s, bf16 Y GFLOP/s, ...)``: for logs, config.yaml, banners."""
+        if self.requested == self.dtype:
+            return f"dtype {self.dtype}"
+        if self.probe is None:
+            why = "on CUDA" if self.device == "cuda" else "the device's default"
+            return f"dtype {self.requested} -> {self.dtype} ({why})"
+        p = self.probe
+        return (f"dtype {self.requested} -> {self.dtype} (probe: fp32 {p.fp32_gflops:.1f} GFLOP/s, bf16 "
+                f"{p.bf16_gflops:.1f} GFLOP/s; n = {p.fp32_n} / {p.bf16_n}, {p.threads} threads; bf16 needs "
+                f">= {BF16_MARGIN:g}x)")
+
+
+def time_matmul(dtype: torch.dtype, n: int) -> float:
+    """Seconds of one n x n matrix product in ``dtype`` on the CPU (the inputs are made outside the timing)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    t = time.perf_counter()
+    a @ b
+    return time.perf_counter() - t
+
+
+def probe_gemm(time_fn: Callable[[torch.dtype, int], float] = time_matmul, repeats: int = 3,
+               max_n: int = PROBE_MAX_N, min_seconds: float = PROBE_MIN_SECONDS) -> GemmProbe:
+    """GFLOP/s of square products in float32 and bfloat16 on this CPU. Per dtype the size doubles from
+    128 (the growing products are the warm-up) until one product takes ``min_seconds`` or n reaches
+    ``max_n``; then the best of ``repeats`` at that size. A slow dtype stops growing early, so the probe
+    stays under about a second either way. ``time_fn(dtype, n)`` (seconds of one product) is injectable."""
+    t0 = time.perf_counter()
+    out = {}
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        n = 128
+        t = time_fn(dt, n)
+        while t < min_seconds and n < max_n:
+            n *= 2
+            t = time_fn(dt, n)
+        best = min([t] + [time_fn(dt, n) for _ in range(repeats - 1)])
+        out[name] = (2 * n ** 3 / max(best, 1e-12) / 1e9, n)
+    return GemmProbe(fp32_gflops=float(f"{out['fp32'][0]:.4g}"), bf16_gflops=float(f"{out['bf16'][0]:.4g}"),
+                     fp32_n=out["fp32"][1], bf16_n=out["bf16"][1], threads=torch.get_num_threads(),
+                     seconds=round(time.perf_counter() - t0, 3))
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``, else None."""
     try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    except KeyError:
-        raise BackboneError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def probe_file() -> Path:
+    return default_cache_dir().parent / "dtype_probe.json"
+
+
+_PROBES: dict[str, GemmProbe] = {}
+
+
+def machine_probe() -> GemmProbe:
+    """:func:`probe_gemm` once per machine (CPU model), thread count and torch version: in this process,
+    then from :func:`probe_file`, else measured and stored there."""
+    k = f"{cpu_model()}|{torch.get_num_threads()} threads|torch {torch.__version__}"
+    if k in _PROBES:
+        return _PROBES[k]
+    f = probe_file()
+    try:
+        stored = json.loads(f.read_text())
+    except (OSError, ValueError):
+        stored = {}
+    try:
+        probe = GemmProbe(**stored[k])
+    except (KeyError, TypeError):
+        probe = probe_gemm()
+        log.info("GEMM probe (%s): %s", k, probe)
+        try:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            tmp = f.with_name(f"{f.name}.tmp{os.getpid()}")
+            tmp.write_text(json.dumps({**(stored if isinstance(stored, dict) else {}), k: asdict(probe)}, indent=1))
+            tmp.replace(f)
+        except OSError as e:
+            log.warning("could not store the GEMM probe in %s: %s", f, e)
+    _PROBES[k] = probe
+    return probe
+
+
+def resolve_dtype(dtype: str, device: torch.device | str,
+                  probe: Callable[[], GemmProbe] | None = None) -> DtypeChoice:
+    """``backbone.dtype`` on ``device`` (see the module docstring); ``probe`` (default :func:`machine_probe`)
+    runs only for auto off CUDA."""
+    dev = torch.device(device).type
+    if dtype in DTYPES:
+        return DtypeChoice(dtype, dtype, dev)
+    if dtype == "device" or (dtype == "auto" and dev == "cuda"):
+        return DtypeChoice(dtype, "bfloat16" if dev == "cuda" else "float32", dev)
+    if dtype == "auto":
+        p = (probe or machine_probe)()
+        return DtypeChoice(dtype, "bfloat16" if p.picks_bf16() else "float32", dev, p)
+    raise BackboneError(f"unknown dtype {dtype!r}; use device, auto, float32, bfloat16 or float16")
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    return resolve_dtype(dtype, device).torch_dtype
 
 
 def default_cache_dir() -> Path:
@@ -148,22 +293,26 @@ def resolve(name: str, cache_dir: str | Path | None = None) -> str:
     return name
 
 
-def load_backbone(name: str = "smollm2-135m-instruct", device: str = "auto", dtype: str = "auto",
+def load_backbone(name: str = "smollm2-135m-instruct", device: str = "auto", dtype: str = "device",
                   cache_dir: str | Path | None = None) -> Backbone:
     """Load a frozen causal LM and its tokenizer (see the module docstring)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = pick_device(device)
-    dt = pick_dtype(dtype, dev)
+    choice = resolve_dtype(dtype, dev)
+    if choice.probe is not None:
+        log.info("backbone %s: %s", name, choice.describe())
     path = resolve(name, cache_dir)
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=choice.torch_dtype)
     except OSError as e:
         raise BackboneError(
             f"could not load backbone {name!r}: {e}\nGive a local model directory, or a hub id on a "
             f"machine that can reach huggingface.co (offline: the embedded 'smollm2-135m-instruct').") from e
-    return freeze(model.to(dev), tok, name)
+    bb = freeze(model.to(dev), tok, name)
+    bb.dtype_choice = choice
+    return bb
 
 
 def freeze(model: torch.nn.Module, tokenizer: object, name: str) -> Backbone:

@@ -91,6 +91,9 @@ MAX_LR = 10.0  # learning rates (Adam's step is about lr per entry)
 MAX_CONCENTRATION = 1e4  # Dirichlet concentrations c (lgamma of c p stays exact in float32)
 
 DATASET = Rule("gsm8k, math, gsm_symbolic, word_problems, or a directory holding train.jsonl and test.jsonl", _is_dataset)
+DTYPE = Rule("device (bfloat16 on CUDA, float32 elsewhere), auto (bfloat16 on CUDA; on a CPU bfloat16 only where "
+             "a GEMM probe measures it >= 1.2x faster, else float32), float32, bfloat16 or float16",
+             lambda v: v in ("device", "auto", "float32", "bfloat16", "float16"))
 RL_SETTING = Rule(f"none, epsilon, entropy, both, 'eps=X', 'H=Y' or 'eps=X,H=Y' with X in [0, 1], Y in [0, {MAX_ALPHA:g}]",
                   _is_rl_setting)
 HIDDEN_LAYER_WHY = ("pretraining would fit the states and train the adapter on that layer's hidden states while "
@@ -135,7 +138,7 @@ class DataConfig:
 class BackboneConfig:
     name: str = key("smollm2-135m-instruct", text())  # embedded default, a hub id, or a local path
     device: str = key("auto", Rule("auto, or a torch device (cpu, cuda, cuda:N, mps, ...)", _is_device))
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: str = key("device", DTYPE)  # device: bf16 on CUDA, fp32 elsewhere; auto: a CPU's GEMM probe decides (ctrls.backbone)
     # which hidden_states entry is E_t (-1: last, after the final norm); only -1 (HIDDEN_LAYER_WHY)
     hidden_layer: int = key(-1, only(-1, why=HIDDEN_LAYER_WHY))
     cache_dir: str | None = key(None, anything("a directory"))  # where the embedded backbone's safetensors copy lives
@@ -340,6 +343,8 @@ class Config:
     def fingerprint(self, *keys: str) -> str:
         """A short hash of the named sections or dotted fields (all if none), for stage caching."""
         d = self.to_dict()
+        if not keys or {"backbone", "backbone.dtype"} & set(keys):
+            d["backbone"]["dtype"] = self._dtype_for_key()
         if keys:
             picked = {}
             for k in keys:
@@ -351,6 +356,19 @@ class Config:
                 picked[k] = v
             d = picked
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _dtype_for_key(self) -> str:
+        """backbone.dtype as stage keys hash it: ``device`` as ``auto`` (that rule's name before auto
+        measured: the keys of earlier runs stay), ``auto`` with the dtype it resolves to here."""
+        if self.backbone.dtype == "device":
+            return "auto"
+        return f"auto:{self.dtype_choice().dtype}" if self.backbone.dtype == "auto" else self.backbone.dtype
+
+    def dtype_choice(self):
+        """``ctrls.backbone.DtypeChoice``: how backbone.dtype resolves on this machine (auto: the GEMM probe)."""
+        from ctrls.backbone import pick_device, resolve_dtype  # lazy: keeps torch out of the config import
+
+        return resolve_dtype(self.backbone.dtype, pick_device(self.backbone.device))
 
 
 _builtin_sizes = builtin_sizes  # its old name (tests/test_config.py)
@@ -430,4 +448,6 @@ def load_config(profile: str = "demo", overrides: str | typing.Iterable[str] | d
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(dump_yaml(cfg.to_dict()))
+    """The config as YAML; with ``backbone.dtype: auto``, a closing comment records what it resolved to."""
+    note = f"# backbone.{cfg.dtype_choice().describe()}\n" if cfg.backbone.dtype == "auto" else ""
+    Path(path).write_text(dump_yaml(cfg.to_dict()) + note)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Iterable
 import torch
 
 import ctrls
+from ctrls.backbone import cpu_model  # noqa: F401 (re-exported: ctrls.cli and the benches)
 from ctrls.config import Config, load_config
 from ctrls.overrides import parse_overrides
 
@@ -28,17 +29,6 @@ def notebook_config(profile: str = "demo", run_dir: str = "runs", overrides: str
     return load_config(profile, {**parse_overrides(overrides), "run_dir": run_dir})
 
 
-def cpu_model() -> str | None:
-    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``, else None."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def git_commit() -> str:
     root = Path(ctrls.__file__).resolve().parents[1]
     try:
@@ -52,11 +42,12 @@ def git_commit() -> str:
 
 
 def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: Iterable[str] | None = None) -> str:
-    """A Markdown banner: backbone, data, profile, seed, commit, hardware."""
+    """A Markdown banner: backbone and its dtype (``backbone.dtype: auto``: the probe's choice and numbers),
+    data, profile, seed, commit, hardware."""
     bb = ", ".join(backbones or cfg.grid.backbones)
     ds = ", ".join(datasets or cfg.grid.datasets)
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-    return (f"**Produced by** profile `{cfg.profile}` · backbone `{bb}` · data `{ds}` "
+    return (f"**Produced by** profile `{cfg.profile}` · backbone `{bb}`, {cfg.dtype_choice().describe()} · data `{ds}` "
             f"(n_train={cfg.data.n_train}, n_test={cfg.data.n_test}) · seed {cfg.seed} · "
             f"ctrls {ctrls.__version__} at commit `{git_commit()}` · torch {torch.__version__} on {dev}")
 

@@ -47,7 +47,9 @@ def test_unloadable_name_gives_clear_error(tmp_path):
 
 
 def test_device_and_dtype_choice():
-    assert bbmod.pick_dtype("auto", torch.device("cpu")) == torch.float32
+    # device (the default): float32 on a CPU, bfloat16 on CUDA (auto, measured on a CPU: tests/test_dtype_auto.py)
+    assert bbmod.pick_dtype("device", torch.device("cpu")) == torch.float32
+    assert bbmod.pick_dtype("device", torch.device("cuda")) == torch.bfloat16
     assert bbmod.pick_dtype("auto", torch.device("cuda")) == torch.bfloat16
     with pytest.raises(bbmod.BackboneError):
         bbmod.pick_dtype("fp8", torch.device("cpu"))
