@@ -220,3 +220,59 @@ def concentration_frame(path) -> "pd.DataFrame":
         raise ValueError(f"{path}: a bench/concentration.py result with no points or a NaN/Inf rate")
     df.attrs.update({"fitted_c": fitted, "machine": res.get("machine", {}), "commit": res.get("commit", "?")})
     return df
+
+
+INJECTION_RESULT = "bench/results/injection.json"
+
+
+def injection_result_path():
+    """Where the repository keeps the stored ``bench/injection.py`` result (None when absent)."""
+    from pathlib import Path
+
+    p = Path(__file__).resolve().parents[1] / INJECTION_RESULT
+    return p if p.exists() else None
+
+
+def _injection_label(layer: str, n_layers: int | None) -> str:
+    if layer == "last":
+        return "last hidden state (the stages' adapter)"
+    if layer == "0":
+        return "input embeddings (Alg. 1)"
+    return f"output of layer {layer}" + (f" of {n_layers}" if n_layers else "")
+
+
+def injection_frame(path) -> "pd.DataFrame":
+    """The rows of a ``bench/injection.py`` result: one per injection point, with the held-out controls
+    (log P per token over the backbone alone under the posterior state, shuffled states, a random state)
+    and generation (follows-its-state with its coincidence reference, each with its 95% interval; pass@1 and
+    Succ. beside Base's). A missing field or a non-finite number is a clear error."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    path = Path(path)
+    try:
+        res = json.loads(path.read_text())
+        base = res["base"]
+        rows = []
+        for layer, r in res["rows"].items():
+            g, st = r["controls"]["gain_over_backbone"], r["steering"]
+            f, c = st["follows"], st["coincidence"]
+            rows.append({"injection": _injection_label(layer, res.get("n_layers")),
+                         "epochs kept": r["fit"].get("kept_epoch"), "Adam steps": r["fit"].get("optimizer_steps"),
+                         "posterior": g["posterior"], "shuffled": g["shuffled states"], "random": g["random state"],
+                         "follows": f["rate"], "follows_lo": f["lo"], "follows_hi": f["hi"], "steps": f["steps"],
+                         "coincidence": c["rate"], "coincidence_lo": c["lo"], "coincidence_hi": c["hi"],
+                         "pass@1": st["pass1"], "Succ.": st["succ"], "Base pass@1": base["pass1"],
+                         "Base Succ.": base["succ"], "samples": st["samples"]})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a readable bench/injection.py result ({type(e).__name__}: {e})") from e
+    df = pd.DataFrame(rows)
+    num = ["posterior", "shuffled", "random", "follows", "coincidence", "pass@1", "Succ."]
+    if df.empty or not np.isfinite(df[num].to_numpy(dtype=float)).all():
+        raise ValueError(f"{path}: a bench/injection.py result with no rows or a NaN/Inf number")
+    df.attrs.update({"machine": res.get("machine", {}), "commit": res.get("commit", "?"),
+                     "questions": res.get("questions"), "samples_per_question": res.get("samples_per_question"),
+                     "epsilon": res.get("epsilon"), "train_chains": res.get("train_chains")})
+    return df
