@@ -44,8 +44,13 @@ check-site: setup chromium
 book: setup
 	$(PY) -m ctrls reproduce --profile $(PROFILE)
 
+# Two xdist workers (one torch thread each, tests/conftest.py), a test module at a time, in the order
+# of conftest.SLOW_FIRST (not xdist's most-tests-first): the smoke book's users, all in
+# tests/test_book.py, run first, on the worker that builds it. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 test: setup chromium
-	$(PY) -m pytest -q --durations=30 tests
+	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) tests
 
 bench: setup
 	for b in bench/*.py; do $(PY) $$b || exit 1; done

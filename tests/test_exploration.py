@@ -12,7 +12,6 @@ from ctrls.settings import BASE, FIXED
 from ctrls.stages.exploration import load_samples
 from ctrls.metrics import holm
 from ctrls.tables import ablation_table, ablation_view, controllability_table, diversity_table, matrices, table1
-from test_pretrain import OVR
 
 
 
@@ -250,8 +249,9 @@ def test_your_own_dataset_through_the_cli(tmp_path):
                       "answer": 7 + 3 * i, "steps": [f"He has {3 + i} + {4 + 2 * i} = {7 + 3 * i} apples."]}
                      for i in range(n)])
     runs = tmp_path / "runs"
-    # the plumbing of a user's dataset, not the stages' sizes: one epoch, short chains, 2 of the 3 test questions
-    ovr = [*OVR, f"grid.datasets=[{d}]", "pretrain.epochs=1", "sampling.max_new_tokens=24", "data.n_test=2"]
+    # the plumbing of a user's dataset, not the stages' sizes: one epoch, short chains, 2 of the 3 test questions,
+    # the smoke profile's 16 sequences per sampling chunk (not SMOKE_OVERRIDES' 2, which the kill tests need)
+    ovr = [f"grid.datasets=[{d}]", "pretrain.epochs=1", "sampling.max_new_tokens=24", "data.n_test=2"]
     r = subprocess.run([sys.executable, "-m", "ctrls", "stage", "pretrain", "exploration", "--profile", "smoke",
                         "--run-dir", str(runs), "-o", *ovr], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
