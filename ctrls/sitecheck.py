@@ -19,10 +19,15 @@ driven by Playwright), and for each page:
   then takes a full-page PNG screenshot into ``out_dir``;
 * records as *overflow* every visible table, math display or code block that is wider than its
   container (its ``scrollWidth`` exceeds its ``clientWidth``, or its box is wider than its parent's
-  content box), and the page itself when it scrolls horizontally (all at 1280 px);
+  content box), and the page itself when it scrolls horizontally; at 1280 px nothing may scroll
+  sideways, at 390 px (a phone) a wide table may scroll inside its own box (``overflow-x: auto``),
+  which must itself fit; content cut off by ``overflow-x: hidden`` is *clipped*, at every width;
 * records as *junk* visible text that a reader should never see: a tqdm progress bar, a bare
   ``nan``/``None`` (a table cell or output line that is only that, ``nan`` anywhere, ``= None``),
-  or an absolute build path (``/work/``, ``/tmp/``, ``/root/``, ``/home/``).
+  an absolute build path (``/work/``, ``/tmp/``, ``/root/``, ``/home/``), or placeholder and
+  work-log text (``TODO``, "not yet set", ``repo_url``, "issue #26", "lent to us", ...);
+* records as *broken links* the page's links into the site that do not resolve: no such file, or,
+  for ``page.html#anchor``, no element with that id.
 
 Every overflow and junk finding names the element (tag, id/classes, the section heading above it
 and the start of its text), so a failure says where to look.
@@ -31,9 +36,10 @@ It returns a report (a dict; see :func:`check_site`). Run it from the command li
 
     python -m ctrls.sitecheck [HTML_DIR] [--out DIR]
 
-which prints the report and exits 1 when a page has a missing asset, made an external request,
-overflows or shows junk (defaults: ``book/_build/html``, every page of it, and
-``book/_build/screenshots``).
+which checks at 1280 and 390 px (``--width``), prints the reports and exits 1 when a page has a
+missing asset, made an external request, overflows, shows junk or has a broken link (defaults:
+``book/_build/html``, every page of it, and ``book/_build/screenshots``, the 390 px ones in its
+``390px/``). The in-page scripts and the link resolver are in :mod:`ctrls.sitecheck_page`.
 
 Playwright (the ``dev`` extra) drives the browser; its own browser download
 (``playwright install``) is never used: the browser is Debian's ``chromium`` package
@@ -54,6 +60,10 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from ctrls.sitecheck_page import (  # noqa: F401 - re-exported: the in-page scripts and the link resolver
+    HOOKS, INSPECT, LINK_HINTS, WAIT_ANIMATIONS, WAIT_MATHJAX, broken_links,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 # Known to work with Debian's chromium as root, in a container, with no network but loopback.
@@ -83,195 +93,15 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 # ``<-loopback>``: only the hosts listed bypass the proxy (Chromium would bypass all of 127.0.0.0/8)
 PROXY_BYPASS = "<-loopback>;127.0.0.1;localhost;[::1]"
 
-# Hooks on the page's connection APIs, installed before any page script runs: each reports
-# (type, absolute URL) to Python through the exposed binding, which survives navigations.
-_HOOKS = r"""
-(() => {
-  const report = (type, url) => {
-    try {
-      const abs = (url instanceof Request) ? url.url : new URL(String(url), location.href).href;
-      window.__ctrlsConnection(type, abs);
-    } catch (e) {
-      try { window.__ctrlsConnection(type, String(url)); } catch (e2) {}
-    }
-  };
-  const hookCtor = (name, type) => {
-    const C = window[name];
-    if (typeof C !== 'function') return;
-    window[name] = new Proxy(C, {construct(t, args, nt) { report(type, args[0]); return Reflect.construct(t, args, nt); }});
-  };
-  hookCtor('WebSocket', 'websocket');
-  hookCtor('EventSource', 'eventsource');
-  hookCtor('WebTransport', 'webtransport');
-  hookCtor('Worker', 'worker');
-  hookCtor('SharedWorker', 'sharedworker');
-  if (typeof window.fetch === 'function') {
-    window.fetch = new Proxy(window.fetch, {apply(t, self, args) { report('fetch', args[0]); return Reflect.apply(t, self, args); }});
-  }
-  if (window.XMLHttpRequest) {
-    const open = XMLHttpRequest.prototype.open;
-    XMLHttpRequest.prototype.open = function (method, url, ...rest) { report('xhr', url); return open.call(this, method, url, ...rest); };
-  }
-  if (navigator.sendBeacon) {
-    const beacon = navigator.sendBeacon.bind(navigator);
-    navigator.sendBeacon = (url, data) => { report('sendbeacon', url); return beacon(url, data); };
-  }
-  const RTC = window.RTCPeerConnection;
-  if (typeof RTC === 'function') {
-    const servers = (config) => {
-      for (const s of (config && config.iceServers) || []) {
-        for (const u of [].concat(s.urls || s.url || [])) { try { window.__ctrlsConnection('webrtc', String(u)); } catch (e) {} }
-      }
-    };
-    window.RTCPeerConnection = new Proxy(RTC, {construct(t, args, nt) { servers(args[0]); return Reflect.construct(t, args, nt); }});
-    const setConf = RTC.prototype.setConfiguration;
-    if (setConf) RTC.prototype.setConfiguration = function (config) { servers(config); return setConf.call(this, config); };
-  }
-})();
-"""
-
-# Links that make the browser connect to a host without a request of their own (preconnect) or
-# before any is needed; found in the page after it settles.
-_LINK_HINTS = """
-() => Array.from(document.querySelectorAll('link[rel][href]'))
-  .map((l) => [l.rel.toLowerCase(), l.href])
-  .filter(([rel]) => /\\b(preconnect|dns-prefetch|prefetch|preload|modulepreload|prerender)\\b/.test(rel))
-"""
 VIEWPORT = {"width": 1280, "height": 900}
-
-# Wait for MathJax 3 (when the page loads it) to finish its first typesetting pass, then for the
-# web fonts it asked for. Resolves to "none", "done", "timeout" or "error: ...".
-_WAIT_MATHJAX = """
-async (timeoutMs) => {
-  const hasScript = !!document.querySelector('script[src*="mathjax" i], script[src*="tex-" i]');
-  const deadline = Date.now() + timeoutMs;
-  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-  if (!hasScript && !window.MathJax) return "none";
-  // MathJax is loaded async: window.MathJax is first the config object, then the real one.
-  while (!(window.MathJax && window.MathJax.startup && window.MathJax.startup.promise)) {
-    if (Date.now() > deadline) return "timeout";
-    await sleep(50);
-  }
-  const left = Math.max(0, deadline - Date.now());
-  try {
-    const ok = await Promise.race([
-      window.MathJax.startup.promise.then(() => true),
-      sleep(left).then(() => false),
-    ]);
-    if (!ok) return "timeout";
-    if (document.fonts && document.fonts.ready) await document.fonts.ready;
-    return "done";
-  } catch (e) {
-    return "error: " + e;
-  }
-}
-"""
+# The widths `python -m ctrls.sitecheck` (make check-site) checks: a laptop, and a phone (390 px,
+# 844 high), where a wide table may scroll inside its own box but nothing may widen the page.
+WIDTHS = (1280, 390)
+NARROW = 800  # below this width, scrolling inside an element's own box is allowed
 
 
-_WAIT_ANIMATIONS = """
-async (timeoutMs) => {
-  const running = document.getAnimations().filter((a) => a.effect && a.effect.getTiming().iterations !== Infinity);
-  await Promise.race([Promise.allSettled(running.map((a) => a.finished)),
-                      new Promise((r) => setTimeout(r, timeoutMs))]);
-  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
-}
-"""
-# Layout and text checks, run in the page after MathJax is done. Returns {overflow, junk, pageWidth}.
-_INSPECT = r"""
-() => {
-  const root = document.querySelector('main article, article.bd-article, main, [role=main]') || document.body;
-  const visible = (el) => {
-    if (!el.getClientRects().length) return false;
-    const st = getComputedStyle(el);
-    return st.visibility !== 'hidden' && st.display !== 'none';
-  };
-  const heading = (el) => {
-    // The nearest section heading before the element, for the report.
-    const all = Array.from(root.querySelectorAll('h1, h2, h3, h4'));
-    let best = null;
-    for (const h of all) {
-      if (h.compareDocumentPosition(el) & Node.DOCUMENT_POSITION_FOLLOWING) best = h; else break;
-    }
-    return best ? best.textContent.replace(/[#¶]/g, '').trim().slice(0, 60) : '';
-  };
-  const describe = (el) => {
-    let d = el.tagName.toLowerCase();
-    if (el.id) d += '#' + el.id;
-    const cls = (typeof el.className === 'string' ? el.className : '').trim().split(/\s+/).filter(Boolean).slice(0, 3);
-    if (cls.length) d += '.' + cls.join('.');
-    const text = (el.innerText || el.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 50);
-    const h = heading(el);
-    return d + (h ? ` under "${h}"` : '') + (text ? `: "${text}"` : '');
-  };
-  const overflow = [];
-  const seen = new Set();
-  const SEL = 'table, pre, div.highlight, mjx-container[display="true"], div.math, .math-wrapper, ' +
-              'div.cell_output, div.output, .output_area, img, figure, svg';
-  for (const el of root.querySelectorAll(SEL)) {
-    if (!visible(el) || seen.has(el)) continue;
-    // an SVG inside MathJax is measured through its mjx-container
-    if (el.tagName.toLowerCase() === 'svg' && el.closest('mjx-container')) continue;
-    const parent = el.parentElement;
-    const box = el.getBoundingClientRect();
-    let cw = parent ? parent.clientWidth : box.width;
-    if (parent) {
-      const ps = getComputedStyle(parent);
-      cw -= (parseFloat(ps.paddingLeft) || 0) + (parseFloat(ps.paddingRight) || 0);
-    }
-    let why = null;
-    if (el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 0) {
-      why = `scrollWidth ${el.scrollWidth} > clientWidth ${el.clientWidth}`;
-    } else if (cw > 0 && box.width > cw + 1) {
-      why = `width ${Math.round(box.width)} > container ${Math.round(cw)}`;
-    }
-    if (why) {
-      overflow.push({element: describe(el), why});
-      // report the innermost offender once: skip its descendants of the same kinds
-      el.querySelectorAll(SEL).forEach((c) => seen.add(c));
-    }
-  }
-  const pageWidth = document.documentElement.scrollWidth;
-  if (pageWidth > window.innerWidth + 1) {
-    overflow.push({element: 'page', why: `page scrollWidth ${pageWidth} > window ${window.innerWidth}`});
-  }
-
-  const junk = [];
-  const add = (kind, el, text) => junk.push({kind, element: describe(el), text: text.slice(0, 80)});
-  const PROGRESS = /\d{1,3}%\|[^|\n]{0,60}\|\s*\d+\/\d+|\d+(?:\.\d+)?\s*(?:it|s)\/(?:it|s)\]|[█▏▎▍▌▋▊▉]{3,}/;
-  const PATH = /(?:^|[\s'"(=:,\[])(\/(?:work|tmp|root|home|Users|private\/var)\/[^\s'"<>)]*)/;
-  const NAN = /(?:^|[^\w.])(nan|NaN)(?![\w.])/;
-  const NONE = /(?:[=:(,\[]\s*|\banswer\s+)None\b/;
-  const BARE = /^\s*(nan|NaN|None|<NA>|NaT)\s*$/;
-  // text blocks: paragraphs, list items, cells, output lines; code inputs are the author's code
-  const blocks = root.querySelectorAll('p, li, td, th, dd, dt, caption, figcaption, pre, h1, h2, h3, h4, span.pre, code');
-  for (const el of blocks) {
-    if (!visible(el)) continue;
-    const authored = el.closest('div.cell_input') ||
-                     (el.closest('[class*="highlight-"]') && !el.closest('div.cell_output, div.output'));
-    if (authored) {
-      // the author's code (a code cell's input, a code block of a page): `None`/`nan` are Python
-      // there; only absolute paths are junk
-      const t = el.innerText || '';
-      const m = PATH.exec(t);
-      if (m && el.tagName.toLowerCase() === 'pre') add('absolute path', el, m[1]);
-      continue;
-    }
-    // look at the element's own text lines only once: leaf-ish blocks
-    if (el.querySelector('p, li, td, pre, table')) continue;
-    const t = el.innerText || '';
-    let m;
-    if ((el.tagName === 'TD' || el.tagName === 'TH') && BARE.test(t)) { add('bare nan/None cell', el, t.trim()); continue; }
-    if ((m = PROGRESS.exec(t))) { add('progress bar', el, m[0]); continue; }
-    if ((m = PATH.exec(t))) { add('absolute path', el, m[1]); continue; }
-    const lines = t.split('\n');
-    const bare = lines.find((l) => BARE.test(l));
-    if (bare !== undefined && el.tagName === 'PRE') { add('bare nan/None line', el, bare.trim()); continue; }
-    if ((m = NAN.exec(t))) { add('nan in text', el, t.slice(Math.max(0, m.index - 30), m.index + 10)); continue; }
-    if ((m = NONE.exec(t))) { add('None in text', el, t.slice(Math.max(0, m.index - 30), m.index + 10)); continue; }
-  }
-  return {overflow, junk, pageWidth};
-}
-"""
+def viewport(width: int) -> dict:
+    return dict(VIEWPORT) if width == VIEWPORT["width"] else {"width": int(width), "height": 900 if width >= NARROW else 844}
 
 _META_REFRESH = re.compile(r"""<meta[^>]+http-equiv\s*=\s*["']?refresh""", re.IGNORECASE)
 
@@ -351,7 +181,8 @@ def serve(directory: str | os.PathLike):
         thread.join(timeout=5)
 
 
-def _check_page(context, url: str, shot: Path, timeout_ms: int) -> dict:
+def _check_page(context, url: str, shot: Path, timeout_ms: int, *, base: str, html_dir: Path,
+                scroll_ok: bool = False, ids: dict | None = None) -> dict:
     page = context.new_page()
     requests: list[str] = []
     missing: dict[str, str] = {}  # url -> why (first reason seen)
@@ -409,7 +240,7 @@ def _check_page(context, url: str, shot: Path, timeout_ms: int) -> dict:
     page.on("websocket", lambda ws: connection("websocket", ws.url))
     # the JavaScript APIs' own view (sendBeacon, EventSource, WebRTC ICE servers, ...)
     page.expose_function("__ctrlsConnection", lambda kind, u: connection(str(kind), str(u)))
-    page.add_init_script(_HOOKS)
+    page.add_init_script(HOOKS)
     # the DevTools protocol's view of the network: every request with its type, WebSockets, WebTransport
     try:
         cdp = context.new_cdp_session(page)
@@ -447,16 +278,16 @@ def _check_page(context, url: str, shot: Path, timeout_ms: int) -> dict:
             warnings.append(f"network not idle after {timeout_ms} ms ({what})")
 
     settle("load")
-    mathjax = page.evaluate(_WAIT_MATHJAX, timeout_ms)
+    mathjax = page.evaluate(WAIT_MATHJAX, timeout_ms)
     settle("mathjax")  # the fonts MathJax asked for
     n_math = page.evaluate("() => document.querySelectorAll('mjx-container').length")
     # The theme slides its sidebars in with CSS transitions: let them end (finite ones are also
     # fast-forwarded by animations="disabled"), else the screenshot catches them half-way.
-    page.evaluate(_WAIT_ANIMATIONS, 5000)
-    for rel, href in page.evaluate(_LINK_HINTS):  # a preconnect opens a connection without a request
+    page.evaluate(WAIT_ANIMATIONS, 5000)
+    for rel, href in page.evaluate(LINK_HINTS):  # a preconnect opens a connection without a request
         connection(next(k for k in ("preconnect", "dns-prefetch", "modulepreload", "prefetch", "preload",
                                     "prerender") if k in rel), href)
-    inspected = page.evaluate(_INSPECT)
+    inspected = page.evaluate(INSPECT, {"scrollOk": scroll_ok})
     shot.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(shot), full_page=True, animations="disabled")
     report = {
@@ -475,6 +306,8 @@ def _check_page(context, url: str, shot: Path, timeout_ms: int) -> dict:
         "warnings": warnings,
         "overflow": inspected["overflow"],
         "junk": inspected["junk"],
+        "n_links": len(inspected["links"]),
+        "broken_links": broken_links(inspected["links"], base, html_dir, ids),
         "page_width": inspected["pageWidth"],
         "screenshot": str(shot),
     }
@@ -494,12 +327,13 @@ def all_pages(html_dir: str | os.PathLike) -> list[str]:
 
 
 def page_ok(r: dict) -> bool:
-    return not (r["missing"] or r["external"] or r["overflow"] or r["junk"])
+    return not (r["missing"] or r["external"] or r["overflow"] or r["junk"] or r.get("broken_links"))
 
 
 def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
                pages: tuple[str, ...] | list[str] | None = None, *,
-               chromium: str | os.PathLike | None = None, timeout_s: float = 60.0) -> dict:
+               chromium: str | os.PathLike | None = None, timeout_s: float = 60.0,
+               width: int = VIEWPORT["width"], scroll_ok: bool | None = None) -> dict:
     """Open ``pages`` of the site in ``html_dir`` in headless Chromium; screenshot them into ``out_dir``.
 
     Returns ``{"html_dir", "out_dir", "chromium", "ok", "pages": {page: report}}`` where each page's
@@ -512,8 +346,14 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
     ``console_errors``, ``mathjax`` ("none", "done", "timeout" or "error: ..."), ``n_math`` (formulas
     MathJax typeset), ``warnings`` (waits that timed out), ``overflow`` and ``junk`` (lists of
     ``{"element", "why"}`` and ``{"kind", "element", "text"}``; see the module's docstring),
-    ``page_width`` and ``screenshot``. ``pages`` defaults to every page (:func:`all_pages`).
-    ``ok`` is True when no page has a missing asset, an external request, an overflow or junk.
+    ``page_width``, ``n_links`` and ``broken_links`` (``{"href", "why", "element"}``: a link into
+    the site with no such file, or no element with its ``#anchor``'s id; :func:`broken_links`) and
+    ``screenshot``. ``pages`` defaults to every page (:func:`all_pages`).
+
+    ``width`` is the window's width in CSS px (the report's ``width``); ``scroll_ok`` (default: below
+    800 px) lets a wide element scroll inside its own box, which must itself fit its container.
+    ``ok`` is True when no page has a missing asset, an external request, an overflow, junk or a
+    broken link.
 
     Raises :class:`SiteCheckError` when the site is not built, Chromium is not installed or
     Playwright is not importable.
@@ -534,7 +374,11 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
     timeout_ms = int(timeout_s * 1000)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = {"html_dir": str(html_dir), "out_dir": str(out_dir), "chromium": exe, "pages": {}}
+    if scroll_ok is None:
+        scroll_ok = width < NARROW
+    report = {"html_dir": str(html_dir), "out_dir": str(out_dir), "chromium": exe, "width": int(width),
+              "pages": {}}
+    ids: dict = {}  # each target file's ids, read once
     # Never let Playwright look for (or fetch) a browser of its own.
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
     with serve(html_dir) as base, tempfile.TemporaryDirectory(prefix="ctrls-chromium-") as profile, \
@@ -542,11 +386,12 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
         args = [*CHROMIUM_ARGS, f"--proxy-server=http://127.0.0.1:{dead}", f"--proxy-bypass-list={PROXY_BYPASS}"]
         context = pw.chromium.launch_persistent_context(
             profile, executable_path=exe, headless=True, args=args,
-            viewport=VIEWPORT, service_workers="block", timeout=timeout_ms)
+            viewport=viewport(width), service_workers="block", timeout=timeout_ms)
         try:
             for p in pages:
                 shot = out_dir / screenshot_name(p)
-                report["pages"][p] = _check_page(context, base + p.lstrip("/"), shot, timeout_ms)
+                report["pages"][p] = _check_page(context, base + p.lstrip("/"), shot, timeout_ms, base=base,
+                                                 html_dir=html_dir, scroll_ok=scroll_ok, ids=ids)
         finally:
             context.close()
     report["ok"] = all(page_ok(r) for r in report["pages"].values())
@@ -555,7 +400,7 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
 def format_report(report: dict) -> str:
     """A short human-readable summary of a :func:`check_site` report."""
-    lines = [f"site {report['html_dir']} (browser {report['chromium']})"]
+    lines = [f"site {report['html_dir']} at {report.get('width', VIEWPORT['width'])} px (browser {report['chromium']})"]
     for page, r in report["pages"].items():
         lines.append(f"{page}: {r['title']!r} -> {r['final_url']}")
         kinds = {}
@@ -564,17 +409,19 @@ def format_report(report: dict) -> str:
         lines.append(f"  {r['n_requests']} requests, {len(r['missing'])} missing, "
                      f"{len(r['external'])} external, {len(r['console_errors'])} console errors, "
                      f"mathjax {r['mathjax']} ({r['n_math']} formulas), "
-                     f"{len(r['overflow'])} overflowing, {len(r['junk'])} junk")
+                     f"{len(r['overflow'])} overflowing, {len(r['junk'])} junk, "
+                     f"{len(r.get('broken_links', []))} of {r.get('n_links', 0)} links broken")
         lines += [f"  missing:  {u} ({r['missing_why'].get(u, '?')})" for u in r["missing"]]
         lines += [f"  external (blocked): {u} ({kinds.get(u, 'request')})" for u in r["external"]]
         lines += [f"  console:  {m}" for m in r["console_errors"]]
         lines += [f"  warning:  {m}" for m in r["warnings"]]
         lines += [f"  overflow: {page}: {o['element']} ({o['why']})" for o in r["overflow"]]
         lines += [f"  junk:     {page}: {j['kind']} {j['text']!r} in {j['element']}" for j in r["junk"]]
+        lines += [f"  link:     {page}: {b['href']} ({b['why']}) {b['element']}" for b in r.get("broken_links", [])]
         lines.append(f"  screenshot: {r['screenshot']}")
     bad = [p for p, r in report["pages"].items() if not page_ok(r)]
     lines.append("OK" if report["ok"] else f"FAILED ({len(bad)} of {len(report['pages'])} pages: "
-                 f"{', '.join(bad)}): missing assets, external requests, overflow or junk")
+                 f"{', '.join(bad)}): missing assets, external requests, overflow, junk or broken links")
     return "\n".join(lines)
 
 
@@ -584,16 +431,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="book/_build/screenshots", help="where screenshots go (default: %(default)s)")
     ap.add_argument("--page", action="append", dest="pages", metavar="PATH",
                     help="a page to open, relative to HTML_DIR (repeatable; default: every page)")
-    ap.add_argument("--json", action="store_true", help="print the full report as JSON")
+    ap.add_argument("--width", action="append", dest="widths", type=int, metavar="PX",
+                    help=f"a window width to check at (repeatable; default: {' and '.join(map(str, WIDTHS))}; "
+                         f"screenshots at a width other than {VIEWPORT['width']} go in OUT/<width>px)")
+    ap.add_argument("--json", action="store_true", help="print the full report as JSON ({width: report})")
     args = ap.parse_args(argv)
+    reports = {}
     try:
-        report = check_site(args.html_dir, args.out, tuple(args.pages) if args.pages else None)
+        for w in args.widths or WIDTHS:
+            out = Path(args.out) if w == VIEWPORT["width"] else Path(args.out) / f"{w}px"
+            reports[w] = check_site(args.html_dir, out, tuple(args.pages) if args.pages else None, width=w)
     except SiteCheckError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return 0 if report["ok"] else 1
-
+    if args.json:
+        print(json.dumps({str(w): r for w, r in reports.items()}, indent=2))
+    else:
+        print("\n\n".join(format_report(r) for r in reports.values()))
+    return 0 if all(r["ok"] for r in reports.values()) else 1
 
 if __name__ == "__main__":
     sys.exit(main())
