@@ -366,6 +366,20 @@ def sweep_table(summary: pd.DataFrame, value: str = "reward_final") -> pd.DataFr
 
 # ---- figures ------------------------------------------------------------------------------------
 
+# The book's content column is 948 px wide at 1280 px; at 100 dpi a figure at most this many inches
+# wide (after the inline backend's tight crop) is shown at its own size, never downscaled.
+MAX_WIDTH_IN = 9.3
+
+
+def _legend_below(fig, ax, title: str = "setting") -> None:
+    """Move ``ax``'s legend under the figure's panels, in one row: it covers no curve."""
+    handles, labels = ax.get_legend_handles_labels()
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(handles, labels, title=title, loc="lower center", ncol=len(labels), fontsize=8,
+               title_fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+
 
 def plot_learning_curves(curves: pd.DataFrame, cfg: Config, smooth: int = 10):
     """The four settings: held-out reward (eps = 0) against the optimum 1, and the training reward
@@ -376,14 +390,13 @@ def plot_learning_curves(curves: pd.DataFrame, cfg: Config, smooth: int = 10):
     d = curves[curves.setting.isin(SETTINGS)]
     ev, tr = d[d.kind == "eval"], d[d.kind == "train"].copy()
     tr["reward"] = tr.groupby(["setting", "seed"]).reward.transform(lambda v: v.rolling(smooth, min_periods=1).mean())
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 4.0))
     order = [s for s in SETTINGS if s in set(d.setting)]
     pal = dict(zip(order, sns.color_palette(n_colors=len(order))))
     sns.lineplot(data=ev, x="step", y="eval_reward", hue="setting", hue_order=order, palette=pal,
                  errorbar=("pi", 100), marker="o", ax=axes[0])
     axes[0].axhline(optimum(study_mdp(cfg)[0], 0.0), ls="--", c="k", lw=1, label="optimum")
     axes[0].set(title="held-out reward of the Dirichlet policy (ε = 0)", xlabel="RL step", ylabel="mean reward")
-    axes[0].legend(fontsize=8)
     sns.lineplot(data=tr, x="step", y="reward", hue="setting", hue_order=order, palette=pal,
                  errorbar=("pi", 100), ax=axes[1], legend=False)
     mdp = study_mdp(cfg)[0]
@@ -394,7 +407,9 @@ def plot_learning_curves(curves: pd.DataFrame, cfg: Config, smooth: int = 10):
     from ctrls.plots import integer_ticks, show
 
     integer_ticks(*axes)
-    fig.tight_layout()
+    for ax in axes:
+        ax.title.set_fontsize(10)
+    _legend_below(fig, axes[0])
     return show(fig, "The paper's four RL settings on the synthetic chain, mean and min–max band over "
                      f"{d.seed.nunique()} seeds. Left: held-out reward of the learned Dirichlet policy (ε = 0) "
                      "against the optimum 1 (dashed). Right: on-policy training reward "
@@ -410,7 +425,7 @@ def plot_entropy(curves: pd.DataFrame):
 
     d = curves[curves.setting.isin(SETTINGS)]
     order = [s for s in SETTINGS if s in set(d.setting)]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 4.0))
     sns.lineplot(data=d[d.kind == "train"], x="step", y="policy_entropy", hue="setting", hue_order=order,
                  errorbar=("pi", 100), ax=axes[0])
     axes[0].set(title="policy entropy over visited states (training)", xlabel="RL step", ylabel="nats")
@@ -420,7 +435,9 @@ def plot_entropy(curves: pd.DataFrame):
     from ctrls.plots import integer_ticks, show
 
     integer_ticks(*axes)
-    fig.tight_layout()
+    for ax in axes:
+        ax.title.set_fontsize(10)
+    _legend_below(fig, axes[0])  # inside a panel it covered the curves
     return show(fig, "Policy entropy (Eq. 14) per setting, mean and min–max band over seeds. Left: over the states "
                      "visited in each training step; right: exactly, at the start state *s*<sub>0</sub>, at each evaluation.")
 
@@ -431,14 +448,17 @@ def plot_sweep(summary: pd.DataFrame):
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
-    sns.heatmap(sweep_table(summary), annot=True, fmt=".2f", vmin=0, vmax=1, cmap="viridis", ax=axes[0])
-    axes[0].set(title="final held-out reward (mean over seeds)")
-    sns.heatmap(sweep_table(summary.assign(found=summary.found.astype(float)), "found"), annot=True, fmt=".2f",
-                vmin=0, vmax=1, cmap="viridis", ax=axes[1])
-    axes[1].set(title="fraction of seeds on the correct chain")
-    sns.heatmap(sweep_table(summary, "start_entropy_final"), annot=True, fmt=".2f", vmin=0, cmap="magma", ax=axes[2])
-    axes[2].set(title="start-state entropy after RL (nats)")
+    fig, axes = plt.subplots(1, 3, figsize=(MAX_WIDTH_IN, 3.3))  # 14 in was shown downscaled to 948 px
+    kw = dict(annot=True, fmt=".2f", annot_kws={"fontsize": 8})
+    sns.heatmap(sweep_table(summary), vmin=0, vmax=1, cmap="viridis", ax=axes[0], **kw)
+    axes[0].set(title="final held-out reward\n(mean over seeds)")
+    sns.heatmap(sweep_table(summary.assign(found=summary.found.astype(float)), "found"),
+                vmin=0, vmax=1, cmap="viridis", ax=axes[1], **kw)
+    axes[1].set(title="fraction of seeds\non the correct chain")
+    sns.heatmap(sweep_table(summary, "start_entropy_final"), vmin=0, cmap="magma", ax=axes[2], **kw)
+    axes[2].set(title="start-state entropy\nafter RL (nats)")
+    for ax in axes:
+        ax.title.set_fontsize(10)
     from ctrls.plots import show
 
     fig.tight_layout()
@@ -455,7 +475,7 @@ def plot_sweep_curves(curves: pd.DataFrame, cfg: Config):
     grid = curves.epsilon.isin(cfg.synthetic.epsilons) & curves.alpha.isin(cfg.synthetic.alphas)
     ev = curves[grid & (curves.kind == "eval")].rename(columns={"epsilon": "ε", "alpha": "α"})
     g = sns.relplot(data=ev, x="step", y="eval_reward", hue="ε", col="α", kind="line", errorbar=("pi", 100),
-                    palette="viridis", height=3.2, aspect=1.1)
+                    palette="viridis", height=2.7, aspect=1.0)
     for ax in g.axes.flat:
         ax.axhline(optimum(study_mdp(cfg)[0], 0.0), ls="--", c="k", lw=1)
     g.set_axis_labels("RL step", "held-out reward (ε = 0)")
