@@ -153,11 +153,19 @@ def pass_at_k_curves(curves: pd.DataFrame) -> plt.Figure:
                           "dataset and temperature η.")
 
 
+def pair_title(pair: str) -> str:
+    """A run directory's pair name as a reader's title: ``SmolLM2-135M__word_problems`` ->
+    "SmolLM2-135M, word problems"."""
+    backbone, _, dataset = str(pair).partition("__")
+    return f"{backbone}, {dataset.replace('_', ' ')}" if dataset else backbone
+
+
 def learning_curves(curves: pd.DataFrame, y: str = "accuracy", kind: str = "eval", ylabel: str | None = None,
                     smooth: int = 1) -> plt.Figure:
     """A metric against RL step, mean and band over seeds, one panel per (backbone, dataset)."""
     # Fig.: the on-policy learning curves (appendix figures "On-policy learning curves")
     d = curves[curves.kind == kind].copy()
+    d["pair"] = d["pair"].map(pair_title)  # panel titles, not directory names
     if smooth > 1:
         d[y] = d.groupby(["pair", "setting", "seed"])[y].transform(lambda v: v.rolling(smooth, min_periods=1).mean())
     what = ylabel or y

@@ -440,6 +440,33 @@ def reward_rate(cfg: Config, curves: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+RL_SUMMARY_COLUMNS = {"accuracy": "accuracy", "pass@k": "pass@k", "succ": "Succ.",
+                      "policy_entropy": "policy entropy (nats)", "state_usage_entropy": "state-usage entropy (nats)"}
+
+
+def rl_summary(curves: pd.DataFrame) -> pd.DataFrame:
+    """Each RL setting's held-out evaluation at its last step beside step 0 (mean over seeds), with
+    readable headers and a caption (``attrs["note"]``, shown above the table)."""
+    from ctrls.plots import pair_title
+
+    ev = curves[curves.kind == "eval"]
+    last = ev.sort_values("step").groupby(["pair", "setting", "seed"]).tail(1)
+    first = ev[ev.step == 0]
+    cols = list(RL_SUMMARY_COLUMNS)
+    t = (last.groupby(["pair", "setting"])[cols].mean()
+         .join(first.groupby(["pair", "setting"])[["accuracy", "policy_entropy"]].mean()
+               .rename(columns=lambda c: f"{RL_SUMMARY_COLUMNS[c]} at step 0"))
+         .rename(columns=RL_SUMMARY_COLUMNS).reset_index())
+    t["pair"] = t["pair"].map(pair_title)
+    t = t.rename(columns={"pair": "backbone, dataset"})
+    steps = last.step.max() if len(last) else 0
+    seeds = ev.seed.nunique() if "seed" in ev else 1
+    t.attrs["note"] = (f"Each RL setting's held-out evaluation after RL (step {steps}) beside step 0, mean over "
+                       f"{seeds} seed{'s' if seeds != 1 else ''}: accuracy, pass@k and Succ. as fractions, "
+                       "entropies in nats.")
+    return t
+
+
 def wilson(k: int, n: int) -> tuple[float, float]:
     """The 95% Wilson score interval of a proportion k/n (``ctrls.power.wilson_interval``; sound at
     k = 0, unlike the Wald one); (NaN, NaN) for n = 0."""

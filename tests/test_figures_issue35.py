@@ -82,3 +82,37 @@ def test_no_legend_covers_a_panel(figures, name):
         box = leg.get_window_extent(r)
         for ax in fig.axes:
             assert not box.overlaps(ax.get_window_extent(r)), (name, ax.get_title())
+
+
+# ---- the RL page (03) -------------------------------------------------------------------------
+
+
+def _rl_curves() -> pd.DataFrame:
+    rows = []
+    for setting, seed, step, kind in itertools.product(["none", "epsilon"], [0, 1], [0, 5, 10], ["eval", "train"]):
+        rows.append(dict(pair="SmolLM2-135M__word_problems", setting=setting, seed=seed, step=step, kind=kind,
+                         accuracy=0.1 * step / 10 + seed / 100, reward=step / 20, succ=0.9, **{"pass@k": 0.5},
+                         policy_entropy=2.0 - step / 10, state_usage_entropy=1.5, epsilon=0.0, alpha=0.0))
+    return pd.DataFrame(rows)
+
+
+def test_rl_summary_table_has_readable_headers_and_a_caption():
+    from ctrls import tables
+
+    t = tables.rl_summary(_rl_curves())
+    assert not [c for c in t.columns if "_" in str(c)], list(t.columns)
+    assert set(t["backbone, dataset"]) == {"SmolLM2-135M, word problems"}
+    assert "step 10" in t.attrs["note"] and "2 seeds" in t.attrs["note"]
+    assert t.loc[t.setting == "none", "accuracy at step 0"].item() == pytest.approx(0.005)
+
+
+def test_rl_panel_titles_name_the_backbone_and_dataset():
+    import matplotlib.pyplot as plt
+
+    from ctrls import plots
+
+    assert plots.pair_title("SmolLM2-135M__word_problems") == "SmolLM2-135M, word problems"
+    fig = plots.learning_curves(_rl_curves(), y="accuracy")
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    plt.close(fig)
+    assert titles == ["SmolLM2-135M, word problems"], titles
