@@ -4,8 +4,8 @@
 :func:`frame_html` as IPython's HTML formatter for DataFrames. A table on a page then:
 
 * is shown in full: never pandas's "… 80 rows × 16 columns", never a cell cut to "…";
-* has no index column when its index is pandas's default 0, 1, 2, ... (a named or labelled index,
-  such as Table 1's rows, is kept);
+* has no index column when its index is pandas's default 0, 1, 2, ..., or what is left of it after
+  a filter (1, 3, 4) (a named or labelled index, such as Table 1's rows, is kept);
 * says once, above it, the columns whose value is the same in every row (backbone, dataset,
   questions, ...), which are then dropped from the table (tables of 2 rows or more, flat columns);
 * shows a missing value as "—", never ``nan``/``None``, and each float to at most 3 significant
@@ -76,9 +76,13 @@ def constant_columns(df: pd.DataFrame, min_rows: int = 2) -> dict[str, str]:
 
 
 def _default_index(df: pd.DataFrame) -> bool:
+    """pandas's own row numbers: a RangeIndex, or an unnamed increasing integer index (what is left of
+    one after rows were filtered out: 1, 3, 4), never a label of the reader's."""
     idx = df.index
-    return (isinstance(idx, pd.RangeIndex) and idx.name is None) or \
-        (idx.name is None and not isinstance(idx, pd.MultiIndex) and list(idx) == list(range(len(idx))))
+    if idx.name is not None or isinstance(idx, pd.MultiIndex):
+        return False
+    return isinstance(idx, pd.RangeIndex) or list(idx) == list(range(len(idx))) or \
+        (pd.api.types.is_integer_dtype(idx) and idx.is_unique and idx.is_monotonic_increasing)
 
 
 def frame_html(df: pd.DataFrame) -> str:

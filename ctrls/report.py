@@ -74,18 +74,33 @@ def ci_decimals(lo: float, hi: float) -> int:
     return max(0, min(2, math.ceil(-math.log10(w / 10) - 1e-9)))
 
 
-def pct_ci(v: float, lo: float, hi: float) -> str:
+def pct_ci(v: float, lo: float, hi: float, digits: int | None = None) -> str:
     """``72 [60, 85]`` from fractions, in percent, rounded to what the interval supports
-    (:func:`ci_decimals`: ``72.5 [70.1, 74.9]`` for a narrower one)."""
-    d = ci_decimals(100 * lo, 100 * hi)
+    (:func:`ci_decimals`: ``72.5 [70.1, 74.9]`` for a narrower one), or to ``digits`` decimals."""
+    d = ci_decimals(100 * lo, 100 * hi) if digits is None else digits
     return f"{100 * v:.{d}f} [{100 * lo:.{d}f}, {100 * hi:.{d}f}]"
+
+
+def column_decimals(lo, hi, scale: float = 100.0) -> int | None:
+    """One number of decimals for a whole column of ``value [lo, hi]`` cells: the most that any of
+    its intervals supports (:func:`ci_decimals`), so that a column never mixes roundings; None when
+    no row has an interval."""
+    import math
+
+    ds = [ci_decimals(scale * a, scale * b) for a, b in zip(lo, hi)
+          if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
+    return max(ds) if ds else None
 
 
 def with_pct_ci(t, prefix: str = "") -> "pd.DataFrame":
     """``t`` with ``pass@n (%)`` and ``Succ. (%)`` columns, each ``value [lo, hi]`` in percent, from the
     ``pass@n``/``succ`` columns and their ``lo``/``hi`` confidence bounds (Tables 1 and 2)."""
-    return t.assign(**{f"{prefix}pass@n (%)": list(map(pct_ci, t["pass@n"], t["pass@n lo"], t["pass@n hi"])),
-                       f"{prefix}Succ. (%)": list(map(pct_ci, t["succ"], t["succ lo"], t["succ hi"]))})
+    def col(v, lo, hi):  # one rounding per column (column_decimals)
+        d = column_decimals(t[lo], t[hi])
+        return [pct_ci(a, b, c, d) for a, b, c in zip(t[v], t[lo], t[hi])]
+
+    return t.assign(**{f"{prefix}pass@n (%)": col("pass@n", "pass@n lo", "pass@n hi"),
+                       f"{prefix}Succ. (%)": col("succ", "succ lo", "succ hi")})
 
 
 def show_tables(tables: dict[str, "pd.DataFrame"]) -> None:

@@ -327,6 +327,17 @@ def _fmt(v: float, lo: float, hi: float, scale: float = 100.0, digits: int | Non
     return f"{f.format(scale * v)} [{f.format(scale * lo)}, {f.format(scale * hi)}]"
 
 
+def _fmt_column(v, lo, hi, scale: float = 100.0, sign: bool = False, n=None) -> list[str]:
+    """:func:`_fmt` over a column, every row rounded alike: to the most decimals any row's interval
+    supports (``report.column_decimals``); a column never mixes "+0 [-68, +68]" with "+16.7 [...]"."""
+    from ctrls.report import column_decimals
+
+    v, lo, hi = list(v), list(lo), list(hi)
+    d = column_decimals(lo, hi, scale)
+    n = [None] * len(v) if n is None else list(n)
+    return [_fmt(a, b, c, scale=scale, digits=d, sign=sign, n=k) for a, b, c, k in zip(v, lo, hi, n)]
+
+
 def _verdict(p_holm: float, d: float = math.nan, lo: float | None = None, hi: float | None = None) -> str:
     """The page's verdict from a Holm-adjusted p-value at level ``ALPHA`` and the family interval
     beside it (``verdicts.direction``): *higher* / *lower* when both resolve the difference, else
@@ -344,11 +355,11 @@ VERDICT = f"verdict (Holm, α = {ALPHA:g}, with the family interval)"
 def vs_base_view(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`table1`'s comparisons with Base for the book: Δ pass@n in points with Newcombe's paired
     interval at the family level (simultaneous 95%, Bonferroni over the table's comparisons), McNemar's exact p, the Holm-adjusted p and the verdict drawn from it."""
-    t = t[t["p"].notna()]
+    t = t[t["p"].notna()].reset_index(drop=True)  # no stray index (the rows left: 1, 3, 4, ...)
     return pd.DataFrame({
         "backbone": t.backbone.str.split("/").str[-1], "dataset": t.dataset, "η": t.temperature,
         "config": t.config, "questions": t.questions,
-        "Δ pass@n vs Base (pts)": list(map(lambda *a: _fmt(*a, sign=True), t["Δ pass@n vs Base"], t["Δ lo"], t["Δ hi"])),
+        "Δ pass@n vs Base (pts)": _fmt_column(t["Δ pass@n vs Base"], t["Δ lo"], t["Δ hi"], sign=True),
         "p": t["p"].map(format_p), "p (Holm)": t["p (Holm)"].map(format_p),
         VERDICT: list(map(_verdict, t["p (Holm)"], t["Δ pass@n vs Base"], t["Δ lo"], t["Δ hi"]))})
 
@@ -362,10 +373,10 @@ def ablation_view(t: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "backbone": t.backbone.str.split("/").str[-1], "dataset": t.dataset, "η": t.temperature,
         "comparison": t.comparison, "questions": t.questions,
-        "Δ pass@n (pts)": list(map(lambda *a: _fmt(*a, sign=True), t["Δ pass@n"], t["Δ pass@n lo"], t["Δ pass@n hi"])),
+        "Δ pass@n (pts)": _fmt_column(t["Δ pass@n"], t["Δ pass@n lo"], t["Δ pass@n hi"], sign=True),
         "p (pass@n)": t["p (pass@n)"].map(format_p), "p (pass@n, Holm)": t["p (pass@n, Holm)"].map(format_p),
         "pass@n": list(map(_verdict, t["p (pass@n, Holm)"], t["Δ pass@n"], t["Δ pass@n lo"], t["Δ pass@n hi"])),
-        "Δ Succ. (pts)": list(map(lambda *a: _fmt(*a, sign=True), t["Δ Succ."], t["Δ Succ. lo"], t["Δ Succ. hi"])),
+        "Δ Succ. (pts)": _fmt_column(t["Δ Succ."], t["Δ Succ. lo"], t["Δ Succ. hi"], sign=True),
         "p (Succ.)": t["p (Succ.)"].map(format_p), "p (Succ., Holm)": t["p (Succ., Holm)"].map(format_p),
         "Succ.": list(map(_verdict, t["p (Succ., Holm)"], t["Δ Succ."], t["Δ Succ. lo"], t["Δ Succ. hi"]))})
 
@@ -374,14 +385,14 @@ def controllability_view(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`controllability_table` for the book: rates in % with their 95% intervals."""
     cols = {"backbone": t.backbone.str.split("/").str[-1], "dataset": t.dataset, "η": t.temperature,
             "config": t.config, "K": t.K, "questions": t.questions, "steps": t.steps,
-            "follows its state (%)": list(map(_fmt, t["follows"], t["follows lo"], t["follows hi"])),
+            "follows its state (%)": _fmt_column(t["follows"], t["follows lo"], t["follows hi"]),
             "chance 1/K (%)": (100 * t.chance).round(1)}
     if "Base, random states" in t:
         cols["Base steps"] = t["Base steps"]
-        cols["Base, random states (%)"] = list(map(_fmt, t["Base, random states"], t["Base, random states lo"],
-                                                   t["Base, random states hi"]))
+        cols["Base, random states (%)"] = _fmt_column(t["Base, random states"], t["Base, random states lo"],
+                                                      t["Base, random states hi"])
     if "Δ vs Base" in t:
-        cols["Δ vs Base (pts)"] = list(map(lambda *a: _fmt(*a, sign=True), t["Δ vs Base"], t["Δ lo"], t["Δ hi"]))
+        cols["Δ vs Base (pts)"] = _fmt_column(t["Δ vs Base"], t["Δ lo"], t["Δ hi"], sign=True)
         cols["p"] = t["p"].map(format_p)
         cols["p (Holm)"] = t["p (Holm)"].map(format_p)
         cols[VERDICT] = list(map(_verdict, t["p (Holm)"], t["Δ vs Base"], t["Δ lo"], t["Δ hi"]))
@@ -394,11 +405,14 @@ def diversity_view(t: pd.DataFrame) -> pd.DataFrame:
     entropy, fixed by construction, is printed as such."""
     cols = {"backbone": t.backbone.str.split("/").str[-1], "dataset": t.dataset, "η": t.temperature,
             "config": t.config, "questions": t.questions, "samples": t.samples}
+    from ctrls.report import column_decimals
+
     for name in ("distinct answers", "encoded-state entropy (bits)", "drawn-state entropy (bits)"):
         if name in t:
-            cols[name] = [f"{v:.2f} (fixed by construction: s_0 at every step)"
+            d = column_decimals(t[f"{name} lo"].astype(float), t[f"{name} hi"].astype(float), 1.0)
+            cols[name] = [f"{v:.{2 if d is None else d}f} (fixed by construction: s_0 at every step)"
                           if name.startswith("drawn") and c == FIXED and not _isnan(v)
-                          else _fmt(v, lo, hi, scale=1.0, n=nq)
+                          else _fmt(v, lo, hi, scale=1.0, digits=d, n=nq)
                           for v, lo, hi, c, nq in zip(t[name], t[f"{name} lo"], t[f"{name} hi"], t.config, t.questions)]
     return pd.DataFrame(cols)
 

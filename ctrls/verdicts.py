@@ -134,34 +134,62 @@ def box(sentences: list[str], title: str = "What this run shows") -> str:
 def exploration_sentences(table: pd.DataFrame, ablation: pd.DataFrame, control: pd.DataFrame) -> list[str]:
     """Sentences from ``tables.table1``, ``tables.ablation_table`` and ``tables.controllability_table``,
     each naming its dataset and temperature."""
+    return [s for _, _, s in _exploration_items(table, ablation, control)]
+
+
+def exploration_highlights(table: pd.DataFrame, ablation: pd.DataFrame,
+                           control: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The page's box: the three sentences that matter, and the others (to fold). The three: CTRLS
+    against Base in Table 1 (the row with the smallest Holm-adjusted p, then the largest |Δ|), the
+    adapter alone (the first ablation's pass@n) and whether steps follow their states (the first
+    controllability row); each kind that has no row is left out."""
+    items = _exploration_items(table, ablation, control)
+    keep = []
+    for kind in ("table1", "ablation", "control"):
+        cands = [(i, key) for i, (k, key, _) in enumerate(items) if k == kind]
+        if cands:
+            keep.append(min(cands, key=lambda c: c[1])[0])
+    keep = sorted(keep)
+    return [items[i][2] for i in keep], [s for i, (_, _, s) in enumerate(items) if i not in keep]
+
+
+def _exploration_items(table: pd.DataFrame, ablation: pd.DataFrame, control: pd.DataFrame) -> list[tuple]:
+    """(kind, sort key: smaller matters more, sentence) for every sentence of the exploration page."""
+    import math
+
+    def key(p, d, order):
+        p = 1.0 if p is None or (isinstance(p, float) and math.isnan(p)) else float(p)
+        d = 0.0 if d is None or (isinstance(d, float) and math.isnan(d)) else abs(float(d))
+        return (p, -d, order)
+
     out = []
     base = table[table.config == "Base"]
     where = lambda r: f"{r.dataset}, η = {r.temperature:g}"  # noqa: E731
     for _, b in base.iterrows():
-        out.append(f"{where(b)}: Base solves {pct(b['pass@n'], b['pass@n lo'], b['pass@n hi'])} of "
+        out.append(("base", (), f"{where(b)}: Base solves {pct(b['pass@n'], b['pass@n lo'], b['pass@n hi'])} of "
                    f"{b.questions} test questions in {b.samples} samples (pass@{b.samples}), and gives a valid final "
-                   f"answer in {pct(b.succ, b['succ lo'], b['succ hi'])} of its samples (Succ.).")
-    for _, r in table[table.p.notna()].iterrows():
+                   f"answer in {pct(b.succ, b['succ lo'], b['succ hi'])} of its samples (Succ.)."))
+    for n, (_, r) in enumerate(table[table.p.notna()].iterrows()):
         v = direction(r["Δ pass@n vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"])
         b = base[(base.dataset == r.dataset) & (base.temperature == r.temperature)]["pass@n"]
         vs = f" vs {pct(b.iloc[0])}" if len(b) else ""
-        out.append(f"{where(r)}: {r.config} vs Base, pass@{r.samples} {pct(r['pass@n'])}{vs}, "
+        out.append(("table1", key(r["p (Holm)"], r["Δ pass@n vs Base"], n), f"{where(r)}: {r.config} vs Base, pass@{r.samples} {pct(r['pass@n'])}{vs}, "
                    f"{pts(r['Δ pass@n vs Base'], r['Δ lo'], r['Δ hi'])}, Holm-adjusted p = {format_p(r['p (Holm)'])}: "
-                   f"**{v}**.")
-    for _, r in ablation.iterrows():
+                   f"**{v}**."))
+    for n, (_, r) in enumerate(ablation.iterrows()):
         for m in ("pass@n", "Succ."):
             v = direction(r[f"Δ {m}"], r[f"p ({m}, Holm)"], lo=r[f"Δ {m} lo"], hi=r[f"Δ {m} hi"])
-            out.append(f"{where(r)}: ablation, {r.comparison}, {m}: "
+            out.append(("ablation" if m == "pass@n" else "ablation succ", (n,), f"{where(r)}: ablation, {r.comparison}, {m}: "
                        f"{pts(r[f'Δ {m}'], r[f'Δ {m} lo'], r[f'Δ {m} hi'])}, Holm-adjusted p = "
-                       f"{format_p(r[f'p ({m}, Holm)'])}: **{v}**.")
+                       f"{format_p(r[f'p ({m}, Holm)'])}: **{v}**."))
     if "Δ vs Base" in control:
-        for _, r in control[control["Δ vs Base"].notna()].iterrows():
+        for n, (_, r) in enumerate(control[control["Δ vs Base"].notna()].iterrows()):
             v = direction(r["Δ vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"])
-            out.append(f"{where(r)}: controllability, {r.config}: {pct(r['follows'])} of {r.steps} steps "
+            out.append(("control", (n,), f"{where(r)}: controllability, {r.config}: {pct(r['follows'])} of {r.steps} steps "
                        f"land in the state they were generated under, vs {pct(r['Base, random states'])} for Base "
                        f"steps paired with random states (chance 1/K = {pct(r.chance)}): "
                        f"{pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}, Holm-adjusted p = {format_p(r['p (Holm)'])}: "
-                       f"**{v}**.")
+                       f"**{v}**."))
     return out
 
 

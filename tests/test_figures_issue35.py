@@ -116,3 +116,62 @@ def test_rl_panel_titles_name_the_backbone_and_dataset():
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     plt.close(fig)
     assert titles == ["SmolLM2-135M, word problems"], titles
+
+
+# ---- the exploration page (02) ----------------------------------------------------------------
+
+
+def test_a_filtered_frame_shows_no_stray_index_column():
+    from ctrls.display import frame_html
+
+    df = pd.DataFrame({"config": ["a", "b", "c", "d", "e"], "x": [1.5, 2.5, 3.5, 4.5, 5.5]})
+    df = df[df.config.isin(["b", "d", "e"])]  # what vs_base_view's filter left: rows 1, 3, 4
+    assert list(df.index) == [1, 3, 4] and not isinstance(df.index, pd.RangeIndex)
+    html = frame_html(df)
+    assert 'class="row_heading' not in html and "blank" not in html, html
+    named = df.rename_axis("row")
+    assert 'class="row_heading' in frame_html(named)  # a named index is the reader's: kept
+
+
+def test_one_rounding_per_column():
+    from ctrls import tables
+
+    cells = tables._fmt_column([0.0, 0.167], [-0.675, 0.12], [0.675, 0.21], sign=True)
+    decimals = {c.split(" ")[0].split(".")[-1].__len__() if "." in c.split(" ")[0] else 0 for c in cells}
+    assert len(decimals) == 1 and decimals == {1}, cells  # "+0.0 [...]" beside "+16.7 [...]", not "+0 [-68, +68]"
+    from ctrls.report import with_pct_ci
+
+    t = pd.DataFrame({"pass@n": [0.0, 0.5], "pass@n lo": [0.0, 0.49], "pass@n hi": [0.56, 0.51],
+                      "succ": [0.1, 0.2], "succ lo": [0.0, 0.1], "succ hi": [0.7, 0.3]})
+    col = with_pct_ci(t)["pass@n (%)"]
+    assert col.tolist() == ["0.0 [0.0, 56.0]", "50.0 [49.0, 51.0]"], col.tolist()
+
+
+def _exploration_frames():
+    table = pd.DataFrame([
+        dict(dataset="gsm8k", temperature=0.7, config="Base", questions=3, samples=2, **{"pass@n": 0.0, "pass@n lo": 0.0,
+             "pass@n hi": 0.5, "succ": 0.2, "succ lo": 0.0, "succ hi": 0.7, "p": np.nan, "p (Holm)": np.nan,
+             "Δ pass@n vs Base": np.nan, "Δ lo": np.nan, "Δ hi": np.nan})] + [
+        dict(dataset="gsm8k", temperature=0.7, config=f"eps={e}", questions=3, samples=2, **{"pass@n": e, "pass@n lo": 0.0,
+             "pass@n hi": 0.9, "succ": 0.2, "succ lo": 0.0, "succ hi": 0.7, "p": p, "p (Holm)": p,
+             "Δ pass@n vs Base": e, "Δ lo": -0.5, "Δ hi": 0.9}) for e, p in ((0.1, 0.9), (0.3, 0.04), (0.5, 0.5))])
+    ablation = pd.DataFrame([dict(dataset="gsm8k", temperature=0.7, comparison="fixed s0 − Base", **{
+        f"Δ {m}": 0.1, f"Δ {m} lo": -0.5, f"Δ {m} hi": 0.6, f"p ({m}, Holm)": 1.0}) for m in ("x",)])
+    for m in ("pass@n", "Succ."):
+        ablation = ablation.assign(**{f"Δ {m}": 0.1, f"Δ {m} lo": -0.5, f"Δ {m} hi": 0.6, f"p ({m}, Holm)": 1.0})
+    control = pd.DataFrame([dict(dataset="gsm8k", temperature=0.7, config=c, steps=10, follows=0.2, chance=0.25,
+                                 **{"Base, random states": 0.17, "Δ vs Base": 0.03, "Δ lo": -0.4, "Δ hi": 0.5,
+                                    "p (Holm)": 1.0}) for c in ("eps=0.1", "eps=0.3")])
+    return table, ablation, control
+
+
+def test_the_box_shows_three_sentences_that_matter_and_folds_the_rest():
+    from ctrls import verdicts
+
+    table, ablation, control = _exploration_frames()
+    every = verdicts.exploration_sentences(table, ablation, control)
+    key, others = verdicts.exploration_highlights(table, ablation, control)
+    assert len(every) == 1 + 3 + 2 + 2 and len(key) == 3 and sorted(key + others) == sorted(every)
+    assert "eps=0.3 vs Base" in key[0]  # the smallest Holm-adjusted p of Table 1's rows
+    assert "ablation, fixed s0 − Base, pass@n" in key[1]
+    assert "controllability, eps=0.1" in key[2]
