@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -31,7 +32,7 @@ def dataset_table(cfg: Config) -> pd.DataFrame:
         used = cfg.data.n_train if split == "train" else cfg.data.n_test
         rows.append({"dataset": ds, "split": split, "problems": len(probs),
                      "mean reference steps": round(sum(len(p.steps) for p in probs) / len(probs), 1),
-                     "used by this profile": used if ds in cfg.grid.datasets else 0})
+                     "used by this profile": used if ds in cfg.grid.datasets else "not used"})
     return pd.DataFrame(rows)
 
 
@@ -47,7 +48,8 @@ def example_problems(cfg: Config, n: int = 2) -> pd.DataFrame:
     rows = []
     for ds, split in _splits(cfg):
         for p in load_problems(ds, split, n=n, seed=cfg.data.seed, data_dir=cfg.data.data_dir):
-            rows.append({"id": p.id, "question": _short(p.question), "gold": p.answer, "steps": len(p.steps)})
+            rows.append({"id": p.id, "question": _short(plain_tex(p.question)), "gold": plain_tex(p.answer),
+                         "steps": len(p.steps)})
     return pd.DataFrame(rows)
 
 
@@ -65,6 +67,36 @@ def greedy_check(cfg: Config, n: int = 4) -> pd.DataFrame:
         rows.append({"id": p.id, "question": _short(p.question), "gold": p.answer, "answer": gr.pred,
                      "valid": gr.valid, "correct": gr.correct, "steps": len(g.steps), "stop": g.finish})
     return pd.DataFrame(rows)
+
+
+_TEX_SYMBOLS = {"cdot": "·", "times": "×", "div": "÷", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠",
+                "neq": "≠", "pi": "π", "infty": "∞", "pm": "±", "theta": "θ", "alpha": "α", "beta": "β",
+                "circ": "°", "dots": "…", "ldots": "…", "cdots": "⋯", "quad": " ", "qquad": " ", "%": "%",
+                "$": "$", "{": "{", "}": "}", ",": " ", "!": "", ";": " ", " ": " "}
+_SUPERSCRIPTS = str.maketrans("0123456789n", "⁰¹²³⁴⁵⁶⁷⁸⁹ⁿ")
+_INLINE = re.compile(r"(?<!\\)\$\$?(.+?)(?<!\\)\$\$?", re.DOTALL)
+
+
+def _detex(m: str) -> str:
+    """One TeX formula as plain text: fractions as a/b, roots as √, powers as superscripts."""
+    for _ in range(3):  # nested fractions and roots
+        m = re.sub(r"\\d?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}",
+                   lambda g: f"{g[1]}/{g[2]}" if len(g[1] + g[2]) <= 4 else f"({g[1]})/({g[2]})", m)
+        m = re.sub(r"\\sqrt\s*\{([^{}]*)\}", lambda g: "√" + (g[1] if len(g[1]) == 1 else f"({g[1]})"), m)
+        m = re.sub(r"\\(?:text|mathrm|mathbf|textbf|operatorname)\s*\{([^{}]*)\}", r"\1", m)
+    m = re.sub(r"\^\{?([0-9n]+)\}?", lambda g: g[1].translate(_SUPERSCRIPTS), m)
+    m = re.sub(r"\\(left|right)\b", "", m)
+    m = re.sub(r"\\([A-Za-z]+|.)", lambda g: _TEX_SYMBOLS.get(g[1], g[1]), m)
+    return m.replace("{", "").replace("}", "").strip()
+
+
+def plain_tex(text) -> str:
+    """A MATH problem's inline TeX (``$12$``, ``$k$``, ``$\\frac{1}{2}$``, ``\\$1.25``) as plain text for
+    a table cell, where the page's MathJax does not typeset it (it printed as raw ``$12$``)."""
+    if not isinstance(text, str) or ("$" not in text and "\\" not in text):
+        return text
+    out = _INLINE.sub(lambda g: _detex(g[1]), text)
+    return out.replace("\\$", "$")
 
 
 def _short(text: str, n: int = 160) -> str:

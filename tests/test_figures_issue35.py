@@ -175,3 +175,27 @@ def test_the_box_shows_three_sentences_that_matter_and_folds_the_rest():
     assert "eps=0.3 vs Base" in key[0]  # the smallest Holm-adjusted p of Table 1's rows
     assert "ablation, fixed s0 − Base, pass@n" in key[1]
     assert "controllability, eps=0.1" in key[2]
+
+
+# ---- the setup check (00) ----------------------------------------------------------------------
+
+
+def test_setup_tables_show_no_raw_tex_and_say_which_data_the_profile_skips(monkeypatch):
+    from types import SimpleNamespace
+
+    from ctrls import setup_check
+
+    assert setup_check.plain_tex("What is $12$ times $k$?") == "What is 12 times k?"
+    assert setup_check.plain_tex(r"Mike paid $\$1.25$; find $\frac{1}{2}$ of $x^2$.") == "Mike paid $1.25; find 1/2 of x².", \
+        setup_check.plain_tex(r"Mike paid $\$1.25$; find $\frac{1}{2}$ of $x^2$.")
+    assert setup_check.plain_tex("Carmen has $100, Samantha $25 more.") != ""  # GSM8K's dollars: left readable
+
+    problem = SimpleNamespace(id="math-test-1", question="Find $k$ if $12k = 24$.", answer="$2$", steps=["a", "b"])
+    monkeypatch.setattr(setup_check, "load_problems", lambda *a, **k: [problem])
+    cfg = load_config("demo")
+    cfg.grid.datasets = ["gsm8k"]
+    t = setup_check.dataset_table(cfg)
+    used = dict(zip(t.dataset + "/" + t.split, t["used by this profile"]))
+    assert used["math/test"] == "not used" and used["gsm8k/test"] == cfg.data.n_test, used
+    ex = setup_check.example_problems(cfg, n=1)
+    assert not ex.question.str.contains("$", regex=False).any() and set(ex.gold) == {"2"}, ex.to_dict("records")
