@@ -210,7 +210,23 @@ INSPECT = r"""
   }
   const pageWidth = document.documentElement.scrollWidth;
   if (pageWidth > window.innerWidth + 1) {
-    overflow.push({element: 'page', why: `page scrollWidth ${pageWidth} > window ${window.innerWidth}`});
+    // name what sticks out: the innermost visible elements past the window's right edge
+    const W = window.innerWidth;
+    const out = [];
+    for (const el of root.querySelectorAll('*')) {
+      if (out.length >= 3) break;
+      if (!visible(el) || el.getBoundingClientRect().right <= W + 1) continue;
+      if (Array.from(el.children).some((c) => c.getBoundingClientRect().right > W + 1)) continue;
+      if (out.some((o) => o.contains(el))) continue;
+      let held = false;  // inside a box that scrolls or clips: that box, not the page, takes it
+      for (let a = el.parentElement; a && a !== root && root.contains(a); a = a.parentElement) {
+        if (getComputedStyle(a).overflowX !== 'visible') { held = true; break; }
+      }
+      if (!held) out.push(el);
+    }
+    const names = out.map((el) => describe(el)).join('; ');
+    overflow.push({element: 'page', why: `page scrollWidth ${pageWidth} > window ${W}` +
+                                         (names ? `; sticking out: ${names}` : '')});
   }
 
   const junk = [];

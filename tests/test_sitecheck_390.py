@@ -77,7 +77,8 @@ def test_at_390_a_wide_table_may_scroll_in_its_own_box_but_not_be_clipped_or_wid
     found = {o["element"].split(" ")[0]: o["why"] for o in bad["overflow"]}
     assert found.get("table#clipped", "").startswith("clipped by div#clipper (overflow-x: hidden)"), summary
     assert "table#bare" in found, summary
-    assert "page" in found, summary  # the bare table widens the page
+    assert "page" in found, summary  # the bare table widens the page, and the report names what sticks out
+    assert "sticking out: td" in found["page"] and 'under "Widens the page"' in found["page"], summary
     assert not any(k in found for k in ("table#scrolls", "div.wrap")), summary
     assert not report["ok"]
 
@@ -186,3 +187,70 @@ def test_placeholder_and_work_log_text_is_junk(chromium, tmp_path):
     found = {j["element"].split(" ")[0] for j in report["pages"]["junk.html"]["junk"]
              if j["kind"] == "placeholder or work-log text"}
     assert found == {"p#todo", "p#unset", "p#issue", "p#lent", "li#repourl"}, summary
+
+
+_BOOK_STYLE_PAGE = """<!doctype html>
+<html><head><title>Book style</title><meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="stylesheet" href="_static/ctrls.css"><script src="_static/ctrls-wbr.js"></script>
+<style>body {{ margin: 0; }} article {{ display: block; max-width: 900px; }}</style></head>
+<body><main><article class="bd-article">
+<h2>Where each piece lives</h2>
+<table><tr><th>paper</th><th>code</th><th>test</th><th>tag</th></tr>{rows}</table>
+<p>Results are in <code class="docutils literal"><span class="pre">bench/results/gpu_estimate_measured_nvidia_h200_qwen.json</span></code>.</p>
+</article></main></body></html>
+"""
+_ROW = ("<tr><td>Eq. {i}, spectrum embedding</td>"
+        "<td><code class='docutils literal'><span class='pre'>ctrls/spectral.py::spectral_embeddings_{i}</span></code></td>"
+        "<td><code class='docutils literal'><span class='pre'>tests/test_spectral.py::test_batched_equals_per_step_across_chunks_and_keeps_order</span></code></td>"
+        "<td><code class='docutils literal'><span class='pre'>Sec. 5.2</span></code></td>"
+        "<td style='white-space: nowrap'>mean reference steps over the whole split, nowrap as in a notebook's table</td></tr>")
+
+# every text piece of a code name (between the <wbr>s ctrls-wbr.js puts in) on one line: no break inside a word
+_SPLIT_WORDS = r"""() => {
+  const bad = [];
+  for (const code of document.querySelectorAll('article code.literal')) {
+    const w = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+    while (w.nextNode()) {
+      const t = w.currentNode;
+      for (const m of t.nodeValue.matchAll(/\S+/g)) {  // a space is a word's end: a break there is fine
+        const r = document.createRange();
+        r.setStart(t, m.index);
+        r.setEnd(t, m.index + m[0].length);
+        const tops = new Set(Array.from(r.getClientRects()).filter((x) => x.width > 0).map((x) => Math.round(x.top)));
+        if (tops.size > 1) bad.push(m[0]);
+      }
+    }
+  }
+  return bad;
+}"""
+
+
+def test_the_books_css_wraps_code_names_between_words_and_scrolls_wide_tables_at_390(chromium, tmp_path):
+    """Issue 35, item 7 (method page) and item 9: with book/_static's ctrls.css and ctrls-wbr.js, the
+    index's long code names break only after '/', '::', '.', '_' (never mid-word, never inside 5.2),
+    and at 390 px the index table scrolls inside its own box: the check passes at both widths."""
+    import shutil
+    from pathlib import Path
+
+    from playwright.sync_api import sync_playwright
+
+    from ctrls.sitecheck import CHROMIUM_ARGS, check_site, format_report, serve
+
+    static = Path(__file__).resolve().parents[1] / "book" / "_static"
+    site = tmp_path / "site"
+    shutil.copytree(static, site / "_static")
+    (site / "index.html").write_text(_BOOK_STYLE_PAGE.format(rows="".join(_ROW.format(i=i) for i in range(4))))
+    for width in (1280, 390):
+        report = check_site(site, tmp_path / f"shots{width}", chromium=chromium, timeout_s=30, width=width)
+        assert report["ok"], format_report(report)
+    with serve(site) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            for width in (1280, 390):
+                page = browser.new_page(viewport={"width": width, "height": 900})
+                page.goto(base + "index.html", wait_until="load")
+                assert page.evaluate("() => document.querySelectorAll('article code.literal wbr').length") > 20
+                assert page.evaluate(_SPLIT_WORDS) == [], width
+                page.close()
+        finally:
+            browser.close()
