@@ -327,7 +327,7 @@ def test_setup_page_lists_your_own_dataset(tmp_path):
     cfg = load_config("smoke", {"grid.datasets": [str(d)], "data.n_test": 3})
     t = setup_check.dataset_table(cfg).set_index(["dataset", "split"])
     assert t.loc[(str(d), "test"), "problems"] == 5 and t.loc[(str(d), "test"), "used by this profile"] == 3
-    assert t.loc[("gsm8k", "test"), "used by this profile"] == 0
+    assert t.loc[("gsm8k", "test"), "used by this profile"] == "not used"  # issue 35 item 7: not "0"
     ids = setup_check.example_problems(cfg).id
     assert ids.str.startswith("arith-train-").sum() == 2 and ids.str.startswith("arith-test-").sum() == 2
 
