@@ -10,11 +10,16 @@ ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "bench" / "results"
 
 
-def _page():
-    spec = importlib.util.spec_from_file_location("gpu_measured_page", ROOT / "bench" / "gpu_measured_page.py")
+def _bench(name: str):
+    """A script of bench/ as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _page():
+    return _bench("gpu_measured_page")
 
 
 def _inputs():
@@ -46,17 +51,10 @@ def test_section_numbers_are_the_results():
     assert eq["all_equal"] and "gave exactly the eager static step's tokens" in text
 
 
-def _graph_page():
-    spec = importlib.util.spec_from_file_location("gpu_graph_page", ROOT / "bench" / "gpu_graph_page.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_graph_section_and_headline_are_rendered_from_the_stored_h200_result():
     """The reproduce page's captured-path hours (its first paragraph and its section) are what the renderer makes
     of the stored result, and the totals are the result's own, summed here from its per-stage rows."""
-    page = _graph_page()
+    page = _bench("gpu_graph_page")
     d = json.loads((RES / "gpu_estimate_measured_nvidia_h200_qwen.json").read_text())
     inc = ROOT / "book" / "_includes"
     assert (inc / "gpu_measured_graph.md").read_text() == page.render(d) + "\n"

@@ -8,24 +8,7 @@ CTRLS_SKIP_BROWSER=1); test_broken_links_from_files needs no browser.
 """
 from __future__ import annotations
 
-import os
-
-import pytest
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    from ctrls.sitecheck import SiteCheckError, find_chromium
-
-    try:
-        exe = find_chromium()
-        import playwright.sync_api  # noqa: F401
-    except (SiteCheckError, ImportError) as e:
-        msg = f"browser check unavailable: {e} (set CTRLS_SKIP_BROWSER=1 to skip the browser tests)"
-        if os.environ.get("CTRLS_SKIP_BROWSER") == "1":
-            pytest.skip(msg)
-        pytest.fail(msg, pytrace=False)
-    return exe
+from test_browser import chromium  # noqa: F401  (the fixture: Debian's Chromium and Playwright)
 
 
 _TABLE = "<table id='{id}'><tr>" + "<td>column&nbsp;value&nbsp;{i}</td>" * 1 + "</tr></table>"
