@@ -1,10 +1,15 @@
 """The book's figures (seaborn/matplotlib). Each function returns the matplotlib Figure.
 
 In a notebook, each figure is shown by :func:`show` with a numbered caption that says what it
-shows ("Figure 2: ..."), numbered in page order; a figure whose every plotted value is equal is
-replaced by one sentence that says so (:func:`all_equal_note`), computed from the data.
+shows ("Figure 2: ..."), numbered in page order, and ends with where it was drawn from: the library
+call and the run files it read (:func:`drawn_from`, passed to each figure function as ``source``);
+a figure whose every plotted value is equal is replaced by one sentence that says so
+(:func:`all_equal_note`), computed from the data.
 """
 from __future__ import annotations
+
+import math
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -45,6 +50,66 @@ def show(fig, text: str):
     return fig
 
 
+def _with(text: str, source: str) -> str:
+    """A caption ``text`` followed by its provenance sentence ``source`` (from :func:`drawn_from`)."""
+    return f"{text} {source}" if source else text
+
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: stored results are named from here
+
+
+def _shown_path(path, run_dir) -> str:
+    """``path`` as a reader sees it: under the run directory, relative to it (``<profile>/<stage>/...``);
+    else in the repository, relative to its root (``bench/results/x.json``); a directory ends in "/"."""
+    p = Path(path).expanduser().resolve()
+    for base in ([Path(run_dir).expanduser().resolve()] if run_dir is not None else []) + [ROOT]:
+        if p == base or base in p.parents:
+            shown = p.relative_to(base).as_posix()
+            return shown + "/" if p.is_dir() else shown
+    where = f"the run directory {run_dir} nor " if run_dir is not None else ""
+    raise ValueError(f"drawn_from: {path} is in neither {where}the repository {ROOT}; a caption names only a run "
+                     "file (pass run_dir=cfg.run_dir) or a file of this checkout")
+
+
+def drawn_from(call, *paths, run_dir=None) -> str:
+    """The provenance sentence that ends a figure's caption: the library call that drew it and the
+    files it read, e.g. "Drawn by `ctrls.plots.pass_at_k_curves` from `demo/exploration/samples.parquet/`."
+
+    ``call``: the figure function (or its dotted name). ``paths``: the files read, as the stage
+    modules compute them (a glob pattern names a family of files); each is shown relative to
+    ``run_dir`` (``cfg.run_dir``: so ``<profile>/<stage>/<file>``) or, for a file of this checkout
+    such as a stored ``bench/results`` result, relative to the repository. A path in neither is
+    refused (``ValueError``), never shown as an absolute path. No path: drawn from the
+    configuration alone."""
+    name = call if isinstance(call, str) else f"{call.__module__}.{call.__qualname__}"
+    shown = [f"`{_shown_path(p, run_dir)}`" for p in paths]
+    if not shown:
+        return f"Drawn by `{name}` from the configuration alone (no run file)."
+    files = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
+    return f"Drawn by `{name}` from {files}."
+
+
+# The files a pretraining run's readers (``ctrls.stages.pretrain.PretrainRun``) load, by method:
+# tests/test_figure_captions.py checks each against the path the method itself reads.
+PRETRAIN_FILES = {"bound_history": ("adapter", "bound_history.parquet"),
+                  "transition_history": ("transitions", "kl_history.parquet"),
+                  "controls_summary": ("adapter", "controls.parquet"),
+                  "steps": ("states", "steps.parquet")}
+
+
+def pretrain_file(run, method: str) -> Path:
+    """The file ``PretrainRun.<method>()`` reads (``model``: the run's checkpoint directory)."""
+    if method == "model":
+        return Path(run.checkpoint)
+    return Path(run.root).joinpath(*PRETRAIN_FILES[method])
+
+
+def rl_curve_files(cfg) -> Path:
+    """The RL curves ``ctrls.stages.rl.load_curves`` reads, as one glob pattern
+    (``<run_dir>/<profile>/rl/<pair>/<run>/curve.parquet``)."""
+    return cfg.stage_dir("rl") / "*" / "*" / "curve.parquet"
+
+
 def say(text: str) -> None:
     """In a notebook: a sentence in place of a figure."""
     if _kernel():
@@ -71,13 +136,21 @@ def integer_ticks(*axes) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None) -> plt.Figure:
+def _flat(values) -> pd.Series:
+    """``values`` as numbers rounded to 10 significant digits: a difference below that is no curve."""
+    v = pd.to_numeric(pd.Series(values), errors="coerce").astype(float)
+    return v.map(lambda x: float(f"{x:.10g}") if np.isfinite(x) else x)
+
+
+def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None, source: str = "") -> plt.Figure:
     """Thm. 5.3's bound (solid, with its 95% interval over questions) and the relaxed training
     objective (dashed) over adapter-training epochs, per split (``PretrainRun.bound_history``;
     epoch 0 = the fresh adapter = the frozen backbone), and the transition fit of stage (e).
 
-    Two figures, each shown with its caption: the bound per step and its reconstruction term; the
-    KL term and the transition fit. Returns the second."""
+    Two figures, each shown with its caption (ending with ``source``): the bound per step and its
+    reconstruction term; the KL term and the transition fit. When every line of the second is flat
+    (each its own value at every epoch, and the fit one value), it is one computed sentence instead
+    (:func:`all_equal_note`). Returns the second figure (None when it is a sentence)."""
     # a closed-form transition fit is one number: said in the caption, not drawn as a one-point panel
     fit_panel = kl_history is not None and pd.to_numeric(kl_history.kl, errors="coerce").nunique() > 1
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -98,9 +171,27 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None) -
     axes2[0].legend(fontsize=8)
     splits = " and ".join(history.split.drop_duplicates().astype(str))
     fig.tight_layout()
-    show(fig, f"Thm. 5.3's bound (solid; band: 95% interval over questions) and the relaxed training objective "
-              f"(dashed) over adapter-training epochs, on the {splits} steps. Left: per step; right: its "
-              "reconstruction term per token. Epoch 0 is the fresh adapter, i.e. the frozen backbone.")
+    show(fig, _with(f"Thm. 5.3's bound (solid; band: 95% interval over questions) and the relaxed training objective "
+                    f"(dashed) over adapter-training epochs, on the {splits} steps. Left: per step; right: its "
+                    "reconstruction term per token. Epoch 0 is the fresh adapter, i.e. the frozen backbone.", source))
+    kl_lines = [(split, label, _flat(g.sort_values("epoch")[col]))
+                for split, g in history.groupby("split", sort=False)
+                for col, label in (("kl_per_step", "KL term"), ("mixture_kl_per_step", "mixture-prior KL"))]
+    flat = [all_equal_note(v, f"the {label} on the {split} steps") for split, label, v in kl_lines]
+    if not fit_panel and all(flat):
+        plt.close(fig2)
+        epochs = history.epoch.nunique()
+        values = "; ".join(f"{label} on the {split} steps {v.dropna().iloc[0]:.4g}" if not v.dropna().empty
+                           else f"{label} on the {split} steps: no value"
+                           for split, label, v in kl_lines)
+        text = (f"No figure of the bound's KL term: every one of its {len(kl_lines)} lines is flat over the "
+                f"{epochs} adapter-training epoch{'s' if epochs != 1 else ''} (nats per step: {values})")
+        if kl_history is not None:
+            mixture = "objective" in kl_history and (kl_history.objective == "mixture").all()
+            text += (f"; the transition fit (stage e) reached a mean {'mixture-prior' if mixture else 'expected'} "
+                     f"KL of {float(kl_history.kl.iloc[-1]):.3g} nats")
+        say(text + ".")
+        return None
     text = "The bound's KL term per step (solid) and the mixture-prior KL (dashed) over adapter-training epochs"
     if kl_history is not None and not fit_panel:
         mixture = "objective" in kl_history and (kl_history.objective == "mixture").all()
@@ -116,28 +207,42 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None) -
         text += ("; right: the transition fit's KL, " + ("by gradient step." if mixture else
                  "in closed form (one value: the row-normalised soft counts)."))
     fig2.tight_layout()
-    return show(fig2, text + ".")
+    return show(fig2, _with(text + ".", source))
 
 
-def transitions_and_sizes(L: torch.Tensor, states: pd.Series) -> plt.Figure:
-    """The K x K transition matrix softmax(L) and the number of training steps per state."""
+MAX_TICKS = 8  # state labels per axis: more of them overlap at the book's column width
+
+
+def state_ticks(K: int) -> np.ndarray:
+    """The states labelled on a K-state axis: 0 and every ``ceil(K / MAX_TICKS)``-th state after it."""
+    return np.arange(0, K, max(1, math.ceil(K / MAX_TICKS)))
+
+
+def transitions_and_sizes(L: torch.Tensor, states: pd.Series, source: str = "") -> plt.Figure:
+    """The K x K transition matrix softmax(L) and the number of training steps per state. At most
+    ``MAX_TICKS`` state labels per axis, upright, so that none overlaps another at any K."""
     P = torch.softmax(L.float(), -1).numpy()
     K = P.shape[0]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.2, 1]})
+    fig, axes = plt.subplots(1, 2, figsize=(9.3, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})
     sns.heatmap(P, ax=axes[0], cmap="viridis", vmin=0, square=True, cbar_kws={"label": r"$P(s_t = j \mid s_{t-1} = i)$"},
-                xticklabels=max(1, K // 16), yticklabels=max(1, K // 16))
+                xticklabels=False, yticklabels=False)
+    ticks = state_ticks(K)
+    axes[0].set_xticks(ticks + 0.5, [str(t) for t in ticks], rotation=0, fontsize=9)
+    axes[0].set_yticks(ticks + 0.5, [str(t) for t in ticks], rotation=0, fontsize=9)
     axes[0].set(title=rf"transition matrix $\mathrm{{softmax}}(L)$, $K = {K}$", xlabel="next state $j$", ylabel="state $i$")
     counts = states.value_counts().reindex(range(K), fill_value=0)
     sns.barplot(x=np.arange(K), y=counts.to_numpy(), ax=axes[1], color="C0")
     axes[1].set(title="cluster sizes (training steps per state)", xlabel="state", ylabel="steps")
-    axes[1].set_xticks(axes[1].get_xticks()[:: max(1, K // 16)])
+    axes[1].set_xticks(ticks, [str(t) for t in ticks], rotation=0, fontsize=9)
+    for ax in axes:
+        ax.title.set_fontsize(10)
     fig.tight_layout()
-    return show(fig, f"Left: the fitted transition matrix softmax(*L*) over the K = {K} latent states "
+    return show(fig, _with(f"Left: the fitted transition matrix softmax(*L*) over the K = {K} latent states "
                      f"(row i: the distribution of the next state after state i). Right: the number of training "
-                     f"steps assigned to each state ({int(counts.sum())} in all; {int((counts == 0).sum())} states unused).")
+                     f"steps assigned to each state ({int(counts.sum())} in all; {int((counts == 0).sum())} states unused).", source))
 
 
-def pass_at_k_curves(curves: pd.DataFrame) -> plt.Figure:
+def pass_at_k_curves(curves: pd.DataFrame, source: str = "") -> plt.Figure:
     """Unbiased pass@k vs k, Base vs each CTRLS row, one panel per (backbone, dataset, eta)."""
     note = all_equal_note(curves.pass_at_k, "pass@k", "%", 100)
     if note:
@@ -149,8 +254,8 @@ def pass_at_k_curves(curves: pd.DataFrame) -> plt.Figure:
     g.set_axis_labels("k", "pass@k (%)")
     g.set_titles("{col_name}", size=9)
     integer_ticks(*g.axes.flat)
-    return show(g.figure, "Unbiased pass@k (%) against k, Base and each CTRLS row, one panel per backbone, "
-                          "dataset and temperature η.")
+    return show(g.figure, _with("Unbiased pass@k (%) against k, Base and each CTRLS row, one panel per backbone, "
+                                "dataset and temperature η.", source))
 
 
 def pair_title(pair: str) -> str:
@@ -161,7 +266,7 @@ def pair_title(pair: str) -> str:
 
 
 def learning_curves(curves: pd.DataFrame, y: str = "accuracy", kind: str = "eval", ylabel: str | None = None,
-                    smooth: int = 1) -> plt.Figure:
+                    smooth: int = 1, source: str = "") -> plt.Figure:
     """A metric against RL step, mean and band over seeds, one panel per (backbone, dataset)."""
     # Fig.: the on-policy learning curves (appendix figures "On-policy learning curves")
     d = curves[curves.kind == kind].copy()
@@ -179,9 +284,9 @@ def learning_curves(curves: pd.DataFrame, y: str = "accuracy", kind: str = "eval
     integer_ticks(*g.axes.flat)
     seeds = d.seed.nunique() if "seed" in d else 1
     smoothed = f", {smooth}-step moving average" if smooth > 1 else ""
-    return show(g.figure, f"{what[0].upper() + what[1:]} during RL ({'held-out evaluation' if kind == 'eval' else 'training'}"
-                          f"{smoothed}) against the RL step, per setting: mean and min–max band over "
-                          f"{seeds} seed{'s' if seeds != 1 else ''}, one panel per backbone and dataset.")
+    return show(g.figure, _with(f"{what[0].upper() + what[1:]} during RL ({'held-out evaluation' if kind == 'eval' else 'training'}"
+                                f"{smoothed}) against the RL step, per setting: mean and min–max band over "
+                                f"{seeds} seed{'s' if seeds != 1 else ''}, one panel per backbone and dataset.", source))
 
 
 def controls(summary: pd.DataFrame) -> plt.Figure:
