@@ -50,7 +50,7 @@ def show(fig, text: str):
     return fig
 
 
-def _with(text: str, source: str) -> str:
+def with_source(text: str, source: str) -> str:
     """A caption ``text`` followed by its provenance sentence ``source`` (from :func:`drawn_from`)."""
     return f"{text} {source}" if source else text
 
@@ -171,7 +171,7 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None, s
     axes2[0].legend(fontsize=8)
     splits = " and ".join(history.split.drop_duplicates().astype(str))
     fig.tight_layout()
-    show(fig, _with(f"Thm. 5.3's bound (solid; band: 95% interval over questions) and the relaxed training objective "
+    show(fig, with_source(f"Thm. 5.3's bound (solid; band: 95% interval over questions) and the relaxed training objective "
                     f"(dashed) over adapter-training epochs, on the {splits} steps. Left: per step; right: its "
                     "reconstruction term per token. Epoch 0 is the fresh adapter, i.e. the frozen backbone.", source))
     kl_lines = [(split, label, _flat(g.sort_values("epoch")[col]))
@@ -207,7 +207,7 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None, s
         text += ("; right: the transition fit's KL, " + ("by gradient step." if mixture else
                  "in closed form (one value: the row-normalised soft counts)."))
     fig2.tight_layout()
-    return show(fig2, _with(text + ".", source))
+    return show(fig2, with_source(text + ".", source))
 
 
 MAX_TICKS = 8  # state labels per axis: more of them overlap at the book's column width
@@ -237,7 +237,7 @@ def transitions_and_sizes(L: torch.Tensor, states: pd.Series, source: str = "") 
     for ax in axes:
         ax.title.set_fontsize(10)
     fig.tight_layout()
-    return show(fig, _with(f"Left: the fitted transition matrix softmax(*L*) over the K = {K} latent states "
+    return show(fig, with_source(f"Left: the fitted transition matrix softmax(*L*) over the K = {K} latent states "
                      f"(row i: the distribution of the next state after state i). Right: the number of training "
                      f"steps assigned to each state ({int(counts.sum())} in all; {int((counts == 0).sum())} states unused).", source))
 
@@ -254,7 +254,7 @@ def pass_at_k_curves(curves: pd.DataFrame, source: str = "") -> plt.Figure:
     g.set_axis_labels("k", "pass@k (%)")
     g.set_titles("{col_name}", size=9)
     integer_ticks(*g.axes.flat)
-    return show(g.figure, _with("Unbiased pass@k (%) against k, Base and each CTRLS row, one panel per backbone, "
+    return show(g.figure, with_source("Unbiased pass@k (%) against k, Base and each CTRLS row, one panel per backbone, "
                                 "dataset and temperature η.", source))
 
 
@@ -284,7 +284,7 @@ def learning_curves(curves: pd.DataFrame, y: str = "accuracy", kind: str = "eval
     integer_ticks(*g.axes.flat)
     seeds = d.seed.nunique() if "seed" in d else 1
     smoothed = f", {smooth}-step moving average" if smooth > 1 else ""
-    return show(g.figure, _with(f"{what[0].upper() + what[1:]} during RL ({'held-out evaluation' if kind == 'eval' else 'training'}"
+    return show(g.figure, with_source(f"{what[0].upper() + what[1:]} during RL ({'held-out evaluation' if kind == 'eval' else 'training'}"
                                 f"{smoothed}) against the RL step, per setting: mean and min–max band over "
                                 f"{seeds} seed{'s' if seeds != 1 else ''}, one panel per backbone and dataset.", source))
 

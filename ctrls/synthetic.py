@@ -404,13 +404,13 @@ def plot_learning_curves(curves: pd.DataFrame, cfg: Config, smooth: int = 10, so
         axes[1].axhline(optimum(mdp, float(d[d.setting == name].epsilon.iloc[0])), ls="--", lw=1, c=pal[name])
     axes[1].set(title=f"training reward (ε-greedy; {smooth}-step mean)\ndashed: " + r"$V^*_\varepsilon$",
                 xlabel="RL step", ylabel="mean reward")
-    from ctrls.plots import _with, integer_ticks, show
+    from ctrls.plots import with_source, integer_ticks, show
 
     integer_ticks(*axes)
     for ax in axes:
         ax.title.set_fontsize(10)
     _legend_below(fig, axes[0])
-    return show(fig, _with("The paper's four RL settings on the synthetic chain, mean and min–max band over "
+    return show(fig, with_source("The paper's four RL settings on the synthetic chain, mean and min–max band over "
                            f"{d.seed.nunique()} seeds. Left: held-out reward of the learned Dirichlet policy (ε = 0) "
                            "against the optimum 1 (dashed). Right: on-policy training reward "
                            f"(ε-greedy, {smooth}-step moving average) against each setting's optimum "
@@ -432,13 +432,13 @@ def plot_entropy(curves: pd.DataFrame, source: str = ""):
     sns.lineplot(data=d[d.kind == "eval"], x="step", y="start_entropy", hue="setting", hue_order=order,
                  errorbar=("pi", 100), marker="o", ax=axes[1], legend=False)
     axes[1].set(title="entropy of the first transition from $s_0$", xlabel="RL step", ylabel="nats")
-    from ctrls.plots import _with, integer_ticks, show
+    from ctrls.plots import with_source, integer_ticks, show
 
     integer_ticks(*axes)
     for ax in axes:
         ax.title.set_fontsize(10)
     _legend_below(fig, axes[0])  # inside a panel it covered the curves
-    return show(fig, _with("Policy entropy (Eq. 14) per setting, mean and min–max band over seeds. Left: over the states "
+    return show(fig, with_source("Policy entropy (Eq. 14) per setting, mean and min–max band over seeds. Left: over the states "
                            "visited in each training step; right: exactly, at the start state *s*<sub>0</sub>, at each evaluation.", source))
 
 
@@ -459,10 +459,10 @@ def plot_sweep(summary: pd.DataFrame, source: str = ""):
     axes[2].set(title="start-state entropy\nafter RL (nats)")
     for ax in axes:
         ax.title.set_fontsize(10)
-    from ctrls.plots import _with, show
+    from ctrls.plots import with_source, show
 
     fig.tight_layout()
-    return show(fig, _with("The sweep over the ε × α grid (rows ε, columns α), "
+    return show(fig, with_source("The sweep over the ε × α grid (rows ε, columns α), "
                            "means over seeds: final held-out reward (left), fraction of seeds that end on the correct chain "
                            "(middle), start-state entropy after RL (right).", source))
 
@@ -480,10 +480,10 @@ def plot_sweep_curves(curves: pd.DataFrame, cfg: Config, source: str = ""):
         ax.axhline(optimum(study_mdp(cfg)[0], 0.0), ls="--", c="k", lw=1)
     g.set_axis_labels("RL step", "held-out reward (ε = 0)")
     g.set_titles("α = {col_name}", size=10)
-    from ctrls.plots import _with, integer_ticks, show
+    from ctrls.plots import with_source, integer_ticks, show
 
     integer_ticks(*g.axes.flat)
-    return show(g.figure, _with("Held-out reward (ε = 0) against the RL step for every cell of the sweep: one "
+    return show(g.figure, with_source("Held-out reward (ε = 0) against the RL step for every cell of the sweep: one "
                                 "panel per entropy weight α, one line per ε (mean and min–max band over "
                                 "seeds); dashed: the optimum 1.", source))
 
@@ -500,10 +500,10 @@ def plot_prior(cfg: Config, source: str = ""):
     sns.heatmap(P.numpy(), annot=annot, fmt="", cmap="viridis", vmin=0, vmax=1, square=True, ax=ax,
                 xticklabels=names, yticklabels=names, cbar_kws={"label": r"$P(z_t = j \mid z_{t-1} = i)$"})
     ax.set(title=r"prior $\mathrm{softmax}(L_0)$ (• rewarding edge)", xlabel="next state $j$", ylabel="state $i$")
-    from ctrls.plots import _with, show
+    from ctrls.plots import with_source, show
 
     fig.tight_layout()
-    return show(fig, _with(f"The synthetic MDP's prior transition matrix softmax(*L*<sub>0</sub>) over its {len(names)} "
+    return show(fig, with_source(f"The synthetic MDP's prior transition matrix softmax(*L*<sub>0</sub>) over its {len(names)} "
                            "states, the starting point of RL; • marks a rewarding edge.", source))
 
 
@@ -522,9 +522,9 @@ def plot_recovery(recovery: pd.DataFrame, source: str = ""):
     ax.set(xscale="log", yscale="log", xlabel="chains sampled from $P$",
            ylabel=r"TV$(\mathrm{softmax}(L), P)$ per row", title="recovering the transition matrix")
     ax.legend(fontsize=8)
-    from ctrls.plots import _with, show
+    from ctrls.plots import with_source, show
 
     fig.tight_layout()
-    return show(fig, _with("Recovering the transition matrix: mean and largest per-row total-variation error of "
+    return show(fig, with_source("Recovering the transition matrix: mean and largest per-row total-variation error of "
                            "softmax(*L*) fitted on *n* sampled chains, against *n* (log–log; band: min–max over "
                            "seeds), with an *n*<sup>−1/2</sup> reference line (dashed).", source))

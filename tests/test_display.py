@@ -55,7 +55,7 @@ def test_a_note_on_the_frame_is_said_above_it():
 
 def test_an_all_equal_judge_table_is_one_sentence_beside_the_papers_scores():
     from ctrls.judge import CRITERIA
-    from ctrls.tables import table3_vs_paper
+    from ctrls.beside_paper import table3_vs_paper
 
     rows = [{"config": c, **{k: 5.5 for k in CRITERIA}, **{f"parse_{k}": "regex" for k in CRITERIA}}
             for c in ("Base", "ε=0.5, H=0") for _ in range(3)]

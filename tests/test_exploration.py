@@ -250,7 +250,7 @@ def test_your_own_dataset_through_the_cli(tmp_path):
                      for i in range(n)])
     runs = tmp_path / "runs"
     # the plumbing of a user's dataset, not the stages' sizes: one epoch, short chains, 2 of the 3 test questions,
-    # the smoke profile's 16 sequences per sampling chunk (not SMOKE_OVERRIDES' 2, which the kill tests need)
+    # the smoke profile's 16 sequences per sampling chunk (not SMOKE_OVERRIDES' 4, which the kill tests need)
     ovr = [f"grid.datasets=[{d}]", "pretrain.epochs=1", "sampling.max_new_tokens=24", "data.n_test=2"]
     r = subprocess.run([sys.executable, "-m", "ctrls", "stage", "pretrain", "exploration", "--profile", "smoke",
                         "--run-dir", str(runs), "-o", *ovr], cwd=ROOT, capture_output=True, text=True)
@@ -265,7 +265,7 @@ def test_your_own_dataset_through_the_cli(tmp_path):
 
 
 def test_beside_paper_names_the_papers_runs_only_for_its_datasets():
-    from ctrls.tables import _beside_paper
+    from ctrls.beside_paper import _beside_paper
 
     row = {"backbone": "smollm2-135m-instruct", "config": "Base", "questions": 8, "samples": 4,
            "pass@n": 0.5, "pass@n lo": 0.2, "pass@n hi": 0.8, "succ": 0.9, "succ lo": 0.7, "succ hi": 1.0}
