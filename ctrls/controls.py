@@ -132,6 +132,45 @@ def scaling_frame(path) -> "pd.DataFrame":
     return df
 
 
+STEERING_GOAL = (0.40, 3.0)  # the issue's goal: the epsilon row's steps follow their state >= 40%, >= 3x coincidence
+HARM_GOAL = -0.05  # fixed s0's pass@1 within 5 points of Base's, or above
+
+
+def scaling_sentences(df: "pd.DataFrame") -> list[str]:
+    """What a ``scaling_frame`` shows, in sentences computed from it: per number of training chains the
+    follows rate against its coincidence reference and the pass@1 differences to Base, each with its
+    95% interval; then at which sizes the steering goal (``STEERING_GOAL``) and the harm goal
+    (``HARM_GOAL``, on the point estimate) are met, or that none is."""
+    def pct(v, lo, hi):
+        return f"{100 * v:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+    def pts(v, lo, hi):
+        return f"{100 * v:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+    out = []
+    for _, r in df.iterrows():
+        ratio = r.follows / r.coincidence if r.coincidence > 0 else float("inf")
+        out.append(f"**{r.chains} training chains** ({r.sources}): the ε row's steps follow their drawn state "
+                   f"{pct(r.follows, r.follows_lo, r.follows_hi)} of the time against "
+                   f"{pct(r.coincidence, r.coincidence_lo, r.coincidence_hi)} by coincidence ({ratio:.1f}×); "
+                   f"pass@1 of fixed s0 − Base {pts(r.harm, r.harm_lo, r.harm_hi)}, of ε − Base "
+                   f"{pts(r.eps_vs_base, r.eps_vs_base_lo, r.eps_vs_base_hi)} (Base {100 * r.base_pass1:.1f}%).")
+    f, k = STEERING_GOAL
+    steer = df[(df.follows >= f) & (df.follows >= k * df.coincidence)]
+    harm = df[df.harm >= HARM_GOAL]
+    best = df.loc[(df.follows / df.coincidence.where(df.coincidence > 0)).fillna(0).idxmax()] if len(df) else None
+    if len(steer):
+        out.append(f"The steering goal (≥ {100 * f:.0f}% and ≥ {k:g}× coincidence) is met at "
+                   f"{', '.join(str(c) for c in steer.chains)} training chains.")
+    elif best is not None:
+        out.append(f"The steering goal (≥ {100 * f:.0f}% and ≥ {k:g}× coincidence) is met at no size: the best ratio, "
+                   f"at {best.chains} chains, is {best.follows / best.coincidence:.1f}× ({100 * best.follows:.1f}% "
+                   f"against {100 * best.coincidence:.1f}%).")
+    out.append(f"The harm goal (fixed s0 within {100 * -HARM_GOAL:.0f} points of Base, or above) is met at "
+               + (f"{', '.join(str(c) for c in harm.chains)} training chains." if len(harm) else "no size."))
+    return out
+
+
 # ---- what the states capture: reasoning moves or content ----------------------------------------
 
 STEP_KINDS = ("answer", "arithmetic", "statement")

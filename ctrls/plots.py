@@ -21,6 +21,9 @@ from matplotlib.ticker import MaxNLocator
 sns.set_theme(context="notebook", style="whitegrid")
 
 _FIGURES = [0]  # figures shown on this page (one kernel per page)
+# The book's content column is 948 px wide at 1280 px; at 100 dpi a figure at most this many inches
+# wide is shown at its own size, never downscaled (ctrls.synthetic uses the same width).
+MAX_WIDTH_IN = 9.3
 
 
 def _kernel() -> bool:
@@ -153,8 +156,8 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None, s
     (:func:`all_equal_note`). Returns the second figure (None when it is a sentence)."""
     # a closed-form transition fit is one number: said in the caption, not drawn as a one-point panel
     fit_panel = kl_history is not None and pd.to_numeric(kl_history.kl, errors="coerce").nunique() > 1
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    fig2, axes2 = plt.subplots(1, 2 if fit_panel else 1, figsize=(10 if fit_panel else 5.5, 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 3.8))
+    fig2, axes2 = plt.subplots(1, 2 if fit_panel else 1, figsize=(MAX_WIDTH_IN if fit_panel else 5.5, 3.8), squeeze=False)
     axes2 = axes2[0]
     panels = [("elbo_per_step", "relaxed_per_step", "ELBO and relaxed objective", "nats / step"),
               ("rec_per_token", "relaxed_rec_per_token", "reconstruction", "nats / token"),
@@ -223,7 +226,7 @@ def transitions_and_sizes(L: torch.Tensor, states: pd.Series, source: str = "") 
     ``MAX_TICKS`` state labels per axis, upright, so that none overlaps another at any K."""
     P = torch.softmax(L.float(), -1).numpy()
     K = P.shape[0]
-    fig, axes = plt.subplots(1, 2, figsize=(9.3, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})
+    fig, axes = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 4.2), gridspec_kw={"width_ratios": [1.2, 1]})
     sns.heatmap(P, ax=axes[0], cmap="viridis", vmin=0, square=True, cbar_kws={"label": r"$P(s_t = j \mid s_{t-1} = i)$"},
                 xticklabels=False, yticklabels=False)
     ticks = state_ticks(K)
@@ -308,7 +311,7 @@ def steering_scaling(df: pd.DataFrame) -> plt.Figure:
     """Left: the epsilon row's steps that land in the state they were drawn for, and the coincidence
     reference (Base steps paired with drawn chains), against training chains. Right: pass@1 of the
     fixed-s0 and the epsilon rows minus Base's. 95% intervals (``ctrls.controls.scaling_frame``)."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 3.6))
     x = df.chains.to_numpy()
     for col, label, c in (("follows", "ε row follows its state", "C0"), ("coincidence", "coincidence (Base)", "C7")):
         a.errorbar(x, 100 * df[col], yerr=100 * np.array([df[col] - df[f"{col}_lo"], df[f"{col}_hi"] - df[col]]).clip(0),

@@ -58,6 +58,7 @@ import pandas as pd
 import torch
 
 from ctrls.config import Config
+from ctrls.plots import MAX_WIDTH_IN  # the book's column width
 from ctrls.policy import TransitionPolicy, fit_transitions
 from ctrls.rl import Sampler, Trajectory, state_usage_entropy
 from ctrls.streams import stream_key
@@ -365,10 +366,6 @@ def sweep_table(summary: pd.DataFrame, value: str = "reward_final") -> pd.DataFr
 
 
 # ---- figures ------------------------------------------------------------------------------------
-
-# The book's content column is 948 px wide at 1280 px; at 100 dpi a figure at most this many inches
-# wide (after the inline backend's tight crop) is shown at its own size, never downscaled.
-MAX_WIDTH_IN = 9.3
 
 
 def _legend_below(fig, ax, title: str = "setting") -> None:

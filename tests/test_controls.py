@@ -105,6 +105,29 @@ def test_scaling_frame_reads_sorts_and_refuses_bad_results(tmp_path):
         scaling_frame(f)
 
 
+def test_scaling_sentences_state_each_point_and_which_goals_are_met(tmp_path):
+    import json
+
+    from ctrls.controls import scaling_frame, scaling_sentences
+
+    weak, strong = _point(75, 0.12), _point(1200, 0.45)
+    weak["harm_fixed_s0"] = {"diff": -0.1, "lo": -0.2, "hi": 0.0}
+    strong["harm_fixed_s0"] = {"diff": -0.02, "lo": -0.1, "hi": 0.06}
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"points": [strong, weak]}))
+    text = scaling_sentences(scaling_frame(f))
+    assert text[0].startswith("**75 training chains**") and "12.0% [20.0, 40.0]" in text[0] and "(1.2×)" in text[0]
+    assert "fixed s0 − Base -10.0 points [-20.0, +0.0], of ε − Base -5.0 points [-10.0, +0.0]" in text[0]
+    assert text[-2] == "The steering goal (≥ 40% and ≥ 3× coincidence) is met at 1200 training chains."
+    assert text[-1] == "The harm goal (fixed s0 within 5 points of Base, or above) is met at 1200 training chains."
+    mid = _point(300, 0.25)
+    mid["harm_fixed_s0"] = weak["harm_fixed_s0"]
+    f.write_text(json.dumps({"points": [weak, mid]}))
+    text = scaling_sentences(scaling_frame(f))
+    assert text[-2].endswith("met at no size: the best ratio, at 300 chains, is 2.5× (25.0% against 10.0%).")
+    assert text[-1].endswith("met at no size.")
+
+
 def test_reference_chains_have_one_answer_line():
     """Word problems' reference steps already end with the answer line: the chain must not repeat it
     (it did, which taught the adapter to write the answer twice); GSM8K-style steps get one appended."""
