@@ -204,6 +204,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"[{i}/{len(stages)}] {stage} done in {seconds[stage]:.0f} s", flush=True)
     write_claims_scorecard(args, book)
     write_timings_page(book / "generated" / "timings.md", args, seconds)
+    write_rl_profile(book / "generated" / "rl_profile.md", args)
     from ctrls.codeindex import write_code_page
 
     write_code_page(book)  # the method page's index links to it
@@ -260,6 +261,17 @@ def write_timings_page(path: Path, args: argparse.Namespace, seconds: dict[str, 
             "time is only what this build ran.\n\n| notebook | seconds |\n|---|---:|\n" + rows + "\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+    return path
+
+
+def write_rl_profile(path: Path, args: argparse.Namespace) -> Path:
+    """The reproduce page's table of where the RL stage's time went (``ctrls.stages.rl.profile_markdown``)."""
+    from ctrls.report import notebook_config
+    from ctrls.stages.rl import profile_markdown
+
+    cfg = notebook_config(args.profile, str(Path(args.run_dir).resolve()), args.override)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(profile_markdown(cfg))
     return path
 
 

@@ -69,7 +69,7 @@ def tiny_qwen2(tokenizer):
     return tiny_backbone("qwen2", tokenizer, seed=1)
 
 
-SMOKE_OVERRIDES = ["sampling.batch_size=2"]  # one question per sampling chunk: a kill can land between chunks
+SMOKE_OVERRIDES = ["sampling.batch_size=4"]  # two questions per sampling chunk (of 3): a kill can land between chunks
 
 
 def _session_dir(tmp_path_factory) -> Path:

@@ -167,6 +167,28 @@ def reference(smoke_runs, tmp_path_factory) -> Path:
 
 @pytest.mark.integration
 @requires_data
+def test_the_rl_stage_records_where_its_time_went(reference):
+    """The RL stage's done record times every phase (ctrls.stages.rl.PhaseClock); the parts add up
+    to its wall time, decoding dominates, and the reproduce page's table is drawn from them."""
+    from ctrls.stages.rl import PHASES, _rl_stage, profile_markdown
+
+    cfg = smoke_cfg(reference)
+    rec = _rl_stage(cfg).summary()
+    prof = rec["profile_s"]
+    assert list(prof) == [*PHASES, "other"]
+    assert prof["decode: training samples"] > 0 and prof["decode: evaluation"] > 0 and prof["load"] > 0
+    assert min(prof.values()) >= 0  # two Adam steps of a 4-state policy: "policy update" rounds to 0.0 s
+    assert prof["decode: Table 2 samples"] > 0  # RL_OVR keeps one Table 2 row
+    assert sum(prof.values()) == pytest.approx(rec["wall_s"], rel=0.1, abs=1.0)
+    md = profile_markdown(cfg)
+    assert f"| decode: training samples | {prof['decode: training samples']:.0f} |" in md
+    assert f"took {rec['wall_s']:.0f} s" in md
+    empty = smoke_cfg(reference.parent / "never_ran")
+    assert "no timed run" in profile_markdown(empty)
+
+
+@pytest.mark.integration
+@requires_data
 def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path, monkeypatch):
     import ctrls.stages.collect as C
     import ctrls.stages.pretrain as P
@@ -175,7 +197,8 @@ def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path
 
     def killed_after_two_rows(path, rows):
         calls.append(rows)
-        if len(calls) == 2:  # the second question: 2 of its 4 rows (2 samples, reference, _end) reach the disk
+        if len(calls) == 2:  # the second chunk (questions 3 and 4, 4 rows each: 2 samples, reference, _end):
+            # 2 rows of question 3 reach the disk
             real(path, rows[:2])
             raise Killed
         real(path, rows)
@@ -183,9 +206,9 @@ def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path
     monkeypatch.setattr(C, "append_jsonl", killed_after_two_rows)
     with pytest.raises(Killed):
         P.pretrain(pair_cfg(tmp_path), progress=False)
-    assert [len(r) for r in calls] == [4, 4]
+    assert [len(r) for r in calls] == [8, 8]  # SMOKE_OVERRIDES: 4 sequences, two questions, per sampling chunk
     traj = P.pretrain_stages(pair_cfg(tmp_path))["collect"].dir / "trajectories.jsonl"
-    assert len(traj.read_text().splitlines()) == 6
+    assert len(traj.read_text().splitlines()) == 10
     with open(traj, "a") as f:  # a kill can also cut a line in half (moved from test_pretrain)
         f.write('{"qid": "gsm8k-train-')
 

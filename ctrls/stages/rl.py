@@ -5,6 +5,9 @@ model, the sampler and ``ctrls.rl``'s Trainer; writes ``runs/<profile>/rl``.
 from __future__ import annotations
 
 import math
+import time
+from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +61,37 @@ def rl_runs(cfg: Config, backbone: str, dataset: str) -> dict[tuple[float, float
     return runs
 
 
+PHASES = ("load", "decode: training samples", "decode: evaluation", "decode: Table 2 samples", "grading",
+          "policy update", "checkpoints")
+
+
+class PhaseClock:
+    """Wall seconds per phase of the RL stage (``PHASES``), summed over its calls; phases never nest,
+    so the parts add up to the stage's time less what no phase covers (reported as "other")."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - t
+
+    def wrap(self, phase: str, fn):
+        def timed(*a, **kw):
+            with self(phase):
+                return fn(*a, **kw)
+        return timed
+
+    def record(self, total: float) -> dict[str, float]:
+        out = {p: round(self.seconds.get(p, 0.0), 1) for p in PHASES}
+        out["other"] = round(max(0.0, total - sum(self.seconds.values())), 1)
+        return out
+
+
 def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     """Train every RL run of every pair (``rl_runs``), then sample the test questions with each
     table policy (``table_rows``). Returns ``runs/<profile>/rl``.
@@ -83,12 +117,13 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
         return stage.dir
     if w.is_main:
         stage.begin(force=force)  # takes the stage's lock: one writer per stage (ctrls.runs)
+    clock, t0 = PhaseClock(), time.perf_counter()
     try:
         w.barrier()
-        _train_and_sample(cfg, stage, w, progress)  # Alg. 2: sample with pi~, reward, Eq. 16 update
+        _train_and_sample(cfg, stage, w, progress, clock)  # Alg. 2: sample with pi~, reward, Eq. 16 update
         w.barrier()
-        if w.is_main:
-            stage.finish(pairs=len(cfg.pairs()))  # releases the lock
+        if w.is_main:  # profile_s: where this run's time went (ctrls.stages.rl.PHASES), main process
+            stage.finish(pairs=len(cfg.pairs()), profile_s=clock.record(time.perf_counter() - t0))  # releases the lock
     except BaseException:
         stage.release()  # a failed or killed run gives the lock back; a rerun resumes from what it wrote
         raise
@@ -96,8 +131,8 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     return stage.dir
 
 
-def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool) -> None:
-    """The body of :func:`run_rl`, between the stage's begin and finish."""
+def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: PhaseClock) -> None:
+    """The body of :func:`run_rl`, between the stage's begin and finish; ``clock`` times its phases."""
     # Alg. 2: sample trajectories with pi~ (ctrls.sampling), reward, Eq. 16 update per run
     import copy
 
@@ -105,8 +140,9 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool) -> None:
     for bname, ds in cfg.pairs():
         pc = cfg.for_pair(bname, ds)
         pair = pair_slug(bname, ds)
-        bb = backbone_for(pc, bname)
-        pretrained = load_pretrained(pc, bb)
+        with clock("load"):
+            bb = backbone_for(pc, bname)
+            pretrained = load_pretrained(pc, bb)
         train = problems_from_config(pc, "train")
         n_table = rl.n_test if rl.n_test is not None else pc.data.n_test
         test = problems_from_config(override(pc, {"data.n_test": max(n_table, rl.eval_questions)}), "test")
@@ -125,7 +161,11 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool) -> None:
         def params(eps: float) -> SampleParams:
             return sample_params(pc, rl.temperature, epsilon=eps)
 
-        def generate(split, reqs, lockstep):
+        def generate(split, reqs, lockstep, phase):
+            with clock(phase):
+                return _generate(split, reqs, lockstep)
+
+        def _generate(split, reqs, lockstep):
             """reqs: [(model or None for Base, question indices, sample ids, epsilon, seeds)]; returns one
             list of (problem, generations) per request. Lockstep: the CTRLS requests in one call, each
             prompt with its request's policy and epsilon and the shared adapter (``pretrained``)."""
@@ -157,6 +197,8 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool) -> None:
                                reward=float(grade(x.text, p.answer).correct), group=gi, log_actions=x.log_actions)
                     for gi, (p, gs) in enumerate(res) for x in gs]
 
+        trajectories = clock.wrap("grading", trajectories)  # rewards: math-verify on every sample
+
         def eval_request(t: Trainer, step: int):
             idx = w.shard(range(n_eval))
             return (t.model, idx, [range(rl.eval_samples)] * len(idx), t.setting.epsilon,
@@ -177,6 +219,8 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool) -> None:
                     "succ": float(valid.mean()), "policy_entropy": float(np.mean(H)) if H else math.nan,
                     "state_usage_entropy": state_usage_entropy(hard, policy.L.shape[0])}
 
+        metrics = clock.wrap("grading", metrics)
+
         trainers: dict[tuple[float, float, int], Trainer] = {}
         for key, setting in rl_runs(cfg, bname, ds).items():
             seed = key[2]
@@ -185,15 +229,20 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool) -> None:
             tb = stage.dir / "tensorboard" / pair / out.name if rl.tensorboard else None
             t = Trainer(model.policy, pc, setting, seed, out, None, len(train), None, tensorboard=tb)
             t.model = model
-            t.sampler = lambda qs, ids, eps, seeds, m=model: trajectories(generate("train", [(m, qs, ids, eps, seeds)], False)[0])
-            t.evaluate = lambda policy, step, t=t: metrics(policy, generate("test", [eval_request(t, step)], False)[0])
+            t.sampler = lambda qs, ids, eps, seeds, m=model: trajectories(
+                generate("train", [(m, qs, ids, eps, seeds)], False, "decode: training samples")[0])
+            t.evaluate = lambda policy, step, t=t: metrics(
+                policy, generate("test", [eval_request(t, step)], False, "decode: evaluation")[0])
+            t.update = clock.wrap("policy update", t.update)  # the instance's own timed Eq. 16 step
+            t.save = clock.wrap("checkpoints", t.save)
             trainers[key] = t
         if rl.lockstep:
             run_lockstep(list(trainers.values()), rl.steps, progress=progress,
                          sample_many=lambda plans: [trajectories(r) for r in generate(
-                             "train", [(t.model, p.questions, p.sample_ids, t.setting.epsilon, p.seeds) for t, p in plans], True)],
+                             "train", [(t.model, p.questions, p.sample_ids, t.setting.epsilon, p.seeds) for t, p in plans],
+                             True, "decode: training samples")],
                          evaluate_many=lambda due: [metrics(t.policy, r) for (t, _), r in zip(
-                             due, generate("test", [eval_request(t, step) for t, step in due], True))])
+                             due, generate("test", [eval_request(t, step) for t, step in due], True, "decode: evaluation"))])
         else:
             for t in trainers.values():
                 t.run(rl.steps, progress=progress)
@@ -213,7 +262,7 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool) -> None:
         todo = [x for x in todo if not valid_part(part(*x[1:4]), n_table * pc.grid.n_samples)]  # a truncated part is redone
         reqs = [(m, idx, [range(pc.grid.n_samples)] * len(idx), 0.0 if m is None else eps,
                  [seed_of(seed, "table2", label, test[i].id) for i in idx]) for m, label, eps, _, seed in todo]
-        for (m, label, eps, alpha, seed), res in zip(todo, generate("test", reqs, rl.lockstep)):
+        for (m, label, eps, alpha, seed), res in zip(todo, generate("test", reqs, rl.lockstep, "decode: Table 2 samples")):
             _write_table_part(pc, part(label, eps, alpha), res,
                               {"config": label, "epsilon": eps, "alpha": alpha, "seed": seed})
 
@@ -253,3 +302,23 @@ def load_table2_samples(cfg: Config) -> pd.DataFrame:
     if not files:
         raise FileNotFoundError("no Table 2 samples; run the RL stage first")
     return pd.concat([read_parquet(f) for f in files], ignore_index=True)
+
+
+def profile_markdown(cfg: Config) -> str:
+    """Where the RL stage's last run spent its time (the ``profile_s`` of its ``done`` record, timed by
+    :class:`PhaseClock`): a table of seconds and shares per phase, or one sentence when the stage has
+    not run in this run directory (or ran before it was timed)."""
+    rec = _rl_stage(cfg).summary()
+    prof, wall = rec.get("profile_s"), rec.get("wall_s")
+    if not prof or not wall:
+        return (f"The RL stage has no timed run in this run directory (profile `{cfg.profile}`): "
+                "run `ctrls stage rl` or the RL notebook to time it.\n")
+    runs = sum(len(rl_runs(cfg, b, d)) for b, d in cfg.pairs())
+    total = sum(prof.values())
+    rows = "\n".join(f"| {p} | {s:.0f} | {100 * s / total:.0f}% |" for p, s in prof.items() if s >= 0.05)
+    decode = sum(s for p, s in prof.items() if p.startswith("decode"))
+    return (f"The RL stage's last run took {wall:.0f} s ({runs} runs × {cfg.rl.steps} steps "
+            f"{'in lockstep' if cfg.rl.lockstep else 'one after another'}, profile `{cfg.profile}`); "
+            f"{100 * decode / total:.0f}% of it decoded samples (`ctrls.sampling.sample`, states drawn and read "
+            "in the same pass: no step is re-encoded). Timed by `ctrls.stages.rl.PhaseClock`, from the stage's "
+            "`done` record:\n\n| phase | seconds | share |\n|---|---:|---:|\n" + rows + "\n")
