@@ -4,7 +4,8 @@ direction and size, written at build time from the runs and from the paper's own
 1. what the paper's Tables 1 and 2 can and cannot show (``ctrls.power``), with a forest plot of
    their CTRLS − Base differences against their minimal detectable difference (:func:`paper_forest`);
 2. what CTRLS does to pass@n on this build's runs (Table 1), and the adapter alone (fixed s0 − Base);
-3. whether steps follow the state they were generated under (controllability);
+3. whether steps follow the state they were generated under (controllability), and what the stored
+   mechanism studies (more training chains, other injection points) found (:func:`mechanism_note`);
 4. what RL on the transition policy does to held-out accuracy;
 5. what ran at the paper's 3B scale, the one command that runs it, and its measured GPU-hours for
    one backbone × dataset (``bench/results/gpu_estimate_measured_nvidia_h200_qwen.json``).
@@ -146,8 +147,41 @@ def demo_findings(claims: list[Claim]) -> list[str]:
         held = (" Holding one state (fixed s0), steps stay in it vs Base steps: "
                 + "; ".join(e.text(label=len(ct.beside) > 1) for e in ct.beside) + ".")
     return [_claim_finding(by.get(PASS_CLAIM), "pass", "Table 1", alone),
-            _claim_finding(ct, "control", "controllability", held),
+            _claim_finding(ct, "control", "controllability", held + mechanism_note()),
             _claim_finding(by.get(RL_CLAIM), "rl", "RL, Table 2")]
+
+
+def mechanism_note(scaling: Path | None = None, injection: Path | None = None) -> str:
+    """Finding 3's second half, from the stored mechanism studies (the pretraining page): whether more
+    training chains (``bench/steering.py``) or another injection point (``bench/injection.py``) makes the
+    steps follow their drawn state, each rate beside its coincidence reference, and whether any reaches
+    the steering goal (``ctrls.controls.STEERING_GOAL``); "" when neither is stored."""
+    from ctrls.controls import (STEERING_GOAL, injection_frame, injection_result_path, scaling_frame,
+                                scaling_result_path)
+    from ctrls.verdicts import page_link
+
+    scaling = scaling if scaling is not None else scaling_result_path()
+    injection = injection if injection is not None else injection_result_path()
+    parts, frames = [], []
+    if scaling is not None:
+        sc = scaling_frame(scaling)
+        frames.append(sc)
+        rates = ", ".join(f"{100 * r.follows:.1f}% at {r.chains} chains ({100 * r.coincidence:.1f}%)" for _, r in sc.iterrows())
+        parts.append(f"with more training chains ({', '.join(sorted(set(sc.sources)))}), the ε row's steps follow "
+                     f"their drawn state {rates} (`bench/steering.py`)")
+    if injection is not None:
+        inj = injection_frame(injection)
+        frames.append(inj)
+        rates = ", ".join(f"{100 * r.follows:.1f}% injected at the {r.injection.split(' (')[0]} ({100 * r.coincidence:.1f}%)"
+                          for _, r in inj.iterrows())
+        parts.append(f"{rates} (`bench/injection.py`)")
+    if not parts:
+        return ""
+    f, k = STEERING_GOAL
+    met = sum(int(((d.follows >= f) & (d.follows >= k * d.coincidence)).sum()) for d in frames)
+    return (f" Mechanism studies ({page_link('generated/01_pretraining')}; in parentheses, the rate by coincidence): "
+            + "; ".join(parts) + ". " + (f"{met} of these variants reach{'es' if met == 1 else ''}" if met else "None reaches")
+            + f" the {100 * f:.0f}% and {k:g}× coincidence that steering would need.")
 
 
 # ---- 5. the paper's scale -----------------------------------------------------------------------

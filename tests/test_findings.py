@@ -222,3 +222,22 @@ def test_the_rl_pages_link_to_the_synthetic_study_resolves_by_its_title():
     nb = json.loads((ROOT / "notebooks" / "07_synthetic.ipynb").read_text())
     title = "".join(nb["cells"][0]["source"]).splitlines()[0][2:]
     assert link == f"[{title}](07_synthetic.html)"  # the built page beside the RL page, never the .ipynb (a 404)
+
+
+def test_mechanism_note_states_each_studied_variant_beside_its_coincidence(tmp_path):
+    """Finding 3's mechanism sentence is read from the stored studies: every point of the scaling
+    result and every injection row, each rate with its coincidence, and whether any meets the goal."""
+    from test_controls import _point
+
+    from ctrls.controls import INJECTION_RESULT
+
+    inj = Path(__file__).resolve().parents[1] / INJECTION_RESULT
+    sc = tmp_path / "scaling.json"
+    sc.write_text(json.dumps({"points": [_point(300, 0.078), _point(75, 0.08)]}))
+    text = fd.mechanism_note(scaling=sc, injection=inj)
+    assert "8.0% at 75 chains (10.0%), 7.8% at 300 chains (10.0%)" in text  # in order of chains
+    assert "14.2% injected at the last hidden state (4.8%)" in text  # bench/results/injection.json
+    assert text.endswith("None reaches the 40% and 3× coincidence that steering would need.")
+    sc.write_text(json.dumps({"points": [_point(1200, 0.45)]}))
+    assert fd.mechanism_note(scaling=sc, injection=inj).endswith(
+        "1 of these variants reaches the 40% and 3× coincidence that steering would need.")
