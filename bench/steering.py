@@ -54,6 +54,28 @@ def harm(df, config: str, n_boot: int = 2000, seed: int = 0) -> dict:
     return {"diff": float(d.mean()), "lo": float(np.quantile(boots, 0.025)), "hi": float(np.quantile(boots, 0.975))}
 
 
+def rows(df, ctl) -> dict:
+    """Every row of the grid: pass@1 and Succ. (Wilson, question-clustered) and, for the rows that draw
+    states, follows-its-state and its coincidence reference with 95% intervals. With
+    ``-o "grid.epsilons=[0.0,0.1,1.0]"`` these are the generation controls: the prompt's state at every
+    step (fixed s0), a prior draw (epsilon 0), the policy's row (0.1) and a uniformly random state
+    (epsilon 1: every draw from Dir(1, ..., 1))."""
+    out = {}
+    for c in df.config.unique():
+        g = df[df.config == c]
+        per_q = g.groupby("question_id").valid.agg(["sum", "count"])
+        v = rate_interval(per_q["sum"].to_numpy(), per_q["count"].to_numpy())
+        r = {"pass1": pass1(df, c), "succ": {"rate": v["rate"], "lo": v["lo"], "hi": v["hi"]}}
+        t = ctl[ctl.config == c]
+        if len(t):
+            t = t.iloc[0]
+            r["follows"] = {"rate": t["follows"], "lo": t["follows lo"], "hi": t["follows hi"], "steps": int(t.steps)}
+            r["coincidence"] = {"rate": t["Base, random states"], "lo": t["Base, random states lo"],
+                                "hi": t["Base, random states hi"]}
+        out[c] = r
+    return out
+
+
 def point(n: int, sources: str, overrides: list[str], run_dir: str) -> dict:
     ov = [f"run_dir={run_dir}", f"data.n_train={n}", f"pretrain.sources=[{sources}]", "grid.transfer_datasets=[]",
           "grid.fixed_state=true"] + overrides
@@ -66,7 +88,8 @@ def point(n: int, sources: str, overrides: list[str], run_dir: str) -> dict:
     df = load_samples(cfg)
     df = df[df.dataset == cfg.data.dataset]
     ctl = tables.controllability_table(df)
-    eps = ctl[ctl.config != tables.FIXED].iloc[0]
+    cand = ctl[ctl.config != tables.FIXED]  # the epsilon row nearest rl.epsilon (the demo's one row: 0.1)
+    eps = cand.loc[(cand.config.str.extract(r"eps=([0-9.]+)")[0].astype(float) - cfg.rl.epsilon).abs().idxmin()]
     fixed = ctl[ctl.config == tables.FIXED].iloc[0]
     a = run.summaries["adapter"]
     return {"train_questions": n, "sources": sources, "overrides": overrides,
@@ -78,6 +101,7 @@ def point(n: int, sources: str, overrides: list[str], run_dir: str) -> dict:
             "fixed_follows": fixed["follows"], "fixed_coincidence": fixed["Base, random states"],
             "pass1": {c: pass1(df, c) for c in df.config.unique()},
             "harm_fixed_s0": harm(df, tables.FIXED), "harm_eps": harm(df, eps.config),
+            "rows": rows(df, ctl),
             "seconds": {"pretrain": round(t_pre, 1), "exploration": round(t_exp, 1)}}
 
 
@@ -90,13 +114,15 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     run_dir = a.run_dir or tempfile.mkdtemp(prefix="ctrls-steering-")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     points = []
     for n in a.chains:
         p = point(n, a.sources, a.override, run_dir)
         print(json.dumps(p), flush=True)
         points.append(p)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    write_result({"bench": "steering", "profile": "demo", "commit": commit, "machine": machine(), "points": points}, a.out)
+        # written after every point, so a long sweep that is stopped keeps the points it finished
+        write_result({"bench": "steering", "profile": "demo", "commit": commit, "machine": machine(),
+                      "sources": a.sources, "points": points}, a.out)
 
 
 if __name__ == "__main__":

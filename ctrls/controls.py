@@ -132,6 +132,93 @@ def scaling_frame(path) -> "pd.DataFrame":
     return df
 
 
+GENERATION_RESULT = "bench/results/generation_controls.json"
+
+
+def generation_result_path():
+    """Where the repository keeps the stored generation controls (a ``bench/steering.py`` run on the demo's
+    own pretraining with epsilons 0, 0.1 and 1; None outside a checkout or when absent)."""
+    from pathlib import Path
+
+    p = Path(__file__).resolve().parents[1] / GENERATION_RESULT
+    return p if p.exists() else None
+
+
+def _generation_label(config: str) -> str:
+    from ctrls.settings import BASE, FIXED
+
+    if config == BASE:
+        return "no adapter (Base)"
+    if config == FIXED:
+        return "the prompt's state s0 at every step (fixed s0)"
+    try:
+        eps = float(config.split("=", 1)[1])
+    except (IndexError, ValueError):
+        return config
+    what = {0.0: "a prior draw", 1.0: "a uniformly random state"}.get(eps, "the policy's ε-greedy draw")
+    return f"{what} ({config})"
+
+
+def generation_frame(path) -> "pd.DataFrame":
+    """Generation under each state condition, from the first point of a ``bench/steering.py`` result run
+    with several epsilon rows: per row pass@1 and Succ. and, where states are drawn, the fraction of steps
+    that follow their state and its coincidence reference, each a fraction with its 95% interval. Rows in
+    the grid's order (Base, fixed s0, epsilon ascending). A missing field or NaN/Inf is a clear error."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from ctrls.settings import BASE, FIXED
+
+    def order(config: str) -> tuple:  # Base, fixed s0, then epsilon ascending (Table 1's order)
+        try:
+            eps = float(config.split("=", 1)[1])
+        except (IndexError, ValueError):
+            eps = 99.0
+        return (config != BASE, config != FIXED, eps)
+
+    path = Path(path)
+    try:
+        res = json.loads(path.read_text())
+        pt = res["points"][0]
+        out = []
+        for config, r in sorted(pt["rows"].items(), key=lambda kv: order(kv[0])):
+            row = {"config": config, "condition": _generation_label(config), "samples": r["pass1"]["samples"],
+                   "questions": r["pass1"]["questions"]}
+            for key in ("pass1", "succ", "follows", "coincidence"):
+                d = r.get(key)
+                row.update({key: d["rate"], f"{key}_lo": d["lo"], f"{key}_hi": d["hi"]} if d else
+                           {key: np.nan, f"{key}_lo": np.nan, f"{key}_hi": np.nan})
+            out.append(row)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise ValueError(f"{path}: not a readable bench/steering.py result with rows ({type(e).__name__}: {e})") from e
+    df = pd.DataFrame(out)
+    if df.empty or not np.isfinite(df[["pass1", "succ"]].to_numpy(dtype=float)).all() or \
+            np.isinf(df[["follows", "coincidence"]].to_numpy(dtype=float)).any():
+        raise ValueError(f"{path}: generation controls with no rows or a NaN/Inf rate")
+    df.attrs.update({"commit": res.get("commit", "?"), "machine": res.get("machine", {}),
+                     "overrides": pt.get("overrides", []), "sources": pt.get("sources"), "chains": pt.get("chains")})
+    return df
+
+
+def generation_view(df: "pd.DataFrame") -> "pd.DataFrame":
+    """The page's table of :func:`generation_frame`: percentages with their intervals ("—" where a row
+    draws no state)."""
+    import pandas as pd
+
+    from ctrls.report import pct_ci
+
+    def cell(r, k):
+        return "—" if pd.isna(r[k]) else pct_ci(r[k], r[f"{k}_lo"], r[f"{k}_hi"])
+
+    return pd.DataFrame({"condition": df.condition, "samples": df.samples,
+                         "pass@1 (%)": [cell(r, "pass1") for _, r in df.iterrows()],
+                         "Succ. (%)": [cell(r, "succ") for _, r in df.iterrows()],
+                         "follows its state (%)": [cell(r, "follows") for _, r in df.iterrows()],
+                         "by coincidence (%)": [cell(r, "coincidence") for _, r in df.iterrows()]})
+
+
 STEERING_GOAL = (0.40, 3.0)  # the issue's goal: the epsilon row's steps follow their state >= 40%, >= 3x coincidence
 HARM_GOAL = -0.05  # fixed s0's pass@1 within 5 points of Base's, or above
 

@@ -1,6 +1,7 @@
 """ctrls.controls: the conditions' states, and log P under a state against full adapted forwards."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -211,3 +212,44 @@ def test_concentration_frame_reads_points_and_refuses_bad_results(tmp_path):
     f.write_text(json.dumps({"points": [point(1.0, 0.1)]}))
     with pytest.raises(ValueError, match="not a readable bench/concentration.py result"):
         concentration_frame(f)
+
+
+def _rows():
+    def rate(r, lo, hi, **kw):
+        return {"rate": r, "lo": lo, "hi": hi, **kw}
+
+    p1 = {"questions": 40, "samples": 160}
+    return {"eps=1.0": {"pass1": rate(0.1, 0.05, 0.2, **p1), "succ": rate(0.5, 0.4, 0.6),
+                        "follows": rate(0.06, 0.03, 0.1, steps=500), "coincidence": rate(0.06, 0.04, 0.09)},
+            "Base": {"pass1": rate(0.2, 0.15, 0.29, **p1), "succ": rate(0.8, 0.7, 0.9)},
+            "eps=0.1": {"pass1": rate(0.21, 0.14, 0.31, **p1), "succ": rate(0.8, 0.7, 0.9),
+                        "follows": rate(0.12, 0.08, 0.17, steps=500), "coincidence": rate(0.064, 0.03, 0.12)},
+            "fixed s0": {"pass1": rate(0.07, 0.03, 0.14, **p1), "succ": rate(0.37, 0.3, 0.45),
+                         "follows": rate(0.3, 0.2, 0.4, steps=400), "coincidence": rate(0.1, 0.05, 0.2)},
+            "eps=0.0": {"pass1": rate(0.2, 0.13, 0.3, **p1), "succ": rate(0.8, 0.7, 0.9),
+                        "follows": rate(0.13, 0.09, 0.18, steps=500), "coincidence": rate(0.07, 0.04, 0.12)}}
+
+
+def test_generation_frame_orders_the_conditions_and_refuses_bad_results(tmp_path):
+    import json
+
+    from ctrls.controls import generation_frame, generation_view
+
+    f = tmp_path / "g.json"
+    f.write_text(json.dumps({"commit": "abc", "points": [{**_point(64), "rows": _rows()}]}))
+    df = generation_frame(f)
+    assert df.config.tolist() == ["Base", "fixed s0", "eps=0.0", "eps=0.1", "eps=1.0"]
+    assert df.condition.tolist()[2:] == ["a prior draw (eps=0.0)", "the policy's ε-greedy draw (eps=0.1)",
+                                         "a uniformly random state (eps=1.0)"]
+    assert np.isnan(df.follows.iloc[0]) and df.follows.iloc[3] == 0.12 and df.attrs["commit"] == "abc"
+    view = generation_view(df)
+    assert view["follows its state (%)"].iloc[0] == "—"
+    assert view["pass@1 (%)"].iloc[1] == "7 [3, 14]" and view["by coincidence (%)"].iloc[3] == "6.4 [3.0, 12.0]"
+    rows = _rows()
+    rows["Base"]["pass1"]["rate"] = float("nan")
+    f.write_text(json.dumps({"points": [{**_point(64), "rows": rows}]}))
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        generation_frame(f)
+    f.write_text(json.dumps({"points": [_point(64)]}))  # a scaling result without rows
+    with pytest.raises(ValueError, match="not a readable bench/steering.py result with rows"):
+        generation_frame(f)
