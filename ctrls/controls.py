@@ -219,6 +219,30 @@ def generation_view(df: "pd.DataFrame") -> "pd.DataFrame":
                          "by coincidence (%)": [cell(r, "coincidence") for _, r in df.iterrows()]})
 
 
+def generation_sentences(df: "pd.DataFrame") -> list[str]:
+    """What :func:`generation_frame` shows, computed: how far the adapter's rows move pass@1 and Succ.
+    from Base's, whatever the state they draw (style), and how often each state-drawing row's steps
+    follow their state against its coincidence rate (steering)."""
+    from ctrls.settings import BASE
+
+    base = df[df.config == BASE]
+    rows = df[df.config != BASE]
+    out = []
+    if len(base) and len(rows):
+        b = base.iloc[0]
+        out.append(f"With the adapter, pass@1 is {100 * rows.pass1.min():.1f}–{100 * rows.pass1.max():.1f}% and Succ. "
+                   f"{100 * rows.succ.min():.1f}–{100 * rows.succ.max():.1f}% across the {len(rows)} state conditions, "
+                   f"against Base's {100 * b.pass1:.1f}% and {100 * b.succ:.1f}%"
+                   + (": every condition is above Base, whichever state it draws (style, not steering)."
+                      if (rows.pass1 > b.pass1).all() and (rows.succ > b.succ).all() else "."))
+    drawn = rows.dropna(subset=["follows", "coincidence"])
+    if len(drawn):
+        out.append("Steps follow the state they were drawn for " + "; ".join(
+            f"{100 * r.follows:.1f}% under {r.condition.split(' (')[0]} against {100 * r.coincidence:.1f}% by coincidence"
+            for _, r in drawn.iterrows()) + ".")
+    return out
+
+
 STEERING_GOAL = (0.40, 3.0)  # the issue's goal: the epsilon row's steps follow their state >= 40%, >= 3x coincidence
 HARM_GOAL = -0.05  # fixed s0's pass@1 within 5 points of Base's, or above
 

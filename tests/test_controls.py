@@ -253,3 +253,23 @@ def test_generation_frame_orders_the_conditions_and_refuses_bad_results(tmp_path
     f.write_text(json.dumps({"points": [_point(64)]}))  # a scaling result without rows
     with pytest.raises(ValueError, match="not a readable bench/steering.py result with rows"):
         generation_frame(f)
+
+
+def test_generation_sentences_compare_the_adapter_rows_with_base_and_each_follows_rate_with_coincidence(tmp_path):
+    import json
+
+    from ctrls.controls import generation_frame, generation_sentences
+
+    f = tmp_path / "g.json"
+    f.write_text(json.dumps({"points": [{**_point(64), "rows": _rows()}]}))
+    style, steer = generation_sentences(generation_frame(f))
+    assert style.startswith("With the adapter, pass@1 is 7.0–21.0% and Succ. 37.0–80.0% across the 4 state conditions, "
+                            "against Base's 20.0% and 80.0%")
+    assert "6.0% under a uniformly random state against 6.0% by coincidence" in steer
+    assert steer.count("by coincidence") == 4
+    assert style.endswith("80.0%.")  # fixed s0 is below Base: no claim that every condition is above it
+    rows = _rows()
+    for r in ("fixed s0", "eps=1.0"):
+        rows[r]["pass1"]["rate"], rows[r]["succ"]["rate"] = 0.3, 0.9
+    f.write_text(json.dumps({"points": [{**_point(64), "rows": rows}]}))
+    assert generation_sentences(generation_frame(f))[0].endswith("whichever state it draws (style, not steering).")
