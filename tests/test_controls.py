@@ -269,7 +269,7 @@ def test_generation_sentences_compare_the_adapter_rows_with_base_and_each_follow
     assert steer.count("by coincidence") == 4
     assert style.endswith("80.0%.")  # fixed s0 is below Base: no claim that every condition is above it
     rows = _rows()
-    for r in ("fixed s0", "eps=1.0"):
+    for r in ("fixed s0", "eps=0.0", "eps=0.1", "eps=1.0"):
         rows[r]["pass1"]["rate"], rows[r]["succ"]["rate"] = 0.3, 0.9
     f.write_text(json.dumps({"points": [{**_point(64), "rows": rows}]}))
     assert generation_sentences(generation_frame(f))[0].endswith("whichever state it draws (style, not steering).")
