@@ -255,8 +255,12 @@ def scaling_sentences(df: "pd.DataFrame") -> list[str]:
     def pct(v, lo, hi):
         return f"{100 * v:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
-    def pts(v, lo, hi):
-        return f"{100 * v:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    def pts(v, lo, hi):  # signed, with the minus sign the book prints (not a hyphen)
+        return f"{100 * v:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]".replace("-", "−")
+
+    def sizes(chains) -> str:
+        c = [str(x) for x in chains]
+        return c[0] if len(c) == 1 else ", ".join(c[:-1]) + " and " + c[-1]
 
     out = []
     for _, r in df.iterrows():
@@ -272,13 +276,13 @@ def scaling_sentences(df: "pd.DataFrame") -> list[str]:
     best = df.loc[(df.follows / df.coincidence.where(df.coincidence > 0)).fillna(0).idxmax()] if len(df) else None
     if len(steer):
         out.append(f"The steering goal (≥ {100 * f:.0f}% and ≥ {k:g}× coincidence) is met at "
-                   f"{', '.join(str(c) for c in steer.chains)} training chains.")
+                   f"{sizes(steer.chains)} training chains.")
     elif best is not None:
         out.append(f"The steering goal (≥ {100 * f:.0f}% and ≥ {k:g}× coincidence) is met at no size: the best ratio, "
                    f"at {best.chains} chains, is {best.follows / best.coincidence:.1f}× ({100 * best.follows:.1f}% "
                    f"against {100 * best.coincidence:.1f}%).")
     out.append(f"The harm goal (fixed s0 within {100 * -HARM_GOAL:.0f} points of Base, or above) is met at "
-               + (f"{', '.join(str(c) for c in harm.chains)} training chains." if len(harm) else "no size."))
+               + (f"{sizes(harm.chains)} training chains." if len(harm) else "no size."))
     return out
 
 

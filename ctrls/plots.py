@@ -313,17 +313,19 @@ def steering_scaling(df: pd.DataFrame) -> plt.Figure:
     fixed-s0 and the epsilon rows minus Base's. 95% intervals (``ctrls.controls.scaling_frame``)."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 3.6))
     x = df.chains.to_numpy()
-    for col, label, c in (("follows", "ε row follows its state", "C0"), ("coincidence", "coincidence (Base)", "C7")):
-        a.errorbar(x, 100 * df[col], yerr=100 * np.array([df[col] - df[f"{col}_lo"], df[f"{col}_hi"] - df[col]]).clip(0),
+    for col, label, c, dx in (("follows", "ε row follows its state", "C0", 1.0), ("coincidence", "coincidence (Base)", "C7", 1.06)):
+        a.errorbar(x * dx, 100 * df[col], yerr=100 * np.array([df[col] - df[f"{col}_lo"], df[f"{col}_hi"] - df[col]]).clip(0),
                    fmt="o-", color=c, capsize=3, label=label)
     a.set_ylabel("% of steps")
-    for col, label, c in (("harm", "fixed s0 − Base", "C3"), ("eps_vs_base", "ε − Base", "C0")):
-        b.errorbar(x, 100 * df[col], yerr=100 * np.array([df[col] - df[f"{col}_lo"], df[f"{col}_hi"] - df[col]]).clip(0),
+    for col, label, c, dx in (("harm", "fixed s0 − Base", "C3", 1.0), ("eps_vs_base", "ε − Base", "C0", 1.06)):
+        b.errorbar(x * dx, 100 * df[col], yerr=100 * np.array([df[col] - df[f"{col}_lo"], df[f"{col}_hi"] - df[col]]).clip(0),
                    fmt="o-", color=c, capsize=3, label=label)
     b.axhline(0, color="0.4", lw=1)
     b.set_ylabel("pass@1 difference (points)")
-    for ax in (a, b):
+    for ax in (a, b):  # intervals side by side (the second series 6% to the right), ticks at the measured sizes
         ax.set_xscale("log")
+        ax.set_xticks(x, [str(int(v)) for v in x])
+        ax.minorticks_off()
         ax.set_xlabel("training chains")
         ax.legend(frameon=False, loc="best")
     fig.tight_layout()

@@ -118,7 +118,7 @@ def test_scaling_sentences_state_each_point_and_which_goals_are_met(tmp_path):
     f.write_text(json.dumps({"points": [strong, weak]}))
     text = scaling_sentences(scaling_frame(f))
     assert text[0].startswith("**75 training chains**") and "12.0% [20.0, 40.0]" in text[0] and "(1.2×)" in text[0]
-    assert "fixed s0 − Base -10.0 points [-20.0, +0.0], of ε − Base -5.0 points [-10.0, +0.0]" in text[0]
+    assert "fixed s0 − Base −10.0 points [−20.0, +0.0], of ε − Base −5.0 points [−10.0, +0.0]" in text[0]
     assert text[-2] == "The steering goal (≥ 40% and ≥ 3× coincidence) is met at 1200 training chains."
     assert text[-1] == "The harm goal (fixed s0 within 5 points of Base, or above) is met at 1200 training chains."
     mid = _point(300, 0.25)
