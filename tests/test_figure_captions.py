@@ -256,3 +256,12 @@ def test_the_transition_heatmap_labels_few_upright_states(K):
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_every_notebook_cell_has_a_unique_id():
+    """nbformat 4.5 cells carry ids (papermill warned of a missing one, a future hard error)."""
+    for nb in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        ids = [c.get("id") for c in cells]
+        assert None not in ids, f"{nb.name}: cell {ids.index(None)} has no id"
+        assert len(set(ids)) == len(ids), f"{nb.name}: repeated cell ids"
