@@ -91,15 +91,21 @@ def control_seed(seed: int) -> torch.Generator:
 
 # ---- steering against the number of training chains (bench/steering.py) ---------------------------
 
+def stored_result(rel: str):
+    """The repository's stored benchmark result ``rel`` (``bench/results/...``), or None outside a checkout
+    or when it was not run."""
+    from pathlib import Path
+
+    p = Path(__file__).resolve().parents[1] / rel
+    return p if p.exists() else None
+
+
 SCALING_RESULT = "bench/results/steering_scaling.json"
 
 
 def scaling_result_path():
     """Where the repository keeps the stored ``bench/steering.py`` result (None outside a checkout)."""
-    from pathlib import Path
-
-    p = Path(__file__).resolve().parents[1] / SCALING_RESULT
-    return p if p.exists() else None
+    return stored_result(SCALING_RESULT)
 
 
 def scaling_frame(path) -> "pd.DataFrame":
@@ -138,10 +144,7 @@ GENERATION_RESULT = "bench/results/generation_controls.json"
 def generation_result_path():
     """Where the repository keeps the stored generation controls (a ``bench/steering.py`` run on the demo's
     own pretraining with epsilons 0, 0.1 and 1; None outside a checkout or when absent)."""
-    from pathlib import Path
-
-    p = Path(__file__).resolve().parents[1] / GENERATION_RESULT
-    return p if p.exists() else None
+    return stored_result(GENERATION_RESULT)
 
 
 def _generation_label(config: str) -> str:
@@ -342,10 +345,7 @@ CONCENTRATION_RESULT = "bench/results/concentration.json"
 
 def concentration_result_path():
     """Where the repository keeps the stored ``bench/concentration.py`` result (None when absent)."""
-    from pathlib import Path
-
-    p = Path(__file__).resolve().parents[1] / CONCENTRATION_RESULT
-    return p if p.exists() else None
+    return stored_result(CONCENTRATION_RESULT)
 
 
 def concentration_frame(path) -> "pd.DataFrame":
@@ -381,10 +381,7 @@ INJECTION_RESULT = "bench/results/injection.json"
 
 def injection_result_path():
     """Where the repository keeps the stored ``bench/injection.py`` result (None when absent)."""
-    from pathlib import Path
-
-    p = Path(__file__).resolve().parents[1] / INJECTION_RESULT
-    return p if p.exists() else None
+    return stored_result(INJECTION_RESULT)
 
 
 def _injection_label(layer: str, n_layers: int | None) -> str:
