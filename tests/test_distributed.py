@@ -123,8 +123,10 @@ def test_reinforce_on_two_processes_equals_one(tmp_path):
 
 # ---- the real pipeline ------------------------------------------------------------------------
 
-# the smoke profile made smaller still: 2 test questions (one per rank), 24 tokens, one RL run of one step
-PIPELINE = ["--profile", "smoke", "--quiet", "-o", "sampling.batch_size=2", "sampling.max_new_tokens=24", "data.n_test=2",
+# the smoke profile made smaller still: 2 training and 2 test questions (one per rank), 16 tokens, one RL run
+# of one step (a decode step costs about the same at any batch size here: fewer steps is what saves time)
+PIPELINE = ["--profile", "smoke", "--quiet", "-o", "sampling.batch_size=2", "sampling.max_new_tokens=16", "data.n_train=2",
+            "data.n_test=2",
             "rl.steps=1", "rl.eval_questions=2", "rl.settings=[]", "rl.table2=[eps=0.1]", "judge.settings=[]"]
 
 

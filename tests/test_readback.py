@@ -137,7 +137,7 @@ def test_read_states_equal_the_reencoded_ones_on_the_real_backbone(smollm, one_t
                  "Tom has 9 apples and eats 3 of them. How many apples does Tom have left?"]
     enc = [encode_prompt(tok, q, True, 1) for q in questions]
     prompts, starts = [e[0] for e in enc], [e[1] for e in enc]
-    p = SampleParams(temperature=0.7, top_k=50, max_new_tokens=64, max_steps=12, epsilon=0.1, batch_size=16)
+    p = SampleParams(temperature=0.7, top_k=50, max_new_tokens=40, max_steps=12, epsilon=0.1, batch_size=16)
     seeds = [7, 8]
     base = sample(smollm, prompts, 4, p, seeds=seeds, prompt_starts=starts)
     model = _fitted(smollm, prompts, starts, base, K=6, k=2, rank=16, seed=0)
