@@ -13,6 +13,9 @@ demo profile into a scratch run directory and records, from the exploration samp
 Usage (from the repository root):
     .venv/bin/python bench/steering.py --chains 75 300 1200 --out bench/results/steering_scaling.json
     .venv/bin/python bench/steering.py --chains 300 -o adapter.fusion=mlp     # one variant
+    .venv/bin/python bench/steering.py --chains 64 --sources samples,reference --n-states 4 8 16 \
+        -o data.n_test=40 --out bench/results/steering_states.json             # the K sweep (pretraining page)
+``--append`` keeps the points already in ``--out`` and adds the new ones (a sweep run in parts).
 Prints one JSON line per point and writes them all, with the machine and the commit, to ``--out``.
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -110,19 +114,26 @@ def main() -> None:
     ap.add_argument("--chains", type=int, nargs="+", default=[75, 300, 1200], help="training questions per point")
     ap.add_argument("--sources", default="reference", help="pretrain.sources: reference, samples or samples,reference")
     ap.add_argument("-o", "--override", nargs="*", default=[], help="more config overrides (demo profile)")
+    ap.add_argument("--n-states", type=int, nargs="+", default=None,
+                    help="K per point (states.n_states; each K in its own run directory); default: the profile's")
     ap.add_argument("--run-dir", default=None, help="scratch run directory (default: a temporary one)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--append", action="store_true", help="keep the points already in --out")
     a = ap.parse_args()
     run_dir = a.run_dir or tempfile.mkdtemp(prefix="ctrls-steering-")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     points = []
+    if a.append and a.out and Path(a.out).exists():
+        points = json.loads(Path(a.out).read_text())["points"]
     for n in a.chains:
-        p = point(n, a.sources, a.override, run_dir)
-        print(json.dumps(p), flush=True)
-        points.append(p)
-        # written after every point, so a long sweep that is stopped keeps the points it finished
-        write_result({"bench": "steering", "profile": "demo", "commit": commit, "machine": machine(),
-                      "sources": a.sources, "points": points}, a.out)
+        for K in a.n_states or [None]:
+            ov, rd = (a.override, run_dir) if K is None else ([*a.override, f"states.n_states={K}"], f"{run_dir}/K{K}")
+            p = point(n, a.sources, ov, rd)
+            print(json.dumps(p), flush=True)
+            points.append(p)
+            # written after every point, so a long sweep that is stopped keeps the points it finished
+            write_result({"bench": "steering", "profile": "demo", "commit": commit, "machine": machine(),
+                          "sources": a.sources, "points": points}, a.out)
 
 
 if __name__ == "__main__":

@@ -120,7 +120,7 @@ def scaling_frame(path) -> "pd.DataFrame":
     path = Path(path)
     try:
         res = json.loads(path.read_text())
-        rows = [{"chains": p["chains"], "train_questions": p["train_questions"], "sources": p["sources"],
+        rows = [{"chains": p["chains"], "train_questions": p["train_questions"], "sources": p["sources"], "K": p.get("K"),
                  "follows": p["follows"], "follows_lo": p["follows_lo"], "follows_hi": p["follows_hi"],
                  "coincidence": p["coincidence"], "coincidence_lo": p["coincidence_lo"],
                  "coincidence_hi": p["coincidence_hi"],
@@ -130,7 +130,7 @@ def scaling_frame(path) -> "pd.DataFrame":
                 for p in res["points"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a readable bench/steering.py result ({type(e).__name__}: {e})") from e
-    df = pd.DataFrame(rows).sort_values("chains").reset_index(drop=True)
+    df = pd.DataFrame(rows).sort_values(["chains", "K"]).reset_index(drop=True)
     df.attrs.update({"commit": res.get("commit", "?"), "machine": res.get("machine", {}), "overrides":
                      res["points"][0].get("overrides", []) if res["points"] else []})
     if not np.isfinite(df[["follows", "coincidence", "harm"]].to_numpy(dtype=float)).all():
@@ -255,6 +255,8 @@ def scaling_sentences(df: "pd.DataFrame") -> list[str]:
     follows rate against its coincidence reference and the pass@1 differences to Base, each with its
     95% interval; then at which sizes the steering goal (``STEERING_GOAL``) and the harm goal
     (``HARM_GOAL``, on the point estimate) are met, or that none is."""
+    import pandas as pd
+
     def pct(v, lo, hi):
         return f"{100 * v:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
@@ -268,7 +270,8 @@ def scaling_sentences(df: "pd.DataFrame") -> list[str]:
     out = []
     for _, r in df.iterrows():
         ratio = r.follows / r.coincidence if r.coincidence > 0 else float("inf")
-        out.append(f"**{r.chains} training chains** ({r.sources}): the ε row's steps follow their drawn state "
+        at_k = "" if pd.isna(r.get("K")) else f", K = {int(r.K)}"
+        out.append(f"**{r.chains} training chains** ({r.sources}{at_k}): the ε row's steps follow their drawn state "
                    f"{pct(r.follows, r.follows_lo, r.follows_hi)} of the time against "
                    f"{pct(r.coincidence, r.coincidence_lo, r.coincidence_hi)} by coincidence ({ratio:.1f}×); "
                    f"pass@1 of fixed s0 − Base {pts(r.harm, r.harm_lo, r.harm_hi)}, of ε − Base "
@@ -286,6 +289,75 @@ def scaling_sentences(df: "pd.DataFrame") -> list[str]:
                    f"against {100 * best.coincidence:.1f}%).")
     out.append(f"The harm goal (fixed s0 within {100 * -HARM_GOAL:.0f} points of Base, or above) is met at "
                + (f"{sizes(harm.chains)} training chains." if len(harm) else "no size."))
+    return out
+
+
+# ---- how many states: the granularity that steers ------------------------------------------------
+
+STATES_RESULT = "bench/results/steering_states.json"
+
+
+def states_result_path():
+    """Where the repository keeps the stored K sweep of ``bench/steering.py --n-states`` (None when absent)."""
+    return stored_result(STATES_RESULT)
+
+
+def chance_corrected(follows, coincidence):
+    """kappa = (follows - coincidence) / (1 - coincidence): the share of the steps that coincidence leaves
+    to be steered that do land in their drawn state (Cohen's kappa). 0 is chance, 1 every step; unlike
+    the ratio follows / coincidence it does not favour many states (a ratio of 3 needs 75% follows at
+    K = 4, where coincidence is near 25%, but 24% at K = 16)."""
+    return (np.asarray(follows, dtype=float) - coincidence) / (1 - np.asarray(coincidence, dtype=float))
+
+
+def states_view(df: "pd.DataFrame") -> "pd.DataFrame":
+    """The page's table of a K sweep (:func:`scaling_frame` of a ``steering_states`` result): per K the
+    epsilon row's follows rate and its coincidence reference (95% intervals), their ratio and kappa
+    (:func:`chance_corrected`), and pass@1 of the fixed-s0 and epsilon rows minus Base's."""
+    import pandas as pd
+
+    from ctrls.report import pct_ci
+
+    def pts(v, lo, hi):
+        return f"{100 * v:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]".replace("-", "−")
+
+    d = df.sort_values("K")
+    return pd.DataFrame({"K": d.K.astype(int), "training chains": d.chains,
+                         "ε row follows its state (%)": [pct_ci(r.follows, r.follows_lo, r.follows_hi) for _, r in d.iterrows()],
+                         "by coincidence (%)": [pct_ci(r.coincidence, r.coincidence_lo, r.coincidence_hi) for _, r in d.iterrows()],
+                         "ratio": [f"{r.follows / r.coincidence:.1f}×" if r.coincidence > 0 else "—" for _, r in d.iterrows()],
+                         "κ": [f"{k:.2f}" for k in chance_corrected(d.follows, d.coincidence)],
+                         "fixed s0 − Base (pass@1, points)": [pts(r.harm, r.harm_lo, r.harm_hi) for _, r in d.iterrows()],
+                         "ε − Base (points)": [pts(r.eps_vs_base, r.eps_vs_base_lo, r.eps_vs_base_hi) for _, r in d.iterrows()]})
+
+
+def states_sentences(df: "pd.DataFrame", demo_k: int | None = None) -> list[str]:
+    """What a K sweep shows, computed: which K steers most by kappa among those that meet the harm goal
+    (``HARM_GOAL``), whether any meets each half of ``STEERING_GOAL``, and (``demo_k``) whether the
+    demo's K is that one."""
+    f, k = STEERING_GOAL
+    d = df.sort_values("K").assign(kappa=lambda x: chance_corrected(x.follows, x.coincidence))
+    out = []
+    if d.empty:
+        return out
+    ok = d[d.harm >= HARM_GOAL]
+    best = (ok if len(ok) else d).loc[lambda x: x.kappa.idxmax()]
+    out.append(f"K = {int(best.K)} steers most (κ = {best.kappa:.2f}: its ε row's steps follow their state "
+               f"{100 * best.follows:.1f}% of the time against {100 * best.coincidence:.1f}% by coincidence)"
+               + ("" if len(ok) else "; no K meets the harm goal") + "; κ is "
+               + ", ".join(f"{r.kappa:.2f} at K = {int(r.K)}" + ("" if r.harm >= HARM_GOAL or not len(ok) else
+                                                               " (fixed s0 misses the harm goal)")
+                           for _, r in d.iterrows() if r.K != best.K) + ".")
+    rate = d[d.follows >= f]
+    ratio = d[d.follows >= k * d.coincidence]
+    out.append(f"The {100 * f:.0f}% half of the steering goal is met at "
+               + (", ".join(f"K = {int(x)}" for x in rate.K) if len(rate) else "no K")
+               + f"; the {k:g}× coincidence half at " + (", ".join(f"K = {int(x)}" for x in ratio.K) if len(ratio) else "no K")
+               + f" ({k:g}× needs {100 * k * d.coincidence.iloc[0]:.0f}% follows at K = {int(d.K.iloc[0])}, whose "
+               f"coincidence rate is {100 * d.coincidence.iloc[0]:.1f}%).")
+    if demo_k is not None:
+        out.append(f"The demo uses K = {demo_k}" + (", the K that steers most." if demo_k == int(best.K) else
+                                                     f", not the K that steers most (K = {int(best.K)})."))
     return out
 
 

@@ -151,18 +151,27 @@ def demo_findings(claims: list[Claim]) -> list[str]:
             _claim_finding(by.get(RL_CLAIM), "rl", "RL, Table 2")]
 
 
-def mechanism_note(scaling: Path | None = None, injection: Path | None = None) -> str:
-    """Finding 3's second half, from the stored mechanism studies (the pretraining page): whether more
-    training chains (``bench/steering.py``) or another injection point (``bench/injection.py``) makes the
-    steps follow their drawn state, each rate beside its coincidence reference, and whether any reaches
-    the steering goal (``ctrls.controls.STEERING_GOAL``); "" when neither is stored."""
-    from ctrls.controls import (STEERING_GOAL, injection_frame, injection_result_path, scaling_frame,
-                                scaling_result_path)
+def mechanism_note(scaling: Path | None = None, injection: Path | None = None, states: Path | None = None) -> str:
+    """Finding 3's second half, from the stored mechanism studies (the pretraining page): whether fewer,
+    coarser states (``bench/steering.py --n-states``), more training chains (``bench/steering.py``) or
+    another injection point (``bench/injection.py``) makes the steps follow their drawn state, each rate
+    beside its coincidence reference (and, for the K sweep, Cohen's kappa), and whether any reaches the
+    steering goal (``ctrls.controls.STEERING_GOAL``); "" when none is stored."""
+    from ctrls.controls import (STEERING_GOAL, chance_corrected, injection_frame, injection_result_path,
+                                scaling_frame, scaling_result_path, states_result_path)
     from ctrls.verdicts import page_link
 
     scaling = scaling if scaling is not None else scaling_result_path()
     injection = injection if injection is not None else injection_result_path()
+    states = states if states is not None else states_result_path()
     parts, frames = [], []
+    if states is not None:
+        ks = scaling_frame(states).sort_values("K")
+        frames.append(ks)
+        kappa = chance_corrected(ks.follows, ks.coincidence)
+        rates = ", ".join(f"{100 * r.follows:.1f}% at K = {int(r.K)} ({100 * r.coincidence:.1f}%; κ = {kp:.2f})"
+                          for (_, r), kp in zip(ks.iterrows(), kappa))
+        parts.append(f"with K states, the ε row's steps follow their drawn state {rates} (`bench/steering.py --n-states`)")
     if scaling is not None:
         sc = scaling_frame(scaling)
         frames.append(sc)

@@ -117,7 +117,8 @@ def test_scaling_sentences_state_each_point_and_which_goals_are_met(tmp_path):
     f = tmp_path / "r.json"
     f.write_text(json.dumps({"points": [strong, weak]}))
     text = scaling_sentences(scaling_frame(f))
-    assert text[0].startswith("**75 training chains**") and "12.0% [20.0, 40.0]" in text[0] and "(1.2×)" in text[0]
+    assert text[0].startswith("**75 training chains** (reference)") and "12.0% [20.0, 40.0]" in text[0] and "(1.2×)" in text[0]
+    assert scaling_sentences(scaling_frame(f).assign(K=16))[0].startswith("**75 training chains** (reference, K = 16)")
     assert "fixed s0 − Base −10.0 points [−20.0, +0.0], of ε − Base −5.0 points [−10.0, +0.0]" in text[0]
     assert text[-2] == "The steering goal (≥ 40% and ≥ 3× coincidence) is met at 1200 training chains."
     assert text[-1] == "The harm goal (fixed s0 within 5 points of Base, or above) is met at 1200 training chains."
@@ -127,6 +128,40 @@ def test_scaling_sentences_state_each_point_and_which_goals_are_met(tmp_path):
     text = scaling_sentences(scaling_frame(f))
     assert text[-2].endswith("met at no size: the best ratio, at 300 chains, is 2.5× (25.0% against 10.0%).")
     assert text[-1].endswith("met at no size.")
+
+
+def test_states_sweep_picks_the_k_that_steers_most_by_kappa_among_the_harmless(tmp_path):
+    """A K sweep: kappa = (follows - coincidence) / (1 - coincidence) ranks the Ks (not the ratio, which
+    favours many states), a K that fails the harm goal is not chosen, and each half of the steering goal
+    is reported with the K that meets it."""
+    import json
+
+    from ctrls.controls import chance_corrected, scaling_frame, states_sentences, states_view
+
+    def pt(K, follows, coincidence, harm=0.1):
+        p = _point(64, follows)
+        p.update(K=K, coincidence=coincidence, coincidence_lo=coincidence / 2, coincidence_hi=coincidence * 1.5,
+                 harm_fixed_s0={"diff": harm, "lo": harm - 0.1, "hi": harm + 0.1})
+        return p
+
+    # ratio: K=16 2.5x > K=4 1.6x; kappa: K=4 0.2 > K=16 0.11; K=8 has the highest kappa but harms
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"points": [pt(16, 0.2, 0.08), pt(4, 0.4, 0.25), pt(8, 0.6, 0.15, harm=-0.2)]}))
+    df = scaling_frame(f)
+    assert df.K.tolist() == [4, 8, 16]
+    assert chance_corrected(0.4, 0.25) == pytest.approx(0.2) and chance_corrected(0.25, 0.25) == 0
+    view = states_view(df)
+    assert view.K.tolist() == [4, 8, 16] and view["ratio"].tolist() == ["1.6×", "4.0×", "2.5×"]
+    assert view["κ"].tolist() == ["0.20", "0.53", "0.13"]
+    assert view["fixed s0 − Base (pass@1, points)"].iloc[1] == "−20.0 [−30.0, −10.0]"
+    text = states_sentences(df, demo_k=16)
+    assert text[0].startswith("K = 4 steers most (κ = 0.20: its ε row's steps follow their state 40.0% of the time "
+                              "against 25.0% by coincidence)")
+    assert text[0].endswith("κ is 0.53 at K = 8 (fixed s0 misses the harm goal), 0.13 at K = 16.")
+    assert text[1].startswith("The 40% half of the steering goal is met at K = 4, K = 8; the 3× coincidence half at "
+                              "K = 8 (3× needs 75% follows at K = 4")
+    assert text[2] == "The demo uses K = 16, not the K that steers most (K = 4)."
+    assert states_sentences(df, demo_k=4)[2] == "The demo uses K = 4, the K that steers most."
 
 
 def test_reference_chains_have_one_answer_line():

@@ -234,10 +234,13 @@ def test_mechanism_note_states_each_studied_variant_beside_its_coincidence(tmp_p
     inj = Path(__file__).resolve().parents[1] / INJECTION_RESULT
     sc = tmp_path / "scaling.json"
     sc.write_text(json.dumps({"points": [_point(300, 0.078), _point(75, 0.08)]}))
-    text = fd.mechanism_note(scaling=sc, injection=inj)
+    ks = tmp_path / "states.json"
+    ks.write_text(json.dumps({"points": [{**_point(64, 0.2), "K": 16}, {**_point(64, 0.25), "K": 4}]}))
+    text = fd.mechanism_note(scaling=sc, injection=inj, states=ks)
+    assert "follow their drawn state 25.0% at K = 4 (10.0%; κ = 0.17), 20.0% at K = 16 (10.0%; κ = 0.11)" in text
     assert "8.0% at 75 chains (10.0%), 7.8% at 300 chains (10.0%)" in text  # in order of chains
     assert "14.2% injected at the last hidden state (4.8%)" in text  # bench/results/injection.json
     assert text.endswith("None reaches the 40% and 3× coincidence that steering would need.")
     sc.write_text(json.dumps({"points": [_point(1200, 0.45)]}))
-    assert fd.mechanism_note(scaling=sc, injection=inj).endswith(
+    assert fd.mechanism_note(scaling=sc, injection=inj, states=ks).endswith(
         "1 of these variants reaches the 40% and 3× coincidence that steering would need.")
