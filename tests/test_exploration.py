@@ -251,7 +251,8 @@ def test_your_own_dataset_through_the_cli(tmp_path):
     runs = tmp_path / "runs"
     # the plumbing of a user's dataset, not the stages' sizes: one epoch, short chains, 2 of the 3 test questions,
     # the smoke profile's 16 sequences per sampling chunk (not SMOKE_OVERRIDES' 4, which the kill tests need)
-    ovr = [f"grid.datasets=[{d}]", "pretrain.epochs=1", "sampling.max_new_tokens=24", "data.n_test=2"]
+    ovr = [f"grid.datasets=[{d}]", "pretrain.epochs=1", "pretrain.samples_per_question=1", "sampling.max_new_tokens=16",
+           "data.n_test=2"]
     r = subprocess.run([sys.executable, "-m", "ctrls", "stage", "pretrain", "exploration", "--profile", "smoke",
                         "--run-dir", str(runs), "-o", *ovr], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]

@@ -129,7 +129,7 @@ def test_static_equals_engine_on_the_real_backbone(smollm):
                  "Tom has 9 apples and eats 3 of them. How many apples does Tom have left?"]
     prompts = [prompt_ids(smollm.tokenizer, q, True, 1) for q in questions]
     model = random_ctrls(smollm, K=8, k=4, rank=16, trained=True, scale=0.05, seed=0)
-    p = SampleParams(temperature=0.7, top_k=50, max_new_tokens=64, max_steps=12, epsilon=0.1, batch_size=8)
+    p = SampleParams(temperature=0.7, top_k=50, max_new_tokens=40, max_steps=12, epsilon=0.1, batch_size=8)
     engine, static = _both(smollm, prompts, 4, p, model=model, seeds=[7, 8])
     assert len({g.n_tokens for gs in engine for g in gs}) > 2
     _assert_same(engine, static)
