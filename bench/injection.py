@@ -387,7 +387,7 @@ def main(argv=None) -> dict:
     import subprocess
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    res = {"machine": machine(), "commit": commit or "?", "n_layers": bb.model.config.num_hidden_layers,
+    res = {"machine": machine(), "commit": commit or "?", "n_layers": bb.model.config.num_hidden_layers, "n_states": K,
            "profile": args.profile, "overrides": args.override, "run_dir": args.run_dir,
            "train_chains": len(train_items), "heldout_chains": len(held_items), "questions": len(problems),
            "samples_per_question": n, "epsilon": cfg.grid.epsilons[0] if cfg.grid.epsilons else 0.1, "rows": {}}

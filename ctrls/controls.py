@@ -236,7 +236,7 @@ def generation_sentences(df: "pd.DataFrame") -> list[str]:
         out.append(f"With the adapter, pass@1 is {100 * rows.pass1.min():.1f}–{100 * rows.pass1.max():.1f}% and Succ. "
                    f"{100 * rows.succ.min():.1f}–{100 * rows.succ.max():.1f}% across the {len(rows)} state conditions, "
                    f"against Base's {100 * b.pass1:.1f}% and {100 * b.succ:.1f}%"
-                   + (": every condition is above Base, whichever state it draws (style, not steering)."
+                   + (": every condition is above Base, whichever state it draws (the gain in pass@1 is the adapter's style, not the state's choice)."
                       if (rows.pass1 > b.pass1).all() and (rows.succ > b.succ).all() else "."))
     drawn = rows.dropna(subset=["follows", "coincidence"])
     if len(drawn):
@@ -326,7 +326,7 @@ def states_view(df: "pd.DataFrame") -> "pd.DataFrame":
                          "ε row follows its state (%)": [pct_ci(r.follows, r.follows_lo, r.follows_hi) for _, r in d.iterrows()],
                          "by coincidence (%)": [pct_ci(r.coincidence, r.coincidence_lo, r.coincidence_hi) for _, r in d.iterrows()],
                          "ratio": [f"{r.follows / r.coincidence:.1f}×" if r.coincidence > 0 else "—" for _, r in d.iterrows()],
-                         "κ": [f"{k:.2f}" for k in chance_corrected(d.follows, d.coincidence)],
+                         "κ": [f"{k:.2f}".replace("-", "−") for k in chance_corrected(d.follows, d.coincidence)],
                          "fixed s0 − Base (pass@1, points)": [pts(r.harm, r.harm_lo, r.harm_hi) for _, r in d.iterrows()],
                          "ε − Base (points)": [pts(r.eps_vs_base, r.eps_vs_base_lo, r.eps_vs_base_hi) for _, r in d.iterrows()]})
 
@@ -345,7 +345,7 @@ def states_sentences(df: "pd.DataFrame", demo_k: int | None = None) -> list[str]
     out.append(f"K = {int(best.K)} steers most (κ = {best.kappa:.2f}: its ε row's steps follow their state "
                f"{100 * best.follows:.1f}% of the time against {100 * best.coincidence:.1f}% by coincidence)"
                + ("" if len(ok) else "; no K meets the harm goal") + "; κ is "
-               + ", ".join(f"{r.kappa:.2f} at K = {int(r.K)}" + ("" if r.harm >= HARM_GOAL or not len(ok) else
+               + ", ".join(f"{r.kappa:.2f} at K = {int(r.K)}".replace("-", "−") + ("" if r.harm >= HARM_GOAL or not len(ok) else
                                                                " (fixed s0 misses the harm goal)")
                            for _, r in d.iterrows() if r.K != best.K) + ".")
     rate = d[d.follows >= f]
@@ -353,8 +353,8 @@ def states_sentences(df: "pd.DataFrame", demo_k: int | None = None) -> list[str]
     out.append(f"The {100 * f:.0f}% half of the steering goal is met at "
                + (", ".join(f"K = {int(x)}" for x in rate.K) if len(rate) else "no K")
                + f"; the {k:g}× coincidence half at " + (", ".join(f"K = {int(x)}" for x in ratio.K) if len(ratio) else "no K")
-               + f" ({k:g}× needs {100 * k * d.coincidence.iloc[0]:.0f}% follows at K = {int(d.K.iloc[0])}, whose "
-               f"coincidence rate is {100 * d.coincidence.iloc[0]:.1f}%).")
+               + f" ({k:g}× needs {100 * k * best.coincidence:.0f}% follows at K = {int(best.K)}, whose coincidence rate "
+               f"is {100 * best.coincidence:.1f}%).")
     if demo_k is not None:
         out.append(f"The demo uses K = {demo_k}" + (", the K that steers most." if demo_k == int(best.K) else
                                                      f", not the K that steers most (K = {int(best.K)})."))
@@ -448,12 +448,35 @@ def concentration_frame(path) -> "pd.DataFrame":
     return df
 
 
-INJECTION_RESULT = "bench/results/injection.json"
+INJECTION_RESULT = "bench/results/injection.json"  # at K = 16 (the demo's K before the K sweep)
+INJECTION_RESULTS = (INJECTION_RESULT, "bench/results/injection_k4.json")  # ... and at K = 4
 
 
 def injection_result_path():
-    """Where the repository keeps the stored ``bench/injection.py`` result (None when absent)."""
+    """Where the repository keeps the stored ``bench/injection.py`` result at K = 16 (None when absent)."""
     return stored_result(INJECTION_RESULT)
+
+
+def injection_result_paths() -> list:
+    """Every stored ``bench/injection.py`` result of ``INJECTION_RESULTS`` that this checkout has."""
+    return [p for p in map(stored_result, INJECTION_RESULTS) if p is not None]
+
+
+def injection_sentences(df: "pd.DataFrame") -> list[str]:
+    """One sentence per row of :func:`injection_frame`: what the step's own state adds over shuffled states
+    (nats/token; the rest of the posterior's gain the adapter adds whatever the state), how often steps
+    follow their drawn state against coincidence (with kappa, :func:`chance_corrected`), and pass@1
+    against Base's in the same harness."""
+    out = []
+    for r in df.to_dict("records"):
+        kappa = float(chance_corrected(r["follows"], r["coincidence"]))
+        out.append(f"**{r['injection']}**: the step's own state adds {r['posterior'] - r['shuffled']:+.3f} nats/token over "
+                   f"shuffled states (the rest of its {r['posterior']:+.3f} the adapter adds whatever the state); steps "
+                   f"follow their drawn state {100 * r['follows']:.1f}% [{100 * r['follows_lo']:.1f}, "
+                   f"{100 * r['follows_hi']:.1f}] of the time against {100 * r['coincidence']:.1f}% by coincidence "
+                   f"(κ = {kappa:.2f}); pass@1 {100 * r['pass@1']:.1f}% against Base's {100 * r['Base pass@1']:.1f}% "
+                   f"in this harness (its sampler is transformers' generate).")
+    return out
 
 
 def _injection_label(layer: str, n_layers: int | None) -> str:
@@ -495,7 +518,7 @@ def injection_frame(path) -> "pd.DataFrame":
     num = ["posterior", "shuffled", "random", "follows", "coincidence", "pass@1", "Succ."]
     if df.empty or not np.isfinite(df[num].to_numpy(dtype=float)).all():
         raise ValueError(f"{path}: a bench/injection.py result with no rows or a NaN/Inf number")
-    df.attrs.update({"machine": res.get("machine", {}), "commit": res.get("commit", "?"),
+    df.attrs.update({"machine": res.get("machine", {}), "commit": res.get("commit", "?"), "K": res.get("n_states"),
                      "questions": res.get("questions"), "samples_per_question": res.get("samples_per_question"),
                      "epsilon": res.get("epsilon"), "train_chains": res.get("train_chains")})
     return df

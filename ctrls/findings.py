@@ -157,12 +157,11 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
     another injection point (``bench/injection.py``) makes the steps follow their drawn state, each rate
     beside its coincidence reference (and, for the K sweep, Cohen's kappa), and whether any reaches the
     steering goal (``ctrls.controls.STEERING_GOAL``); "" when none is stored."""
-    from ctrls.controls import (STEERING_GOAL, chance_corrected, injection_frame, injection_result_path,
+    from ctrls.controls import (STEERING_GOAL, chance_corrected, injection_frame, injection_result_paths,
                                 scaling_frame, scaling_result_path, states_result_path)
     from ctrls.verdicts import page_link
 
     scaling = scaling if scaling is not None else scaling_result_path()
-    injection = injection if injection is not None else injection_result_path()
     states = states if states is not None else states_result_path()
     parts, frames = [], []
     if states is not None:
@@ -178,11 +177,12 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
         rates = ", ".join(f"{100 * r.follows:.1f}% at {r.chains} chains ({100 * r.coincidence:.1f}%)" for _, r in sc.iterrows())
         parts.append(f"with more training chains ({', '.join(sorted(set(sc.sources)))}), the ε row's steps follow "
                      f"their drawn state {rates} (`bench/steering.py`)")
-    if injection is not None:
-        inj = injection_frame(injection)
+    for path in ([injection] if injection is not None else injection_result_paths()):
+        inj = injection_frame(path)
         frames.append(inj)
-        rates = ", ".join(f"{100 * r.follows:.1f}% injected at the {r.injection.split(' (')[0]} ({100 * r.coincidence:.1f}%)"
-                          for _, r in inj.iterrows())
+        at_k = f" at K = {inj.attrs['K']}" if inj.attrs.get("K") else ""
+        rates = ", ".join(f"{100 * r.follows:.1f}% injected at the {r.injection.split(' (')[0]}{at_k} "
+                          f"({100 * r.coincidence:.1f}%)" for _, r in inj.iterrows())
         parts.append(f"{rates} (`bench/injection.py`)")
     if not parts:
         return ""

@@ -159,7 +159,8 @@ def test_states_sweep_picks_the_k_that_steers_most_by_kappa_among_the_harmless(t
                               "against 25.0% by coincidence)")
     assert text[0].endswith("κ is 0.53 at K = 8 (fixed s0 misses the harm goal), 0.13 at K = 16.")
     assert text[1].startswith("The 40% half of the steering goal is met at K = 4, K = 8; the 3× coincidence half at "
-                              "K = 8 (3× needs 75% follows at K = 4")
+                              "K = 8 (3× needs 75% follows at K = 4, whose coincidence rate is 25.0%).")
+    assert states_view(df.assign(follows=df.follows - 0.3))["κ"].iloc[0] == "−0.20"  # the book's minus sign
     assert text[2] == "The demo uses K = 16, not the K that steers most (K = 4)."
     assert states_sentences(df, demo_k=4)[2] == "The demo uses K = 4, the K that steers most."
 
@@ -307,4 +308,5 @@ def test_generation_sentences_compare_the_adapter_rows_with_base_and_each_follow
     for r in ("fixed s0", "eps=0.0", "eps=0.1", "eps=1.0"):
         rows[r]["pass1"]["rate"], rows[r]["succ"]["rate"] = 0.3, 0.9
     f.write_text(json.dumps({"points": [{**_point(64), "rows": rows}]}))
-    assert generation_sentences(generation_frame(f))[0].endswith("whichever state it draws (style, not steering).")
+    assert generation_sentences(generation_frame(f))[0].endswith(
+        "whichever state it draws (the gain in pass@1 is the adapter's style, not the state's choice).")
