@@ -351,7 +351,8 @@ def states_sentences(df: "pd.DataFrame", demo_k: int | None = None) -> list[str]
     rate = d[d.follows >= f]
     ratio = d[d.follows >= k * d.coincidence]
     out.append(f"The {100 * f:.0f}% half of the steering goal is met at "
-               + (", ".join(f"K = {int(x)}" for x in rate.K) if len(rate) else "no K")
+               + (", ".join(f"K = {int(r.K)}" + (" (κ ≤ 0: by chance)" if r.kappa <= 0 else "") for _, r in rate.iterrows())
+                  if len(rate) else "no K")
                + f"; the {k:g}× coincidence half at " + (", ".join(f"K = {int(x)}" for x in ratio.K) if len(ratio) else "no K")
                + f" ({k:g}× needs {100 * k * best.coincidence:.0f}% follows at K = {int(best.K)}, whose coincidence rate "
                f"is {100 * best.coincidence:.1f}%).")

@@ -163,6 +163,8 @@ def test_states_sweep_picks_the_k_that_steers_most_by_kappa_among_the_harmless(t
     assert states_view(df.assign(follows=df.follows - 0.3))["κ"].iloc[0] == "−0.20"  # the book's minus sign
     assert text[2] == "The demo uses K = 16, not the K that steers most (K = 4)."
     assert states_sentences(df, demo_k=4)[2] == "The demo uses K = 4, the K that steers most."
+    chance = df.assign(coincidence=[0.25, 0.65, 0.08])  # K = 8 follows 60% against 65% by coincidence
+    assert "met at K = 4, K = 8 (κ ≤ 0: by chance); the 3× coincidence half at no K" in states_sentences(chance)[1]
 
 
 def test_reference_chains_have_one_answer_line():
