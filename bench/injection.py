@@ -369,6 +369,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--questions", type=int, default=None, help="test questions for steering (default data.n_test)")
     ap.add_argument("--samples", type=int, default=None, help="samples per question (default grid.n_samples)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows already in --out (same run directory and sizes; the Base row must come out equal) "
+                         "and skip the last-hidden row when it is there")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg = load_config(args.profile, [*args.override, f"run_dir={args.run_dir}"])
@@ -395,7 +398,14 @@ def main(argv=None) -> dict:
     base_states, res["base"] = base_row(cfg, bb, model, problems, n, cfg.seed)
     res["base"]["seconds"] = time.perf_counter() - t
     print(json.dumps({"base": res["base"]}), flush=True)
-    for layer in ["last", *args.layers]:
+    if args.append and args.out and Path(args.out).exists():
+        old = json.loads(Path(args.out).read_text())
+        same = ("run_dir", "overrides", "questions", "samples_per_question", "n_states")
+        if any(old.get(k) != res[k] for k in same) or \
+                any(old["base"][k] != res["base"][k] for k in ("pass1", "succ", "samples")):
+            raise SystemExit(f"--append: {args.out} was measured on another run, size or Base sample; not merged")
+        res["rows"] = {k: v for k, v in old["rows"].items() if k not in args.layers}
+    for layer in [*(["last"] if "last" not in res["rows"] else []), *args.layers]:
         t = time.perf_counter()
         if layer == "last":  # the stages' adapter, trained on the cached last hidden states
             adapter = model.adapter
