@@ -168,7 +168,7 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
         ks = scaling_frame(states).sort_values("K")
         frames.append(ks)
         kappa = chance_corrected(ks.follows, ks.coincidence)
-        rates = ", ".join(f"{100 * r.follows:.1f}% at K = {int(r.K)} ({100 * r.coincidence:.1f}%; κ = {kp:.2f})"
+        rates = ", ".join(f"{100 * r.follows:.1f}% at K = {int(r.K)} ({100 * r.coincidence:.1f}%; κ = {kp:.2f})".replace("-", "−")
                           for (_, r), kp in zip(ks.iterrows(), kappa))
         parts.append(f"with K states, the ε row's steps follow their drawn state {rates} (`bench/steering.py --n-states`)")
     if scaling is not None:
@@ -188,9 +188,14 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
         return ""
     f, k = STEERING_GOAL
     met = sum(int(((d.follows >= f) & (d.follows >= k * d.coincidence)).sum()) for d in frames)
+    best = ""
+    if states is not None and len(ks):
+        top = ks.assign(kappa=kappa).loc[lambda d: d.kappa.idxmax()]
+        best = (f" By κ, which does not favour many states, K = {int(top.K)} steers most (κ = {top.kappa:.2f}; "
+                f"{k:g}× coincidence would need {100 * k * top.coincidence:.0f}% there).")
     return (f" Mechanism studies ({page_link('generated/01_pretraining')}; in parentheses, the rate by coincidence): "
             + "; ".join(parts) + ". " + (f"{met} of these variants reach{'es' if met == 1 else ''}" if met else "None reaches")
-            + f" the {100 * f:.0f}% and {k:g}× coincidence that steering would need.")
+            + f" the {100 * f:.0f}% and {k:g}× coincidence that steering would need." + best)
 
 
 # ---- 5. the paper's scale -----------------------------------------------------------------------

@@ -240,7 +240,10 @@ def test_mechanism_note_states_each_studied_variant_beside_its_coincidence(tmp_p
     assert "follow their drawn state 25.0% at K = 4 (10.0%; κ = 0.17), 20.0% at K = 16 (10.0%; κ = 0.11)" in text
     assert "8.0% at 75 chains (10.0%), 7.8% at 300 chains (10.0%)" in text  # in order of chains
     assert "14.2% injected at the last hidden state (4.8%)" in text  # bench/results/injection.json
-    assert text.endswith("None reaches the 40% and 3× coincidence that steering would need.")
+    assert text.endswith("None reaches the 40% and 3× coincidence that steering would need. By κ, which does not "
+                         "favour many states, K = 4 steers most (κ = 0.17; 3× coincidence would need 30% there).")
+    ks.write_text(json.dumps({"points": [{**_point(64, 0.05), "K": 4}]}))
+    assert "5.0% at K = 4 (10.0%; κ = −0.06)" in fd.mechanism_note(scaling=sc, injection=inj, states=ks)
     sc.write_text(json.dumps({"points": [_point(1200, 0.45)]}))
-    assert fd.mechanism_note(scaling=sc, injection=inj, states=ks).endswith(
-        "1 of these variants reaches the 40% and 3× coincidence that steering would need.")
+    assert "1 of these variants reaches the 40% and 3× coincidence that steering would need." in \
+        fd.mechanism_note(scaling=sc, injection=inj, states=ks)
