@@ -257,11 +257,7 @@ def scaling_sentences(df: "pd.DataFrame") -> list[str]:
     (``HARM_GOAL``, on the point estimate) are met, or that none is."""
     import pandas as pd
 
-    def pct(v, lo, hi):
-        return f"{100 * v:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
-
-    def pts(v, lo, hi):  # signed, with the minus sign the book prints (not a hyphen)
-        return f"{100 * v:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]".replace("-", "−")
+    from ctrls.verdicts import pct, pts  # signed points with the minus sign the book prints
 
     def sizes(chains) -> str:
         c = [str(x) for x in chains]
@@ -310,6 +306,15 @@ def chance_corrected(follows, coincidence):
     return (np.asarray(follows, dtype=float) - coincidence) / (1 - np.asarray(coincidence, dtype=float))
 
 
+def steering_k(df: "pd.DataFrame") -> "pd.Series":
+    """The row of a K sweep (:func:`scaling_frame`) that steers most: the largest kappa
+    (:func:`chance_corrected`, in the returned row as ``kappa``) among the Ks whose fixed-s0 row meets
+    ``HARM_GOAL``, or among all when none does. The one rule of the pretraining page and finding 3."""
+    d = df.assign(kappa=chance_corrected(df.follows, df.coincidence))
+    ok = d[d.harm >= HARM_GOAL]
+    return (ok if len(ok) else d).loc[lambda x: x.kappa.idxmax()]
+
+
 def states_view(df: "pd.DataFrame") -> "pd.DataFrame":
     """The page's table of a K sweep (:func:`scaling_frame` of a ``steering_states`` result): per K the
     epsilon row's follows rate and its coincidence reference (95% intervals), their ratio and kappa
@@ -341,7 +346,7 @@ def states_sentences(df: "pd.DataFrame", demo_k: int | None = None) -> list[str]
     if d.empty:
         return out
     ok = d[d.harm >= HARM_GOAL]
-    best = (ok if len(ok) else d).loc[lambda x: x.kappa.idxmax()]
+    best = steering_k(d)
     out.append(f"K = {int(best.K)} steers most (κ = {best.kappa:.2f}: its ε row's steps follow their state "
                f"{100 * best.follows:.1f}% of the time against {100 * best.coincidence:.1f}% by coincidence)"
                + ("" if len(ok) else "; no K meets the harm goal") + "; κ is "
@@ -451,11 +456,6 @@ def concentration_frame(path) -> "pd.DataFrame":
 
 INJECTION_RESULT = "bench/results/injection.json"  # at K = 16 (the demo's K before the K sweep)
 INJECTION_RESULTS = (INJECTION_RESULT, "bench/results/injection_k4.json")  # ... and at K = 4
-
-
-def injection_result_path():
-    """Where the repository keeps the stored ``bench/injection.py`` result at K = 16 (None when absent)."""
-    return stored_result(INJECTION_RESULT)
 
 
 def injection_result_paths() -> list:

@@ -158,7 +158,7 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
     beside its coincidence reference (and, for the K sweep, Cohen's kappa), and whether any reaches the
     steering goal (``ctrls.controls.STEERING_GOAL``); "" when none is stored."""
     from ctrls.controls import (STEERING_GOAL, chance_corrected, injection_frame, injection_result_paths,
-                                scaling_frame, scaling_result_path, states_result_path)
+                                scaling_frame, scaling_result_path, states_result_path, steering_k)
     from ctrls.verdicts import page_link
 
     scaling = scaling if scaling is not None else scaling_result_path()
@@ -190,7 +190,7 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
     met = sum(int(((d.follows >= f) & (d.follows >= k * d.coincidence)).sum()) for d in frames)
     best = ""
     if states is not None and len(ks):
-        top = ks.assign(kappa=kappa).loc[lambda d: d.kappa.idxmax()]
+        top = steering_k(ks)  # the pretraining page's rule
         best = (f" By κ, which does not favour many states, K = {int(top.K)} steers most (κ = {top.kappa:.2f}; "
                 f"{k:g}× coincidence would need {100 * k * top.coincidence:.0f}% there).")
     return (f" Mechanism studies ({page_link('generated/01_pretraining')}; in parentheses, the rate by coincidence): "
