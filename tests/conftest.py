@@ -29,10 +29,13 @@ def pytest_configure(config):
 
 
 # The slowest modules first, the smoke book's at the head: under `-n 2 --dist loadfile
-# --no-loadscope-reorder` (`make test`) one worker builds the book while the other starts on the next
-# ones, and the many quick modules fill in at the end (longest first). Only the order changes.
-SLOW_FIRST = ("test_book.py", "test_resume.py", "test_distributed.py", "test_readback.py", "test_exploration.py",
-              "test_static_decode.py", "test_pretrain.py", "test_controls.py")
+# --no-loadscope-reorder` (`make test`) one worker builds the book while the other takes the next
+# ones, which do not need it; the modules that read the book's run directory (`smoke_runs`:
+# exploration, pretraining, controls) come after enough others that the book is built when they
+# start, and the many quick modules fill in at the end. Only the order changes.
+SLOW_FIRST = ("test_book.py", "test_resume.py", "test_distributed.py", "test_readback.py", "test_static_decode.py",
+              "test_rl.py", "test_browser.py", "test_sitecheck_390.py", "test_sampling.py", "test_exploration.py",
+              "test_pretrain.py", "test_controls.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -80,11 +83,53 @@ def _session_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def smoke_runs(tmp_path_factory):
-    """A run directory where the smoke profile's pretraining and exploration stages have run once.
+    """The smoke book's run directory (``smoke_book_dir``): every stage of the smoke profile on the real
+    backbone, run once per session. Returns the directory, the config and pretraining's run (its
+    finished stages read back, nothing recomputed). Tests read it, or copy stages out of it; none
+    writes into it."""
+    from ctrls.config import load_config
+    from ctrls.stages.pretrain import pretrain
 
-    Built once per test session: the first xdist worker that needs it runs the stages under a file
-    lock; any other finds them finished and reuses them (a finished stage is read without its lock).
-    Tests read it, or copy stages out of it; none writes into it."""
+    d = smoke_book_dir(tmp_path_factory) / "runs"
+    cfg = load_config("smoke", [f"run_dir={d}"])
+    run = pretrain(cfg.for_pair(*cfg.pairs()[0]), progress=False)
+    return d, cfg, run
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
+    """A random-weight Llama (``tiny_backbone``: 2 layers, width 64) with SmolLM2's tokenizer and chat
+    template, saved once per session as a local model directory that ``backbone.name`` can name.
+
+    For the tests of the stages' mechanics (kill and resume, one process against two), which compare a
+    run with another run of the same code and need no sensible text: a decode step costs ~1 ms, not
+    SmolLM2's ~150 ms on one core. What needs the real model (the smoke book, the read-back on the real
+    backbone, the controls) keeps ``smoke_runs``."""
+    from filelock import FileLock
+
+    from ctrls.backbone import tiny_backbone
+
+    root = _session_dir(tmp_path_factory)
+    d = root / "tiny_llama_model"
+    with FileLock(str(root / "tiny_llama_model.lock")):
+        if not (d / "config.json").exists():
+            bb = tiny_backbone("llama", tokenizer, seed=0)
+            tmp = root / "tiny_llama_model.tmp"
+            bb.model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            tmp.rename(d)
+    return d
+
+
+def tiny_overrides(model_dir: Path) -> list[str]:
+    """Config overrides that run the smoke profile on the model saved by ``tiny_model_dir``."""
+    return [f"backbone.name={model_dir}", f"grid.backbones=[{model_dir}]"]
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tmp_path_factory, tiny_model_dir):
+    """``smoke_runs`` on the tiny model (``tiny_model_dir``): pretraining and exploration of the smoke
+    profile run once per session, under a file lock, for the tests of the stages' mechanics."""
     from filelock import FileLock
 
     from ctrls.config import load_config
@@ -92,33 +137,48 @@ def smoke_runs(tmp_path_factory):
     from ctrls.stages.pretrain import pretrain
 
     root = _session_dir(tmp_path_factory)
-    d = root / "smoke_runs"
-    cfg = load_config("smoke", [*SMOKE_OVERRIDES, f"run_dir={d}"])
-    with FileLock(str(root / "smoke_runs.lock")):
+    d = root / "tiny_runs"
+    cfg = load_config("smoke", [*SMOKE_OVERRIDES, *tiny_overrides(tiny_model_dir), f"run_dir={d}"])
+    with FileLock(str(root / "tiny_runs.lock")):
         run = pretrain(cfg.for_pair(*cfg.pairs()[0]), progress=False)
         explore(cfg, progress=False)
     return d, cfg, run
 
 
-@pytest.fixture(scope="session")
-def smoke_book(tmp_path_factory):
-    """The whole smoke book, built once: every notebook through papermill, then `jupyter-book build -W`.
+def smoke_book_dir(tmp_path_factory) -> Path:
+    """The whole smoke book, built once per session: ``ctrls reproduce --profile smoke --strict`` (every
+    notebook through papermill, then ``jupyter-book build -W``) into ``<session>/smoke_book`` (``runs``,
+    ``book``), on the smoke profile as it is.
 
-    Its own run directory, from scratch, on the smoke profile as it is (16 sequences per sampling
-    chunk: no SMOKE_OVERRIDES, which only the kill-and-resume tests need), so that it does not wait
-    for `smoke_runs`. Its users are all in test_book.py: under `--dist loadfile` one worker builds it.
-    Returns the built site's directory (`<book>/_build/html`).
-    """
+    The first xdist worker that needs it builds it under a file lock; any other waits for it and reuses
+    it. A failed build is recorded (``failed``, with the command's output) and fails every later user
+    at once with that output, rather than building again."""
     import subprocess
     import sys
 
-    d = tmp_path_factory.mktemp("smoke_book")
-    book = d / "book"
-    r = subprocess.run([sys.executable, "-m", "ctrls", "reproduce", "--profile", "smoke", "--run-dir", str(d / "runs"),
-                        "--book-dir", str(book), "--strict"],
-                       cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    return book / "_build" / "html"
+    from filelock import FileLock
+
+    root = _session_dir(tmp_path_factory)
+    d = root / "smoke_book"
+    with FileLock(str(root / "smoke_book.lock")):
+        if (d / "failed").exists():
+            pytest.fail("the smoke book failed to build earlier in this session:\n" + (d / "failed").read_text())
+        if not (d / "built").exists():
+            d.mkdir(exist_ok=True)
+            r = subprocess.run([sys.executable, "-m", "ctrls", "reproduce", "--profile", "smoke", "--run-dir",
+                                str(d / "runs"), "--book-dir", str(d / "book"), "--strict"],
+                               cwd=ROOT, capture_output=True, text=True)
+            if r.returncode != 0:
+                (d / "failed").write_text((r.stdout + r.stderr)[-4000:])
+                pytest.fail("`ctrls reproduce --profile smoke --strict` failed:\n" + (r.stdout + r.stderr)[-4000:])
+            (d / "built").write_text("")
+    return d
+
+
+@pytest.fixture(scope="session")
+def smoke_book(tmp_path_factory):
+    """The built smoke book's site directory (``<book>/_build/html``; ``smoke_book_dir``)."""
+    return smoke_book_dir(tmp_path_factory) / "book" / "_build" / "html"
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import ROOT, requires_data
+from conftest import ROOT, requires_data, tiny_overrides
 from ctrls.distributed import World
 
 TESTS = Path(__file__).resolve().parent
@@ -123,11 +123,12 @@ def test_reinforce_on_two_processes_equals_one(tmp_path):
 
 # ---- the real pipeline ------------------------------------------------------------------------
 
-# the smoke profile made smaller still: 2 training and 2 test questions (one per rank), 16 tokens, one RL run
-# of one step (a decode step costs about the same at any batch size here: fewer steps is what saves time)
+# the smoke profile made smaller still, on the tiny random-weight model (conftest.tiny_model_dir: the test
+# compares two runs of the same code): 2 training and 2 test questions (one per rank), 16 tokens, one RL
+# run of one step, with an entropy bonus so that its gradient is not zero where no sample is rewarded
 PIPELINE = ["--profile", "smoke", "--quiet", "-o", "sampling.batch_size=2", "sampling.max_new_tokens=16", "data.n_train=2",
             "data.n_test=2",
-            "rl.steps=1", "rl.eval_questions=2", "rl.settings=[]", "rl.table2=[eps=0.1]", "judge.settings=[]"]
+            "rl.steps=1", "rl.eval_questions=2", "rl.settings=[]", 'rl.table2=["eps=0.1,H=0.01"]', "judge.settings=[]"]
 
 
 def artifacts(run: Path) -> dict[str, Path]:
@@ -138,13 +139,14 @@ def artifacts(run: Path) -> dict[str, Path]:
 
 @pytest.mark.integration
 @requires_data
-def test_pipeline_on_two_processes_equals_one(tmp_path):
+def test_pipeline_on_two_processes_equals_one(tmp_path, tiny_model_dir):
     stage = ["-m", "ctrls", "stage", "pretrain", "exploration", "rl"]
+    pipeline = [*PIPELINE, *tiny_overrides(tiny_model_dir)]
     one, two = tmp_path / "one", tmp_path / "two"
     # side by side: 3 processes of one thread each on the machine
-    procs = [subprocess.Popen([sys.executable, *stage, "--run-dir", str(one), *PIPELINE], env=launch_env(),
+    procs = [subprocess.Popen([sys.executable, *stage, "--run-dir", str(one), *pipeline], env=launch_env(),
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-             subprocess.Popen([*ACCELERATE, *stage, "--run-dir", str(two), *PIPELINE], env=launch_env(),
+             subprocess.Popen([*ACCELERATE, *stage, "--run-dir", str(two), *pipeline], env=launch_env(),
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
     outs = [p.communicate(timeout=900)[0] for p in procs]
     for p, out in zip(procs, outs):

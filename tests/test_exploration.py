@@ -234,12 +234,12 @@ def test_diversity_table_known_values():
 
 @pytest.mark.integration
 @requires_data
-def test_your_own_dataset_through_the_cli(tmp_path):
+def test_your_own_dataset_through_the_cli(tmp_path, tiny_model_dir):
     """A directory of train/test JSONL runs pretraining and exploration by the README's override."""
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from conftest import ROOT, tiny_overrides
     from test_data import write_jsonl
 
     d = tmp_path / "arith"
@@ -249,15 +249,15 @@ def test_your_own_dataset_through_the_cli(tmp_path):
                       "answer": 7 + 3 * i, "steps": [f"He has {3 + i} + {4 + 2 * i} = {7 + 3 * i} apples."]}
                      for i in range(n)])
     runs = tmp_path / "runs"
-    # the plumbing of a user's dataset, not the stages' sizes: one epoch, short chains, 2 of the 3 test questions,
-    # the smoke profile's 16 sequences per sampling chunk (not SMOKE_OVERRIDES' 4, which the kill tests need)
+    # the plumbing of a user's dataset, not the stages' sizes or the model: one epoch, short chains, 2 of the 3
+    # test questions, on the tiny random-weight model (conftest.tiny_model_dir)
     ovr = [f"grid.datasets=[{d}]", "pretrain.epochs=1", "pretrain.samples_per_question=1", "sampling.max_new_tokens=16",
-           "data.n_test=2"]
+           "data.n_test=2", *tiny_overrides(tiny_model_dir)]
     r = subprocess.run([sys.executable, "-m", "ctrls", "stage", "pretrain", "exploration", "--profile", "smoke",
                         "--run-dir", str(runs), "-o", *ovr], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     cfg = load_config("smoke", [*ovr, f"run_dir={runs}"])
-    assert (runs / "smoke" / "pretrain" / "smollm2-135m-instruct__arith").is_dir()
+    assert (runs / "smoke" / "pretrain" / f"{tiny_model_dir.name}__arith").is_dir()
     df = load_samples(cfg)
     assert set(df.dataset) == {str(d)} and df.question_id.str.startswith("arith-test-").all()
     assert df.question_id.nunique() == 2  # data.n_test of the file's 3

@@ -158,21 +158,22 @@ def test_read_states_equal_the_reencoded_ones_on_the_real_backbone(smollm, one_t
 
 @pytest.mark.integration
 @requires_data
-def test_exploration_reads_the_states_back_and_the_old_path_agrees(smoke_runs, tmp_path):
-    """The smoke run's exploration read its states back from the sampler's pass (its done record says
-    so); the old path (``explore(..., readback=False)``: a second forward pass per step) on a copy of
-    its pretraining gives the same samples and, on at least 99% of the steps, the same states, and the
-    same s_0 of every prompt."""
+def test_exploration_reads_the_states_back_and_the_old_path_agrees(tiny_runs, tiny_model_dir, tmp_path):
+    """The exploration stage (smoke profile, on the tiny model: the stage's wiring; the states on the
+    real backbone are the test above's) read its states back from the sampler's pass (its done record
+    says so); the old path (``explore(..., readback=False)``: a second forward pass per step) on a copy
+    of its pretraining gives the same samples and, on at least 99% of the steps, the same states, and
+    the same s_0 of every prompt."""
     import shutil
 
-    from conftest import SMOKE_OVERRIDES
+    from conftest import SMOKE_OVERRIDES, tiny_overrides
     from ctrls.config import load_config
     from ctrls.stages.exploration import explore, load_samples, stage_summary
 
-    ref_dir, cfg, _ = smoke_runs
+    ref_dir, cfg, _ = tiny_runs
     assert stage_summary(cfg)["readback"] is True
     shutil.copytree(ref_dir / cfg.profile / "pretrain", tmp_path / cfg.profile / "pretrain")
-    old_cfg = load_config("smoke", [*SMOKE_OVERRIDES, f"run_dir={tmp_path}"])
+    old_cfg = load_config("smoke", [*SMOKE_OVERRIDES, *tiny_overrides(tiny_model_dir), f"run_dir={tmp_path}"])
     explore(old_cfg, progress=False, readback=False)
     assert stage_summary(old_cfg)["readback"] is False
     key = ["dataset", "temperature", "config", "question_id", "sample_index"]

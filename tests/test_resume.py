@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import SMOKE_OVERRIDES, requires_data
+from conftest import SMOKE_OVERRIDES, requires_data, tiny_overrides
 from ctrls.config import load_config
 from ctrls.stages.collect import kept_trajectories
 from ctrls.policy import TransitionPolicy
@@ -89,11 +89,17 @@ def test_a_curve_behind_its_checkpoint_is_rewritten_on_resume(tmp_path, caplog, 
 
 # ---- the real stages on the smoke profile (integration) ------------------------------------------
 
-RL_OVR = ["rl.steps=2", "rl.settings=[]", "judge.settings=[]"]  # one RL run (the Table 2 row), two steps: a kill can fall between
+# One RL run (the Table 2 row), two steps: a kill can fall between. With an entropy bonus, so that the
+# policy moves at every step even where no sample is rewarded (the tiny random model answers nothing).
+RL_OVR = ["rl.steps=2", "rl.settings=[]", 'rl.table2=["eps=0.1,H=0.01"]', "judge.settings=[]"]
+TINY: list[str] = []  # tiny_overrides(the session's tiny model), set by the `reference` fixture
 
 
 def smoke_cfg(run_dir):
-    return load_config("smoke", [*SMOKE_OVERRIDES, *RL_OVR, f"run_dir={run_dir}"])
+    """The smoke profile on the tiny random-weight model (conftest.tiny_model_dir): these tests compare
+    a resumed run with an uninterrupted run of the same code, which needs no sensible text."""
+    assert TINY, "the `reference` fixture sets the tiny model"
+    return load_config("smoke", [*SMOKE_OVERRIDES, *RL_OVR, *TINY, f"run_dir={run_dir}"])
 
 
 def pair_cfg(run_dir):
@@ -154,11 +160,13 @@ def copy_stages(src: Path, dst: Path, *stages: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(smoke_runs, tmp_path_factory) -> Path:
-    """One uninterrupted run of every stage: the session's smoke pretraining and exploration, then RL."""
+def reference(tiny_runs, tiny_model_dir, tmp_path_factory) -> Path:
+    """One uninterrupted run of every stage on the tiny model: the session's pretraining and
+    exploration (conftest.tiny_runs), then RL."""
     from ctrls.stages.rl import run_rl
 
-    src, _, _ = smoke_runs
+    TINY[:] = tiny_overrides(tiny_model_dir)
+    src, _, _ = tiny_runs
     d = tmp_path_factory.mktemp("uninterrupted")
     copy_stages(src, d, "pretrain", "exploration")
     run_rl(smoke_cfg(d), progress=False)
@@ -270,8 +278,12 @@ def test_rl_killed_mid_training_gives_the_same_curve_policy_and_table2(reference
     assert not (tmp_path / "smoke" / ".rl.lock").exists()  # a killed run gives the stage's lock back
     ckpts = list((tmp_path / "smoke" / "rl").rglob("checkpoint.pt"))
     assert ckpts and all(torch.load(c, weights_only=True)["step"] == 1 for c in ckpts)
+    at_kill = {c: torch.load(c, weights_only=True)["policy"] for c in ckpts}
     monkeypatch.setattr(R.Trainer, "update", real)
     run_rl(smoke_cfg(tmp_path), progress=False)
+    for c, pol in at_kill.items():  # the resumed step moved the policy (else equal artifacts would prove little)
+        after = torch.load(c, weights_only=True)["policy"]
+        assert any(not torch.equal(pol[k], after[k]) for k in pol), c
     assert_same_artifacts(reference / "smoke" / "rl", tmp_path / "smoke" / "rl")
 
 
