@@ -476,7 +476,8 @@ def injection_sentences(df: "pd.DataFrame") -> list[str]:
                    f"follow their drawn state {100 * r['follows']:.1f}% [{100 * r['follows_lo']:.1f}, "
                    f"{100 * r['follows_hi']:.1f}] of the time against {100 * r['coincidence']:.1f}% by coincidence "
                    f"(κ = {kappa:.2f}); pass@1 {100 * r['pass@1']:.1f}% against Base's {100 * r['Base pass@1']:.1f}% "
-                   f"in this harness (its sampler is transformers' generate).")
+                   f"in this harness (transformers' generate, to EOS or the token limit: no stop after the answer line, "
+                   f"so compare its rows with each other, not with the exploration page).")
     return out
 
 

@@ -125,7 +125,8 @@ def test_injection_frame_reads_every_row_with_its_reference(tmp_path):
     assert len(text) == 3 and text[1].startswith("**output of layer 20 of 30**: the step's own state adds +0.300 "
                                                  "nats/token over shuffled states (the rest of its +0.600")
     assert "follow their drawn state 30.0% [20.0, 40.0] of the time against 10.0% by coincidence (κ = 0.22)" in text[1]
-    assert text[1].endswith("pass@1 25.0% against Base's 20.0% in this harness (its sampler is transformers' generate).")
+    assert text[1].endswith("pass@1 25.0% against Base's 20.0% in this harness (transformers' generate, to EOS or the token limit: no stop after "
+                               "the answer line, so compare its rows with each other, not with the exploration page).")
     p.write_text(json.dumps({**_result(), "n_states": 4}))
     assert injection_frame(p).attrs["K"] == 4
     bad = _result(float("nan"))
