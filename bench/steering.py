@@ -13,10 +13,13 @@ demo profile into a scratch run directory and records, from the exploration samp
 Usage (from the repository root):
     .venv/bin/python bench/steering.py --chains 75 300 1200 --out bench/results/steering_scaling.json
     .venv/bin/python bench/steering.py --chains 300 -o adapter.fusion=mlp     # one variant
+    .venv/bin/python bench/steering.py --chains 64 --sources samples,reference \
+        -o states.n_states=4 data.n_test=40 adapter.fusion=mlp --out bench/results/steering_fusion.json  # F_u an MLP
     .venv/bin/python bench/steering.py --chains 64 --sources samples,reference --n-states 4 8 16 \
         -o data.n_test=40 --out bench/results/steering_states.json             # the K sweep (pretraining page)
 ``--append`` keeps the points already in ``--out`` and adds the new ones (a sweep run in parts).
-Prints one JSON line per point and writes them all, with the machine and the commit, to ``--out``.
+Prints one JSON line per point and writes them all, with the machine and the commit, to ``--out`` (each
+point also records its own commit and the adapter's fusion, ``adapter.fusion``).
 """
 from __future__ import annotations
 
@@ -80,6 +83,9 @@ def rows(df, ctl) -> dict:
     return out
 
 
+COMMIT = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
 def point(n: int, sources: str, overrides: list[str], run_dir: str) -> dict:
     ov = [f"run_dir={run_dir}", f"data.n_train={n}", f"pretrain.sources=[{sources}]", "grid.transfer_datasets=[]",
           "grid.fixed_state=true"] + overrides
@@ -98,7 +104,8 @@ def point(n: int, sources: str, overrides: list[str], run_dir: str) -> dict:
     a = run.summaries["adapter"]
     return {"train_questions": n, "sources": sources, "overrides": overrides,
             "chains": run.summaries["collect"]["kept"], "steps": run.summaries["states"]["train_steps"],
-            "K": int(eps.K), "adapter": {k: a.get(k) for k in ("epochs_run", "kept_epoch", "optimizer_steps")},
+            "K": int(eps.K), "fusion": cfg.adapter.fusion, "commit": COMMIT,
+            "adapter": {k: a.get(k) for k in ("epochs_run", "kept_epoch", "optimizer_steps")},
             "eps_row": eps.config, "follows": eps["follows"], "follows_lo": eps["follows lo"], "follows_hi": eps["follows hi"],
             "coincidence": eps["Base, random states"], "coincidence_lo": eps["Base, random states lo"],
             "coincidence_hi": eps["Base, random states hi"],
@@ -121,7 +128,7 @@ def main() -> None:
     ap.add_argument("--append", action="store_true", help="keep the points already in --out")
     a = ap.parse_args()
     run_dir = a.run_dir or tempfile.mkdtemp(prefix="ctrls-steering-")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = COMMIT
     points = []
     if a.append and a.out and Path(a.out).exists():
         points = json.loads(Path(a.out).read_text())["points"]

@@ -108,6 +108,15 @@ def scaling_result_path():
     return stored_result(SCALING_RESULT)
 
 
+def _fusion(point: dict) -> str:
+    """The adapter's fusion (``adapter.fusion``) of a ``bench/steering.py`` point: recorded since the fusion
+    comparison, else read from its overrides, else the demo profile's (linear)."""
+    if "fusion" in point:
+        return str(point["fusion"])
+    given = [o.split("=", 1)[1] for o in point.get("overrides", []) if o.startswith("adapter.fusion=")]
+    return given[-1] if given else "linear"
+
+
 def scaling_frame(path) -> "pd.DataFrame":
     """The points of a ``bench/steering.py`` result: one row per number of training chains, with the
     epsilon row's follows-its-state rate and its coincidence reference, and pass@1 differences to Base
@@ -121,6 +130,7 @@ def scaling_frame(path) -> "pd.DataFrame":
     try:
         res = json.loads(path.read_text())
         rows = [{"chains": p["chains"], "train_questions": p["train_questions"], "sources": p["sources"], "K": p.get("K"),
+                 "fusion": _fusion(p),
                  "follows": p["follows"], "follows_lo": p["follows_lo"], "follows_hi": p["follows_hi"],
                  "coincidence": p["coincidence"], "coincidence_lo": p["coincidence_lo"],
                  "coincidence_hi": p["coincidence_hi"],
@@ -298,6 +308,60 @@ def states_result_path():
     return stored_result(STATES_RESULT)
 
 
+FUSION_RESULT = "bench/results/steering_fusion.json"
+
+
+def fusion_result_path():
+    """Where the repository keeps the stored fusion comparison (``bench/steering.py -o adapter.fusion=mlp``)."""
+    return stored_result(FUSION_RESULT)
+
+
+def fusion_frame(states_path, fusion_path) -> "pd.DataFrame":
+    """The fusion comparison: the points of a ``bench/steering.py`` result run with another ``adapter.fusion``
+    (``fusion_path``) beside the K sweep's points (``states_path``, :func:`scaling_frame`) at the same K and
+    number of training chains, the same settings otherwise. A point of the fusion result with no such
+    partner in the sweep is a clear error (it would be compared with nothing)."""
+    import pandas as pd
+
+    f, k = scaling_frame(fusion_path), scaling_frame(states_path)
+    key = ["K", "chains", "sources"]
+    partners = k.merge(f[key].drop_duplicates(), on=key)
+    missing = f[key].merge(k[key], how="left", on=key, indicator=True).query("_merge == 'left_only'")
+    if len(missing):
+        raise ValueError(f"{fusion_path}: no point of the K sweep {states_path} at the same K, chains and sources "
+                         f"for {missing[key].to_dict('records')}")
+    out = pd.concat([partners, f]).drop_duplicates(["fusion", *key]).sort_values(["K", "fusion"]).reset_index(drop=True)
+    out.attrs.update(f.attrs)
+    return out
+
+
+FUSION_LABELS = {"linear": "linear (Eq. 8 as written)", "mlp": "MLP (ours: the state's effect depends on the token)"}
+
+
+def fusion_sentences(df: "pd.DataFrame") -> list[str]:
+    """Per K of :func:`fusion_frame`: each fusion's follows rate against coincidence (kappa,
+    :func:`chance_corrected`) and its fixed-s0 and epsilon pass@1 differences to Base, and which steers more by
+    kappa, with whether the two follows intervals overlap."""
+    from ctrls.verdicts import pct, pts
+
+    out = []
+    for K, g in df.groupby("K", sort=True):
+        g = g.assign(kappa=chance_corrected(g.follows, g.coincidence))
+        parts = [f"with F_u {FUSION_LABELS.get(r.fusion, r.fusion)} the ε row's steps follow their state "
+                 f"{pct(r.follows, r.follows_lo, r.follows_hi)} of the time against {100 * r.coincidence:.1f}% by "
+                 f"coincidence (κ = {r.kappa:.2f}), fixed s0 − Base {pts(r.harm, r.harm_lo, r.harm_hi)}, "
+                 f"ε − Base {pts(r.eps_vs_base, r.eps_vs_base_lo, r.eps_vs_base_hi)}".replace("κ = -", "κ = −")
+                 for r in g.itertuples()]
+        text = f"At K = {int(K)}, " + "; ".join(parts) + "."
+        if len(g) == 2:
+            hi, lo = g.sort_values("kappa", ascending=False).itertuples()
+            overlap = hi.follows_lo <= lo.follows_hi and lo.follows_lo <= hi.follows_hi
+            text += (f" The {hi.fusion} F_u steers more by κ ({hi.kappa:.2f} against {lo.kappa:.2f}); their follows "
+                     f"intervals {'overlap: the difference is within the noise of this sample' if overlap else 'do not overlap'}.")
+        out.append(text)
+    return out
+
+
 def chance_corrected(follows, coincidence):
     """kappa = (follows - coincidence) / (1 - coincidence): the share of the steps that coincidence leaves
     to be steered that do land in their drawn state (Cohen's kappa). 0 is chance, 1 every step; unlike
@@ -327,7 +391,7 @@ def states_view(df: "pd.DataFrame") -> "pd.DataFrame":
         return f"{100 * v:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]".replace("-", "−")
 
     d = df.sort_values("K")
-    return pd.DataFrame({"K": d.K.astype(int), "training chains": d.chains,
+    return pd.DataFrame({"K": d.K.astype(int), "F_u": d["fusion"], "training chains": d.chains,
                          "ε row follows its state (%)": [pct_ci(r.follows, r.follows_lo, r.follows_hi) for _, r in d.iterrows()],
                          "by coincidence (%)": [pct_ci(r.coincidence, r.coincidence_lo, r.coincidence_hi) for _, r in d.iterrows()],
                          "ratio": [f"{r.follows / r.coincidence:.1f}×" if r.coincidence > 0 else "—" for _, r in d.iterrows()],

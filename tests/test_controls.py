@@ -167,6 +167,41 @@ def test_states_sweep_picks_the_k_that_steers_most_by_kappa_among_the_harmless(t
     assert "met at K = 4, K = 8 (κ ≤ 0: by chance); the 3× coincidence half at no K" in states_sentences(chance)[1]
 
 
+def test_fusion_comparison_pairs_each_point_with_the_sweeps_at_the_same_k(tmp_path):
+    """The MLP-fusion result beside the K sweep's linear point at the same K, chains and sources: a fusion read
+    from the point, from its overrides, or the profile's; kappa decides which steers more and the sentence says
+    whether the follows intervals overlap; a point with no partner in the sweep is an error."""
+    import json
+
+    from ctrls.controls import fusion_frame, fusion_sentences, states_view
+
+    def pt(K, follows, **kw):
+        p = _point(64, follows)
+        p.update(K=K, coincidence=0.25, coincidence_lo=0.2, coincidence_hi=0.3, follows_lo=follows - 0.05,
+                 follows_hi=follows + 0.05, **kw)
+        return p
+
+    sweep, fus = tmp_path / "s.json", tmp_path / "f.json"
+    sweep.write_text(json.dumps({"points": [pt(4, 0.4), pt(8, 0.3), pt(16, 0.2, overrides=["adapter.fusion=mlp"])]}))
+    fus.write_text(json.dumps({"commit": "abc", "points": [pt(4, 0.55, fusion="mlp")]}))
+    df = fusion_frame(sweep, fus)
+    assert df[["K", "fusion"]].values.tolist() == [[4, "linear"], [4, "mlp"]] and df.attrs["commit"] == "abc"
+    assert states_view(df)["F_u"].tolist() == ["linear", "mlp"]
+    (text,) = fusion_sentences(df)
+    assert text.startswith("At K = 4, with F_u linear (Eq. 8 as written) the ε row's steps follow their state 40.0% "
+                           "[35.0, 45.0] of the time against 25.0% by coincidence (κ = 0.20)")
+    assert "with F_u MLP (ours: the state's effect depends on the token) the ε row's steps follow their state 55.0%" in text
+    assert text.endswith("The mlp F_u steers more by κ (0.40 against 0.20); their follows intervals do not overlap.")
+    fus.write_text(json.dumps({"points": [pt(4, 0.43, fusion="mlp")]}))
+    assert fusion_sentences(fusion_frame(sweep, fus))[0].endswith(
+        "The mlp F_u steers more by κ (0.24 against 0.20); their follows intervals overlap: the difference is within "
+        "the noise of this sample.")
+    assert fusion_frame(sweep, fus.with_name("s.json")).fusion.tolist() == ["linear", "linear", "mlp"]  # overrides
+    fus.write_text(json.dumps({"points": [pt(2, 0.5, fusion="mlp")]}))
+    with pytest.raises(ValueError, match="no point of the K sweep"):
+        fusion_frame(sweep, fus)
+
+
 def test_reference_chains_have_one_answer_line():
     """Word problems' reference steps already end with the answer line: the chain must not repeat it
     (it did, which taught the adapter to write the answer twice); GSM8K-style steps get one appended."""
