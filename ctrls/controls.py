@@ -385,15 +385,16 @@ def states_view(df: "pd.DataFrame") -> "pd.DataFrame":
     (:func:`chance_corrected`), and pass@1 of the fixed-s0 and epsilon rows minus Base's."""
     import pandas as pd
 
-    from ctrls.report import pct_ci
+    from ctrls.report import column_decimals, pct_ci
 
     def pts(v, lo, hi):
         return f"{100 * v:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]".replace("-", "−")
 
     d = df.sort_values("K")
+    fd, cd = column_decimals(d.follows_lo, d.follows_hi), column_decimals(d.coincidence_lo, d.coincidence_hi)  # one rounding per column
     return pd.DataFrame({"K": d.K.astype(int), "F_u": d["fusion"], "training chains": d.chains,
-                         "ε row follows its state (%)": [pct_ci(r.follows, r.follows_lo, r.follows_hi) for _, r in d.iterrows()],
-                         "by coincidence (%)": [pct_ci(r.coincidence, r.coincidence_lo, r.coincidence_hi) for _, r in d.iterrows()],
+                         "ε row follows its state (%)": [pct_ci(r.follows, r.follows_lo, r.follows_hi, fd) for _, r in d.iterrows()],
+                         "by coincidence (%)": [pct_ci(r.coincidence, r.coincidence_lo, r.coincidence_hi, cd) for _, r in d.iterrows()],
                          "ratio": [f"{r.follows / r.coincidence:.1f}×" if r.coincidence > 0 else "—" for _, r in d.iterrows()],
                          "κ": [f"{k:.2f}".replace("-", "−") for k in chance_corrected(d.follows, d.coincidence)],
                          "fixed s0 − Base (pass@1, points)": [pts(r.harm, r.harm_lo, r.harm_hi) for _, r in d.iterrows()],
