@@ -151,16 +151,21 @@ def demo_findings(claims: list[Claim]) -> list[str]:
             _claim_finding(by.get(RL_CLAIM), "rl", "RL, Table 2")]
 
 
-def mechanism_note(scaling: Path | None = None, injection: Path | None = None, states: Path | None = None) -> str:
+def mechanism_note(scaling: Path | None = None, injection: Path | None = None, states: Path | None = None,
+                   fusion: Path | None = None) -> str:
     """Finding 3's second half, from the stored mechanism studies (the pretraining page): whether fewer,
-    coarser states (``bench/steering.py --n-states``), more training chains (``bench/steering.py``) or
-    another injection point (``bench/injection.py``) makes the steps follow their drawn state, each rate
-    beside its coincidence reference (and, for the K sweep, Cohen's kappa), and whether any reaches the
-    steering goal (``ctrls.controls.STEERING_GOAL``); "" when none is stored."""
-    from ctrls.controls import (STEERING_GOAL, chance_corrected, injection_frame, injection_result_paths,
-                                scaling_frame, scaling_result_path, states_result_path, steering_k)
+    coarser states (``bench/steering.py --n-states``), more training chains (``bench/steering.py``),
+    another injection point (``bench/injection.py``) or a token-dependent F_u (``adapter.fusion: mlp``,
+    paired with the K sweep) makes the steps follow their drawn state, each rate beside its coincidence
+    reference (and, for the K sweep, Cohen's kappa), and whether any reaches the steering goal
+    (``ctrls.controls.STEERING_GOAL``); "" when none is stored. With no path given, the stored results."""
+    from ctrls.controls import (STEERING_GOAL, chance_corrected, fusion_frame, fusion_result_path, injection_frame,
+                                injection_result_paths, scaling_frame, scaling_result_path, states_result_path,
+                                steering_k)
     from ctrls.verdicts import page_link
 
+    if scaling is None and injection is None and states is None and fusion is None:
+        fusion = fusion_result_path()
     scaling = scaling if scaling is not None else scaling_result_path()
     states = states if states is not None else states_result_path()
     parts, frames = [], []
@@ -183,7 +188,13 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
         at_k = f" at K = {inj.attrs['K']}" if inj.attrs.get("K") else ""
         rates = ", ".join(f"{100 * r.follows:.1f}% injected at the {r.injection.split(' (')[0]}{at_k} "
                           f"({100 * r.coincidence:.1f}%)" for _, r in inj.iterrows())
-        parts.append(f"{rates} (`bench/injection.py`)")
+        parts.append(f"in the injection harness (its rows compare with each other only) {rates} (`bench/injection.py`)")
+    if fusion is not None and states is not None:
+        fu = fusion_frame(states, fusion)
+        mlp = fu[fu.fusion != "linear"]
+        frames.append(mlp)
+        rates = ", ".join(f"{100 * r.follows:.1f}% at K = {int(r.K)} ({100 * r.coincidence:.1f}%)" for _, r in mlp.iterrows())
+        parts.append(f"with a token-dependent F_u (`adapter.fusion: mlp`), {rates}")
     if not parts:
         return ""
     f, k = STEERING_GOAL

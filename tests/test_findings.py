@@ -242,6 +242,10 @@ def test_mechanism_note_states_each_studied_variant_beside_its_coincidence(tmp_p
     assert "14.2% injected at the last hidden state (4.8%)" in text  # bench/results/injection.json
     assert text.endswith("None reaches the 40% and 3× coincidence that steering would need. By κ, which does not "
                          "favour many states, K = 4 steers most (κ = 0.17; 3× coincidence would need 30% there).")
+    fu = tmp_path / "fusion.json"  # a token-dependent F_u at K = 4, paired with the sweep's K = 4 point
+    fu.write_text(json.dumps({"points": [{**_point(64, 0.5), "K": 4, "fusion": "mlp", "follows_lo": 0.45}]}))
+    text = fd.mechanism_note(scaling=sc, injection=inj, states=ks, fusion=fu)
+    assert "; with a token-dependent F_u (`adapter.fusion: mlp`), 50.0% at K = 4 (10.0%). 1 of these variants reaches" in text
     ks.write_text(json.dumps({"points": [{**_point(64, 0.05), "K": 4}]}))
     assert "5.0% at K = 4 (10.0%; κ = −0.06)" in fd.mechanism_note(scaling=sc, injection=inj, states=ks)
     sc.write_text(json.dumps({"points": [_point(1200, 0.45)]}))
