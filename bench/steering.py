@@ -128,7 +128,6 @@ def main() -> None:
     ap.add_argument("--append", action="store_true", help="keep the points already in --out")
     a = ap.parse_args()
     run_dir = a.run_dir or tempfile.mkdtemp(prefix="ctrls-steering-")
-    commit = COMMIT
     points = []
     if a.append and a.out and Path(a.out).exists():
         points = json.loads(Path(a.out).read_text())["points"]
@@ -139,7 +138,7 @@ def main() -> None:
             print(json.dumps(p), flush=True)
             points.append(p)
             # written after every point, so a long sweep that is stopped keeps the points it finished
-            write_result({"bench": "steering", "profile": "demo", "commit": commit, "machine": machine(),
+            write_result({"bench": "steering", "profile": "demo", "commit": COMMIT, "machine": machine(),
                           "sources": a.sources, "points": points}, a.out)
 
 

@@ -164,7 +164,7 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
                                 steering_k)
     from ctrls.verdicts import page_link
 
-    if scaling is None and injection is None and states is None and fusion is None:
+    if fusion is None and states is None:  # the stored comparison pairs with the stored sweep only
         fusion = fusion_result_path()
     scaling = scaling if scaling is not None else scaling_result_path()
     states = states if states is not None else states_result_path()

@@ -92,18 +92,17 @@ def test_a_curve_behind_its_checkpoint_is_rewritten_on_resume(tmp_path, caplog, 
 # One RL run (the Table 2 row), two steps: a kill can fall between. With an entropy bonus, so that the
 # policy moves at every step even where no sample is rewarded (the tiny random model answers nothing).
 RL_OVR = ["rl.steps=2", "rl.settings=[]", 'rl.table2=["eps=0.1,H=0.01"]', "judge.settings=[]"]
-TINY: list[str] = []  # tiny_overrides(the session's tiny model), set by the `reference` fixture
+@pytest.fixture(scope="module")
+def smoke_cfg(tiny_model_dir):
+    """The config of a run directory: the smoke profile on the tiny random-weight model
+    (conftest.tiny_model_dir); these tests compare a resumed run with an uninterrupted run of the same
+    code, which needs no sensible text."""
+    return lambda run_dir: load_config("smoke", [*SMOKE_OVERRIDES, *RL_OVR, *tiny_overrides(tiny_model_dir),
+                                                 f"run_dir={run_dir}"])
 
 
-def smoke_cfg(run_dir):
-    """The smoke profile on the tiny random-weight model (conftest.tiny_model_dir): these tests compare
-    a resumed run with an uninterrupted run of the same code, which needs no sensible text."""
-    assert TINY, "the `reference` fixture sets the tiny model"
-    return load_config("smoke", [*SMOKE_OVERRIDES, *RL_OVR, *TINY, f"run_dir={run_dir}"])
-
-
-def pair_cfg(run_dir):
-    cfg = smoke_cfg(run_dir)
+def pair_cfg(cfg):
+    """Pretraining's config: ``cfg``'s first (backbone, dataset) pair."""
     return cfg.for_pair(*cfg.pairs()[0])
 
 
@@ -160,12 +159,11 @@ def copy_stages(src: Path, dst: Path, *stages: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_runs, tiny_model_dir, tmp_path_factory) -> Path:
+def reference(tiny_runs, smoke_cfg, tmp_path_factory) -> Path:
     """One uninterrupted run of every stage on the tiny model: the session's pretraining and
     exploration (conftest.tiny_runs), then RL."""
     from ctrls.stages.rl import run_rl
 
-    TINY[:] = tiny_overrides(tiny_model_dir)
     src, _, _ = tiny_runs
     d = tmp_path_factory.mktemp("uninterrupted")
     copy_stages(src, d, "pretrain", "exploration")
@@ -175,7 +173,7 @@ def reference(tiny_runs, tiny_model_dir, tmp_path_factory) -> Path:
 
 @pytest.mark.integration
 @requires_data
-def test_the_rl_stage_records_where_its_time_went(reference):
+def test_the_rl_stage_records_where_its_time_went(reference, smoke_cfg):
     """The RL stage's done record times every phase (ctrls.stages.rl.PhaseClock); the parts add up
     to its wall time, decoding dominates, and the reproduce page's table is drawn from them."""
     from ctrls.stages.rl import PHASES, _rl_stage, profile_markdown
@@ -197,7 +195,7 @@ def test_the_rl_stage_records_where_its_time_went(reference):
 
 @pytest.mark.integration
 @requires_data
-def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path, monkeypatch):
+def test_collection_killed_mid_question_counts_nothing_twice(reference, smoke_cfg, tmp_path, monkeypatch):
     import ctrls.stages.collect as C
     import ctrls.stages.pretrain as P
 
@@ -213,15 +211,15 @@ def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path
 
     monkeypatch.setattr(C, "append_jsonl", killed_after_two_rows)
     with pytest.raises(Killed):
-        P.pretrain(pair_cfg(tmp_path), progress=False)
+        P.pretrain(pair_cfg(smoke_cfg(tmp_path)), progress=False)
     assert [len(r) for r in calls] == [8, 8]  # SMOKE_OVERRIDES: 4 sequences, two questions, per sampling chunk
-    traj = P.pretrain_stages(pair_cfg(tmp_path))["collect"].dir / "trajectories.jsonl"
+    traj = P.pretrain_stages(pair_cfg(smoke_cfg(tmp_path)))["collect"].dir / "trajectories.jsonl"
     assert len(traj.read_text().splitlines()) == 10
     with open(traj, "a") as f:  # a kill can also cut a line in half (moved from test_pretrain)
         f.write('{"qid": "gsm8k-train-')
 
     monkeypatch.setattr(C, "append_jsonl", real)
-    run = P.pretrain(pair_cfg(tmp_path), progress=False)
+    run = P.pretrain(pair_cfg(smoke_cfg(tmp_path)), progress=False)
     c = run.summaries["collect"]
     assert c["questions"] == 4 and c["sampled"] == 4 * 2  # not 10: the cut question counted once
     key = ["qid", "source", "sample_index"]
@@ -231,7 +229,7 @@ def test_collection_killed_mid_question_counts_nothing_twice(reference, tmp_path
 
 @pytest.mark.integration
 @requires_data
-def test_exploration_killed_mid_grid_gives_the_same_samples(reference, tmp_path, monkeypatch, caplog):
+def test_exploration_killed_mid_grid_gives_the_same_samples(reference, smoke_cfg, tmp_path, monkeypatch, caplog):
     import ctrls.stages.exploration as E
 
     copy_stages(reference, tmp_path, "pretrain")
@@ -260,7 +258,7 @@ def test_exploration_killed_mid_grid_gives_the_same_samples(reference, tmp_path,
 
 @pytest.mark.integration
 @requires_data
-def test_rl_killed_mid_training_gives_the_same_curve_policy_and_table2(reference, tmp_path, monkeypatch):
+def test_rl_killed_mid_training_gives_the_same_curve_policy_and_table2(reference, smoke_cfg, tmp_path, monkeypatch):
     import ctrls.rl as R
     from ctrls.stages.rl import run_rl
 
@@ -289,7 +287,7 @@ def test_rl_killed_mid_training_gives_the_same_curve_policy_and_table2(reference
 
 @pytest.mark.integration
 @requires_data
-def test_damaged_files_of_finished_stages_are_named_and_redone(reference, tmp_path, caplog):
+def test_damaged_files_of_finished_stages_are_named_and_redone(reference, smoke_cfg, tmp_path, caplog):
     from ctrls.stages.exploration import explore
     from ctrls.stages.collect import PretrainError
     from ctrls.stages.pretrain import load_pretrained, pretrain
@@ -304,9 +302,9 @@ def test_damaged_files_of_finished_stages_are_named_and_redone(reference, tmp_pa
     for f in damaged:
         truncate(f)
     with pytest.raises(PretrainError, match=re.escape(f"{damaged[1]} is corrupt")):  # not a safetensors error with no name
-        load_pretrained(pair_cfg(tmp_path))
+        load_pretrained(pair_cfg(smoke_cfg(tmp_path)))
     with caplog.at_level(logging.WARNING):
-        pretrain(pair_cfg(tmp_path), progress=False)
+        pretrain(pair_cfg(smoke_cfg(tmp_path)), progress=False)
         explore(smoke_cfg(tmp_path), progress=False)
         run_rl(smoke_cfg(tmp_path), progress=False)
     for f in damaged:
