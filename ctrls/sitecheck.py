@@ -181,7 +181,7 @@ def serve(directory: str | os.PathLike):
         thread.join(timeout=5)
 
 
-def _check_page(context, url: str, shot: Path, timeout_ms: int, *, base: str, html_dir: Path,
+def _check_page(context, url: str, shot: Path | None, timeout_ms: int, *, base: str, html_dir: Path,
                 scroll_ok: bool = False, ids: dict | None = None) -> dict:
     page = context.new_page()
     requests: list[str] = []
@@ -288,8 +288,9 @@ def _check_page(context, url: str, shot: Path, timeout_ms: int, *, base: str, ht
         connection(next(k for k in ("preconnect", "dns-prefetch", "modulepreload", "prefetch", "preload",
                                     "prerender") if k in rel), href)
     inspected = page.evaluate(INSPECT, {"scrollOk": scroll_ok})
-    shot.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(shot), full_page=True, animations="disabled")
+    if shot is not None:
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot), full_page=True, animations="disabled")
     report = {
         "url": url,
         "final_url": page.url,
@@ -309,7 +310,7 @@ def _check_page(context, url: str, shot: Path, timeout_ms: int, *, base: str, ht
         "n_links": len(inspected["links"]),
         "broken_links": broken_links(inspected["links"], base, html_dir, ids),
         "page_width": inspected["pageWidth"],
-        "screenshot": str(shot),
+        "screenshot": None if shot is None else str(shot),
     }
     page.close()
     return report
@@ -333,7 +334,8 @@ def page_ok(r: dict) -> bool:
 def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
                pages: tuple[str, ...] | list[str] | None = None, *,
                chromium: str | os.PathLike | None = None, timeout_s: float = 60.0,
-               width: int = VIEWPORT["width"], scroll_ok: bool | None = None) -> dict:
+               width: int = VIEWPORT["width"], scroll_ok: bool | None = None,
+               shots: tuple[str, ...] | list[str] | None = None) -> dict:
     """Open ``pages`` of the site in ``html_dir`` in headless Chromium; screenshot them into ``out_dir``.
 
     Returns ``{"html_dir", "out_dir", "chromium", "ok", "pages": {page: report}}`` where each page's
@@ -348,7 +350,9 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
     ``{"element", "why"}`` and ``{"kind", "element", "text"}``; see the module's docstring),
     ``page_width``, ``n_links`` and ``broken_links`` (``{"href", "why", "element"}``: a link into
     the site with no such file, or no element with its ``#anchor``'s id; :func:`broken_links`) and
-    ``screenshot``. ``pages`` defaults to every page (:func:`all_pages`).
+    ``screenshot`` (its path, or None). ``pages`` defaults to every page (:func:`all_pages`); ``shots``
+    (default: every page checked) names the pages to screenshot -- a full-page screenshot is about a
+    third of a page's check, and every other check runs on every page either way.
 
     ``width`` is the window's width in CSS px (the report's ``width``); ``scroll_ok`` (default: below
     800 px) lets a wide element scroll inside its own box, which must itself fit its container.
@@ -366,6 +370,8 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
     exe = find_chromium(chromium)
     if pages is None:
         pages = all_pages(html_dir)
+    if shots is not None and set(shots) - set(pages):
+        raise ValueError(f"shots names pages that are not checked: {sorted(set(shots) - set(pages))}")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as e:  # pragma: no cover - dev extra not installed
@@ -389,7 +395,7 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
             viewport=viewport(width), service_workers="block", timeout=timeout_ms)
         try:
             for p in pages:
-                shot = out_dir / screenshot_name(p)
+                shot = out_dir / screenshot_name(p) if shots is None or p in shots else None
                 report["pages"][p] = _check_page(context, base + p.lstrip("/"), shot, timeout_ms, base=base,
                                                  html_dir=html_dir, scroll_ok=scroll_ok, ids=ids)
         finally:
@@ -418,7 +424,8 @@ def format_report(report: dict) -> str:
         lines += [f"  overflow: {page}: {o['element']} ({o['why']})" for o in r["overflow"]]
         lines += [f"  junk:     {page}: {j['kind']} {j['text']!r} in {j['element']}" for j in r["junk"]]
         lines += [f"  link:     {page}: {b['href']} ({b['why']}) {b['element']}" for b in r.get("broken_links", [])]
-        lines.append(f"  screenshot: {r['screenshot']}")
+        if r["screenshot"]:
+            lines.append(f"  screenshot: {r['screenshot']}")
     bad = [p for p, r in report["pages"].items() if not page_ok(r)]
     lines.append("OK" if report["ok"] else f"FAILED ({len(bad)} of {len(report['pages'])} pages: "
                  f"{', '.join(bad)}): missing assets, external requests, overflow, junk or broken links")

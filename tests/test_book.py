@@ -39,7 +39,8 @@ def test_smoke_book_builds_strict(smoke_book):
 def test_smoke_book_in_chromium(chromium, smoke_book, tmp_path):
     from ctrls.sitecheck import check_site, format_report
 
-    report = check_site(smoke_book, tmp_path / "shots", chromium=chromium)
+    shots = ("index.html", "generated/02_exploration.html")  # every page is checked; these two are screenshot
+    report = check_site(smoke_book, tmp_path / "shots", chromium=chromium, shots=shots)
     summary = format_report(report)
     index = report["pages"]["index.html"]
     table1 = report["pages"]["generated/02_exploration.html"]
@@ -67,6 +68,8 @@ def test_smoke_book_in_chromium(chromium, smoke_book, tmp_path):
     pretraining = report["pages"]["generated/01_pretraining.html"]
     assert any("/_images/" in u for u in pretraining["requests"]), summary
 
+    assert sorted(p.name for p in (tmp_path / "shots").iterdir()) == ["index.png", "table1.png"]
+    assert all(r["screenshot"] is None for p, r in report["pages"].items() if p not in shots), summary
     for r, name in ((index, "index.png"), (table1, "table1.png")):
         shot = tmp_path / "shots" / name
         assert r["screenshot"] == str(shot) and shot.is_file()

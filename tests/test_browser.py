@@ -252,3 +252,20 @@ def test_local_connections_of_every_kind_are_not_external(chromium, tmp_path):
     assert r["external"] == [] and r["missing"] == [] and report["ok"], summary
     kinds = {c["type"] for c in r["connections"]}
     assert {"document", "fetch", "xhr"} <= kinds, (kinds, summary)
+
+
+def test_screenshots_only_of_the_pages_named(chromium, tmp_path):
+    """``shots`` picks the pages to screenshot (every other check runs on every page); a page it names
+    that is not checked is refused before the browser starts."""
+    from ctrls.sitecheck import check_site
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("<!doctype html><title>i</title><p>index</p>")
+    (site / "other.html").write_text("<!doctype html><title>o</title><p>other</p>")
+    report = check_site(site, tmp_path / "shots", chromium=chromium, timeout_s=30, shots=("other.html",))
+    assert set(report["pages"]) == {"index.html", "other.html"} and report["ok"]
+    assert report["pages"]["index.html"]["screenshot"] is None
+    assert [p.name for p in (tmp_path / "shots").iterdir()] == ["other.png"]
+    with pytest.raises(ValueError, match="not checked: \\['gone.html'\\]"):
+        check_site(site, tmp_path / "shots", chromium=chromium, shots=("gone.html",))
