@@ -139,9 +139,10 @@ def find_paper_cases(cfg) -> dict[str, "object"]:
     return found
 
 
-def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None) -> pd.DataFrame:
+def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None, cases: dict | None = None) -> pd.DataFrame:
     """Base and CTRLS samples for the paper's MATH case questions with one backbone (default: the
-    first) and its checkpoint: the MATH one if the profile trains it, else its first dataset's."""
+    first) and its checkpoint: the MATH one if the profile trains it, else its first dataset's.
+    ``cases``: :func:`find_paper_cases`'s result, when the caller has it (reading MATH takes seconds)."""
     bname = backbone or cfg.pairs()[0][0]
     mine = [d for b, d in cfg.pairs() if b == bname]
     if not mine:
@@ -150,7 +151,7 @@ def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None) -> pd.DataF
     pc = cfg.for_pair(bname, ds)
     bb = backbone_for(pc, bname)
     model = load_pretrained(pc, bb)
-    cases = find_paper_cases(cfg)
+    cases = find_paper_cases(cfg) if cases is None else cases
     probs = list(cases.values())
     if not probs:
         return pd.DataFrame()
