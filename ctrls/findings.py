@@ -158,15 +158,15 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
     another injection point (``bench/injection.py``) or a token-dependent F_u (``adapter.fusion: mlp``,
     paired with the K sweep) makes the steps follow their drawn state, each rate beside its coincidence
     reference (and, for the K sweep, Cohen's kappa), and whether any reaches the steering goal
-    (``ctrls.controls.STEERING_GOAL``); "" when none is stored. With no path given, the stored results."""
-    from ctrls.controls import (STEERING_GOAL, chance_corrected, fusion_frame, fusion_result_path, injection_frame,
-                                injection_result_paths, scaling_frame, scaling_result_path, states_result_path,
+    (``ctrls.studies.STEERING_GOAL``); "" when none is stored. With no path given, the stored results."""
+    from ctrls.studies import (STEERING_GOAL, chance_corrected, fusion_frame, fusion_result_path, injection_frame,
+                                injection_result_paths, scaling_frame, scaling_result_paths, states_result_path,
                                 steering_k)
     from ctrls.verdicts import page_link
 
     if fusion is None and states is None:  # the stored comparison pairs with the stored sweep only
         fusion = fusion_result_path()
-    scaling = scaling if scaling is not None else scaling_result_path()
+    scaling = scaling if scaling is not None else (scaling_result_paths() or None)
     states = states if states is not None else states_result_path()
     parts, frames = [], []
     if states is not None:
@@ -179,7 +179,9 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
     if scaling is not None:
         sc = scaling_frame(scaling)
         frames.append(sc)
-        rates = ", ".join(f"{100 * r.follows:.1f}% at {r.chains} chains ({100 * r.coincidence:.1f}%)" for _, r in sc.iterrows())
+        several = sc.K.nunique() > 1
+        rates = ", ".join(f"{100 * r.follows:.1f}% at {r.chains} chains{f' and K = {int(r.K)}' if several else ''} "
+                          f"({100 * r.coincidence:.1f}%)" for _, r in sc.iterrows())
         parts.append(f"with more training chains ({', '.join(sorted(set(sc.sources)))}), the ε row's steps follow "
                      f"their drawn state {rates} (`bench/steering.py`)")
     for path in ([injection] if injection is not None else injection_result_paths()):

@@ -310,21 +310,26 @@ def controls(summary: pd.DataFrame) -> plt.Figure:
 def steering_scaling(df: pd.DataFrame) -> plt.Figure:
     """Left: the epsilon row's steps that land in the state they were drawn for, and the coincidence
     reference (Base steps paired with drawn chains), against training chains. Right: pass@1 of the
-    fixed-s0 and the epsilon rows minus Base's. 95% intervals (``ctrls.controls.scaling_frame``)."""
+    fixed-s0 and the epsilon rows minus Base's. 95% intervals (``ctrls.studies.scaling_frame``)."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 3.6))
     x = df.chains.to_numpy()
-    for col, label, c, dx in (("follows", "ε row follows its state", "C0", 1.0), ("coincidence", "coincidence (Base)", "C7", 1.06)):
-        a.errorbar(x * dx, 100 * df[col], yerr=100 * np.array([df[col] - df[f"{col}_lo"], df[f"{col}_hi"] - df[col]]).clip(0),
-                   fmt="o-", color=c, capsize=3, label=label)
+    # one series per K when the points have several (solid, circles: the first K; dashed, squares: the next)
+    ks = sorted(df.K.dropna().unique(), reverse=True) if "K" in df and df.K.nunique() > 1 else [None]
+    for i, kk in enumerate(ks):
+        d = df if kk is None else df[df.K == kk]
+        xs, tag, fmt = d.chains.to_numpy(), "" if kk is None else f" (K = {int(kk)})", ("o-", "s--", "^:")[i % 3]
+        for ax, series in ((a, (("follows", "ε row follows its state", "C0", 1.0), ("coincidence", "coincidence (Base)", "C7", 1.06))),
+                           (b, (("harm", "fixed s0 − Base", "C3", 1.0), ("eps_vs_base", "ε − Base", "C0", 1.06)))):
+            for col, label, c, dx in series:
+                ax.errorbar(xs * dx * (1.0 + 0.12 * i), 100 * d[col],
+                            yerr=100 * np.array([d[col] - d[f"{col}_lo"], d[f"{col}_hi"] - d[col]]).clip(0),
+                            fmt=fmt, color=c, capsize=3, label=label + tag)
     a.set_ylabel("% of steps")
-    for col, label, c, dx in (("harm", "fixed s0 − Base", "C3", 1.0), ("eps_vs_base", "ε − Base", "C0", 1.06)):
-        b.errorbar(x * dx, 100 * df[col], yerr=100 * np.array([df[col] - df[f"{col}_lo"], df[f"{col}_hi"] - df[col]]).clip(0),
-                   fmt="o-", color=c, capsize=3, label=label)
     b.axhline(0, color="0.4", lw=1)
     b.set_ylabel("pass@1 difference (points)")
     for ax in (a, b):  # intervals side by side (the second series 6% to the right), ticks at the measured sizes
         ax.set_xscale("log")
-        ax.set_xticks(x, [str(int(v)) for v in x])
+        ax.set_xticks(sorted(set(x)), [str(int(v)) for v in sorted(set(x))])
         ax.minorticks_off()
         ax.set_xlabel("training chains")
         ax.legend(frameon=False, loc="best")

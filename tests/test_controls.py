@@ -88,7 +88,7 @@ def _point(chains, follows=0.3):
 def test_scaling_frame_reads_sorts_and_refuses_bad_results(tmp_path):
     import json
 
-    from ctrls.controls import scaling_frame
+    from ctrls.studies import scaling_frame
     from ctrls import plots
 
     f = tmp_path / "r.json"
@@ -109,7 +109,7 @@ def test_scaling_frame_reads_sorts_and_refuses_bad_results(tmp_path):
 def test_scaling_sentences_state_each_point_and_which_goals_are_met(tmp_path):
     import json
 
-    from ctrls.controls import scaling_frame, scaling_sentences
+    from ctrls.studies import scaling_frame, scaling_sentences
 
     weak, strong = _point(75, 0.12), _point(1200, 0.45)
     weak["harm_fixed_s0"] = {"diff": -0.1, "lo": -0.2, "hi": 0.0}
@@ -130,13 +130,46 @@ def test_scaling_sentences_state_each_point_and_which_goals_are_met(tmp_path):
     assert text[-1].endswith("met at no size.")
 
 
+def test_scaling_results_at_several_k_read_together_plot_per_k_and_name_k(tmp_path):
+    """Two stored scaling results (one per K): read together, one series per K in the figure, each file's
+    provenance named with its K, and the goal sentences name the K of each size."""
+    import json
+
+    from ctrls import plots
+    from ctrls.studies import scaling_frame, scaling_provenance, scaling_sentences
+
+    k16, k4 = tmp_path / "k16.json", tmp_path / "k4.json"
+    k16.write_text(json.dumps({"commit": "aaa", "machine": {"cpu": "x"},
+                               "points": [{**_point(75, 0.1), "K": 16}, {**_point(300, 0.12), "K": 16}]}))
+    strong = {**_point(300, 0.45), "K": 4, "overrides": ["states.n_states=4"]}
+    k4.write_text(json.dumps({"commit": "bbb", "machine": {"cpu": "y"},
+                              "points": [{**_point(75, 0.2), "K": 4, "overrides": ["states.n_states=4"]}, strong]}))
+    df = scaling_frame([k16, k4])
+    assert list(zip(df.chains, df.K)) == [(75, 4), (75, 16), (300, 4), (300, 16)]
+    assert df.attrs["commit"] == "aaa, bbb" and [s["commit"] for s in df.attrs["stored"]] == ["aaa", "bbb"]
+    assert scaling_provenance(df) == ("Stored results: `k16.json` (K = 16: commit `aaa`, x, overrides none); "
+                                      "`k4.json` (K = 4: commit `bbb`, y, overrides ['states.n_states=4']).")
+    assert scaling_provenance(scaling_frame(k16)) == "Stored result: K = 16: commit `aaa`, x, overrides none."
+    fig = plots.steering_scaling(df)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels == ["ε row follows its state (K = 16)", "coincidence (Base) (K = 16)",
+                      "ε row follows its state (K = 4)", "coincidence (Base) (K = 4)"]
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["75", "300"]
+    text = scaling_sentences(df)
+    assert text[-2] == "The steering goal (≥ 40% and ≥ 3× coincidence) is met at 300 training chains at K = 4."
+    assert text[-1] == ("The harm goal (fixed s0 within 5 points of Base, or above) is met at 75 training chains at "
+                        "K = 4, 75 training chains at K = 16, 300 training chains at K = 4 and 300 training chains at K = 16.")
+    with pytest.raises(ValueError, match="no result paths"):
+        scaling_frame([])
+
+
 def test_states_sweep_picks_the_k_that_steers_most_by_kappa_among_the_harmless(tmp_path):
     """A K sweep: kappa = (follows - coincidence) / (1 - coincidence) ranks the Ks (not the ratio, which
     favours many states), a K that fails the harm goal is not chosen, and each half of the steering goal
     is reported with the K that meets it."""
     import json
 
-    from ctrls.controls import chance_corrected, scaling_frame, states_sentences, states_view
+    from ctrls.studies import chance_corrected, scaling_frame, states_sentences, states_view
 
     def pt(K, follows, coincidence, harm=0.1):
         p = _point(64, follows)
@@ -173,7 +206,7 @@ def test_fusion_comparison_pairs_each_point_with_the_sweeps_at_the_same_k(tmp_pa
     whether the follows intervals overlap; a point with no partner in the sweep is an error."""
     import json
 
-    from ctrls.controls import fusion_frame, fusion_sentences, states_view
+    from ctrls.studies import fusion_frame, fusion_sentences, states_view
 
     def pt(K, follows, **kw):
         p = _point(64, follows)
@@ -265,7 +298,7 @@ def test_smoke_adapter_keeps_its_best_heldout_epoch_and_reports_controls(smoke_r
 def test_concentration_frame_reads_points_and_refuses_bad_results(tmp_path):
     import json
 
-    from ctrls.controls import concentration_frame
+    from ctrls.studies import concentration_frame
 
     def point(c, f):
         ctl = {"follows": f, "follows lo": f / 2, "follows hi": f * 2, "Base, random states": 0.07,
@@ -306,7 +339,7 @@ def _rows():
 def test_generation_frame_orders_the_conditions_and_refuses_bad_results(tmp_path):
     import json
 
-    from ctrls.controls import generation_frame, generation_view
+    from ctrls.studies import generation_frame, generation_view
 
     f = tmp_path / "g.json"
     f.write_text(json.dumps({"commit": "abc", "points": [{**_point(64), "rows": _rows()}]}))
@@ -331,7 +364,7 @@ def test_generation_frame_orders_the_conditions_and_refuses_bad_results(tmp_path
 def test_generation_sentences_compare_the_adapter_rows_with_base_and_each_follows_rate_with_coincidence(tmp_path):
     import json
 
-    from ctrls.controls import generation_frame, generation_sentences
+    from ctrls.studies import generation_frame, generation_sentences
 
     f = tmp_path / "g.json"
     f.write_text(json.dumps({"points": [{**_point(64), "rows": _rows()}]}))

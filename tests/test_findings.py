@@ -229,7 +229,7 @@ def test_mechanism_note_states_each_studied_variant_beside_its_coincidence(tmp_p
     result and every injection row, each rate with its coincidence, and whether any meets the goal."""
     from test_controls import _point
 
-    from ctrls.controls import INJECTION_RESULT
+    from ctrls.studies import INJECTION_RESULT
 
     inj = Path(__file__).resolve().parents[1] / INJECTION_RESULT
     sc = tmp_path / "scaling.json"
