@@ -332,6 +332,6 @@ def steering_scaling(df: pd.DataFrame) -> plt.Figure:
         ax.set_xticks(sorted(set(x)), [str(int(v)) for v in sorted(set(x))])
         ax.minorticks_off()
         ax.set_xlabel("training chains")
-        ax.legend(frameon=False, loc="best")
+        ax.legend(frameon=False, loc="best", fontsize="small" if len(ks) > 1 else None)
     fig.tight_layout()
     return fig
