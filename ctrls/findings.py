@@ -160,8 +160,8 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
     reference (and, for the K sweep, Cohen's kappa), and whether any reaches the steering goal
     (``ctrls.studies.STEERING_GOAL``); "" when none is stored. With no path given, the stored results."""
     from ctrls.studies import (STEERING_GOAL, chance_corrected, fusion_frame, fusion_result_path, injection_frame,
-                                injection_result_paths, scaling_frame, scaling_result_paths, states_result_path,
-                                steering_k)
+                               injection_result_paths, scaling_frame, scaling_result_paths, states_result_path,
+                               steering_k)
     from ctrls.verdicts import page_link
 
     if fusion is None and states is None:  # the stored comparison pairs with the stored sweep only

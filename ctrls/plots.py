@@ -327,7 +327,7 @@ def steering_scaling(df: pd.DataFrame) -> plt.Figure:
     a.set_ylabel("% of steps")
     b.axhline(0, color="0.4", lw=1)
     b.set_ylabel("pass@1 difference (points)")
-    for ax in (a, b):  # intervals side by side (the second series 6% to the right), ticks at the measured sizes
+    for ax in (a, b):  # intervals side by side (each next series 6%, each next K 12% to the right), ticks at the measured sizes
         ax.set_xscale("log")
         ax.set_xticks(sorted(set(x)), [str(int(v)) for v in sorted(set(x))])
         ax.minorticks_off()
