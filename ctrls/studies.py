@@ -24,18 +24,18 @@ def stored_result(rel: str):
     return p if p.exists() else None
 
 
+def stored_results(rels) -> list:
+    """Those of the stored benchmark results ``rels`` that this checkout has (:func:`stored_result`), in order."""
+    return [p for p in map(stored_result, rels) if p is not None]
+
+
 SCALING_RESULT = "bench/results/steering_scaling.json"  # at K = 16 (the demo's K before the K sweep)
 SCALING_RESULTS = (SCALING_RESULT, "bench/results/steering_scaling_k4.json")  # ... and at the demo's K = 4
 
 
-def scaling_result_path():
-    """Where the repository keeps the stored ``bench/steering.py`` result (None outside a checkout)."""
-    return stored_result(SCALING_RESULT)
-
-
 def scaling_result_paths() -> list:
     """Every stored data-scaling result of ``SCALING_RESULTS`` that this checkout has (one per K)."""
-    return [p for p in map(stored_result, SCALING_RESULTS) if p is not None]
+    return stored_results(SCALING_RESULTS)
 
 
 def _fusion(point: dict) -> str:
@@ -436,7 +436,7 @@ INJECTION_RESULTS = (INJECTION_RESULT, "bench/results/injection_k4.json")  # ...
 
 def injection_result_paths() -> list:
     """Every stored ``bench/injection.py`` result of ``INJECTION_RESULTS`` that this checkout has."""
-    return [p for p in map(stored_result, INJECTION_RESULTS) if p is not None]
+    return stored_results(INJECTION_RESULTS)
 
 
 def injection_sentences(df: "pd.DataFrame") -> list[str]:

@@ -210,16 +210,17 @@ def test_collection_killed_mid_question_counts_nothing_twice(reference, smoke_cf
         real(path, rows)
 
     monkeypatch.setattr(C, "append_jsonl", killed_after_two_rows)
+    cfg = pair_cfg(smoke_cfg(tmp_path))
     with pytest.raises(Killed):
-        P.pretrain(pair_cfg(smoke_cfg(tmp_path)), progress=False)
+        P.pretrain(cfg, progress=False)
     assert [len(r) for r in calls] == [8, 8]  # SMOKE_OVERRIDES: 4 sequences, two questions, per sampling chunk
-    traj = P.pretrain_stages(pair_cfg(smoke_cfg(tmp_path)))["collect"].dir / "trajectories.jsonl"
+    traj = P.pretrain_stages(cfg)["collect"].dir / "trajectories.jsonl"
     assert len(traj.read_text().splitlines()) == 10
     with open(traj, "a") as f:  # a kill can also cut a line in half (moved from test_pretrain)
         f.write('{"qid": "gsm8k-train-')
 
     monkeypatch.setattr(C, "append_jsonl", real)
-    run = P.pretrain(pair_cfg(smoke_cfg(tmp_path)), progress=False)
+    run = P.pretrain(cfg, progress=False)
     c = run.summaries["collect"]
     assert c["questions"] == 4 and c["sampled"] == 4 * 2  # not 10: the cut question counted once
     key = ["qid", "source", "sample_index"]
