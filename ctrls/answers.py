@@ -75,6 +75,7 @@ reward and pass@k).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -394,10 +395,13 @@ def grade(text: str, gold: str) -> Grade:
     return Grade(valid=pred is not None, correct=pred is not None and verify(gold, pred), pred=pred)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def gold_problem(gold: str) -> str | None:
     """Why ``gold`` can never be graded correct, or None when it is gradable: it must survive
     :func:`normalize`, and the answer a model gives by writing it (``\\boxed{gold}`` or "The answer
-    is gold.") must verify against it. Data loaders refuse (skip and count) a gold that is not."""
+    is gold.") must verify against it. Data loaders refuse (skip and count) a gold that is not.
+    Remembered per gold string (a function of the string alone): GSM8K's 8,792 rows hold far fewer
+    distinct answers, and each notebook's kernel loads the split afresh."""
     try:
         g = normalize(gold)
     except Exception as e:  # defensive: a gold that breaks the normaliser is not gradable

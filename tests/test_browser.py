@@ -208,32 +208,47 @@ _CONNECTIONS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(_CONNECTIONS))
-def test_every_kind_of_connection_to_another_host_is_recorded_and_blocked(chromium, tmp_path, kind):
-    """Issue 34, item 4: a WebSocket, an EventSource, a beacon (and fetch, XHR, a worker's fetch,
-    a WebRTC ICE server, a preconnect) to a non-local host is external: recorded with its type, the
-    page fails the check, and the host receives no connection at all."""
-    from ctrls.sitecheck import check_site, format_report, main
+@pytest.fixture(scope="module")
+def leaky_site(chromium, tmp_path_factory):
+    """One page per kind of connection (``<kind>.html``), each to its own path on one canary host,
+    checked in one browser run (a launch costs seconds; the checker opens every page in a page of its
+    own, so what a page sends is recorded on that page); and the command's exit status on one page.
+    Returns (report, what the canary received, the canary's host, the command's exit status)."""
+    from ctrls.sitecheck import check_site, main
 
+    tmp = tmp_path_factory.mktemp("leaky")
     canary = _TcpCanary()
     h = canary.host
-    site = tmp_path / "site"
+    site = tmp / "site"
     site.mkdir()
-    head = f'<link rel="preconnect" href="http://{h}">' if kind == "preconnect" else ""
-    script = _CONNECTIONS[kind].format(h=h)
-    (site / "index.html").write_text(f"<!doctype html><html><head><title>Leaky</title>{head}</head>"
-                                     f"<body><h1>Leaky</h1><script>{script}</script></body></html>")
+    (site / "index.html").write_text("<!doctype html><html><head><title>Index</title></head><body><h1>Index</h1></body></html>")
+    for kind, js in _CONNECTIONS.items():
+        head = f'<link rel="preconnect" href="http://{h}">' if kind == "preconnect" else ""
+        (site / f"{kind}.html").write_text(f"<!doctype html><html><head><title>Leaky</title>{head}</head>"
+                                          f"<body><h1>Leaky</h1><script>{js.format(h=h)}</script></body></html>")
     try:
-        report = check_site(site, tmp_path / "shots", pages=("index.html",), chromium=chromium, timeout_s=30)
-        if kind == "websocket":  # the command's exit status follows the report, whatever the kind: one browser run, not 8
-            assert main([str(site), "--out", str(tmp_path / "shots2"), "--page", "index.html"]) == 1
+        report = check_site(site, tmp / "shots", pages=tuple(f"{k}.html" for k in _CONNECTIONS), chromium=chromium,
+                            timeout_s=30)
+        # the command's exit status follows the report, whatever the kind: one page, one more browser run
+        status = main([str(site), "--out", str(tmp / "shots2"), "--page", "websocket.html"])
     finally:
         canary.close()
-    r, summary = report["pages"]["index.html"], format_report(report)
-    assert not report["ok"], summary
+    return report, list(canary.hits), h, status
+
+
+@pytest.mark.parametrize("kind", list(_CONNECTIONS))
+def test_every_kind_of_connection_to_another_host_is_recorded_and_blocked(leaky_site, kind):
+    """Issue 34, item 4: a WebSocket, an EventSource, a beacon (and fetch, XHR, a worker's fetch,
+    a WebRTC ICE server, a preconnect) to a non-local host is external: recorded with its type on the
+    page that opened it, the page fails the check, and the host receives no connection at all."""
+    from ctrls.sitecheck import format_report, page_ok
+
+    report, hits, h, status = leaky_site
+    r, summary = report["pages"][f"{kind}.html"], format_report(report)
+    assert not report["ok"] and not page_ok(r) and status == 1, summary
     assert r["external"] and all(h in u for u in r["external"]), summary
     assert any(h in c["url"] for c in r["connections"]), summary
-    assert canary.hits == [], (canary.hits, summary)  # nothing reached the other host
+    assert hits == [], (hits, summary)  # nothing reached the other host
 
 
 def test_local_connections_of_every_kind_are_not_external(chromium, tmp_path):
