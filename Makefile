@@ -13,26 +13,28 @@ CHROMIUM := /usr/bin/chromium
 
 .PHONY: all setup book test bench clean-book chromium check-site
 
+# Byte-code. These machines set PYTHONDONTWRITEBYTECODE, so every process (each test worker, each
+# notebook's kernel) would compile torch, transformers and ctrls from source again (~20 s). make's
+# commands write each module's byte-code once, when a process first imports it, into a cache inside
+# the venv (PYTHONPYCACHEPREFIX), never beside the sources: only what is imported is compiled (a
+# compileall of the whole venv took 48-56 s of the set-up).
+export PYTHONDONTWRITEBYTECODE :=
+export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
+
+
 all: test
 
-# Every installed package is byte-compiled: where PYTHONDONTWRITEBYTECODE is set (as on these machines)
-# Python would otherwise recompile torch and transformers in every process and notebook. pip compiles
-# one file at a time, so it is told not to, and compileall does it on every core afterwards (measured on
-# an idle 2-core machine: set-up 158 s -> 129 s, compiling 86 s -> 56 s). Like pip, it leaves a file that does not compile
-# (torch ships a Python 3.12-only test module) to fail at import, as it would anyway; the log names it.
-# Not compiled: what no test, stage or notebook imports (a third of the venv's source): packages' own
-# test suites, transformers' model families other than the auto classes and the two that ctrls builds
-# (llama: SmolLM2; qwen2: Qwen2.5), pip and setuptools. A module left out still imports, compiled in
-# memory as without the cache.
-NO_COMPILE := /tests/|/transformers/models/(?!auto/|llama/|qwen2/)[^/]+/|/site-packages/(pip|setuptools)/
-$(STAMP): pyproject.toml Makefile
+# Installed with uv (tools/uv_install.py passes pip's settings on: index URLs, find-links,
+# constraints), faster than pip (measured on an idle 2-core machine, cold caches: torch 19 s -> 9 s,
+# the dependencies 53 s -> 28 s). Where uv cannot be installed or fails, pip does the same installs,
+# and the log says so.
+$(STAMP): pyproject.toml Makefile tools/uv_install.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile "$(TORCH)"
-	$(PY) -m pip install -q --no-compile -e ".[dev]"
-	$(PY) -m pip install -q --no-compile --no-deps "$(SMOLLM)"
-	$(PY) -m compileall -q -j 0 -x '$(NO_COMPILE)' $(VENV)/lib >$(VENV)/compileall.log 2>&1 || \
-	  echo "byte-compile: $$(grep -c '^\*\*\* Error' $(VENV)/compileall.log) file(s) do not compile (see $(VENV)/compileall.log)"
+	if $(PY) -m pip install -q uv && $(PY) tools/uv_install.py "$(TORCH)" && $(PY) tools/uv_install.py -e ".[dev]" && \
+	   $(PY) tools/uv_install.py --no-deps "$(SMOLLM)"; then :; else \
+	  echo "set-up: installing with uv failed; installing with pip" && \
+	  $(PY) -m pip install -q --no-compile "$(TORCH)" && $(PY) -m pip install -q --no-compile -e ".[dev]" && \
+	  $(PY) -m pip install -q --no-compile --no-deps "$(SMOLLM)"; fi
 	touch $(STAMP)
 
 # MathJax is served from the book itself (no CDN): two files of the npm package.

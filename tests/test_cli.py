@@ -129,7 +129,8 @@ def test_reproduce_records_each_notebooks_wall_time(monkeypatch, tmp_path):
     ran = []
     monkeypatch.setattr(cli, "run_notebook", lambda stage, *a, **k: ran.append(stage))
     with pytest.raises(SystemExit) as e:
-        cli.main(["reproduce", "--run-dir", str(tmp_path), "--profile", "smoke", "--no-book", "--only", "pretrain", "rl"])
+        cli.main(["reproduce", "--run-dir", str(tmp_path), "--book-dir", str(tmp_path / "book"), "--profile", "smoke",
+                  "--no-book", "--only", "pretrain", "rl"])  # its own book directory: the checkout's stays as it is
     assert e.value.code == 0
     rec = json.loads((tmp_path / "smoke" / "reproduce_timings.json").read_text())
     assert ran == ["pretrain", "rl"] and list(rec["seconds"]) == ran

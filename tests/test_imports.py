@@ -108,7 +108,7 @@ def sources() -> list[tuple[str, str, str]]:
     return out
 
 
-@pytest.mark.parametrize("file,module,source", sources(), ids=lambda v: v if isinstance(v, str) and "/" in v else "")
+@pytest.mark.parametrize("file,module,source", [pytest.param(*s, id=s[0]) for s in sources()])  # id: the file alone
 def test_no_private_name_is_imported_across_modules(file, module, source):
     bad = [f"{file}:{line}: from {mod} import {n}" for mod, names, line in imports(source, module)
            for n in names if n.startswith("_") and not n.startswith("__") and mod != module]
