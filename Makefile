@@ -27,9 +27,9 @@ export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
 all: test
 
 # Installed with uv (tools/uv_install.py passes pip's settings on: index URLs, find-links,
-# constraints), faster than pip (measured on an idle 2-core machine, cold caches: torch 19 s -> 9 s,
-# the dependencies 53 s -> 28 s). Where uv cannot be installed or fails, pip does the same installs,
-# and the log says so.
+# constraints), faster than pip (measured on an idle 2-core machine, uv's cache empty: torch 19 s -> 9 s,
+# the dependencies 53 s -> 28 s; the same versions). Where uv cannot be installed or fails, pip does
+# the same installs, and the log says so.
 $(STAMP): pyproject.toml Makefile tools/uv_install.py tools/warm_bytecode.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	if $(PY) -m pip install -q uv && $(PY) tools/uv_install.py "$(TORCH)" && $(PY) tools/uv_install.py -e ".[dev]" && \
