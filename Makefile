@@ -28,15 +28,13 @@ all: test
 
 # Installed with uv (tools/uv_install.py passes pip's settings on: index URLs, find-links,
 # constraints), faster than pip (measured on an idle 2-core machine, uv's cache empty: torch 19 s -> 9 s,
-# the dependencies 53 s -> 28 s; the same versions). Where uv cannot be installed or fails, pip does
-# the same installs, and the log says so.
+# the dependencies 53 s -> 28 s; the same versions). Where uv cannot be installed or fails, the
+# script runs the same install with pip, and says so.
 $(STAMP): pyproject.toml Makefile tools/uv_install.py tools/warm_bytecode.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	if $(PY) -m pip install -q uv && $(PY) tools/uv_install.py "$(TORCH)" && $(PY) tools/uv_install.py -e ".[dev]" && \
-	   $(PY) tools/uv_install.py --no-deps "$(SMOLLM)"; then :; else \
-	  echo "set-up: installing with uv failed; installing with pip" && \
-	  $(PY) -m pip install -q --no-compile "$(TORCH)" && $(PY) -m pip install -q --no-compile -e ".[dev]" && \
-	  $(PY) -m pip install -q --no-compile --no-deps "$(SMOLLM)"; fi
+	$(PY) tools/uv_install.py "$(TORCH)"
+	$(PY) tools/uv_install.py -e ".[dev]"
+	$(PY) tools/uv_install.py --no-deps "$(SMOLLM)"
 	$(PY) tools/warm_bytecode.py models & $(PY) tools/warm_bytecode.py book & wait
 	touch $(STAMP)
 

@@ -2,10 +2,14 @@
 of pip's configuration (uv does not read it): the machine's find-links hold the CPU build of torch."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import uv_install  # noqa: E402
 from uv_install import uv_flags  # noqa: E402
 
 # `pip config list` on these machines: environment variables (":env:") and config files ("global.")
@@ -21,7 +25,8 @@ global.find-links='/opt/wheels'
 
 
 def pairs(flags: list[str]) -> list[tuple[str, str]]:
-    return [(f, v) for f, v in zip(flags[2:], flags[3:])][::2]
+    """(flag, value) after the index strategy."""
+    return list(zip(flags[2::2], flags[3::2]))
 
 
 def test_the_machines_settings_become_uvs_flags():
@@ -44,3 +49,30 @@ def test_one_default_index_and_no_index():
 
 def test_nothing_configured_is_only_the_strategy():
     assert uv_flags("") == ["--index-strategy", "unsafe-best-match"]
+
+
+@pytest.mark.parametrize("uv_fails", ["listing", "install"])
+def test_pip_runs_the_same_install_where_uv_fails(monkeypatch, uv_fails):
+    """Where pip's settings cannot be read, or uv's install fails, the install runs with pip instead."""
+    ran = []
+
+    def run(cmd, **kw):
+        ran.append(cmd)
+        fail = (uv_fails == "listing" and cmd[-2:] == ["config", "list"]) or (uv_fails == "install" and cmd[0] == "/x/uv")
+        return subprocess.CompletedProcess(cmd, 1 if fail else 0, stdout="", stderr="")
+
+    monkeypatch.setattr(uv_install.shutil, "which", lambda name, path=None: "/x/uv")
+    monkeypatch.setattr(uv_install.subprocess, "run", run)
+    assert uv_install.main(["--no-deps", "pkg==1"]) == 0
+    assert ran[-1] == [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--no-deps", "pkg==1"]
+    assert any(c[0] == "/x/uv" for c in ran) == (uv_fails == "install")
+
+
+def test_uv_alone_where_it_works(monkeypatch):
+    ran = []
+    monkeypatch.setattr(uv_install.shutil, "which", lambda name, path=None: "/x/uv")
+    monkeypatch.setattr(uv_install.subprocess, "run",
+                        lambda cmd, **kw: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0, stdout="", stderr=""))
+    assert uv_install.main(["pkg==1"]) == 0
+    assert ran[-1][:3] == ["/x/uv", "pip", "install"] and ran[-1][-1] == "pkg==1"
+    assert not any("pip" in c and "--no-compile" in c for c in ran)

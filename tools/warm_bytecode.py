@@ -24,7 +24,8 @@ GROUPS = {
                "ctrls.setup_check", "ctrls.verdicts", "ctrls.distributed", "accelerate"],
     # first what the library also imports but not through torch (so that the other group finds it
     # compiled), then the notebooks' machinery, the book's build, the browser check and the test runner
-    "book": ["pandas", "pyarrow.parquet", "scipy.stats", "scipy.optimize", "sklearn.cluster", "seaborn", "papermill", "nbclient", "nbformat", "ipykernel.kernelapp", "ipykernel.ipkernel", "jupyter_client",
+    "book": ["pandas", "pyarrow.parquet", "scipy.stats", "scipy.optimize", "sklearn.cluster", "seaborn",
+             "papermill", "nbclient", "nbformat", "ipykernel.kernelapp", "ipykernel.ipkernel", "jupyter_client",
              "jupyter_book.cli.main", "sphinx.application", "sphinx.builders.html", "myst_nb", "myst_parser",
              "sphinx_book_theme", "pydata_sphinx_theme", "sphinx_design", "sphinx_togglebutton", "sphinx_copybutton",
              "sphinx_external_toc", "sphinx_thebe", "sphinx_comments", "sphinx_multitoc_numbering",
