@@ -48,23 +48,24 @@ $(MJ):
 
 setup: $(STAMP) $(MJ)
 
-# The browser check (tests/test_browser.py, check-site) drives Debian's chromium; never `playwright install`.
+# The browser check (tests/tools/test_sitecheck.py, check-site) drives Debian's chromium; never `playwright install`.
 chromium: $(CHROMIUM)
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 check-site: setup chromium
-	$(PY) -m ctrls.sitecheck book/_build/html --out book/_build/screenshots
+	$(PY) -m tools.sitecheck book/_build/html --out book/_build/screenshots
 
 book: setup
 	$(PY) -m ctrls reproduce --profile $(PROFILE)
 
-# Two xdist workers (one torch thread each, tests/conftest.py), a test module at a time, in the order
+# ruff first (the rules in pyproject.toml, a second), then two xdist workers (one torch thread each, tests/conftest.py), a test module at a time, in the order
 # of conftest.SLOW_FIRST (not xdist's most-tests-first): the smoke book's users, all in
-# tests/test_book.py, run first, on the worker that builds it. TEST_WORKERS=0: one process.
+# tests/repo/test_book.py, run first, on the worker that builds it. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 test: setup chromium
+	$(PY) -m ruff check ctrls tests bench studies tools
 	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) tests
 
 bench: setup

@@ -1,7 +1,7 @@
 """What the benchmarks share: the questions, a random-weight CTRLS model, the forced-length sampling
 parameters, and the aten-op counters.
 
-Imported by ``bench/sampling.py``, ``bench/rl.py`` and ``bench/gpuest`` (each run as a script from the
+Imported by ``bench/sampling.py``, ``bench/rl.py`` and ``bench/gpu/gpuest`` (each run as a script from the
 repository root, so ``bench/`` is on ``sys.path``). Running this file does nothing.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ctrls.model import CTRLSModel
-from ctrls.report import cpu_model
-from ctrls.sampling import SampleParams
+from ctrls.generate.sampling import SampleParams
+from ctrls.method.model import CTRLSModel
+from ctrls.report.provenance import cpu_model
 
 # short GSM8K-like questions (not from the data set); bench/sampling.py and bench/rl.py use the first 4
 QUESTIONS = [

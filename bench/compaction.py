@@ -12,11 +12,11 @@ import time
 
 import torch
 
-from ctrls.backbone import load_backbone
-from ctrls.data import load_problems
-from ctrls.prompts import encode_prompt
-from ctrls.report import cpu_model
-from ctrls.sampling import PreallocatedLayer, SampleParams, sample
+from ctrls.data.problems import load_problems
+from ctrls.data.prompts import encode_prompt
+from ctrls.generate.sampling import PreallocatedLayer, SampleParams, sample
+from ctrls.method.backbone import load_backbone
+from ctrls.report.provenance import cpu_model
 
 
 def run(bb, enc, n_s: int, old: bool) -> tuple[float, list]:

@@ -4,7 +4,7 @@ deliverable").
 
 SmolLM2-135M-Instruct, fp32, the demo's prompt length (a one-exemplar word-problem prompt) and batch.
 
-1. **Profile of the engine** (``ctrls.sampling.sample``, Base and CTRLS, forced length): the self CPU
+1. **Profile of the engine** (``ctrls.generate.sampling.sample``, Base and CTRLS, forced length): the self CPU
    time of every aten op under ``torch.profiler``, grouped as
    - GEMM (``mm``, ``addmm``, ``bmm``, ``linear``, ``matmul``): the work the matmul-bound limit counts;
    - attention (the SDPA kernels);
@@ -29,19 +29,19 @@ import argparse
 import time
 
 import torch
-
 from common import forced_params, gemm_gflops, machine, random_ctrls, write_result
-from ctrls.backbone import load_backbone
-from ctrls.prompts import prompt_ids
-from ctrls.sampling import sample, seeded
+
+from ctrls.data.prompts import prompt_ids
+from ctrls.generate.sampling import sample, seeded
+from ctrls.method.backbone import load_backbone
 
 GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::_mkl_linear"}
 ATTN_PREFIX = ("aten::_scaled_dot_product", "aten::scaled_dot_product")
 
 
 def demo_prompt(bb) -> list[int]:
-    from ctrls.config import load_config
-    from ctrls.data import load_problems
+    from ctrls.config.schema import load_config
+    from ctrls.data.problems import load_problems
 
     cfg = load_config("demo")
     probs = load_problems("word_problems", "test", 1, seed=0, difficulty=cfg.data.word_problems.difficulty())

@@ -1,6 +1,6 @@
 """What ``backbone.dtype: auto`` measures and what it changes on this CPU (issue 37, item 8).
 
-1. The GEMM probe that ``auto`` runs (``ctrls.backbone.probe_gemm``, measured afresh here, not read
+1. The GEMM probe that ``auto`` runs (``ctrls.method.backbone.probe_gemm``, measured afresh here, not read
    from the probe file): GFLOP/s of square products in float32 and bfloat16, and the dtype ``auto``
    picks from them (bfloat16 only where it is at least ``BF16_MARGIN`` times faster).
 2. The decode tokens/s of the embedded SmolLM2-135M in float32 and in bfloat16, side by side in this
@@ -15,10 +15,10 @@ import os
 import time
 
 import torch
-
 from common import QUESTIONS, machine, write_result
 from sampling import ours
-from ctrls.backbone import BF16_MARGIN, load_backbone, probe_gemm
+
+from ctrls.method.backbone import BF16_MARGIN, load_backbone, probe_gemm
 
 DTYPES = ("float32", "bfloat16")
 

@@ -1,5 +1,5 @@
 """The demo's decode with the prompts' shared prefix prefilled once per batch, against every prompt
-prefilled whole (``ctrls.sampling.shared_prefix_length``), side by side in one run.
+prefilled whole (``ctrls.generate.sampling.shared_prefix_length``), side by side in one run.
 
 SmolLM2-135M-Instruct, fp32, the demo's own decode: 32 word-problem questions x 4 samples (128 rows,
 the demo's ``sampling.batch_size``) with its 1-shot chat prompt, eta = 0.7, rows ending at EOS / the
@@ -14,13 +14,14 @@ import argparse
 import time
 from dataclasses import replace
 
-import ctrls.decoding as D
-import ctrls.sampling as S
 from common import machine, write_result
-from ctrls.backbone import load_backbone
-from ctrls.config import load_config
-from ctrls.data import load_problems
-from ctrls.prompts import prompt_ids
+
+import ctrls.generate.decoding as D
+import ctrls.generate.sampling as S
+from ctrls.config.schema import load_config
+from ctrls.data.problems import load_problems
+from ctrls.data.prompts import prompt_ids
+from ctrls.method.backbone import load_backbone
 
 
 def timed(bb, prompts, params, whole: bool):

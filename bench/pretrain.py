@@ -25,10 +25,10 @@ import time
 
 import torch
 
-from ctrls.adapter import StateAdapter, adapted_logits
-from ctrls.backbone import decoder_body, load_backbone
-from ctrls.elbo import relaxed_loss, relaxed_terms
-from ctrls.policy import kl_to_prior
+from ctrls.method.adapter import StateAdapter, adapted_logits
+from ctrls.method.backbone import decoder_body, load_backbone
+from ctrls.method.elbo import relaxed_loss, relaxed_terms
+from ctrls.method.policy import kl_to_prior
 
 PROMPT, STEPS, STEP_TOKENS, K, SPECTRAL_K, RANK, BATCH = 24, 6, 21, 16, 4, 64, 8
 

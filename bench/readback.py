@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 import pandas as pd
-
 from common import machine, write_result
-from ctrls.config import load_config
+
+from ctrls.config.schema import load_config
 from ctrls.stages.exploration import explore, load_samples, stage_summary
 from ctrls.stages.pretrain import pretrain
 

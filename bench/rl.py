@@ -20,19 +20,19 @@ import time
 from pathlib import Path
 
 import pandas as pd
-
 import torch
-
-from ctrls.answers import grade
-from ctrls.backbone import load_backbone
-from ctrls.config import load_config
-from ctrls.policy import TransitionPolicy
-from ctrls.report import cpu_model
-from ctrls.prompts import prompt_ids
-from ctrls.rl import Trainer, Trajectory, reinforce_loss, run_lockstep
-from ctrls.stages.rl import rl_runs
-from ctrls.sampling import SampleParams, sample, seeded
 from common import QUESTIONS, random_ctrls
+
+from ctrls.config.schema import load_config
+from ctrls.data.answers import grade
+from ctrls.data.prompts import prompt_ids
+from ctrls.generate.sampling import SampleParams, sample, seeded
+from ctrls.method.backbone import load_backbone
+from ctrls.method.policy import TransitionPolicy
+from ctrls.method.reinforce import Trajectory, reinforce_loss
+from ctrls.report.provenance import cpu_model
+from ctrls.stages.rl import rl_runs
+from ctrls.stages.trainer import Trainer, run_lockstep
 
 
 def machine() -> str:

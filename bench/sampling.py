@@ -27,16 +27,15 @@ import argparse
 import json
 import os
 import time
-
 from dataclasses import replace
 
 import torch
-
 from common import QUESTIONS, CpuCopyCounter, DispatchCounter, forced_params, gemm_gflops, random_ctrls
-from ctrls.backbone import load_backbone
-from ctrls.prompts import prompt_ids
-from ctrls.report import cpu_model
-from ctrls.sampling import SampleParams, sample, seeded
+
+from ctrls.data.prompts import prompt_ids
+from ctrls.generate.sampling import SampleParams, sample, seeded
+from ctrls.method.backbone import load_backbone
+from ctrls.report.provenance import cpu_model
 
 
 def hf_generate(bb, prompts, new, n=1):
@@ -58,8 +57,8 @@ def ours(bb, prompts, new, n=1, model=None, share=True, **path):
 
 def static_vs_engine(bb, prompts, new, model, engine_base, engine_ctrls):
     """Item 6 of the module docstring: the static path's ratios to the engine's rates measured in this run."""
-    from ctrls.config import load_config
-    from ctrls.data import load_problems
+    from ctrls.config.schema import load_config
+    from ctrls.data.problems import load_problems
 
     res = {}
     res["static_over_engine_base"] = ours(bb, prompts, new, decode="static") / engine_base

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ctrls.spectral import spectral_embedding, spectral_embeddings
+from ctrls.method.spectral import spectral_embedding, spectral_embeddings
 
 K = 4
 N_STEPS = 16  # steps per cell for the batched route (5 repeats); the per-step route runs on the first 8 (3 repeats)

@@ -1,12 +1,42 @@
-"""CTRLS: Chain-of-Thought Reasoning via Latent State Transition (AISTATS 2026), reproduced."""
+"""CTRLS: Chain-of-Thought Reasoning via Latent State Transition (AISTATS 2026), reproduced.
+
+The package is a house of floors; each imports only the floors below it (``tests/repo/test_imports.py``):
+
+    errors < stats < data < method < generate < config < synthetic < stages < report < cli
+
+The names below are loaded on first use, so ``import ctrls`` does not import torch.
+"""
+import importlib
 import warnings
 
 # tqdm.auto in a notebook without ipywidgets falls back to text bars, and says so on every page of
 # the book; the bars are fine (install ipywidgets for widget bars)
 warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
-from ctrls.backbone import Backbone, load_backbone  # noqa: E402
-from ctrls.config import Config, ConfigError, load_config
-
-__all__ = ["Backbone", "Config", "ConfigError", "load_backbone", "load_config"]
 __version__ = "0.1.0"
+
+_LAZY = {  # public name -> the module that defines it
+    "Backbone": "ctrls.method.backbone",
+    "load_backbone": "ctrls.method.backbone",
+    "Config": "ctrls.config.schema",
+    "ConfigError": "ctrls.errors",
+    "load_config": "ctrls.config.schema",
+    "CTRLSModel": "ctrls.method.model",
+    "sample": "ctrls.generate.sampling",
+    "pretrain": "ctrls.stages.pretrain",
+    "explore": "ctrls.stages.exploration",
+    "run_rl": "ctrls.stages.rl",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # once: later lookups skip __getattr__
+        return value
+    raise AttributeError(f"module 'ctrls' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

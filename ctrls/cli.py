@@ -6,14 +6,14 @@
     ctrls profiles
 
 Overrides are dotted ``key=value`` items with YAML values (``-o rl.steps=3 "grid.epsilons=[0.1, 0.3]"``).
-A bad profile or override (``ctrls.config.ConfigError``) is one line on stderr and exit status 2,
-before any stage runs; data that cannot be loaded (``ctrls.data.DataError``: an unknown dataset or
+A bad profile or override (``ctrls.config.schema.ConfigError``) is one line on stderr and exit status 2,
+before any stage runs; data that cannot be loaded (``ctrls.data.problems.DataError``: an unknown dataset or
 split, a missing file) is one line and exit status 1; so is a failed notebook (e.g. a table given no
 samples). A ``--run-dir`` that is not a writable directory and an unknown ``CTRLS_LOG`` level are
 one line and exit status 2.
 
 Several GPUs: ``accelerate launch --multi_gpu --num_processes 8 -m ctrls stage rl --profile paper``
-runs a stage data-parallel (``ctrls.distributed``); ``ctrls reproduce`` then reuses its results.
+runs a stage data-parallel (``ctrls.stages.distributed``); ``ctrls reproduce`` then reuses its results.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import platform
 import re
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,8 +75,8 @@ def run_notebook(stage: str, profile: str, run_dir: str, overrides: list[str], f
 
 def notebook_params(profile: str, run_dir: str, overrides: list[str], force: bool) -> dict:
     """The papermill parameters of a stage's notebook; ``overrides`` becomes one string that
-    ``ctrls.report.notebook_config`` splits back into the same items (``ctrls.config.join_overrides``)."""
-    from ctrls.overrides import join_overrides
+    ``ctrls.report.provenance.notebook_config`` splits back into the same items (``ctrls.config.overrides.join_overrides``)."""
+    from ctrls.config.overrides import join_overrides
 
     return {"profile": profile, "run_dir": str(Path(run_dir).resolve()), "overrides": join_overrides(overrides),
             "force": force}
@@ -185,7 +185,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         return 2
     if args.only:
         stages = [s for s in stages if s in args.only]
-    from ctrls.config import load_config
+    from ctrls.config.schema import load_config
 
     load_config(args.profile, args.override)  # fail fast on a bad profile or override
     check_run_dir(args.run_dir)
@@ -205,7 +205,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     write_claims_scorecard(args, book)
     write_timings_page(book / "generated" / "timings.md", args, seconds)
     write_rl_profile(book / "generated" / "rl_profile.md", args)
-    from ctrls.codeindex import write_code_page
+    from ctrls.report.codeindex import write_code_page
 
     write_code_page(book)  # the method page's index links to it
     if not args.no_book:
@@ -219,11 +219,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def write_claims_scorecard(args: argparse.Namespace, book: Path) -> Path:
-    """The intro page's findings (``ctrls.findings``) and claims scorecard (``ctrls.stages.scorecard``),
+    """The intro page's findings (``ctrls.report.findings``) and claims scorecard (``ctrls.report.scorecard``),
     from the runs the notebooks made: one computation of the claims for both."""
-    from ctrls.findings import write_findings
-    from ctrls.report import notebook_config
-    from ctrls.stages.scorecard import scorecard, write_scorecard
+    from ctrls.report.findings import write_findings
+    from ctrls.report.provenance import notebook_config
+    from ctrls.report.scorecard import scorecard, write_scorecard
 
     cfg = notebook_config(args.profile, str(Path(args.run_dir).resolve()), args.override)
     claims = scorecard(cfg)
@@ -235,7 +235,7 @@ def write_claims_scorecard(args: argparse.Namespace, book: Path) -> Path:
 
 def build_facts() -> dict:
     """{commit, cpu, cores} of this build, for the timings page and ``reproduce_timings.json``."""
-    from ctrls.report import cpu_model, git_commit
+    from ctrls.report.provenance import cpu_model, git_commit
 
     return {"commit": git_commit(), "cpu": cpu_model() or platform.processor(), "cores": os.cpu_count()}
 
@@ -266,7 +266,7 @@ def write_timings_page(path: Path, args: argparse.Namespace, seconds: dict[str, 
 
 def write_rl_profile(path: Path, args: argparse.Namespace) -> Path:
     """The reproduce page's table of where the RL stage's time went (``ctrls.stages.rl.profile_markdown``)."""
-    from ctrls.report import notebook_config
+    from ctrls.report.provenance import notebook_config
     from ctrls.stages.rl import profile_markdown
 
     cfg = notebook_config(args.profile, str(Path(args.run_dir).resolve()), args.override)
@@ -289,9 +289,9 @@ def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, floa
 
 def cmd_stage(args: argparse.Namespace) -> int:
     """Run library stages without notebooks, in one process (data-parallel under ``accelerate launch``)."""
-    from ctrls.config import load_config
-    from ctrls.overrides import parse_overrides
-    from ctrls.distributed import shutdown, world
+    from ctrls.config.overrides import parse_overrides
+    from ctrls.config.schema import load_config
+    from ctrls.stages.distributed import shutdown, world
 
     cfg = load_config(args.profile, {**parse_overrides(args.override), "run_dir": str(Path(args.run_dir).resolve())})
     check_run_dir(args.run_dir)
@@ -319,7 +319,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_references(args: argparse.Namespace) -> int:
-    from ctrls.data import reference_verify_report
+    from ctrls.data.problems import reference_verify_report
 
     rep = reference_verify_report(args.dataset, args.split, data_dir=args.data_dir)
     for f in rep["failures"]:
@@ -330,7 +330,7 @@ def cmd_verify_references(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    from ctrls.config import available_profiles
+    from ctrls.config.schema import available_profiles
 
     print("\n".join(available_profiles()))
     return 0
@@ -377,8 +377,8 @@ def main(argv: list[str] | None = None) -> None:
     pr.set_defaults(fn=cmd_profiles)
 
     args = p.parse_args(argv)
-    from ctrls.config import ConfigError
-    from ctrls.data import DataError
+    from ctrls.config.schema import ConfigError
+    from ctrls.data.problems import DataError
 
     try:
         rc = args.fn(args)

@@ -33,8 +33,8 @@ def pytest_configure(config):
 # ones, which do not need it; the modules that read the book's run directory (`smoke_runs`:
 # exploration, pretraining, controls) come after enough others that the book is built when they
 # start, and the many quick modules fill in at the end. Only the order changes.
-SLOW_FIRST = ("test_book.py", "test_resume.py", "test_distributed.py", "test_readback.py", "test_static_decode.py",
-              "test_rl.py", "test_browser.py", "test_sitecheck_390.py", "test_sampling.py", "test_exploration.py",
+SLOW_FIRST = ("test_book.py", "test_runs_resume.py", "test_distributed.py", "test_decoding_readback.py", "test_static_decode.py",
+              "test_reinforce.py", "test_sitecheck.py", "test_sitecheck_page.py", "test_sampling.py", "test_exploration.py",
               "test_pretrain.py", "test_controls.py")
 
 
@@ -48,7 +48,7 @@ requires_data = pytest.mark.skipif(not SHARED_DATA.exists(), reason=f"benchmark 
 @pytest.fixture(scope="session")
 def smollm():
     """The real embedded backbone (converted once to a safetensors cache)."""
-    from ctrls.backbone import load_backbone
+    from ctrls.method.backbone import load_backbone
 
     return load_backbone("smollm2-135m-instruct")
 
@@ -60,14 +60,14 @@ def tokenizer(smollm):
 
 @pytest.fixture(scope="session")
 def tiny_llama(tokenizer):
-    from ctrls.backbone import tiny_backbone
+    from ctrls.method.backbone import tiny_backbone
 
     return tiny_backbone("llama", tokenizer, seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2(tokenizer):
-    from ctrls.backbone import tiny_backbone
+    from ctrls.method.backbone import tiny_backbone
 
     return tiny_backbone("qwen2", tokenizer, seed=1)
 
@@ -87,7 +87,7 @@ def smoke_runs(tmp_path_factory):
     backbone, run once per session. Returns the directory, the config and pretraining's run (its
     finished stages read back, nothing recomputed). Tests read it, or copy stages out of it; none
     writes into it."""
-    from ctrls.config import load_config
+    from ctrls.config.schema import load_config
     from ctrls.stages.pretrain import pretrain
 
     d = smoke_book_dir(tmp_path_factory) / "runs"
@@ -107,7 +107,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     backbone, the controls) keeps ``smoke_runs``."""
     from filelock import FileLock
 
-    from ctrls.backbone import tiny_backbone
+    from ctrls.method.backbone import tiny_backbone
 
     root = _session_dir(tmp_path_factory)
     d = root / "tiny_llama_model"
@@ -132,7 +132,7 @@ def tiny_runs(tmp_path_factory, tiny_model_dir):
     profile run once per session, under a file lock, for the tests of the stages' mechanics."""
     from filelock import FileLock
 
-    from ctrls.config import load_config
+    from ctrls.config.schema import load_config
     from ctrls.stages.exploration import explore
     from ctrls.stages.pretrain import pretrain
 

@@ -57,8 +57,8 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 from ctrls import cli  # noqa: E402
-from ctrls.config import load_config  # noqa: E402
-from ctrls.report import notebook_config  # noqa: E402
+from ctrls.config.schema import load_config  # noqa: E402
+from ctrls.report.provenance import notebook_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,7 @@ def test_papermill_overrides_parameter_with_spaces(tmp_path):
     from nbformat.v4 import new_code_cell, new_notebook
 
     params = new_code_cell('profile = "demo"\nrun_dir = "runs"\noverrides = ""', metadata={"tags": ["parameters"]})
-    body = new_code_cell("import json\nfrom ctrls.report import notebook_config\n"
+    body = new_code_cell("import json\nfrom ctrls.report.provenance import notebook_config\n"
                          "cfg = notebook_config(profile, run_dir, overrides)\n"
                          "print(json.dumps([cfg.grid.epsilons, cfg.rl.steps, cfg.profile]))")
     src, out = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
@@ -156,13 +156,13 @@ def test_settle_streams_cuts_bars_and_deprecation_notices_from_mixed_stderr(tmp_
     text = ("Loading weights: 100%|██████████| 272/272 [00:00<00:00, 7001.10it/s]\n"
             "/tmp/x/site-packages/torch/nn/modules/module.py:1789: FutureWarning: `past_key_values` is deprecated\n"
             "  return forward_call(*args, **kwargs)\n"
-            "WARNING ctrls.data: skipped 1 malformed row(s)\n")
+            "WARNING ctrls.data.problems: skipped 1 malformed row(s)\n")
     nb = new_notebook(cells=[new_code_cell("x", outputs=[new_output("stream", name="stderr", text=text)])])
     path = tmp_path / "nb.ipynb"
     nbformat.write(nb, str(path))
     settle_streams(path)
     out = nbformat.read(str(path), as_version=4).cells[0].outputs
-    assert [o.text.strip() for o in out] == ["WARNING ctrls.data: skipped 1 malformed row(s)"]
+    assert [o.text.strip() for o in out] == ["WARNING ctrls.data.problems: skipped 1 malformed row(s)"]
     # a notice raised while a bar is drawn: it follows the bar's text on its line, between refreshes
     mid = ("\rpretrain:  50%|#####     | 1/2 [00:01<00:01,  1.20s/it]"
            "/tmp/x/site-packages/torch/nn/modules/module.py:1789: FutureWarning: `past_key_values` is deprecated\n"

@@ -1,13 +1,10 @@
-"""The stages: each wires the typed config, the data, the algorithms (``ctrls.spectral``,
-``states``, ``policy``, ``adapter``, ``elbo``, ``rl``, ``sampling``, ``metrics``; these take tensors)
-and the artifacts on disk under ``runs/<profile>/``, resumably (``ctrls.runs``).
+"""The stages: each wires the typed config, the data, the algorithms and the artifacts on disk
+under ``runs/<profile>/``, resumably.
 
-- ``collect``: pretraining (a) and (b), sampled chains of thought and their hidden states;
-- ``pretrain``: Alg. 1, (c)-(g): spectral embeddings, states, transitions, adapter, checkpoint;
-- ``exploration``: Table 1's grid of Base and CTRLS samples;
-- ``rl``: Alg. 2 on a real backbone, every run of a pair in lockstep, and the Table 2 samples;
-- ``judge``: Table 3's rubric scores;
-- ``synthetic``: the controlled study on a synthetic latent chain.
+Floor 7: imports every floor below; only ``ctrls.report`` and the CLI import it.
 
-The tables built from these artifacts are in ``ctrls.tables``; the paper's numbers in ``ctrls.paper``.
+- ``runs``: run directories, done markers and the stage lock; ``distributed``: data parallelism;
+- ``collect``, ``adapter_train``, ``pretrain``: Alg. 1, pretraining (a)-(g);
+- ``exploration``: Table 1's grid; ``trainer``, ``rl``: Alg. 2 and Table 2's samples;
+- ``judge``: Table 3's scores; ``synthetic``: the controlled study; ``common``: what they share.
 """

@@ -1,6 +1,6 @@
 """Alg. 1, stage (f): the adapter trained on the relaxed objective from the cached hidden states, with
 Thm. 5.3's bound on the training and held-out steps after every epoch, early stopping on the held-out
-bound, and the controls (``ctrls.controls``) at the kept epoch. Wired into the resumable stages by
+bound, and the controls (``ctrls.method.controls``) at the kept epoch. Wired into the resumable stages by
 :mod:`ctrls.stages.pretrain` (which re-exports these names); also builds the CTRLS model of a run's
 fitted states and transitions (``build_model``)."""
 from __future__ import annotations
@@ -15,15 +15,21 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ctrls.backbone import Backbone
-from ctrls.config import Config
-from ctrls.controls import CONDITIONS, control_seed, control_states, ratio_interval, step_logprobs
-from ctrls.display import interval
-from ctrls.elbo import elbo, relaxed_loss, relaxed_terms
-from ctrls.model import CTRLSConfig, CTRLSModel
-from ctrls.policy import kl_to_prior
-from ctrls.runs import Stage
+from ctrls.config.schema import Config
+from ctrls.method.backbone import Backbone
+from ctrls.method.controls import (
+    CONDITIONS,
+    control_seed,
+    control_states,
+    ratio_interval,
+    step_logprobs,
+)
+from ctrls.method.elbo import elbo, relaxed_loss, relaxed_terms
+from ctrls.method.model import CTRLSConfig, CTRLSModel
+from ctrls.method.policy import kl_to_prior
 from ctrls.stages.collect import PretrainError, feature_shards
+from ctrls.stages.runs import Stage
+from ctrls.stats.metrics import interval
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +127,7 @@ def adapter_optimizer(adapter: torch.nn.Module, lr: float) -> torch.optim.Optimi
 def train_step(adapter, opt: torch.optim.Optimizer, head: torch.nn.Module, centroids: torch.Tensor, L: torch.Tensor,
                hidden: torch.Tensor, targets: torch.Tensor, step_index: torch.Tensor, s_post: torch.Tensor,
                s_prev: torch.Tensor) -> float:
-    """One Adam step on the relaxed objective (``ctrls.elbo.relaxed_loss``); returns the loss."""
+    """One Adam step on the relaxed objective (``ctrls.method.elbo.relaxed_loss``); returns the loss."""
     adapter.train()
     dev = head.weight.device
     terms = relaxed_terms(adapter, head, centroids, hidden.to(dev), targets.to(dev), step_index.to(dev),
@@ -135,7 +141,7 @@ def train_step(adapter, opt: torch.optim.Optimizer, head: torch.nn.Module, centr
 
 def evaluate_bound(adapter, head: torch.nn.Module, centroids: torch.Tensor, L: torch.Tensor, data: StepData,
                    split: str, batch_steps: int, samples: int = 0, seed: int = 0) -> dict | None:
-    """Thm. 5.3's bound (``ctrls.elbo.elbo``) and the relaxed objective on every step of a split,
+    """Thm. 5.3's bound (``ctrls.method.elbo.elbo``) and the relaxed objective on every step of a split,
     every token of each step, with the adapter in eval mode: one row of ``BOUND_COLUMNS`` (None when
     the split has no step). ``samples``: 0 exact over the K states, n Monte Carlo draws per step."""
     adapter.eval()
@@ -167,7 +173,7 @@ def evaluate_bound(adapter, head: torch.nn.Module, centroids: torch.Tensor, L: t
 
 def evaluate_controls(adapter, head: torch.nn.Module, centroids: torch.Tensor, L: torch.Tensor, data: StepData,
                       split: str, seed: int) -> pd.DataFrame:
-    """``ctrls.controls``: log P per step of a split's chains under each of ``CONDITIONS``, summed per
+    """``ctrls.method.controls``: log P per step of a split's chains under each of ``CONDITIONS``, summed per
     question: one row per (question, condition) with columns split, qid, condition, steps, tokens, logp.
     Random draws and the shuffle are per evaluation batch (``EVAL_BATCH_STEPS`` steps)."""
     adapter.eval()
@@ -188,7 +194,7 @@ def evaluate_controls(adapter, head: torch.nn.Module, centroids: torch.Tensor, L
 
 
 def controls_summary(controls: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    """Per condition (``ctrls.controls.CONDITIONS`` order): questions, steps, tokens, log P per token
+    """Per condition (``ctrls.method.controls.CONDITIONS`` order): questions, steps, tokens, log P per token
     with a 95% bootstrap interval over questions (lo, hi), and its paired difference to the backbone
     alone (delta, delta_lo, delta_hi: the same questions resampled for both)."""
     if controls.empty:

@@ -4,9 +4,8 @@ hidden states. Resumable question by question: a question counts once its ``_end
 """
 from __future__ import annotations
 
-import logging
-
 import json
+import logging
 import os
 import zlib
 from pathlib import Path
@@ -15,15 +14,30 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ctrls.answers import grade
-from ctrls.backbone import Backbone
-from ctrls.config import Config
-from ctrls.data import Problem
-from ctrls.prompts import (check_prompts, encode_prompt, encode_solution, final_answer_line, model_positions,
-                           newline_token_ids, split_steps, step_spans)
-from ctrls.runs import ArtifactError, UnsafeArtifactError, append_jsonl, artifact_error, file_name, load_torch
+from ctrls.config.schema import Config
+from ctrls.data.answers import grade
+from ctrls.data.problems import Problem
+from ctrls.data.prompts import (
+    check_prompts,
+    encode_prompt,
+    encode_solution,
+    final_answer_line,
+    model_positions,
+    newline_token_ids,
+    split_steps,
+    step_spans,
+)
+from ctrls.generate.sampling import sample
+from ctrls.method.backbone import Backbone
 from ctrls.stages.common import sample_params
-from ctrls.sampling import sample
+from ctrls.stages.runs import (
+    ArtifactError,
+    UnsafeArtifactError,
+    append_jsonl,
+    artifact_error,
+    file_name,
+    load_torch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +52,7 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
     if unknown or not cfg.pretrain.sources:
         raise PretrainError(f"pretrain.sources must be a non-empty subset of [samples, reference], got {cfg.pretrain.sources}")
     path = out / "trajectories.jsonl"
-    from ctrls.distributed import world
+    from ctrls.stages.distributed import world
 
     w = world()
     if w.is_main:
@@ -240,7 +254,7 @@ def cache_features(cfg: Config, bb: Backbone, problems: list[Problem], collect_d
 
 def _valid_shard(f: Path, qid: str, n_traj: int) -> bool:
     """Whether a shard written earlier can be reused: it loads, for this question and its trajectories.
-    Loaded with ``weights_only=True`` (``ctrls.runs.load_torch``): a shard that would need the full
+    Loaded with ``weights_only=True`` (``ctrls.stages.runs.load_torch``): a shard that would need the full
     unpickler (which could run code) is refused with :class:`UnsafeArtifactError`, never loaded or
     overwritten."""
     try:
@@ -257,7 +271,7 @@ def _valid_shard(f: Path, qid: str, n_traj: int) -> bool:
 
 
 def shard_file(features_dir: Path, qid: str) -> Path:
-    """The feature shard of one question: injective in the id (``ctrls.names.file_name``)."""
+    """The feature shard of one question: injective in the id (``ctrls.data.names.file_name``)."""
     return features_dir / f"{file_name(qid)}.pt"
 
 

@@ -1,6 +1,6 @@
 """The plumbing every stage shares, written once: sampling parameters from the config and the
 backbone on this rank's device, and which of a stage's files a reader may take as this config's
-(:func:`current_outputs`). (Seeds: ``ctrls.streams.seed_of``; file names: ``ctrls.runs``.)
+(:func:`current_outputs`). (Seeds: ``ctrls.method.streams.seed_of``; file names: ``ctrls.stages.runs``.)
 """
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ctrls.backbone import Backbone, load_backbone
-from ctrls.config import Config
-from ctrls.distributed import world
-from ctrls.runs import BAD_FILE_HINT, ArtifactError, read_parquet
-from ctrls.sampling import SampleParams
+from ctrls.config.schema import Config
+from ctrls.data.problems import Problem, load_problems
+from ctrls.generate.sampling import SampleParams
+from ctrls.method.backbone import Backbone, load_backbone
+from ctrls.stages.distributed import world
+from ctrls.stages.runs import BAD_FILE_HINT, ArtifactError, read_parquet
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def sample_params(cfg: Config, temperature: float, **changes) -> SampleParams:
 
 def backbone_for(cfg: Config, name: str | None = None) -> Backbone:
     """The backbone ``name`` (default ``backbone.name``) with the config's dtype and cache, on this
-    rank's device (``ctrls.distributed``: ``cuda:<local rank>`` when launched on several GPUs)."""
+    rank's device (``ctrls.stages.distributed``: ``cuda:<local rank>`` when launched on several GPUs)."""
     b = cfg.backbone
     return load_backbone(name or b.name, world().device(b.device), b.dtype, b.cache_dir)
 
@@ -43,7 +44,7 @@ class NotRunError(FileNotFoundError):
 
 
 def current_outputs(stage, what: str, unfinished: bool = False) -> set[Path] | None:
-    """The output files of ``stage`` (a ``ctrls.runs.Stage``) that belong to its key, the config's:
+    """The output files of ``stage`` (a ``ctrls.stages.runs.Stage``) that belong to its key, the config's:
     those its ``done`` marker records when it finished with this key; None (every file in the stage
     directory) with ``unfinished`` while a run of this key is under way. A reader (tables, the
     scorecard) takes only these, so results of another config are never read as this one's.
@@ -120,3 +121,11 @@ def read_results(path: Path, required: tuple[str, ...] = (), rows=None):
         if bad.any():
             raise UnreadableResultsError(path, f"NaN in column {c!r} ({int(bad.sum())} of {len(part)} rows)")
     return df
+
+
+def problems_from_config(cfg: Config, split: str) -> list[Problem]:
+    """The profile's seeded subset: ``data.n_train`` or ``data.n_test`` problems of ``data.dataset``."""
+    d = cfg.data
+    return load_problems(d.dataset, split, n=d.n_train if split == "train" else d.n_test, seed=d.seed,
+                         data_dir=d.data_dir, max_bad_fraction=d.max_bad_fraction,
+                         difficulty=d.word_problems.difficulty())

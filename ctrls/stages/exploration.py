@@ -8,15 +8,15 @@ and CTRLS(epsilon) for each epsilon of the profile. Every step of every sample, 
 the pretrained Q_phi's state, read back from the sampler's own pass (``sample(..., read_states=model)``:
 the frozen body's hidden states of the step's tokens, computed while decoding, are the ones a re-encode
 in context computes; ``readback=False`` re-encodes them in a second forward pass instead,
-``ctrls.controllability.encode_generations``), and every Base sample gets state chains drawn from the
-policy without being generated under them (``ctrls.controllability``): the controllability table reads
+``ctrls.generate.controllability.encode_generations``), and every Base sample gets state chains drawn from the
+policy without being generated under them (``ctrls.generate.controllability``): the controllability table reads
 both.
 
 Results are written per question as parquet parts of the dataset directory
 ``runs/<profile>/exploration/samples.parquet/`` (atomic renames): after a kill -9 a rerun recomputes only the missing questions, with the same seeds,
 so nothing is lost or duplicated. A part is reused only if it reads as a parquet file of
 ``grid.n_samples`` rows; once the stage is finished, its ``done`` marker holds every part's sha256,
-and a rerun redoes a part that is missing or changed (``ctrls.runs``).
+and a rerun redoes a part that is missing or changed (``ctrls.stages.runs``).
 """
 from __future__ import annotations
 
@@ -29,18 +29,24 @@ from typing import NamedTuple
 import pandas as pd
 from tqdm.auto import tqdm
 
-from ctrls.streams import seed_of
-from ctrls import controllability as ctl
-from ctrls.answers import grade
-from ctrls.config import Config
-from ctrls.data import load_problems, problems_from_config
-from ctrls.prompts import encode_prompt
-from ctrls.runs import Stage, file_name, pair_slug, valid_part
-from ctrls.sampling import Generation, sample, seeded
-from ctrls.settings import BASE, FIXED, row_label
-from ctrls.stages.common import backbone_for, current_outputs, only_current, read_results, sample_params
+from ctrls.config.schema import Config
+from ctrls.config.settings import BASE, FIXED, row_label
+from ctrls.data.answers import grade
+from ctrls.data.problems import load_problems
+from ctrls.data.prompts import encode_prompt
+from ctrls.generate import controllability as ctl
+from ctrls.generate.sampling import Generation, sample, seeded
+from ctrls.method.streams import seed_of
+from ctrls.stages.common import (
+    backbone_for,
+    current_outputs,
+    only_current,
+    problems_from_config,
+    read_results,
+    sample_params,
+)
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages
-
+from ctrls.stages.runs import Stage, file_name, pair_slug, valid_part
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +123,10 @@ def explore(cfg: Config, force: bool = False, progress: bool = True, readback: b
     ``readback``: read each step's state back from the sampler's pass (else re-encode it: the old path,
     kept for ``bench/readback.py``).
 
-    Under a data-parallel launch (``ctrls.distributed``) each process samples its block of the
+    Under a data-parallel launch (``ctrls.stages.distributed``) each process samples its block of the
     test questions; every question's samples are seeded by its id, so the parts written are the
     ones a single process writes."""
-    from ctrls.distributed import world
+    from ctrls.stages.distributed import world
 
     w = world()
     stage = _stage(cfg)
@@ -165,7 +171,7 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
     already on disk; return the seconds spent on the controllability columns besides sampling. ``ds`` is the
     dataset the questions come from; ``trained_on`` (transfer rows) the dataset the model was
     pretrained on, when it differs."""
-    from ctrls.distributed import world
+    from ctrls.stages.distributed import world
 
     w = world()
     g = cfg.grid
@@ -231,7 +237,7 @@ def _controllability_columns(cfg: Config, pc: Config, bb, model, prompt: tuple[l
 
 def part_file(out: Path, backbone: str, dataset: str, eta: float, label: str, qid: str) -> Path:
     """The part file of one question's samples in one grid cell: injective in the question id
-    (``ctrls.names.file_name``), so no two questions share a part."""
+    (``ctrls.data.names.file_name``), so no two questions share a part."""
     return out / f"{pair_slug(backbone, dataset)}__eta{float(eta)!r}__{label.replace(' ', '_')}__{file_name(qid)}.parquet"
 
 

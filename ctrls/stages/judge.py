@@ -1,16 +1,15 @@
 """The judge stage (Table 3, Appendix E): subsample the Base and RL outputs of the judged pair,
-score them with the rubric judge (``ctrls.judge``) and cache every reply under ``runs/<profile>/judge``.
+score them with the rubric judge (``ctrls.generate.judge``) and cache every reply under ``runs/<profile>/judge``.
 """
 from __future__ import annotations
 
-
 import pandas as pd
 
-from ctrls.judge import judge_samples, make_backend, subsample
-from ctrls.runs import Stage
-from ctrls.settings import BASE, judge_pair, parse_setting
+from ctrls.config.settings import BASE, judge_pair, parse_setting
+from ctrls.generate.judge import judge_samples, make_backend, subsample
 from ctrls.stages.exploration import load_samples
 from ctrls.stages.rl import load_table2_samples
+from ctrls.stages.runs import Stage
 
 
 def table3_labels(cfg) -> list[str]:

@@ -9,7 +9,7 @@
                   fraction of the questions (``pretrain.heldout_fraction``) are held out of the
                   fits of (d), (e) and (f); their steps are assigned states, for evaluation only.
 (e) ``transitions``: fit L by minimising sum_t KL(s_t || s_{t-1} softmax(L)) (the mixture-prior KL).
-(f) ``adapter``:  train the adapter on the relaxed objective (``ctrls.elbo``: reconstruction at the
+(f) ``adapter``:  train the adapter on the relaxed objective (``ctrls.method.elbo``: reconstruction at the
                   mean state) from the cached hidden states (with last-hidden injection the backbone
                   is not re-run); after epoch 0 (the fresh adapter), every ``pretrain.bound_every``
                   epochs and after the last, evaluate Thm. 5.3's bound on the training and the
@@ -17,7 +17,7 @@
 (g) ``checkpoint``: config.json + model.safetensors, reloadable with ``CTRLSModel.from_pretrained``.
 
 Each stage writes its outputs and then a ``done`` marker keyed by the config it depends on, with
-the sha256 of each output (``ctrls.runs``), so a rerun reuses finished stages whose files are
+the sha256 of each output (``ctrls.stages.runs``), so a rerun reuses finished stages whose files are
 intact, and (a) and (b) resume per question after an interruption. (a) commits a question by
 writing its ``_end`` row after its rows; a resumed run first cuts the rows after the last
 committed question off the JSONL, so a question cut by a kill is neither lost nor counted twice.
@@ -34,25 +34,46 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ctrls.backbone import Backbone
-from ctrls.config import Config
-from ctrls.controls import granularity_table
-from ctrls.data import problems_from_config
-from ctrls.display import interval
-from ctrls.model import CTRLSModel
-from ctrls.policy import fit_concentration, fit_transitions
-from ctrls.runs import Stage, artifact_error, check_safetensors, load_torch, pair_slug, read_parquet
-from ctrls.spectral import spectral_embeddings
-from ctrls.stages.adapter_train import (BOUND_COLUMNS, EVAL_BATCH_STEPS, step_batches, build_model, StepData,  # noqa: F401 (re-exported)
-                                        adapter_optimizer, controls_summary, controls_table, evaluate_bound,
-                                        evaluate_controls, train_adapter, train_step, transition_pairs,
-                                        check_bound_keys)
-from ctrls.stages.collect import PretrainError, feature_shards, read_trajectories, cache_features, collect
-from ctrls.stages.common import backbone_for
-from ctrls.states import fit_states
-
-
-
+from ctrls.config.schema import Config
+from ctrls.method.backbone import Backbone
+from ctrls.method.controls import granularity_table
+from ctrls.method.model import CTRLSModel
+from ctrls.method.policy import fit_concentration, fit_transitions
+from ctrls.method.spectral import spectral_embeddings
+from ctrls.method.states import fit_states
+from ctrls.stages.adapter_train import (  # noqa: F401 (re-exported)
+    BOUND_COLUMNS,
+    EVAL_BATCH_STEPS,
+    StepData,
+    adapter_optimizer,
+    build_model,
+    check_bound_keys,
+    controls_summary,
+    controls_table,
+    evaluate_bound,
+    evaluate_controls,
+    step_batches,
+    train_adapter,
+    train_step,
+    transition_pairs,
+)
+from ctrls.stages.collect import (
+    PretrainError,
+    cache_features,
+    collect,
+    feature_shards,
+    read_trajectories,
+)
+from ctrls.stages.common import backbone_for, problems_from_config
+from ctrls.stages.runs import (
+    Stage,
+    artifact_error,
+    check_safetensors,
+    load_torch,
+    pair_slug,
+    read_parquet,
+)
+from ctrls.stats.metrics import interval
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +125,7 @@ class PretrainRun:
         return t
 
     def controls(self) -> pd.DataFrame:
-        """``ctrls.controls`` on the held-out chains: log P per question and condition (``evaluate_controls``)."""
+        """``ctrls.method.controls`` on the held-out chains: log P per question and condition (``evaluate_controls``)."""
         return read_parquet(self.root / "adapter" / "controls.parquet")
 
     def controls_table(self) -> pd.DataFrame:
@@ -116,7 +137,7 @@ class PretrainRun:
 
     def granularity(self, ks=(4, 8, 16, 32)) -> pd.DataFrame:
         """What k-means states of the training steps capture, per K, for this run's representation
-        (the k rows of Eq. 5) and for its first row alone (``ctrls.controls.granularity_table``): moves
+        (the k rows of Eq. 5) and for its first row alone (``ctrls.method.controls.granularity_table``): moves
         or numbers. The run's own K and k are marked."""
         sp = load_torch(self.root / "spectral" / "spectral.pt", weights_only=True)
         steps = self.steps()
@@ -208,7 +229,7 @@ def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False,
         if until not in stages:
             raise PretrainError(f"unknown stage {until!r}; stages: {', '.join(stages)}")
         stages = dict(list(stages.items())[: list(stages).index(until) + 1])
-    from ctrls.distributed import world
+    from ctrls.stages.distributed import world
 
     w = world()
     root = stages["collect"].dir.parent

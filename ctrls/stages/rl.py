@@ -1,6 +1,6 @@
 """The RL stage (Alg. 2 on a real backbone): every RL run of every pair, trained in lockstep, then
 the test samples of each table policy (Tables 2 and 3). Wires config, data, the pretrained CTRLS
-model, the sampler and ``ctrls.rl``'s Trainer; writes ``runs/<profile>/rl``.
+model, the sampler and ``ctrls.method.reinforce``'s Trainer; writes ``runs/<profile>/rl``.
 """
 from __future__ import annotations
 
@@ -14,20 +14,33 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ctrls.answers import grade
-from ctrls.config import Config, override
-from ctrls.data import problems_from_config
-from ctrls.policy import TransitionPolicy
-from ctrls.prompts import check_prompts, encode_prompt, model_positions
-from ctrls.rl import Trainer, Trajectory, run_lockstep, state_usage_entropy
-from ctrls.runs import Stage, file_name, pair_slug, read_parquet, safe_name, valid_part
-from ctrls.sampling import SampleParams, sample
-from ctrls.settings import BASE, Setting, judge_pair, parse_setting
-from ctrls.stages.common import backbone_for, current_outputs, only_current, read_results, sample_params
+from ctrls.config.schema import Config, override
+from ctrls.config.settings import BASE, Setting, judge_pair, parse_setting
+from ctrls.data.answers import grade
+from ctrls.data.prompts import check_prompts, encode_prompt, model_positions
+from ctrls.generate.sampling import SampleParams, sample
+from ctrls.method.policy import TransitionPolicy
+from ctrls.method.reinforce import Trajectory, state_usage_entropy
+from ctrls.method.streams import seed_of
+from ctrls.stages.common import (
+    backbone_for,
+    current_outputs,
+    only_current,
+    problems_from_config,
+    read_results,
+    sample_params,
+)
 from ctrls.stages.exploration import generation_rows, write_part
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages
-from ctrls.streams import seed_of
-
+from ctrls.stages.runs import (
+    Stage,
+    file_name,
+    pair_slug,
+    read_parquet,
+    safe_name,
+    valid_part,
+)
+from ctrls.stages.trainer import Trainer, run_lockstep
 
 RL_KEYS = ("seed", "data", "prompt", "sampling", "rl", "grid.n_samples")
 
@@ -107,16 +120,16 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     each, while Table 1 uses ``data.n_test`` = 40). With ``rl.n_test`` set, Base is sampled here
     on the same questions; otherwise Table 2's Base is the exploration stage's.
 
-    Data parallel under a launcher (``ctrls.distributed``): trajectory slots, evaluation questions
+    Data parallel under a launcher (``ctrls.stages.distributed``): trajectory slots, evaluation questions
     and table questions are sharded by rank and gathered; the result equals a single process's."""
-    from ctrls.distributed import world
+    from ctrls.stages.distributed import world
 
     w = world()
     stage = _rl_stage(cfg)
     if stage.is_done() and not force:
         return stage.dir
     if w.is_main:
-        stage.begin(force=force)  # takes the stage's lock: one writer per stage (ctrls.runs)
+        stage.begin(force=force)  # takes the stage's lock: one writer per stage (ctrls.stages.runs)
     clock, t0 = PhaseClock(), time.perf_counter()
     try:
         w.barrier()
@@ -133,7 +146,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
 
 def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: PhaseClock) -> None:
     """The body of :func:`run_rl`, between the stage's begin and finish; ``clock`` times its phases."""
-    # Alg. 2: sample trajectories with pi~ (ctrls.sampling), reward, Eq. 16 update per run
+    # Alg. 2: sample trajectories with pi~ (ctrls.generate.sampling), reward, Eq. 16 update per run
     import copy
 
     rl = cfg.rl
@@ -269,7 +282,7 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
 
 def _write_table_part(cfg: Config, part: Path, res, meta: dict) -> None:
     """Gather one table policy's samples over ranks; rank 0 writes them."""
-    from ctrls.distributed import world
+    from ctrls.stages.distributed import world
 
     w = world()
     meta = {"backbone": cfg.backbone.name, "dataset": cfg.data.dataset, "temperature": cfg.rl.temperature, **meta}
@@ -319,6 +332,6 @@ def profile_markdown(cfg: Config) -> str:
     decode = sum(s for p, s in prof.items() if p.startswith("decode"))
     return (f"The RL stage's last run took {wall:.0f} s ({runs} runs × {cfg.rl.steps} steps "
             f"{'in lockstep' if cfg.rl.lockstep else 'one after another'}, profile `{cfg.profile}`); "
-            f"{100 * decode / total:.0f}% of it decoded samples (`ctrls.sampling.sample`, states drawn and read "
+            f"{100 * decode / total:.0f}% of it decoded samples (`ctrls.generate.sampling.sample`, states drawn and read "
             "in the same pass: no step is re-encoded). Timed by `ctrls.stages.rl.PhaseClock`, from the stage's "
             "`done` record:\n\n| phase | seconds | share |\n|---|---:|---:|\n" + rows + "\n")

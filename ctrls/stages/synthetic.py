@@ -1,5 +1,5 @@
 """The synthetic study's stage: every (epsilon, alpha, seed) RL run on the chain MDP of
-``ctrls.synthetic`` and the L-recovery study, written under ``runs/<profile>/synthetic``.
+``ctrls.synthetic.chain`` and the L-recovery study, written under ``runs/<profile>/synthetic``.
 """
 from __future__ import annotations
 
@@ -9,13 +9,19 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ctrls.config import Config, override
-from ctrls.policy import TransitionPolicy
-from ctrls.rl import Trainer
-from ctrls.runs import Stage, file_name
-from ctrls.settings import Setting, parse_setting
+from ctrls.config.schema import Config, override
+from ctrls.config.settings import Setting, parse_setting
+from ctrls.method.policy import TransitionPolicy
 from ctrls.stages.common import current_outputs
-from ctrls.synthetic import SETTINGS, make_evaluator, make_sampler, recovery_study, study_mdp
+from ctrls.stages.runs import Stage, file_name
+from ctrls.stages.trainer import Trainer
+from ctrls.synthetic.chain import (
+    SETTINGS,
+    make_evaluator,
+    make_sampler,
+    recovery_study,
+    study_mdp,
+)
 
 
 def trainer_config(cfg: Config) -> Config:

@@ -1,0 +1,254 @@
+"""The checks of :mod:`ctrls.config.schema`: each key's type and declared rule, and the few checks that
+involve two keys (:data:`CROSS_CHECKS`). The schema (the dataclasses, each key's default and rule)
+is in :mod:`ctrls.config.schema`; this module reads it through the dataclass fields, so a new key needs no
+change here. Every name stays importable from ``ctrls.config.schema``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import types
+import typing
+from typing import Any, Callable, Literal, Union, get_args, get_origin
+
+from ctrls.config.overrides import short
+from ctrls.config.rules import Rule
+from ctrls.config.settings import parse_setting, row_label
+from ctrls.data.names import PAIR_NAME_ROOM, name_max, pair_slug, slug
+from ctrls.errors import ConfigError
+
+# ctrls.config.schema imports this module, so its Config is named, not imported, here
+Config = Any
+
+
+# ---- checks across keys ----------------------------------------------------------------------
+
+
+def builtin_sizes() -> dict[str, dict[str, int]]:
+    """Problems per split of the built-in datasets (tests/config/test_schema.py checks them against the data)."""
+    return {"gsm8k": {"train": 7473, "test": 1319}, "math": {"train": 4500, "test": 500}}
+
+
+def _check_group_baseline(cfg: Config) -> None:
+    if cfg.rl.baseline == "group_mean" and cfg.rl.group_size < 2:
+        raise refuse("rl.group_size", cfg.rl.group_size, ">= 2 with rl.baseline=group_mean",
+                      "the leave-one-out baseline needs another trajectory of the same question")
+
+
+def _check_compile(cfg: Config) -> None:
+    if cfg.sampling.compile != "none" and cfg.sampling.decode != "static":
+        raise refuse("sampling.compile", cfg.sampling.compile, "none with sampling.decode=engine",
+                      "the engine's shapes change every step; compile the static path (sampling.decode=static)")
+
+
+def _check_rl_temperature(cfg: Config) -> None:
+    if cfg.rl.temperature not in cfg.grid.temperatures:
+        raise refuse("rl.temperature", cfg.rl.temperature, f"one of grid.temperatures {cfg.grid.temperatures}",
+                      "Table 2's Base row and the judge's rows are the exploration samples at eta = rl.temperature")
+
+
+def _check_subset_sizes(cfg: Config) -> None:
+    sizes = builtin_sizes()
+    for ds in dict.fromkeys([cfg.data.dataset, *cfg.grid.datasets]):
+        for split, k in (("train", "data.n_train"), ("test", "data.n_test")):
+            n = getattr(cfg.data, k.split(".")[1])
+            if ds in sizes and n > sizes[ds][split]:
+                raise refuse(k, n, f"1 to {sizes[ds][split]} for dataset {ds!r}", f"the size of its {split} split")
+        if cfg.rl.n_test is not None and ds in sizes and cfg.rl.n_test > sizes[ds]["test"]:
+            raise refuse("rl.n_test", cfg.rl.n_test, f"1 to {sizes[ds]['test']} for dataset {ds!r}",
+                          "the size of its test split")
+
+
+def _check_judge_pair(cfg: Config) -> None:
+    pair = cfg.judge.pair
+    if pair is not None and (len(pair) != 2 or tuple(pair) not in cfg.pairs()):
+        raise refuse("judge.pair", pair, f"one of the grid's [backbone, dataset] pairs {[list(p) for p in cfg.pairs()]}",
+                      "Table 3 scores one pair")
+
+
+def _check_generated_sizes(cfg: Config) -> None:
+    from ctrls.data.problems import (  # lazy: ctrls.data.problems imports this module's names
+        GENERATED,
+        MAX_GENERATED,
+    )
+
+    for ds in dict.fromkeys([cfg.data.dataset, *cfg.grid.datasets]):
+        for k in ("data.n_train", "data.n_test", "rl.n_test"):
+            n = getattr(cfg.rl if k == "rl.n_test" else cfg.data, k.split(".")[1])
+            if ds in GENERATED and n is not None and n > MAX_GENERATED:
+                raise refuse(k, n, f"1 to {MAX_GENERATED} for the generated dataset {ds!r}",
+                              "its problems are generated and held in memory")
+
+
+def _check_pair_dirs(cfg: Config) -> None:
+    """Every (backbone, dataset) pair gets its own directory ``<backbone>__<dataset>``: names that
+    map to the same directory (``d`` and ``d/``, two ``.../checkpoint-500``) are refused."""
+    for k, names in (("grid.backbones", cfg.grid.backbones), ("grid.datasets", cfg.grid.datasets),
+                     ("backbone.name", [cfg.backbone.name]), ("data.dataset", [cfg.data.dataset])):
+        for i, n in enumerate(names):
+            s = slug(n)
+            if not s.strip("._") or s in (".", ".."):
+                raise refuse(k if len(names) == 1 and not k.startswith("grid") else f"{k}[{i}]", n,
+                              "a name whose directory name is not empty, '.' or '..'")
+        seen: dict[str, str] = {}
+        for i, n in enumerate(names):
+            s = slug(n).casefold()
+            if s in seen:
+                raise refuse(f"{k}[{i}]", n, f"a name whose directory differs from {seen[s]!r}'s",
+                              f"both would write to runs/<profile>/<stage>/{slug(n)}")
+            seen[s] = n
+
+
+def _check_name_lengths(cfg: Config) -> None:
+    """Each pair's files ``<backbone>__<dataset>...`` (a transfer dataset's too) must fit the file
+    system's limit on a file name (``PC_NAME_MAX`` under ``run_dir``, usually 255 bytes), with
+    :data:`ctrls.data.names.PAIR_NAME_ROOM` bytes left for what a stage adds; else no stage could write them."""
+    limit = name_max(cfg.profile_dir)
+    g = cfg.grid
+    named = [(b, d, f"grid.backbones[{i}]", f"grid.datasets[{j}]") for i, b in enumerate(g.backbones)
+             for j, d in enumerate(g.datasets)]
+    named += [(b, f"{t}-from-{d}", f"grid.backbones[{i}]", f"grid.transfer_datasets[{k}]")
+              for i, b in enumerate(g.backbones) for d in g.datasets for k, t in enumerate(g.transfer_datasets)]
+    for b, d, kb, kd in named:
+        n = len(pair_slug(b, d).encode("utf-8", "surrogatepass"))
+        if n + PAIR_NAME_ROOM > limit:
+            k, v = (kb, b) if len(slug(b)) >= len(slug(d)) else (kd, d)
+            raise refuse(k, v, f"a shorter name: the pair's directory name is {n} bytes and its files add up to "
+                               f"{PAIR_NAME_ROOM}, beyond the file system's limit of {limit} bytes on a file name")
+
+
+def _check_labels(cfg: Config) -> None:
+    """Rows and RL runs are found by their labels and file names: two settings that would share one
+    are refused (e.g. epsilons equal to 6 digits share the label eps=0.123457)."""
+    rows = [row_label(e) for e in cfg.grid.epsilons]
+    if len(set(rows)) < len(rows):
+        raise refuse("grid.epsilons", cfg.grid.epsilons, "epsilons with distinct row labels",
+                      f"{next(r for r in rows if rows.count(r) > 1)} twice")
+    etas = [f"{t:g}" for t in cfg.grid.temperatures]  # the tables print eta so (0.7 and 0.7000000000000001: "0.7")
+    if len(set(etas)) < len(etas):
+        raise refuse("grid.temperatures", cfg.grid.temperatures, "temperatures that differ when printed",
+                      f"eta={next(e for e in etas if etas.count(e) > 1)} twice")
+    for k in ("rl.table2", "judge.settings"):
+        labels: dict[str, str] = {}
+        for name in getattr(cfg.rl if k == "rl.table2" else cfg.judge, k.split(".")[1]):
+            lab = parse_setting(name, cfg).label
+            if lab in labels:
+                raise refuse(k, name, f"a setting other than {labels[lab]!r}", f"both are the row {lab!r}")
+            labels[lab] = name
+
+
+def _check_transfer(cfg: Config) -> None:
+    t = cfg.grid.transfer_datasets
+    if t and (len(cfg.grid.datasets) > 1 or set(t) & set(cfg.grid.datasets)):
+        raise refuse("grid.transfer_datasets", t, "datasets other than the grid's, with one dataset in grid.datasets",
+                      "a transfer dataset's rows are keyed by backbone and dataset: two trained models, or the "
+                      "pair's own rows, would share them")
+
+
+def _check_word_problems(cfg: Config) -> None:
+    try:
+        cfg.data.word_problems.difficulty()
+    except ValueError as e:
+        raise ConfigError(f"config key 'data.word_problems': {e}") from e
+
+
+# Each takes the whole config and raises ConfigError naming the key it refuses.
+CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes,
+                                                _check_judge_pair, _check_generated_sizes, _check_pair_dirs, _check_name_lengths,
+                                                _check_labels, _check_word_problems, _check_transfer, _check_compile]
+
+
+def validate(cfg: Config) -> Config:
+    """Check every key of ``cfg`` against its type and declared rule, then :data:`CROSS_CHECKS`."""
+    _validate_section(cfg, "")
+    for check in CROSS_CHECKS:
+        check(cfg)
+    return cfg
+
+
+def refuse(k: str, value: Any, allowed: str, why: str = "") -> ConfigError:
+    return ConfigError(f"config key {k!r}: {short(value)} is not allowed; allowed: {allowed}" + (f" ({why})" if why else ""))
+
+
+def _validate_section(obj: Any, prefix: str) -> None:
+    hints = type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        k, tp, v = prefix + f.name, hints[f.name], getattr(obj, f.name)
+        if dataclasses.is_dataclass(tp):
+            _validate_section(v, k + ".")
+            continue
+        check_type(v, tp, k)  # also catches attributes set in code, and a Config() built by hand
+        rule: Rule | None = f.metadata.get("rule")
+        if isinstance(v, list):
+            if f.metadata.get("nonempty") and not v:
+                raise refuse(k, v, "a non-empty list")
+            if f.metadata.get("unique") and len({json.dumps(x) for x in v}) < len(v):
+                raise refuse(k, v, "a list without repeated entries")
+            items = [(f"{k}[{i}]", x) for i, x in enumerate(v)]
+        else:
+            items = [(k, v)] if v is not None else []  # None, where the type allows it, means "the default rule"
+        for name, x in items:
+            if rule is not None and not rule.ok(x):
+                optional = type(None) in get_args(tp)
+                raise refuse(name, x, rule.allowed + (", or null" if optional else ""), rule.why)
+
+
+# ---- type checking ----------------------------------------------------------------------
+
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def check_type(value: Any, tp: Any, key: str) -> Any:
+    """Return ``value`` coerced to ``tp`` (int -> float only), or raise ConfigError naming key."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if float in get_args(tp) and isinstance(value, float) and not math.isfinite(value):
+            return check_type(value, float, key)  # says "a finite number", not "not of type float | None"
+        for arg in get_args(tp):
+            try:
+                return check_type(value, arg, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"config key {key!r}: {short(value)} is not of type {_tname(tp)}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"config key {key!r}: expected None, got {short(value)}")
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise ConfigError(f"config key {key!r}: {short(value)} is not one of {list(get_args(tp))}")
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key {key!r}: expected a list, got {short(value)}")
+        (inner,) = get_args(tp) or (Any,)
+        return [check_type(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is float:
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key {key!r}: expected a float, got {short(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(f"config key {key!r}: {short(value)} is not allowed; allowed: a finite number")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config key {key!r}: expected an int, got {short(value)}")
+        return value
+    if tp in (str, bool):
+        if not isinstance(value, tp):
+            raise ConfigError(f"config key {key!r}: expected {tp.__name__}, got {short(value)}")
+        return value
+    raise ConfigError(f"config key {key!r}: unsupported type {tp}")
+
+
+def _tname(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)

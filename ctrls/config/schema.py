@@ -1,0 +1,478 @@
+"""One typed configuration that flows from a named profile to every stage.
+
+A profile is a YAML file in ``ctrls/config/profiles/`` (``smoke``, ``demo``, ``paper``). It is read
+into the :class:`Config` dataclass tree; ``key=value`` overrides (from the CLI or papermill
+parameters) use dotted keys, e.g. ``pretrain.epochs=3`` or ``grid.epsilons=[0.1, 0.3]``.
+
+Everything is checked when the config is made (:func:`load_config`, :func:`override`,
+:meth:`Config.for_pair`), before any stage runs, and every problem is a :class:`ConfigError` that
+names the dotted key, the bad value and what is allowed:
+
+- unknown keys, and values of the wrong type (a float key takes an int, or a string such as
+  ``1e-3``, which YAML 1.1 reads as text); NaN and infinities are refused for every float key;
+- each key's allowed values, declared once, beside its default, with :func:`key`:
+  ``n_test: int = key(40, at_least(1))``. For a list key the rule applies to each element (an
+  error names ``grid.epsilons[0]``), and ``nonempty`` / ``unique`` apply to the list;
+- the few checks that involve two keys (:data:`CROSS_CHECKS`).
+
+The checks themselves live in :mod:`ctrls.config.checks` (re-exported here); this module is the schema.
+
+Adding a key: give it a rule with ``key(default, rule)``; a ``bool`` or ``Literal[...]`` key may
+go without one (its type is its set). ``tests/config/test_schema.py::test_every_key_declares_its_values``
+fails for any other key without a rule, so none is added unchecked.
+
+Two keys exist for a future implementation but accept only their default today, and say why:
+``backbone.hidden_layer`` (only -1) and ``adapter.inject_at`` (only ``last_hidden``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ctrls.config.checks import (  # noqa: F401 (re-exported)
+    CROSS_CHECKS,
+    builtin_sizes,
+    check_type,
+    refuse,
+    type_hints,
+    validate,
+)
+from ctrls.config.overrides import dump_yaml, load_yaml, parse_overrides, short
+from ctrls.config.rules import (  # noqa: F401 (re-exported)
+    Rule,
+    above,
+    anything,
+    at_least,
+    between,
+    in_range,
+    key,
+    only,
+    path_part,
+    text,
+    token_temperature,
+)
+from ctrls.config.settings import parse_setting
+from ctrls.errors import ConfigError
+
+# ---- declared allowed values (the rules themselves are in ctrls.config.rules) -------------------------
+
+
+def _is_dataset(v: str) -> bool:
+    from ctrls.data.problems import (
+        DATASETS,  # lazy: ctrls.data.problems imports this module
+    )
+
+    if v in DATASETS:
+        return True
+    p = Path(v).expanduser()
+    return (p / "train.jsonl").is_file() and (p / "test.jsonl").is_file()
+
+
+def _is_device(v: str) -> bool:
+    import torch
+
+    if v == "auto":
+        return True
+    try:
+        torch.device(v)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+def _few_shot_max() -> int:
+    from ctrls.data.prompts import EXEMPLARS
+
+    return len(EXEMPLARS)
+
+
+def _is_rl_setting(v: str) -> bool:
+    """One grammar: ``ctrls.config.settings.parse_setting``'s; its epsilon must be a probability, its alpha >= 0."""
+    try:
+        s = parse_setting(v, Config())
+    except ValueError:
+        return False
+    return math.isfinite(s.epsilon) and math.isfinite(s.alpha) and 0 <= s.epsilon <= 1 and 0 <= s.alpha <= MAX_ALPHA
+
+
+# Coefficient ranges: beyond them a finite value overflows a loss, a density or the logits (issue 27).
+MAX_ALPHA = 10.0  # entropy weights: alpha * sum_t H with H <= log K
+MAX_LR = 10.0  # learning rates (Adam's step is about lr per entry)
+MAX_CONCENTRATION = 1e4  # Dirichlet concentrations c (lgamma of c p stays exact in float32)
+
+DATASET = Rule("gsm8k, math, gsm_symbolic, word_problems, or a directory holding train.jsonl and test.jsonl", _is_dataset)
+DTYPE = Rule("device (bfloat16 on CUDA, float32 elsewhere), auto (bfloat16 on CUDA; on a CPU bfloat16 only where "
+             "a GEMM probe measures it >= 1.2x faster, else float32), float32, bfloat16 or float16",
+             lambda v: v in ("device", "auto", "float32", "bfloat16", "float16"))
+RL_SETTING = Rule(f"none, epsilon, entropy, both, 'eps=X', 'H=Y' or 'eps=X,H=Y' with X in [0, 1], Y in [0, {MAX_ALPHA:g}]",
+                  _is_rl_setting)
+HIDDEN_LAYER_WHY = ("pretraining would fit the states and train the adapter on that layer's hidden states while "
+                    "decoding (ctrls.generate.sampling) uses the last layer's; kept as a key for a future implementation "
+                    "that uses the layer end to end")
+INJECT_AT_WHY = ("pretraining and decoding apply the adapter to the last hidden state only; input_embeds exists in "
+                 "ctrls.method.adapter.adapted_logits but no stage trains or decodes with it; kept as a key for a "
+                 "future implementation")
+
+
+# ---- the configuration --------------------------------------------------------------------
+
+
+@dataclass
+class WordProblemsConfig:
+    """The difficulty of the procedural ``word_problems`` dataset (ctrls.data.word_problems); the demo's
+    default was chosen by measurement (studies/word_problems.py): Base pass@1 in 15-40%."""
+
+    n_ops: int = key(1, between(1, 8))  # operations per problem
+    max_value: int = key(10, between(2, 10_000))  # operands drawn from 1..max_value
+    ops: list[Literal["add", "sub", "mul"]] = key(["add", "sub"], nonempty=True, unique=True)
+    wordings: int = key(3, between(1, 3))  # phrasings per operation
+
+    def difficulty(self):
+        from ctrls.data.word_problems import (
+            Difficulty,  # lazy: keeps the config import light
+        )
+
+        return Difficulty(self.n_ops, self.max_value, tuple(self.ops), self.wordings)
+
+
+@dataclass
+class DataConfig:
+    dataset: str = key("gsm8k", DATASET)  # gsm8k | math | gsm_symbolic | a directory with train.jsonl, test.jsonl (ctrls.data.problems)
+    data_dir: str | None = key(None, anything("a directory (checked when the data is read)"))  # else $CTRLS_DATA_DIR, else ../shared/data if present, else the hub
+    n_train: int = key(40, at_least(1))  # training questions (pretraining / RL), seeded subset
+    n_test: int = key(40, at_least(1))  # test questions (exploration / evaluation), seeded subset
+    seed: int = key(0, at_least(0))
+    max_bad_fraction: float = key(0.01, between(0, 1))  # malformed rows above this fraction are an error
+    word_problems: WordProblemsConfig = field(default_factory=WordProblemsConfig)  # the procedural dataset's difficulty
+
+
+@dataclass
+class BackboneConfig:
+    name: str = key("smollm2-135m-instruct", text())  # embedded default, a hub id, or a local path
+    device: str = key("auto", Rule("auto, or a torch device (cpu, cuda, cuda:N, mps, ...)", _is_device))
+    dtype: str = key("device", DTYPE)  # device: bf16 on CUDA, fp32 elsewhere; auto: a CPU's GEMM probe decides (ctrls.method.backbone)
+    # which hidden_states entry is E_t (-1: last, after the final norm); only -1 (HIDDEN_LAYER_WHY)
+    hidden_layer: int = key(-1, only(-1, why=HIDDEN_LAYER_WHY))
+    cache_dir: str | None = key(None, anything("a directory"))  # where the embedded backbone's safetensors copy lives
+
+
+@dataclass
+class PromptConfig:
+    max_steps: int = key(12, at_least(1))  # cap T on reasoning steps
+    few_shot: int = key(4, Rule("an integer from 0 to the number of exemplars in ctrls.data.prompts.EXEMPLARS",
+                                lambda v: 0 <= v <= _few_shot_max()))  # CoT exemplars for models without a chat template
+    use_chat_template: bool = True
+
+
+@dataclass
+class SpectralConfig:
+    k: int = key(4, at_least(1))  # eigen-directions kept (Eq. 5)
+    normalize: bool = True  # divide E_t by sqrt(n_t) before the SVD
+
+
+@dataclass
+class StatesConfig:
+    n_states: int = key(64, at_least(2))  # K (one state has no transitions to learn)
+    minibatch_above: int = key(20000, at_least(0))  # MiniBatchKMeans above this many steps
+    tau: float | None = key(None, between(1e-6, 1e6))  # soft-assignment temperature; None: median rule
+    reduce_k: bool = True  # fewer distinct steps than K: reduce K (recorded) instead of failing
+
+
+@dataclass
+class PolicyConfig:
+    concentration: float = key(20.0, in_range(0, MAX_CONCENTRATION, open_lo=True))  # initial Dirichlet concentration c
+    # how L is fitted (ctrls.method.policy.fit_transitions): expected_kl = Thm. 5.3's KL term, closed form (the
+    # row-normalised soft counts); mixture = the relaxed objective's mixture-prior KL, by gradient steps
+    fit: Literal["expected_kl", "mixture"] = "expected_kl"
+    fit_steps: int = key(300, at_least(0))  # fit: mixture only: gradient refinement steps after the soft-count start
+    fit_lr: float = key(0.05, in_range(0, MAX_LR, open_lo=True))  # fit: mixture only
+    count_smoothing: float = key(0.1, in_range(0, 1e6, open_lo=True))  # pseudo-count added to the soft transition counts (0: log 0)
+    # fit c by maximum likelihood of the training posteriors under Dir(c p) (ctrls.method.policy.fit_concentration)
+    # instead of starting RL and sampling at ``concentration``
+    fit_concentration: bool = False
+    entropy: Literal["categorical", "dirichlet"] = "categorical"
+
+
+@dataclass
+class AdapterConfig:
+    rank: int = key(64, at_least(1))
+    # only last_hidden (INJECT_AT_WHY); input_embeds stays in the type for a future implementation
+    inject_at: Literal["last_hidden", "input_embeds"] = key("last_hidden", only("last_hidden", why=INJECT_AT_WHY))
+    # F_u of Eq. 8: linear (the state adds one logit bias per state) or mlp (the state's effect depends on the token)
+    fusion: Literal["linear", "mlp"] = "linear"
+
+
+@dataclass
+class SamplingConfig:
+    """Decoding limits shared by every stage. Token temperatures are per stage:
+    ``pretrain.temperature``, ``grid.temperatures`` and ``rl.temperature``."""
+
+    top_k: int = key(50, at_least(0))  # 0: no top-k filter
+    max_new_tokens: int = key(256, at_least(1))
+    batch_size: int = key(64, at_least(1))  # sequences decoded together
+    # engine: dense batch, finished rows dropped (fastest eager on CPU, bench/sampling.py); static: fixed
+    # shapes, one graph per step (ctrls.generate.static_decode); the same samples either way
+    decode: Literal["engine", "static"] = "engine"
+    compile: Literal["none", "default", "reduce-overhead"] = "none"  # static only; reduce-overhead: CUDA graphs
+
+
+@dataclass
+class PretrainConfig:
+    sources: list[Literal["samples", "reference"]] = key(["samples", "reference"], nonempty=True, unique=True)
+    samples_per_question: int = key(4, at_least(1))  # CoTs sampled per training question (kept when correct)
+    temperature: float = key(0.7, token_temperature())  # eta of the sampled CoTs (greedy would repeat one CoT)
+    epochs: int = key(5, at_least(0))  # at most this many epochs (0: the fresh adapter, which leaves the backbone unchanged)
+    patience: int = key(2, at_least(0))  # stop after this many epochs without a better held-out bound (0: run every epoch); the best epoch's adapter is kept
+    lr: float = key(1e-3, in_range(0, MAX_LR, open_lo=True))
+    batch_steps: int = key(32, at_least(1))  # steps per adapter-training batch: one Adam step each (the bound is evaluated in batches of 256)
+    max_tokens_per_step: int = key(64, at_least(1))  # longer steps are truncated in training (the relaxed objective); never in the bound
+    heldout_fraction: float = key(0.1, Rule("in [0, 1)", lambda v: 0 <= v < 1))  # questions whose CoTs are held out of (d)-(f), to report Thm. 5.3's bound on
+    bound_samples: int = key(0, Rule("0 (exact over the K states) or >= 2 (Monte Carlo draws per step)", lambda v: v == 0 or v >= 2))  # Thm. 5.3's reconstruction term
+    bound_every: int = key(1, at_least(1))  # evaluate the bound every n epochs (and after epoch 0 and the last)
+
+
+@dataclass
+class GridConfig:
+    """What every stage loops over: backbone x dataset pairs, and the exploration grid."""
+
+    backbones: list[str] = key(["smollm2-135m-instruct"], text(), nonempty=True, unique=True)
+    datasets: list[str] = key(["gsm8k"], DATASET, nonempty=True, unique=True)
+    temperatures: list[float] = key([0.5, 0.7], token_temperature(greedy=True), nonempty=True, unique=True)
+    epsilons: list[float] = key([0.1, 0.3, 0.5], between(0, 1), unique=True)  # empty: the Base rows only
+    n_samples: int = key(20, at_least(1))  # samples per question (pass@n)
+    transfer_datasets: list[str] = key([], DATASET, unique=True)  # Base vs CTRLS(first epsilon) of the pair's model on a few questions of these datasets
+    transfer_questions: int = key(8, between(1, 1000))  # test questions per transfer dataset (at rl.temperature)
+    fixed_state: bool = True  # add the "fixed s0" row: the trained adapter with the prompt's s_0 at every step, no transitions (ablation)
+
+
+@dataclass
+class RLConfig:
+    steps: int = key(100, at_least(0))
+    questions_per_step: int = key(1, at_least(1))
+    group_size: int = key(8, at_least(1))  # G trajectories per question (>= 2 with baseline group_mean)
+    lr: float = key(1e-2, in_range(0, MAX_LR, open_lo=True))
+    grad_clip: float = key(1.0, above(0))
+    baseline: Literal["none", "group_mean"] = "none"  # group_mean: leave-one-out mean of the group's other returns
+    entropy_grad: Literal["full", "eq16"] = "full"  # full: exact gradient of J; eq16: score-function term only
+    epsilon: float = key(0.1, between(0, 1))
+    entropy_coef: float = key(0.01, between(0, MAX_ALPHA))  # alpha
+    temperature: float = key(0.7, token_temperature())  # eta; one of grid.temperatures (Base rows of Table 2 and the judge)
+    eval_every: int = key(20, at_least(1))
+    eval_questions: int = key(20, at_least(1))  # held-out test questions of the curves (the first of the RL test pool); the paper: 500
+    eval_samples: int = key(4, at_least(1))
+    checkpoint_every: int = key(10, at_least(1))
+    seeds: list[int] = key([0, 1], at_least(0), nonempty=True, unique=True)
+    settings: list[str] = key(["none", "epsilon", "entropy", "both"], RL_SETTING, unique=True)  # the curves (may be empty)
+    table2: list[str] = key(["H=0", "H=0.01", "eps=0.1", "eps=0.3"], RL_SETTING, unique=True)  # Table 2 rows
+    n_test: int | None = key(None, at_least(1))  # Table 2's test questions per dataset (None: data.n_test, Base from exploration); the paper: 500
+    lockstep: bool = True  # train all RL runs of a pair in one shared decode batch (equal to sequential runs)
+    tensorboard: bool = False  # also log curves live to TensorBoard under the RL stage dir (parquet stays the source)
+
+
+@dataclass
+class JudgeConfig:
+    backend: Literal["auto", "openai", "local"] = "auto"
+    model: str = key("gpt-4", text())  # model name for the openai backend
+    base_url: str | None = key(None, Rule("an http(s) URL", lambda v: re.match(r"https?://\S+$", v) is not None))  # any OpenAI-compatible server; None: api.openai.com
+    local_model: str = key("smollm2-135m-instruct", text())
+    local_max_new_tokens: int = key(120, at_least(1))  # reply length of the local backend
+    samples_per_config: int = key(100, at_least(1))
+    # [backbone, dataset] whose outputs Table 3 scores; None: the profile's only pair
+    pair: list[str] | None = key(None, text())
+    settings: list[str] = key(["eps=0.0,H=0.0", "eps=0.1,H=0.0", "eps=0.1,H=0.01", "eps=0.3,H=0.0", "eps=0.3,H=0.01"],
+                              RL_SETTING, unique=True)  # Table 3's RL rows (besides Base)
+    temperature: float = key(0.1, between(0, 2))  # 0: greedy (the OpenAI API allows 0..2)
+    max_retries: int = key(4, at_least(0))
+    timeout_s: float = key(60.0, in_range(0, 3600, open_lo=True))  # wall-clock per request
+
+
+@dataclass
+class SyntheticConfig:
+    """The controlled latent-chain study (ctrls.synthetic.chain): the MDP, its prior, and the RL budget."""
+
+    n_states: int = key(8, at_least(3))  # K latent states (>= 2 * horizon + 1, checked by ctrls.synthetic.chain)
+    horizon: int = key(3, at_least(1))  # T steps: the correct chain and the easy path have T states each
+    easy_reward: float = key(0.5, Rule("in [0, 1)", lambda v: 0 <= v < 1))  # the easy answer's reward; the correct one earns 1
+    p_rare: float = key(0.15, between(0, 1))  # prior: P(start -> first state of the correct chain)
+    p_follow: float = key(0.95, between(0, 1))  # prior: P(stay on the correct chain) at each later step
+    noise: float = key(0.02, Rule("in (0, 1]", lambda v: 0 < v <= 1))  # uniform mass mixed into every prior row
+    concentration: float = key(5.0, in_range(0, MAX_CONCENTRATION, open_lo=True))  # initial Dirichlet concentration c
+    steps: int = key(200, at_least(1))  # RL steps per run
+    group_size: int = key(16, at_least(2))  # chains per step
+    lr: float = key(0.05, in_range(0, MAX_LR, open_lo=True))
+    seeds: list[int] = key([0, 1, 2], at_least(0), nonempty=True, unique=True)
+    epsilons: list[float] = key([0.0, 0.1, 0.3], between(0, 1), nonempty=True, unique=True)  # the sweep grid
+    alphas: list[float] = key([0.0, 0.01, 0.1], between(0, MAX_ALPHA), nonempty=True, unique=True)
+    eval_every: int = key(20, at_least(1))
+    eval_samples: int = key(512, at_least(1))  # chains per evaluation (Monte Carlo)
+    recovery_chains: list[int] = key([10, 30, 100, 300, 1000, 3000], at_least(1), nonempty=True, unique=True)
+
+
+@dataclass
+class Config:
+    profile: str = key("demo", path_part())  # runs/<profile>/: one directory name
+    run_dir: str = key("runs", text())  # runs/<profile>/<stage>/...
+    seed: int = key(0, at_least(0))
+    data: DataConfig = field(default_factory=DataConfig)
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    spectral: SpectralConfig = field(default_factory=SpectralConfig)
+    states: StatesConfig = field(default_factory=StatesConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    grid: GridConfig = field(default_factory=GridConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    # ---- derived helpers -------------------------------------------------------------
+    @property
+    def profile_dir(self) -> Path:
+        return Path(self.run_dir) / self.profile
+
+    def stage_dir(self, stage: str, *parts: str) -> Path:
+        """``runs/<profile>/<stage>/<parts...>``."""
+        return self.profile_dir.joinpath(stage, *parts)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (backbone, dataset) pairs every stage loops over."""
+        return [(b, d) for b in self.grid.backbones for d in self.grid.datasets]
+
+    def for_pair(self, backbone: str, dataset: str) -> "Config":
+        """A copy of this config with ``backbone.name`` and ``data.dataset`` set."""
+        return override(self, {"backbone.name": backbone, "data.dataset": dataset})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> "Config":
+        """Check every key's type and allowed values, then :data:`CROSS_CHECKS`; raise ConfigError."""
+        validate(self)
+        return self
+
+    def fingerprint(self, *keys: str) -> str:
+        """A short hash of the named sections or dotted fields (all if none), for stage caching."""
+        d = self.to_dict()
+        if not keys or {"backbone", "backbone.dtype"} & set(keys):
+            d["backbone"]["dtype"] = self._dtype_for_key()
+        if keys:
+            picked = {}
+            for k in keys:
+                v: Any = d
+                for part in k.split("."):
+                    if not isinstance(v, dict) or part not in v:
+                        raise ConfigError(f"fingerprint: unknown config key {k!r}")
+                    v = v[part]
+                picked[k] = v
+            d = picked
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _dtype_for_key(self) -> str:
+        """backbone.dtype as stage keys hash it: ``device`` as ``auto`` (that rule's name before auto
+        measured: the keys of earlier runs stay), ``auto`` with the dtype it resolves to here."""
+        if self.backbone.dtype == "device":
+            return "auto"
+        return f"auto:{self.dtype_choice().dtype}" if self.backbone.dtype == "auto" else self.backbone.dtype
+
+    def dtype_choice(self):
+        """``ctrls.method.backbone.DtypeChoice``: how backbone.dtype resolves on this machine (auto: the GEMM probe)."""
+        from ctrls.method.backbone import (  # lazy: keeps torch out of the config import
+            pick_device,
+            resolve_dtype,
+        )
+
+        return resolve_dtype(self.backbone.dtype, pick_device(self.backbone.device))
+
+
+_builtin_sizes = builtin_sizes  # its old name (tests/config/test_schema.py)
+
+# Keys that existed once: an old profile that sets one gets told what became of it.
+REMOVED = {
+    "sampling.temperature": "removed: no stage read it; the token temperatures are pretrain.temperature, "
+                            "grid.temperatures and rl.temperature",
+}
+
+
+def _set(obj: Any, path: list[str], value: Any, full_key: str) -> None:
+    name = path[0]
+    if not dataclasses.is_dataclass(obj) or name not in {f.name for f in dataclasses.fields(obj)}:
+        if full_key in REMOVED:
+            raise ConfigError(f"config key {full_key!r} was {REMOVED[full_key]}")
+        known = sorted(f.name for f in dataclasses.fields(obj)) if dataclasses.is_dataclass(obj) else []
+        raise ConfigError(f"unknown config key {full_key!r} (known here: {', '.join(known)})")
+    tp = type_hints(type(obj))[name]
+    if len(path) == 1:
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {full_key!r} is a section; give a mapping")
+            for k, v in value.items():
+                _set(getattr(obj, name), [k], v, f"{full_key}.{k}")
+            return
+        setattr(obj, name, check_type(value, tp, full_key))
+    else:
+        _set(getattr(obj, name), path[1:], value, full_key)
+
+
+def _apply_mapping(cfg: Config, mapping: dict[str, Any], prefix: str = "") -> None:
+    for k, v in mapping.items():
+        if not isinstance(k, str):
+            raise ConfigError(f"config key {short(k)} is not a string")
+        _set(cfg, (prefix + k).split("."), v, prefix + k)
+
+
+def override(cfg: Config, overrides: str | typing.Iterable[str] | dict[str, Any] | None) -> Config:
+    """A deep copy of ``cfg`` with dotted-key overrides applied (validated)."""
+    new = _from_dict(cfg.to_dict())
+    _apply_mapping(new, parse_overrides(overrides))
+    return validate(new)
+
+
+def _from_dict(d: dict[str, Any]) -> Config:
+    cfg = Config()
+    _apply_mapping(cfg, {k: v for k, v in d.items()})
+    return cfg
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("ctrls.config.profiles").iterdir() if p.name.endswith(".yaml"))
+
+
+def load_config(profile: str = "demo", overrides: str | typing.Iterable[str] | dict[str, Any] | None = None) -> Config:
+    """Read a named profile (or a path to a YAML file), apply ``key=value`` overrides, and check
+    the result (:func:`validate`) before anything runs."""
+    path = Path(profile)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        text, name = path.read_text(), path.stem
+    else:
+        f = resources.files("ctrls.config.profiles") / f"{profile}.yaml"
+        if not f.is_file():
+            raise ConfigError(f"unknown profile {profile!r}; available: {', '.join(available_profiles())}")
+        text, name = f.read_text(), profile
+    try:
+        raw = load_yaml(text, f"profile {profile!r}") or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"profile {profile!r} is not valid YAML: {short(' '.join(str(e).split()), 300)}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"profile {profile!r} must be a mapping")
+    cfg = Config(profile=name)
+    _apply_mapping(cfg, raw)
+    _apply_mapping(cfg, parse_overrides(overrides))
+    return validate(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """The config as YAML; with ``backbone.dtype: auto``, a closing comment records what it resolved to."""
+    note = f"# backbone.{cfg.dtype_choice().describe()}\n" if cfg.backbone.dtype == "auto" else ""
+    Path(path).write_text(dump_yaml(cfg.to_dict()) + note)

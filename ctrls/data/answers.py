@@ -1,0 +1,421 @@
+"""Final answers y, the reward 1{y = y*} (Sec. 5.4, Eq. 12), and Table 1's "valid answer" (Succ.).
+
+The answer policy of this project (also on the book's method page, "Answer checking"):
+
+1. **The last answer marker wins.** A final answer is stated by ``#### X``, by "The answer is X"
+   (or "The final answer is X"; any case, an optional colon) or by ``\\boxed{X}`` (or
+   ``\\fbox{X}``; braces matched). Whatever their kinds, the marker that comes last in the text
+   gives the answer. After ``####`` and "the answer is", X is the rest of the line up to the first
+   sentence end outside math, with ``**``, ``$`` signs, ``\\(...\\)`` and a final period removed; it
+   also ends where the next marker starts, so a doubled or closing ``####`` ("#### 42 ####") is
+   never part of the answer. A lone surrogate in the text is no character: it is read as U+FFFD, a
+   character lost in decoding, and an answer holding one is no answer (it may have lost a digit),
+   so the marker before it is read instead.
+   A marker with nothing readable after it (a trailing ``####``, "The answer is.", an empty or
+   unclosed ``\\boxed{``) is passed over for the marker before it, and so is a marker whose text
+   is not answer-like (:func:`answer_like`: it does not start with a number, a sign, a bracket or a
+   LaTeX command, holds no operator and is not a single letter) when an earlier marker gives an
+   answer-like one: "#### 42 ... Note: the answer is rounded." answers 42, not "rounded"; "The
+   answer is Monday." alone answers "Monday". A text with no marker has no answer: it is not valid
+   (Table 1's Succ.) and never correct.
+2. **Units, percent and currency symbols are ignored.** Both the extracted answer and the gold
+   go through :func:`normalize`, which
+   - drops currency symbols anywhere: ``$``, ``\\$``, ``€``, ``£``, ``¥``, ``₹`` and the macros
+     ``\\euro``, ``\\texteuro``, ``\\pounds``, ``\\textsterling``, ``\\yen``, ``\\textyen``,
+     ``\\textdollar``;
+   - drops percent signs (``%``, ``\\%``): 50% equals 50 (and not 0.5);
+   - drops degree marks (``°``, ``^\\circ``, ``^{\\circ}``, ``\\degree``);
+   - after a number, drops one unit of ``UNITS`` (any case), optionally after "square", "cubic"
+     or "sq", with an optional power ``^2``, ``^3``, ``^{2}``, ``²``, ``³`` and an optional
+     ``/unit`` or "per unit" ("12 cm^2", "3kg", "60 km/h", "5 sq ft"). The one-letter units of
+     ``SHORT_UNITS`` (m, g, s, h, L) count only after a space or a slash ("5 m", "5 g/s"): "5m"
+     may be 5 times m, and is left to math-verify;
+   - after a number, drops any trailing words without digits or math ("18 dollars", "12 cookies
+     per box"), unless a word makes it an expression (and, or, to, plus, minus, times, by, over,
+     divided, than, of, pi, sqrt, or a single letter that is not a unit: "2 and 3", "3 pi", "5 x");
+   - drops a parenthetical with words after a number ("42 (6 times 7)", not "5 (x+1)"), unless it
+     hedges (or, maybe, perhaps, possibly, probably, either, alternatively, otherwise: "12 (or maybe
+     15)" is no answer);
+   - **words that change a number's value are never dropped**: magnitudes scale it ("5 thousand"
+     is 5000, "1.5 million" 1500000, "2 dozen" 24, "5 hundred thousand" 500000), "squared",
+     "cubed" and "factorial" apply ("5 squared" is 25, "4 factorial" 24, for integers up to 100);
+     what cannot be scaled ("2.5 factorial", "5 thousandths", "halves", a hedge) is refused: such a
+     prediction equals only a gold that normalises to the same text;
+   - writes a number in scientific notation as a plain decimal ("1e-05" is "0.00001").
+   It also unwraps ``\\text{}``, ``\\textbf{}``, ``\\textrm{}``, ``\\mathrm{}`` and ``\\mbox{}``,
+   reads "−" as "-", and an en-dash "–" as "-" too, except between two numbers, where it is a range
+   ("3–5": no number, equal only to the same range), and removes LaTeX spacing, a final period, a
+   leading ``x =``, thousands separators (``1,000`` and ``12,345.5``, not the tuple ``(1,2)`` or
+   ``1,0000``; a space, no-break, thin or narrow no-break space in groups of three at the start:
+   ``12 345`` is 12345, ``1 2`` and ``1 0000`` stay as written) and trailing zero decimals (``18.00``).
+3. **math-verify decides equality.** Two normalised strings that are identical are equal;
+   two plain decimal numbers are equal as written, to the last digit (``0.5`` = ``0.50``, but
+   ``2.5000001`` is not ``2.5`` and ``3.14159`` is not the gold ``3.14``: a gold's decimals are its
+   precision, and math-verify's rounding to 6 places is not applied to them);
+   otherwise ``math_verify.parse``/``verify`` compares them (gold first, with a timeout), so
+   ``1/2`` equals ``0.5`` and ``x^2+1`` equals ``1+x^2``. A math-verify timeout or error counts as
+   not equal (and is logged). A prediction that is not answer-like (prose: "Monday", "no
+   solution") equals the gold as text, case aside, and never goes to math-verify; nor does one
+   longer than ``MAX_VERIFY_CHARS``.
+4. **Bounded work.** Extraction reads the last ``MAX_TEXT_CHARS`` characters and the last
+   ``MAX_MARKERS`` markers; an answer (after a marker, or in a box) longer than
+   ``MAX_ANSWER_CHARS`` is no answer, and :func:`normalize` returns such a string as it is. The
+   regexes split digits one way only, so they backtrack linearly: 1 MB of any text is graded in
+   well under a second.
+
+Golds (:func:`gold_problem`): a gold must survive :func:`normalize` ("$" or "%" alone does not),
+hold no ``####`` marker and no lone surrogate or U+FFFD,
+and verify against what a model writes to state it (``\\boxed{gold}``, "The answer is gold");
+``ctrls.data.problems`` skips and counts a row whose gold does not, and writes JSON numbers without an
+exponent (``1e-05`` -> ``0.00001``).
+
+``extract_answer`` applies rule 1, ``verify`` rules 2 and 3, and ``grade`` returns both flags the
+tables need: ``valid`` (an answer was extracted, Succ.) and ``correct`` (it equals the gold, the
+reward and pass@k).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import re
+import threading
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+log = logging.getLogger(__name__)
+
+# Bounds (rule 4): the work per text is linear in its length, whatever the text
+MAX_TEXT_CHARS = 100_000  # extract_answer reads the last this many characters (the answer is at the end)
+MAX_ANSWER_CHARS = 1_000  # an answer longer than this (after a marker, in a box) is no answer
+MAX_MARKERS = 64  # markers examined, from the last
+MAX_VERIFY_CHARS = 300  # a prediction longer than this (normalised) is not handed to math-verify: not equal
+
+_BOXED = re.compile(r"\\boxed|\\fbox")
+
+
+def boxed_at(text: str, i: int, limit: int | None = None) -> str | None:
+    """The content of the ``\\boxed{...}`` or ``\\fbox{...}`` that starts at ``text[i]``, braces
+    matched; None when no brace follows the command (spaces aside), it is not closed, or (with
+    ``limit``) it is not closed within ``limit`` characters (so that many unclosed boxes cost
+    linear time)."""
+    m = _BOXED.match(text, i)
+    if m is None:
+        return None
+    j = m.end()
+    while j < len(text) and text[j].isspace():
+        j += 1
+    if j == len(text) or text[j] != "{":
+        return None
+    depth = 0
+    for k in range(j, len(text) if limit is None else min(len(text), j + limit + 2)):
+        if text[k] == "{":
+            depth += 1
+        elif text[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[j + 1:k].strip()
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces matched; None if there is
+    none or it is unclosed. MATH solutions state their answer this way."""
+    starts = [m.start() for m in _BOXED.finditer(text)]
+    return boxed_at(text, starts[-1], MAX_ANSWER_CHARS) if starts else None
+
+
+# Rule 1: every answer marker; the last one with a readable answer wins
+_MARKER = re.compile(r"####|(?i:the\s+(?:final\s+)?answer\s+is\s*:?)|\\boxed|\\fbox")
+
+# Rule 2: the units dropped after a number (any case), and the one-letter ones (after a space or a slash only)
+UNITS = (
+    "mm", "cm", "km", "meters", "meter", "metres", "metre", "centimeters", "centimeter", "centimetres",
+    "centimetre", "millimeters", "millimeter", "kilometers", "kilometer", "inches", "inch", "in", "feet", "foot",
+    "ft", "yards", "yard", "yd", "miles", "mile", "mi",
+    "mg", "kg", "grams", "gram", "kilograms", "kilogram", "lbs", "lb", "pounds", "pound", "ounces", "ounce", "oz",
+    "tons", "ton", "tonnes", "tonne",
+    "ml", "liters", "liter", "litres", "litre", "gallons", "gallon", "gal",
+    "seconds", "second", "secs", "sec", "minutes", "minute", "mins", "min", "hours", "hour", "hrs", "hr", "days",
+    "day", "weeks", "week", "months", "month", "years", "year", "yrs", "yr",
+    "mph", "kph", "km/h", "m/s",
+    "dollars", "dollar", "cents", "cent", "euros", "euro", "yen", "usd", "eur", "gbp", "jpy",
+    "percent", "per cent", "degrees", "degree",
+)
+SHORT_UNITS = ("m", "g", "s", "h", "L")
+
+_NUMBER = r"[-+]?(?:\d(?:[\d,]*\d)?(?:\.\d+)?|\.\d+)"  # one way to split any digits: linear backtracking
+_UNIT = (r"(?:(?i:square|cubic|sq\.?)\s*)?"
+         rf"(?:(?i:{'|'.join(re.escape(u) for u in sorted(UNITS, key=len, reverse=True))})"
+         rf"|(?<=[\s/])(?:{'|'.join(SHORT_UNITS)}))(?![A-Za-z])"
+         r"(?:\^\{?[23]\}?|[²³])?")
+_NUMBER_UNIT = re.compile(rf"({_NUMBER})\s*{_UNIT}(?:\s*(?:/|(?i:per))\s*{_UNIT})?\.?")
+_CURRENCY = re.compile(r"\\\$|\$|€|£|¥|₹|\\(?:euro|texteuro|pounds|textsterling|yen|textyen|textdollar)(?![A-Za-z])"
+                       r"(?:\{\})?")
+_PERCENT = re.compile(r"\\?%")
+_DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![A-Za-z])|°|\\degree(?![A-Za-z])")
+# a number followed by words without digits or math (units, nouns): "18 dollars", "12 cookies per box"
+_NUMBER_WORDS = re.compile(rf"({_NUMBER})\s*[A-Za-z][A-Za-z'\- ]*\.?")
+# "42 (6 times 7)", not "5 (x+1)", and not a hedge: "12 (or maybe 15)"
+_HEDGE = r"\b(?:or|maybe|perhaps|possibly|probably|either|alternatively|otherwise)\b"
+_NUMBER_PAREN = re.compile(rf"({_NUMBER})\s+\((?=[^()]*[A-Za-z]{{2}})(?![^()]*{_HEDGE})[^()]*\)", re.IGNORECASE)
+# words after a number that change its value: scaled (magnitudes, powers, factorial) or refused, never dropped
+MAGNITUDES = {"hundred": 100, "thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12, "dozen": 12}
+_SCALED = re.compile(rf"({_NUMBER})\s*({'|'.join(MAGNITUDES)}|squared|cubed|factorial)s?\b(.*)", re.IGNORECASE | re.DOTALL)
+_VALUE_WORDS = re.compile(rf"\b(?:{'|'.join(MAGNITUDES)})s?\b|\b(?:squared|cubed|factorial|halves|thirds?|"
+                          rf"(?:ten|hundred|thousand|million)ths?)\b|{_HEDGE}", re.IGNORECASE)
+_SCIENTIFIC = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d{1,3}")  # 1e-05, 2.5E+16
+# what an answer looks like (rule 1): a number, math, a LaTeX command, or one letter ("C", "(b)", "x")
+_ANSWER_LIKE = re.compile(r"[-+]?\.?\d|[\\([{$]|\(?[A-Za-z]\)?$|.*[=^_+*<>]", re.DOTALL)
+# words that make "N word" an expression, not a number with a unit: "2 and 3", "3 pi", "5x"
+_NOT_UNITS = re.compile(r"\b(?:and|or|to|plus|minus|times|by|over|divided|than|of|pi|sqrt|[a-z])\b", re.IGNORECASE)
+_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # 1,000 but not (1,2) or 1,0000
+_VAR_EQ = re.compile(r"^[A-Za-z]\s*=\s*(?=[^=]+$)")  # "x = 5" -> "5"
+_TEXT = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\{([^{}]*)\}")
+# an en-dash between two numbers is a range ("3–5"); anywhere else it is a minus sign ("–5", "x – 1")
+EN_DASH = "\u2013"
+_RANGE = re.compile(rf"(?<=\d)\s*{EN_DASH}\s*(?=[-+]?\.?\d)")
+# digits grouped by threes with a space (or a no-break, thin or narrow no-break space): "12 345", "1 000 000.5"
+_SPACE_GROUPS = re.compile(r"^([-+]?\d{1,3}(?:[ \u00a0\u2009\u202f]\d{3})+(?:\.\d+)?)(?![\d.,]|[ \u00a0\u2009\u202f]\d)")
+_DECIMAL = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")  # a plain decimal number, after normalize
+LOST = "\ufffd"  # what a lone surrogate (or a character lost in decoding) is read as
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def readable_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD: a lone surrogate is no character (it
+    cannot be written to a UTF-8 file), so it is read as a character lost in decoding."""
+    return _SURROGATE.sub(LOST, text)
+
+
+def _first_sentence(s: str) -> str:
+    """``s`` up to its first sentence end (``.`` then whitespace) outside ``$...$`` and braces."""
+    in_math, depth = False, 0
+    for i, ch in enumerate(s):
+        if ch == "$" and (i == 0 or s[i - 1] != "\\"):
+            in_math = not in_math
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        elif ch == "." and not in_math and depth <= 0 and i + 1 < len(s) and s[i + 1].isspace():
+            return s[:i]
+    return s
+
+
+def _clean(ans: str) -> str | None:
+    """The answer in the text after a marker: its first line and sentence, boxed content, no
+    ``$``, ``**`` or final period; None when nothing is left, or more than ``MAX_ANSWER_CHARS``."""
+    ans = ans.lstrip()[:MAX_ANSWER_CHARS + 1].split("\n")[0].strip()
+    if len(ans) > MAX_ANSWER_CHARS:
+        return None
+    ans = _first_sentence(ans).strip()
+    boxed = last_boxed(ans)
+    if boxed is not None:
+        ans = boxed
+    ans = ans.replace("**", "").strip()
+    for _ in range(2):  # "$12$." -> "12"
+        ans = re.sub(r"[.。]+$", "", ans).strip()
+        if ans.startswith("\\(") and ans.endswith("\\)"):
+            ans = ans[2:-2]
+        ans = re.sub(r"^\$+|(?<!\\)\$+$", "", ans).strip()
+    return ans or None
+
+
+def answer_like(ans: str) -> bool:
+    """Whether an extracted answer looks like one (rule 1): after :func:`normalize` it starts with
+    a number, a sign, a bracket or a LaTeX command, holds an operator (``= ^ _ + * < >``), or is a
+    single letter. "correct", "rounded" and "rounded to 2 places" do not."""
+    n = normalize(ans)
+    return bool(n) and _ANSWER_LIKE.match(n) is not None
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer of a generation (policy rule 1), or None when it states none.
+
+    The last marker (``#### X``, "The (final) answer is X", ``\\boxed{X}``) wins whatever its kind;
+    one with nothing readable after it is passed over for the one before, and so is one whose text
+    is not answer-like (:func:`answer_like`: "Note: the answer is rounded.") when an earlier marker
+    gives an answer-like one. Only the first line and sentence after ``####`` or "the answer is" is
+    read. The answer is returned as written (before :func:`normalize`). Bounded work: the last
+    ``MAX_TEXT_CHARS`` characters, the last ``MAX_MARKERS`` markers, answers of at most
+    ``MAX_ANSWER_CHARS``.
+    """
+    if not text:
+        return None
+    text = readable_text(text[-MAX_TEXT_CHARS:])
+    fallback = None  # the last readable answer, used when no marker's answer is answer-like
+    after = len(text)  # where the next marker starts: the text after a marker ends there ("#### 42 ####")
+    for m in reversed(list(_MARKER.finditer(text))[-MAX_MARKERS:]):
+        if m.group().startswith("\\"):
+            boxed = boxed_at(text, m.start(), MAX_ANSWER_CHARS)
+            ans = None if boxed is None else _clean(boxed)
+        else:
+            ans = _clean(text[m.end():min(after, m.end() + MAX_ANSWER_CHARS + 2)])
+        after = m.start()
+        if ans is None or LOST in ans:  # nothing readable, or a character of it was lost: no answer
+            continue
+        if answer_like(ans):
+            return ans
+        fallback = fallback or ans
+    return fallback
+
+
+def _plain(x: Decimal) -> str:
+    """A decimal without exponent or trailing zeros: 1.5E+6 -> "1500000", 0.000010 -> "0.00001"."""
+    out = format(x.normalize(), "f")
+    return out.rstrip("0").rstrip(".") if "." in out else out
+
+
+def _scale(s: str) -> str:
+    """"5 thousand" -> "5000", "2 dozen eggs" -> "24 eggs", "5 squared" -> "25", "4 factorial" ->
+    "24"; unchanged when the number cannot be read or the result would be huge (the words then stay,
+    and :func:`verify` refuses them)."""
+    for _ in range(3):  # "5 hundred thousand"
+        m = _SCALED.fullmatch(s)
+        if m is None:
+            return s
+        num, word, rest = m.group(1), m.group(2).lower(), m.group(3)
+        if "," in num and not _THOUSANDS.fullmatch(num):
+            return s
+        try:
+            x = Decimal(num.replace(",", ""))
+        except InvalidOperation:
+            return s
+        if word in MAGNITUDES:
+            y = x * MAGNITUDES[word]
+        elif word == "squared":
+            y = x ** 2
+        elif word == "cubed":
+            y = x ** 3
+        elif x == x.to_integral_value() and 0 <= x <= 100:  # factorial
+            y = Decimal(math.factorial(int(x)))
+        else:
+            return s
+        s = (_plain(y) + rest).strip()
+    return s
+
+
+def normalize(ans: str) -> str:
+    """A canonical string for the exact-match fast path and for math-verify's input (policy rule 2:
+    units, percent, currency and degree symbols dropped; see the module docstring for the list)."""
+    if len(ans) > MAX_ANSWER_CHARS:  # no answer is this long: returned as is (verify refuses it), in linear time
+        return ans.strip()
+    s = readable_text(ans.strip()).replace("\u2212", "-")
+    if EN_DASH in s:  # a range keeps its dash ("3 – 5" -> "3–5": no number); any other en-dash is a minus
+        s = re.sub(rf"(?<!\d){EN_DASH}|{EN_DASH}(?![-+]?\.?\d)", "-", _RANGE.sub(EN_DASH, s))
+    for _ in range(2):  # \textbf{\text{12}}
+        s = _TEXT.sub(r"\1", s)
+    s = _CURRENCY.sub("", s)
+    s = _PERCENT.sub("", s)
+    s = _DEGREES.sub("", s)
+    s = s.replace("\\!", "").replace("\\,", "").replace("{,}", ",")
+    s = re.sub(r"(?<!\\)\\[;: ]|~", " ", s).strip()  # not the "\\ " of a matrix row end
+    s = _SPACE_GROUPS.sub(lambda m: re.sub(r"\s", "", m.group(1)), s)  # "12 345" -> "12345"
+    s = re.sub(r"(?<!\.)\.$", "", s)  # one final period ("i." in a gold), not an ellipsis
+    s = _VAR_EQ.sub("", s.strip()).strip()
+    s = _scale(s)
+    if _SCIENTIFIC.fullmatch(s):
+        s = _plain(Decimal(s))
+    unit, words, paren = _NUMBER_UNIT.fullmatch(s), _NUMBER_WORDS.fullmatch(s), _NUMBER_PAREN.fullmatch(s)
+    if unit:
+        s = unit.group(1)
+    elif words and not _NOT_UNITS.search(s[words.end(1):]) and not _VALUE_WORDS.search(s[words.end(1):]):
+        s = words.group(1)
+    elif paren:
+        s = paren.group(1)
+    if _THOUSANDS.fullmatch(s):
+        s = s.replace(",", "")
+    s = re.sub(r"^([-+]?\d+)\.0+$", r"\1", s)  # 18.00 -> 18
+    return s.strip()
+
+
+def _math_verify(gold: str, pred: str, timeout_s: float) -> bool:
+    from math_verify import parse
+    from math_verify import verify as mv_verify
+
+    # math-verify's timeouts use SIGALRM, which only the main thread may set: elsewhere run without
+    t = max(1, math.ceil(timeout_s)) if threading.current_thread() is threading.main_thread() else None
+
+    def p(s: str):
+        return parse(s if "$" in s or "\\(" in s else f"${s}$", parsing_timeout=t)
+
+    g, q = p(gold), p(pred)
+    if not g or not q:
+        return False
+    return bool(mv_verify(g, q, timeout_seconds=t))  # gold first: math-verify is not symmetric
+
+
+def verify(gold: str, pred: str | None, timeout_s: float = 5.0) -> bool:
+    """Whether ``pred`` equals ``gold`` (policy rules 2 and 3): exact match after :func:`normalize`,
+    else math-verify on the normalised strings.
+
+    A prediction that normalises to nothing ("%", "€") is not equal to anything; a gold that does is
+    an error. A math-verify timeout or internal error counts as not equal (and is logged).
+    """
+    if not isinstance(gold, str) or not gold.strip():
+        raise ValueError(f"verify needs a non-empty gold answer, got {gold!r}")
+    g = normalize(gold)
+    if not g:
+        raise ValueError(f"the gold answer {gold!r} is empty once units, percent and currency symbols are dropped")
+    if pred is None or not pred.strip():
+        return False
+    q = normalize(pred)
+    if not q:
+        return False
+    if g == q:
+        return True
+    if LOST in q:  # a character of it was lost in decoding: no answer
+        return False
+    if _DECIMAL.fullmatch(g) and _DECIMAL.fullmatch(q):  # two decimals: equal as written, to the last digit
+        return Decimal(g) == Decimal(q)
+    if EN_DASH in q or EN_DASH in g:  # a range ("3–5") is no number: equal only as the same text
+        return False
+    if len(q) > MAX_VERIFY_CHARS or _VALUE_WORDS.search(q):
+        return False  # too long to be an answer, or words that change the value and were not scaled: refused
+    if not _ANSWER_LIKE.match(q):  # prose ("Monday", "no solution"): equal as text, case aside
+        return q.casefold() == g.casefold()
+    try:
+        return _math_verify(g, q, timeout_s)
+    except Exception as e:  # pathological input: count as wrong, but say so
+        log.warning("math-verify failed on gold=%r pred=%r (counted as wrong): %s", gold, pred, e)
+        return False
+
+
+@dataclass(frozen=True)
+class Grade:
+    valid: bool  # an answer could be extracted (Succ.)
+    correct: bool  # it equals the gold answer (reward, pass@k)
+    pred: str | None
+
+
+def grade(text: str, gold: str) -> Grade:
+    """Extract the final answer of ``text`` and check it against ``gold``."""
+    pred = extract_answer(text)
+    return Grade(valid=pred is not None, correct=pred is not None and verify(gold, pred), pred=pred)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def gold_problem(gold: str) -> str | None:
+    """Why ``gold`` can never be graded correct, or None when it is gradable: it must survive
+    :func:`normalize`, and the answer a model gives by writing it (``\\boxed{gold}`` or "The answer
+    is gold.") must verify against it. Data loaders refuse (skip and count) a gold that is not.
+    Remembered per gold string (a function of the string alone): GSM8K's 8,792 rows hold far fewer
+    distinct answers, and each notebook's kernel loads the split afresh."""
+    try:
+        g = normalize(gold)
+    except Exception as e:  # defensive: a gold that breaks the normaliser is not gradable
+        return f"the gold answer cannot be normalised ({type(e).__name__})"
+    if not g:
+        return "the gold answer is empty once units, percent and currency symbols are dropped"
+    if _SURROGATE.search(gold) or LOST in gold:
+        return "the gold answer holds a lone surrogate or U+FFFD (a character lost in decoding)"
+    if "####" in gold:
+        return "the gold answer holds the answer marker '####' (the loader did not strip it)"
+    if len(g) > MAX_ANSWER_CHARS:
+        return f"the gold answer is longer than {MAX_ANSWER_CHARS} characters"
+    for written in (f"\\boxed{{{gold}}}", f"The answer is {gold}"):
+        pred = extract_answer(written)
+        if pred is not None and verify(gold, pred):
+            return None
+    return "the gold answer does not verify against itself (as \\boxed{gold} or 'The answer is gold')"

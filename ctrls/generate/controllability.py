@@ -1,0 +1,216 @@
+"""Controllability and diversity: does a generated step follow the state it was sampled under (Eq. 8)?
+
+The paper injects z_t = s_t Gamma into every token that predicts step t (Eq. 8) and claims that the
+step then "follows" the state; it never measures it. We measure it with the pretrained inference
+model Q_phi itself (Sec. 5.2): re-encode each generated step from the *frozen* backbone's hidden
+states of the step in context (prompt + generation so far), take its spectral embedding (Eq. 5)
+and its nearest centroid, and compare that state with the one the step was generated under.
+
+- :func:`encode_generations` re-encodes steps along pretraining's path (``pretrain.cache_features``
+  -> ``compute_spectral`` -> ``cluster_states``): ``hidden_states[backbone.hidden_layer]`` of the
+  tokens of the step, stored at float16 as the feature cache stores them, ``CTRLSModel.embed``
+  (spectral_embeddings, Eq. 5), ``CTRLSModel.assign`` and its argmax. The prompt is run once per
+  question and its KV cache shared by the question's samples (prefix sharing, as in sampling).
+  The exploration stage no longer runs it: it reads the same states back from the sampler's own pass
+  (``sample(..., read_states=model)``, ``ctrls.generate.decoding.StepReader``), checked against this function
+  in ``tests/generate/test_decoding_readback.py``; ``explore(..., readback=False)`` and ``bench/readback.py`` keep it.
+- :func:`draw_chains` draws state chains from the epsilon-greedy policy pi~ (Sec. 5.4) without
+  generating anything: the "random states" the Base steps are paired with.
+- :func:`match_rate` / :func:`match_rate_difference`: the fraction of steps whose re-encoded state
+  equals the state they were paired with, step-weighted (sum of matches / sum of steps; it equals
+  the plain fraction of steps), with a 95% Wilson interval at the question-clustered effective size
+  (the steps of one question are not independent) and, for a difference, Newcombe's paired interval
+  with a within-question permutation p-value (``ctrls.stats.metrics.rate_interval``,
+  ``paired_rate_difference``): neither collapses to a point at 0% or 100%.
+- :func:`distinct_answers`, :func:`state_entropy`: per-question diversity, averaged over questions
+  with :func:`ctrls.stats.metrics.bootstrap_ci`. The entropy is the plug-in estimate, biased low by about
+  (m - 1) / (2 N ln 2) bits for m visited states and N pooled steps (Miller 1955).
+
+Inputs of the metric functions are arrays (one entry per step, or per question); outputs numbers.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Hashable, Sequence
+
+import numpy as np
+import torch
+
+from ctrls.method.backbone import decoder_body
+from ctrls.stats.metrics import bootstrap_ci, paired_rate_difference, rate_interval
+
+if TYPE_CHECKING:
+    from ctrls.method.backbone import Backbone
+    from ctrls.method.model import CTRLSModel
+    from ctrls.method.policy import TransitionPolicy
+
+
+# ---- re-encoding generated steps with Q_phi ----------------------------------------------------
+
+
+def feature_precision(h: torch.Tensor) -> torch.Tensor:
+    """Hidden states at the precision pretraining's feature cache keeps them (float16), as float32."""
+    return h.float().to(torch.float16).float()
+
+
+@torch.no_grad()
+def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequence[int], start: int,
+                       generations: Sequence, layer: int = -1) -> tuple[torch.Tensor, list[list[int]]]:
+    """Q_phi of one prompt and of every step of its generations (objects with ``token_ids`` and
+    ``spans``, e.g. :class:`ctrls.generate.sampling.Generation`).
+
+    Returns (s_0, states): the prompt's soft state (K,) from its hidden states ``[start:]`` (as the
+    sampler encodes it), and for each generation the nearest centroid of each step (its hidden
+    states rounded to float16 first, as pretraining's feature cache stores them).
+    Step t's hidden states are those of its own tokens, computed in context; ``layer`` is
+    ``backbone.hidden_layer``. One forward of the prompt, then one of all the generations on the
+    prompt's KV cache (right-padded: causal attention, so padding never reaches a real token).
+    """
+    from transformers import DynamicCache
+
+    lm = backbone.model
+    body = decoder_body(lm)
+    dev = backbone.device
+    P = len(prompt)
+    want = layer != -1
+
+    def pick(out):
+        return out.hidden_states[layer] if want else out.last_hidden_state
+
+    cache = DynamicCache(config=lm.config)
+    out = body(input_ids=torch.as_tensor([list(prompt)], device=dev), past_key_values=cache, use_cache=True,
+               output_hidden_states=want)
+    s0 = model.encode([pick(out)[0, start:P]])[0]  # as the sampler encodes s_0 (no float16 rounding)
+    gens = [g for g in generations if len(g.token_ids)]
+    steps: list[torch.Tensor] = []
+    if gens:
+        n, G = len(gens), max(len(g.token_ids) for g in gens)
+        pad = backbone.tokenizer.pad_token_id or 0
+        ids = torch.full((n, G), pad, dtype=torch.long)
+        attn = torch.zeros((n, P + G), dtype=torch.long)
+        attn[:, :P] = 1
+        for i, g in enumerate(gens):
+            ids[i, :len(g.token_ids)] = torch.as_tensor(g.token_ids)
+            attn[i, P:P + len(g.token_ids)] = 1
+        cache.batch_repeat_interleave(n)
+        pos = torch.arange(P, P + G)[None].expand(n, -1)
+        h = pick(body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev),
+                      past_key_values=cache, use_cache=True, output_hidden_states=want))
+        # generated token j sits at position P + j: step [a, b) is h[i, a:b] (pretraining's H[1+a : 1+b])
+        steps = [feature_precision(h[i, a:b]) for i, g in enumerate(gens) for a, b in g.spans]
+    counts = [len(g.spans) if len(g.token_ids) else 0 for g in generations]
+    return s0.float().cpu(), step_states(model, steps, counts)
+
+
+def step_states(model: "CTRLSModel", steps: Sequence[torch.Tensor], counts: Sequence[int]) -> list[list[int]]:
+    """Q_phi's hard state of each step (its hidden states (n_i, d), in order), split into consecutive groups
+    of ``counts`` steps (one per generation): the spectral embedding (Eq. 5) and the nearest centroid."""
+    hard = model.assign(model.embed(list(steps))).argmax(-1).tolist() if steps else []  # Q_phi: Eq. 5, nearest centroid (Sec. 5.2)
+    out, k = [], 0
+    for c in counts:
+        out.append(hard[k:k + c])
+        k += c
+    return out
+
+
+@torch.no_grad()
+def draw_chains(policy: "TransitionPolicy", s0: torch.Tensor, lengths: Sequence[int], epsilon: float,
+                generator: torch.Generator | None = None) -> list[list[int]]:
+    """One state chain per entry of ``lengths``: a_1 ~ pi~(. | s_0), a_{t+1} ~ pi~(. | a_t), as the
+    sampler draws them (``ctrls.generate.decoding.draw_states``), returned as the argmax of each a_t, ``lengths[i]``
+    states for chain i. The chains are drawn together from one ``generator``."""
+    lengths = [int(n) for n in lengths]
+    if not lengths or max(lengths) == 0:
+        return [[] for _ in lengths]
+    prev = s0.to(policy.L.device, policy.L.dtype).reshape(1, -1).expand(len(lengths), -1)
+    hard = []
+    for _ in range(max(lengths)):
+        prev = policy.sample(prev, epsilon, generator=generator)  # a_{t+1} ~ pi~(. | a_t) (Sec. 5.4)
+        hard.append(prev.argmax(-1).cpu())
+    H = torch.stack(hard, dim=1).tolist()
+    return [row[:n] for row, n in zip(H, lengths)]
+
+
+# ---- the metrics -------------------------------------------------------------------------------------------
+
+
+def _steps(target: np.ndarray, encoded: np.ndarray, question: Sequence[Hashable]) -> tuple[np.ndarray, np.ndarray]:
+    """(matches, steps) per question, questions in order of first appearance."""
+    t, e = np.asarray(target), np.asarray(encoded)
+    q = np.asarray(question, dtype=object)
+    if not (t.ndim == e.ndim == 1) or not (len(t) == len(e) == len(q)):
+        raise ValueError(f"target, encoded and question must be 1-D and of one length, got {t.shape}, {e.shape}, {q.shape}")
+    if len(t) == 0:
+        raise ValueError("no steps to compare")
+    _, first, inv = np.unique(q.astype(str), return_index=True, return_inverse=True)
+    order = np.argsort(np.argsort(first))  # group ids in order of first appearance
+    g = order[inv]
+    matches = np.bincount(g, weights=(t == e).astype(float), minlength=len(first))
+    steps = np.bincount(g, minlength=len(first)).astype(float)
+    return matches, steps
+
+
+def match_rate(target: np.ndarray, encoded: np.ndarray, question: Sequence[Hashable], n_boot: int = 2000,
+               alpha: float = 0.05, seed: int = 0) -> dict[str, float]:
+    """Fraction of steps whose re-encoded state equals their target state, with a Wilson interval.
+
+    ``target[i]``, ``encoded[i]``, ``question[i]``: step i's state it was generated under (or paired
+    with), its re-encoded state, and its question. Returns {rate, lo, hi, steps, questions}: the
+    rate is sum of matches / sum of steps; the 1 - alpha interval is Wilson's at the
+    question-clustered effective size (``ctrls.stats.metrics.rate_interval``). ``n_boot`` and ``seed`` are
+    unused (kept for callers).
+    """
+    m, n = _steps(target, encoded, question)
+    r = rate_interval(m, n, alpha)
+    return {"rate": r["rate"], "lo": r["lo"], "hi": r["hi"], "steps": int(n.sum()), "questions": len(m)}
+
+
+def match_rate_difference(a: tuple[np.ndarray, np.ndarray, Sequence[Hashable]],
+                          b: tuple[np.ndarray, np.ndarray, Sequence[Hashable]], n_boot: int = 2000,
+                          alpha: float = 0.05, seed: int = 0) -> dict[str, float]:
+    """rate(a) - rate(b) for two sets of (target, encoded, question) steps on the same questions,
+    with Newcombe's paired interval and a within-question permutation p-value (``n_boot``
+    permutations; :func:`ctrls.stats.metrics.paired_rate_difference`). Questions present in one set only
+    are an error."""
+    ma, na = _steps(*a)
+    mb, nb = _steps(*b)
+    qa = list(dict.fromkeys(map(str, a[2])))
+    qb = list(dict.fromkeys(map(str, b[2])))
+    if set(qa) != set(qb):
+        only = sorted(set(qa) ^ set(qb))[:3]
+        raise ValueError(f"paired match rates need the same questions; in one set only: {only}")
+    where = {q: i for i, q in enumerate(qb)}
+    perm = [where[q] for q in qa]
+    mb, nb = mb[perm], nb[perm]
+    d = paired_rate_difference(ma, na, mb, nb, alpha=alpha, n_perm=n_boot, seed=seed)
+    return {k: d[k] for k in ("diff", "lo", "hi", "p_value")}
+
+
+def distinct_answers(answers: Sequence[Sequence[str | None]]) -> np.ndarray:
+    """Per question, the number of distinct final answers among its samples (None: no answer, not counted)."""
+    return np.array([len({a for a in qa if a is not None}) for qa in answers], dtype=float)
+
+
+def entropy_bits(states: Sequence[int]) -> float:
+    """Plug-in entropy (bits) of the empirical distribution of ``states`` (0 for none)."""
+    s = np.asarray(list(states))
+    if len(s) == 0:
+        return 0.0
+    _, counts = np.unique(s, return_counts=True)
+    p = counts / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+def state_entropy(sequences: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
+    """Per question, the plug-in entropy (bits) of the states visited by its samples, all steps of
+    all its state sequences pooled (``sequences[q][m]`` is sample m's sequence). Biased low: see the
+    module docstring."""
+    return np.array([entropy_bits([s for seq in qs for s in seq]) for qs in sequences], dtype=float)
+
+
+def mean_with_ci(per_question: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, lo, hi) over questions: :func:`ctrls.stats.metrics.bootstrap_ci`."""
+    return bootstrap_ci(per_question, n_boot=n_boot, seed=seed)
+
+
+__all__ = ["encode_generations", "draw_chains", "match_rate", "match_rate_difference", "distinct_answers",
+           "entropy_bits", "state_entropy", "mean_with_ci", "feature_precision"]

@@ -1,0 +1,187 @@
+"""The KV caches of the two decode paths (``ctrls.generate.sampling``).
+
+- :class:`PreallocatedLayer` (the engine): a ``DynamicCache`` layer that writes into a preallocated
+  buffer instead of concatenating, and drops finished rows in place (``fill_holes``).
+- :func:`static_cache` (the static path, ``sampling.decode: static``): transformers' ``StaticCache``,
+  filled from a prefill's keys and values; :func:`select_rows` moves its live rows to a smaller
+  bucket; :func:`packed_decode_attention` makes a compiled step attend over it on the KV heads.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Sequence
+
+import torch
+from transformers import AttentionInterface, DynamicCache, StaticCache
+from transformers.cache_utils import DynamicLayer, StaticLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A KV-cache layer that writes into a preallocated buffer instead of ``torch.cat``.
+
+    transformers' ``DynamicLayer`` concatenates on every token, copying the whole cache each step
+    (on 2 CPU cores that copy took as long as every matmul of SmolLM2 together). Here the keys
+    and values are views of a buffer of ``capacity`` positions that grows by doubling if needed.
+    When rows end (``batch_select_indices``) only the kept rows' live prefix is copied.
+    """
+
+    def __init__(self, capacity: int = 256):
+        super().__init__()
+        self.capacity = capacity
+        self._k = self._v = None
+        self._len = 0
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        if self._k is None or self._len + n > self._k.shape[-2]:
+            self._grow(max(self.capacity, 2 * self._len, self._len + n), key_states)
+        self._k[:, :, self._len:self._len + n] = key_states
+        self._v[:, :, self._len:self._len + n] = value_states
+        self._len += n
+        self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+        return self.keys, self.values
+
+    def _grow(self, cap: int, like: torch.Tensor) -> None:
+        b, h, _, d = like.shape
+        k = like.new_empty((b, h, cap, d))
+        v = like.new_empty((b, h, cap, d))
+        if self._len:
+            k[:, :, :self._len] = self._k[:, :, :self._len]
+            v[:, :, :self._len] = self._v[:, :, :self._len]
+        self._k, self._v = k, v
+
+    def _reindex(self, indices: torch.Tensor) -> None:
+        """Row i of the cache becomes old row ``indices[i]``. Only the live prefix (``_len`` positions) of
+        the kept rows is copied, by ``index_select`` straight into a new buffer of the same capacity:
+        ``n x _len`` positions read and written, not the whole ``n x capacity`` buffer (the positions
+        after ``_len`` hold nothing yet)."""
+        if not self._len:
+            return
+        indices = indices.to(self._k.device)
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            new = old.new_empty((len(indices),) + tuple(old.shape[1:]))
+            torch.index_select(old[:, :, :self._len], 0, indices, out=new[:, :, :self._len])
+            setattr(self, name, new)
+        self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+
+    def _compact(self, keep: list[int]) -> None:
+        """Keep rows ``keep`` in place: row i <- row keep[i], where every keep[i] is i itself or a row at
+        or past len(keep) (``fill_holes`` orders them so), so no copy overwrites a row still to be
+        read and only the rows moved into holes are copied; then view the first len(keep) rows.
+        No allocation: on CPU a fresh buffer per finished row costs page faults on every position
+        of it (the kernel zeroes each new page), which took most of a decode's time."""
+        if self._len:
+            moves = [(i, src) for i, src in enumerate(keep) if src != i]
+            for name in ("_k", "_v"):
+                buf = getattr(self, name)
+                for i, src in moves:
+                    buf[i, :, :self._len].copy_(buf[src, :, :self._len])
+                setattr(self, name, buf[:len(keep)])
+            self.keys, self.values = self._k[:, :, :self._len], self._v[:, :, :self._len]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self._len:
+            self._reindex(torch.arange(self._k.shape[0], device=self._k.device).repeat_interleave(repeats))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        keep = indices.tolist()
+        n = len(keep)
+        if len(set(keep)) == n and all(src == i or src >= n for i, src in enumerate(keep)):  # fill_holes' order
+            self._compact(keep)
+        else:
+            self._reindex(indices)
+
+
+def fill_holes(keep: list[int], n_rows: int) -> list[int]:
+    """The rows ``keep`` (of ``n_rows``) in the order the cache keeps them in place: a kept row below
+    len(keep) stays where it is, and each hole below len(keep) takes a kept row from past it. A
+    sample does not depend on its row's position in the batch (its streams are keyed by its own
+    seed and index), so the order is free; this one moves only as many rows as finished."""
+    n = len(keep)
+    kept = set(keep)
+    tail = [j for j in keep if j >= n]
+    return [i if i in kept else tail.pop() for i in range(n)]
+
+
+def new_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
+    """A ``DynamicCache`` whose full-attention layers are :class:`PreallocatedLayer`."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def static_cache(config, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int, capacity: int) -> StaticCache:
+    """A ``StaticCache`` of ``capacity`` positions holding the first ``length`` positions of the keys and
+    values ``kv`` (one (B, H, >= length, D) pair per layer), with its write position at ``length``."""
+    cache = StaticCache(config=config, max_cache_len=capacity)
+    if len(cache.layers) != len(kv) or any(type(layer) is not StaticLayer for layer in cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in cache.layers})
+        raise ValueError(f"sampling.decode=static supports full-attention layers only; this model's static cache "
+                         f"has {kinds} ({len(cache.layers)} layers for {len(kv)} in the prefill): use sampling.decode=engine")
+    for layer, (k, v) in zip(cache.layers, kv):
+        layer.lazy_initialization(k, v)
+        layer.keys[:, :, :length].copy_(k[:, :, :length])
+        layer.values[:, :, :length].copy_(v[:, :, :length])
+        layer.cumulative_length.fill_(length)
+    return cache
+
+
+def select_rows(cache: StaticCache, config, idx: torch.Tensor, length: int) -> StaticCache:
+    """The rows ``idx`` of ``cache`` in a new static cache of the same capacity (a smaller bucket)."""
+    cap = cache.layers[0].max_cache_len
+    kv = [(layer.keys[idx, :, :length], layer.values[idx, :, :length]) for layer in cache.layers]
+    return static_cache(config, kv, length, cap)
+
+
+PACKED_SDPA = "ctrls_packed_sdpa"
+
+
+def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                          is_causal=None, **kwargs):
+    """transformers' SDPA attention, except that one query token per row with grouped KV heads
+    (GQA) is always packed onto its KV heads: the query (B, H, 1, D) becomes (B, H_kv, H / H_kv, D)
+    and attends to the cache's (B, H_kv, L, D) keys and values as they are.
+
+    transformers packs so in eager decoding, but under ``torch.compile`` it repeats the keys and
+    values per query head instead (``repeat_kv``). Over a static cache that is a copy of the whole
+    cache, H / H_kv times over, twice per layer per token: on an H100 it took 23 of the compiled
+    step's 29 ms at 160 rows of a random Qwen2.5-3B (``bench/gpu/graph_profile.py``). The arithmetic is
+    the eager path's, so the samples do not change. Anything else (prefill, no grouping, a
+    per-head mask, a position bias) goes to ``sdpa_attention_forward`` unchanged."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (query.shape[2] != 1 or groups == 1 or kwargs.get("position_bias") is not None or kwargs.get("softcap")
+            or (attention_mask is not None and attention_mask.shape[1] != 1)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    b, h, _, d = query.shape
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(b, h // groups, groups, d), key, value, attn_mask=attention_mask, dropout_p=dropout,
+        scale=scaling, is_causal=False)
+    return out.reshape(b, h, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+@contextlib.contextmanager
+def packed_decode_attention(model):
+    """Within the block, a model on transformers' ``sdpa`` attention uses :func:`packed_sdpa_attention`
+    (other implementations are left as they are); restored on exit."""
+    config = model.config
+    before = config._attn_implementation
+    if before == "sdpa":
+        config._attn_implementation = PACKED_SDPA
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+__all__ = ["PACKED_SDPA", "PreallocatedLayer", "fill_holes", "new_cache", "packed_decode_attention",
+           "packed_sdpa_attention", "select_rows", "static_cache"]

@@ -1,0 +1,200 @@
+"""State-aware generation (the inner loop of Alg. 2), one batched KV-cache loop for Base and CTRLS.
+
+For each prompt x_0 the prompt is run through the backbone once; its KV cache is expanded to the
+prompt's n samples (prefix sharing). The prompts of a batch share their start (the system prompt
+and the few-shot exemplars: 206 of the demo's 236 tokens), so that shared prefix is run once for
+the whole batch, and each prompt's own suffix on its copy of the cache. With a CTRLS model,
+s_0 = Q_phi(x_0) encodes the prompt, and at every step boundary (a newline token) the next state
+s_{t+1} ~ pi~_theta(. | s_t) is drawn from the epsilon-greedy Dirichlet policy; the adapter then
+rewrites the last hidden state of every token position that predicts step t+1 with
+z_{t+1} = s_{t+1} Gamma (Eq. 8). The position rule of the design notes (book/design.md): the
+newline that ends step t is consumed by a forward pass whose logits (predicting step t+1's
+first token) already use the new state. Without a CTRLS model the loop is plain sampling: the
+"Base" rows of the paper's tables.
+
+Each sequence stops on its own: at EOS, after the final-answer line, after T steps, or at
+``max_new_tokens``; the engine drops finished rows from the batch (and from the cache).
+
+Randomness is per sample, not per batch. Sample m of prompt i draws every random number from a
+stream keyed by (seed_i, m) alone: its t-th token by Gumbel-max with counter-based noise
+u = splitmix64(key, t, j) (exact sampling from the top-k softmax, vectorised over the batch), its
+state draws from the same kind of stream keyed by (key, draw index) (``policy.sample_policy_log_streams``,
+vectorised over the rows). So a sample does not depend on
+its batch-mates, the batch size, the device's RNG or the process that draws it: data-parallel
+sharding (``ctrls.stages.distributed``) reproduces a single-process run, up to floating-point batch effects.
+
+**Reading the states back** (``sample(..., read_states=model)``, the exploration stage): the body's last
+hidden state of every generated token, computed when the token is fed, is kept, and at the end each
+step's Q_phi state (Eq. 5, nearest centroid) is computed from it, for Base rows too: the state a second
+forward pass over the generation in context would give (``ctrls.generate.decoding.StepReader``).
+
+**The static path** (``SampleParams.decode = "static"``, config ``sampling.decode``): fixed shapes,
+one graph per step, the same samples; it lives in :mod:`ctrls.generate.static_decode`, and what both loops
+share (prefill, draws, stopping rules) in :mod:`ctrls.generate.decoding`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from ctrls.generate.decoding import (  # noqa: F401 (re-exported)
+    COMPILE_MODES,
+    DECODE_PATHS,
+    MIN_SHARED_PREFIX,
+    Generation,
+    SampleParams,
+    StepReader,
+    advance,
+    generations,
+    prefill,
+    redraw_states,
+    shared_prefix_length,
+)
+from ctrls.generate.decoding import (
+    pick as _pick,  # the engine's token draw (tests replace it here)
+)
+from ctrls.generate.kv_cache import PreallocatedLayer, fill_holes, new_cache  # noqa: F401 (re-exported)
+from ctrls.generate.static_decode import STATIC_PAD_TO, decode_static, step_fn  # noqa: F401 (re-exported)
+from ctrls.method.backbone import Backbone, decoder_body
+
+if TYPE_CHECKING:
+    from ctrls.method.model import CTRLSModel
+    from ctrls.method.policy import TransitionPolicy
+
+
+@torch.no_grad()
+def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, params: SampleParams | None = None,
+           model: "CTRLSModel | None" = None, generator: torch.Generator | None = None,
+           prompt_starts: Sequence[int] | None = None, share_prefix: bool = True,
+           progress: bool = False, seeds: Sequence[int] | None = None,
+           sample_ids: Sequence[Sequence[int]] | None = None, policies: "Sequence[TransitionPolicy] | None" = None,
+           epsilons: Sequence[float] | None = None, read_states: "CTRLSModel | None" = None) -> list[list[Generation]]:
+    """Sample ``n`` chains of thought for each tokenized prompt; Base when ``model`` is None.
+
+    ``prompt_starts[i]`` is the first token of prompt i whose hidden states encode s_0 (see
+    ``prompts.encode_prompt``; default 0, the whole prompt). ``seeds[i]`` keys prompt i's random
+    streams: sample m of prompt i is a function of (seeds[i], m) alone (module docstring); without
+    ``seeds`` they are drawn from ``generator`` (or torch's global RNG). ``sample_ids[i]`` picks
+    which sample indices of prompt i to draw (default ``range(n)``): any subset gives the same
+    samples as the whole, which is how data-parallel ranks share a prompt's samples. ``policies[i]``
+    and ``epsilons[i]`` (CTRLS only) replace ``model.policy`` and ``params.epsilon`` for prompt i's
+    state draws, so runs that share the adapter but not the policy decode in one batch (lockstep
+    RL); a sample is the same whichever batch it is in. ``read_states``: a CTRLS model whose Q_phi reads
+    the state of every generated step back from this decoding pass (``Generation.encoded`` and
+    ``encoded_s0``, Base rows too; ``ctrls.generate.decoding.StepReader``), instead of a second forward pass.
+    Returns one list of :class:`Generation` per prompt, in the order of its sample indices.
+    """
+    starts = list(prompt_starts) if prompt_starts is not None else [0] * len(prompts)
+    params = params or SampleParams()
+    if seeds is None:
+        dev = generator.device if generator is not None else "cpu"
+        seeds = torch.randint(0, 2**62, (len(prompts),), generator=generator, device=dev).tolist()
+    if len(seeds) != len(prompts):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+    ids = [list(s) for s in sample_ids] if sample_ids is not None else [list(range(n))] * len(prompts)
+    if len(ids) != len(prompts):
+        raise ValueError(f"{len(ids)} sample_ids lists for {len(prompts)} prompts")
+    for name, per in (("policies", policies), ("epsilons", epsilons)):
+        if per is not None and (model is None or len(per) != len(prompts)):
+            raise ValueError(f"{name} needs a CTRLS model and one entry per prompt: {len(per)} for {len(prompts)} prompts"
+                             + ("" if model is not None else " (model is None)"))
+    pol = list(policies) if policies is not None else [None] * len(prompts)
+    eps = list(epsilons) if epsilons is not None else [None] * len(prompts)
+    out: list[list[Generation]] = [[] for _ in prompts]
+    if share_prefix:  # prompts in groups of at most batch_size sequences (at least one prompt each)
+        jobs = [[(i, ids[i])] for i in range(len(prompts)) if ids[i]]
+        groups: list[list[tuple[int, list[int]]]] = []
+        for job in jobs:
+            if groups and sum(len(m) for _, m in groups[-1]) + len(job[0][1]) <= params.batch_size:
+                groups[-1] += job
+            else:
+                groups.append(job)
+    else:  # reference path: every sample re-encodes its prompt
+        flat = [(i, [m]) for i in range(len(prompts)) for m in ids[i]]
+        groups = [flat[j:j + params.batch_size] for j in range(0, len(flat), params.batch_size)]
+    for group in tqdm(groups, desc="sampling", unit="batch", disable=not progress):
+        decode = decode_static if params.decode == "static" else _decode
+        gens = decode(backbone, [prompts[i] for i, _ in group], [starts[i] for i, _ in group],
+                      [m for _, m in group], [seeds[i] for i, _ in group], [i for i, _ in group], params, model,
+                      [pol[i] for i, _ in group], [eps[i] for i, _ in group], cross_prefix=share_prefix,
+                      reader=StepReader(read_states) if read_states is not None else None)
+        for (i, _), gs in zip(group, gens):
+            out[i].extend(gs)
+    return out
+
+
+
+def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
+            seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams,
+            model: "CTRLSModel | None", policies: Sequence = (), epsilons: Sequence = (),
+            cross_prefix: bool = True, reader: StepReader | None = None) -> list[list[Generation]]:
+    """The engine: a growing KV cache whose finished rows are dropped from the batch (``fill_holes``).
+    With a ``reader`` every fed token's last hidden state is read (``StepReader``): a row that ended on a
+    token it keeps is fed it once more, then dropped."""
+    tok, lm = backbone.tokenizer, backbone.model
+    dev = backbone.device
+    body, head = decoder_body(lm), lm.get_output_embeddings()
+    pre = prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
+                  params.max_new_tokens + 1, cross_prefix=cross_prefix, reader=reader)
+    rows, cache, attn, next_pos, h_last, state = pre.rows, pre.cache, pre.attn, pre.next_pos, pre.h_last, pre.state
+    active = list(range(len(rows)))  # row index of each batch position
+
+    for _ in range(params.max_new_tokens):
+        hh = model.adapt(h_last, state) if model is not None else h_last
+        keys = torch.tensor([rows[ri].key for ri in active], dtype=torch.int64)
+        counters = torch.tensor([len(rows[ri].tokens) for ri in active], dtype=torch.int64)
+        # a 3-D input takes a faster GEMM path than a (B, d) matrix on CPU
+        nxt = _pick(head(hh[:, None])[:, 0], params.temperature, params.top_k, keys, counters).cpu()
+        keep, redraw = advance(rows, active, nxt, pre, params, tok)
+        tail = reader.tail(rows, active) if reader is not None else []  # fed once more, then dropped
+        if not keep and not tail:
+            break
+        redraw = [keep[k] for k in redraw]  # batch positions
+        feed = sorted(keep + tail) if tail else keep
+        if len(feed) < len(active):
+            pos = fill_holes(feed, len(active))  # positions in the old batch, in the new batch's order
+            at = {j: i for i, j in enumerate(pos)}
+            redraw = sorted(at[j] for j in redraw)
+            attn, next_pos, state = _take(cache, pos, dev, attn, next_pos, state)
+            nxt = nxt[pos]
+            active = [active[j] for j in pos]
+        if model is not None and redraw:
+            state = redraw_states(model, params, state, redraw, [rows[active[j]] for j in redraw])
+        attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+        h_last = body(input_ids=nxt[:, None].to(dev), attention_mask=attn, position_ids=next_pos[:, None],
+                      past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+        next_pos = next_pos + 1
+        if reader is not None:
+            reader.add(h_last, active)
+            if tail:
+                live = [j for j, ri in enumerate(active) if rows[ri].finish is None]
+                if not live:
+                    break
+                pos = fill_holes(live, len(active))
+                attn, next_pos, state, h_last = _take(cache, pos, dev, attn, next_pos, state, h_last)
+                active = [active[j] for j in pos]
+    return generations(rows, pre.expand, len(prompts), tok, reader)
+
+
+def _take(cache, pos: list[int], dev, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Keep the batch rows ``pos`` (``fill_holes``' order) of the cache, in place, and of each tensor."""
+    sel = torch.as_tensor(pos, device=dev)
+    cache.batch_select_indices(sel)
+    return [None if t is None else t[sel] for t in tensors]
+
+
+
+def seeded(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def tokens_per_second(gens: list[list[Generation]], seconds: float) -> float:
+    return sum(g.n_tokens for gs in gens for g in gs) / max(seconds, 1e-9)
+
+
+__all__ = ["Generation", "SampleParams", "sample", "seeded", "tokens_per_second"]
+

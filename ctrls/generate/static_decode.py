@@ -1,0 +1,174 @@
+"""The static path of :mod:`ctrls.generate.sampling` (``SampleParams.decode = "static"``, config ``sampling.decode``).
+
+The engine (``ctrls.generate.sampling._decode``) keeps the batch dense: its KV cache grows by one position per
+token and finished rows are dropped, so every step has new shapes and a host-side cache copy. That
+suits eager CPU decoding, but a step whose shapes change cannot be captured as one graph, and on a
+GPU the ~1,500 kernel launches of an eager step, not FLOPs or bandwidth, set the time
+(``bench/sampling.py``, ``bench/gpu/gpu_estimate.py``). Here every step has the same shapes:
+
+- the KV cache is transformers' ``StaticCache``: preallocated to ``width + max_new_tokens + 1``
+  positions, written in place at one shared position per step (prompts are left padded to a
+  ``width`` rounded up to a multiple of 64, so every row of a group writes at the same index and
+  groups share a few cache shapes);
+- the attention mask is a preallocated (B, 1, 1, capacity) boolean buffer (transformers uses a 4-D
+  mask as given), with one column switched on per step;
+- batch slots are fixed: a finished row stays in its slot, masked out of everything the host reads,
+  until at most half the slots are live; then the live rows move to the smallest power-of-two
+  bucket that holds them, so a compiled step meets at most log2(B) + 2 shapes and the finished
+  rows' wasted work stays below the live rows' work;
+- the one query token attends on the KV heads (``ctrls.generate.kv_cache.packed_sdpa_attention``; compiled,
+  transformers would copy the cache once per query head);
+- the step (decoder body, the CTRLS adapter of Eq. 8, the LM head and its top-k) is a function of
+  tensors with no host synchronisation, compiled with ``torch.compile`` when ``sampling.compile``
+  asks for it (``reduce-overhead``: CUDA-graph capture); the Gumbel-max draw among the top k from
+  the counter-based streams follows it eagerly (``_step`` says why).
+
+Between steps the host does what the engine does, with the same functions: the stopping rules
+(``ctrls.generate.decoding.advance``) and the state draws s_{t+1} ~ pi~(. | s_t) at step boundaries
+(``redraw_states``, per-row policies and epsilon included). A sample is a function of its seed and
+index alone, so the two paths give the same samples, token for token, up to floating-point batch
+effects (attention over the whole capacity, masked, instead of the live prefix);
+``tests/generate/test_static_decode.py`` compares them on tiny models and on the embedded backbone.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from ctrls.generate.decoding import (
+    COMPILE_MODES,
+    Generation,
+    SampleParams,
+    StepReader,
+    advance,
+    candidates,
+    draw_tokens,
+    generations,
+    prefill,
+    redraw_states,
+)
+from ctrls.generate.kv_cache import packed_decode_attention, select_rows, static_cache
+from ctrls.method.backbone import Backbone, decoder_body
+
+if TYPE_CHECKING:
+    from ctrls.method.model import CTRLSModel
+
+
+_COMPILED: dict[str, object] = {}
+STATIC_PAD_TO = 64  # static path: prompts left padded to a multiple of this, so groups share cache shapes
+RECOMPILE_LIMIT = 64  # shapes one compiled step may meet (batch buckets x cache capacities x Base/CTRLS)
+
+
+def _head_candidates(head, model, temperature: float, top_k: int, h: torch.Tensor,
+                     state: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The draw's candidates from last hidden states: the adapter (Eq. 8, CTRLS), the LM head, top-k."""
+    hh = model.adapt(h, state) if model is not None else h
+    return candidates(head(hh[:, None])[:, 0], temperature, top_k)
+
+
+def _step(body, head, model, temperature: float, top_k: int, cache, ids: torch.Tensor, pos: torch.Tensor,
+          mask: torch.Tensor, state: torch.Tensor | None
+          ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """One static-shape decode step: consume tokens ``ids`` (B, 1) at positions ``pos`` (B, 1) into the
+    cache; return the next token's candidates (``candidates``) and the body's last hidden states (B, d) of
+    the tokens consumed (what ``StepReader`` reads). Shapes depend on the bucket only and
+    nothing is read by the host. The draw itself (``draw_tokens``, a few ops on B x top-k) runs
+    eagerly after it: inductor's CPU code for splitmix64's wrapping int64 arithmetic corrupted memory
+    (torch 2.13; ``free(): corrupted unsorted chunks``), and the draw is not where the time goes."""
+    h = body(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+             use_cache=True).last_hidden_state[:, -1]
+    return (*_head_candidates(head, model, temperature, top_k, h, state), h)
+
+
+def step_fn(mode: str):
+    """``_step``, eager (``none``) or compiled once per process and mode (``torch.compile``; inductor's
+    ``default`` or ``reduce-overhead``, which captures CUDA graphs on a GPU)."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"sampling.compile must be one of {COMPILE_MODES}, got {mode!r}")
+    if mode == "none":
+        return _step
+    if mode not in _COMPILED:
+        # torch recompiles a function at most 8 times by default, then runs it eagerly: a 160-row batch
+        # alone meets 9 buckets (160, 128, ..., 1), twice with Base and CTRLS
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        _COMPILED[mode] = torch.compile(_step, mode=mode, dynamic=False)
+    return _COMPILED[mode]
+
+
+def _bucket(live: int, slots: int) -> int:
+    """The slot count once only ``live`` of ``slots`` rows are live: the smallest power of two that
+    holds them, once they fill at most half the slots (else the slots stay)."""
+    return 1 << max(live - 1, 0).bit_length() if live <= slots // 2 else slots
+
+
+def decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int],
+                 sample_ids: Sequence[list[int]], seeds: Sequence[int], prompt_index: Sequence[int],
+                 params: SampleParams, model: "CTRLSModel | None", policies: Sequence = (),
+                 epsilons: Sequence = (), cross_prefix: bool = True,
+                 reader: StepReader | None = None) -> list[list[Generation]]:
+    """The engine (``ctrls.generate.sampling._decode``) with static shapes (module docstring); the same arguments and
+    result. With a ``reader``, a row that ended on a token it keeps stays in its slot for one more step
+    (a bucket move keeps it), so that the step reads that token's hidden state."""
+    tok, lm = backbone.tokenizer, backbone.model
+    dev = backbone.device
+    body, head = decoder_body(lm), lm.get_output_embeddings()
+    pre = prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
+                  0, pad_to=STATIC_PAD_TO, cross_prefix=cross_prefix, reader=reader)
+    rows, state, width = pre.rows, pre.state, pre.width
+    cap = width + params.max_new_tokens + 1
+    cache = static_cache(lm.config, [(layer.keys, layer.values) for layer in pre.cache.layers], width, cap)
+    del pre.cache
+    n = len(rows)
+    mask = torch.zeros((n, 1, 1, cap), dtype=torch.bool, device=dev)
+    mask[:, 0, 0, :width] = pre.attn.bool()
+    next_pos = pre.next_pos.clone()
+    slot_row = list(range(n))  # the row in each slot (a finished row keeps its slot until the next bucket)
+    live = [True] * n
+    keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
+    step = step_fn(params.compile)
+    cur = width  # the cache position the next token is written to
+
+    def counters():
+        return torch.tensor([len(rows[ri].tokens) for ri in slot_row], dtype=torch.int64, device=dev)
+
+    nxt = draw_tokens(*_head_candidates(head, model, params.temperature, params.top_k, pre.h_last, state),
+                      params.temperature, keys, counters())
+    with packed_decode_attention(lm):  # attention on the KV heads, also when compiled (its docstring says why)
+        for _ in range(params.max_new_tokens):
+            nxt = nxt.cpu()  # the step's one host read
+            slots = [s for s, on in enumerate(live) if on]
+            keep, redraw = advance(rows, [slot_row[s] for s in slots], nxt[slots], pre, params, tok)
+            tail = [slots[j] for j in reader.tail(rows, [slot_row[s] for s in slots])] if reader is not None else []
+            if not keep and not tail:
+                break
+            kept = {slots[j] for j in keep}
+            for s in slots:
+                live[s] = s in kept
+            redraw_slots = [slots[keep[k]] for k in redraw]
+            hold = kept | set(tail)  # the slots this step must keep: the live rows, and the tail to be read
+            n_slots = _bucket(len(hold), len(slot_row))
+            if n_slots < len(slot_row):  # move the held rows (in slot order) to a smaller bucket
+                order = sorted(hold) + [s for s in range(len(slot_row)) if s not in hold][: n_slots - len(hold)]
+                at = {s: i for i, s in enumerate(order)}
+                redraw_slots = [at[s] for s in redraw_slots]
+                tail = [at[s] for s in tail]
+                sel = torch.as_tensor(order, device=dev)
+                cache = select_rows(cache, lm.config, sel, cur)
+                mask, next_pos, keys, nxt = mask[sel].contiguous(), next_pos[sel], keys[sel], nxt[order]
+                if state is not None:
+                    state = state[sel]
+                slot_row = [slot_row[s] for s in order]
+                live = [s in kept for s in order]
+            if model is not None and redraw_slots:
+                state = redraw_states(model, params, state, redraw_slots, [rows[slot_row[s]] for s in redraw_slots])
+            mask[:, 0, 0, cur] = True
+            vals, idx, h = step(body, head, model, params.temperature, params.top_k, cache, nxt[:, None].to(dev),
+                                next_pos[:, None], mask, state)
+            if reader is not None:
+                read = sorted([s for s, on in enumerate(live) if on] + tail)
+                reader.add(h[torch.as_tensor(read, dtype=torch.long, device=h.device)], [slot_row[s] for s in read])
+            nxt = draw_tokens(vals, idx, params.temperature, keys, counters())
+            next_pos = next_pos + 1
+            cur += 1
+    return generations(rows, pre.expand, len(prompts), tok, reader)

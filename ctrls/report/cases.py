@@ -1,0 +1,175 @@
+"""Case studies (Sec. 6.4 and App. D, Figures 3, 6 and 7): Base vs CTRLS step traces with each step's latent state.
+
+Cases are chosen per backbone (each backbone's Base against its own CTRLS). The selection rule is
+code, never a hand pick (``select_cases``): for each backbone and temperature, questions
+on which no Base sample is correct and at least one CTRLS sample is, in question-id order; for each,
+the first correct CTRLS sample (lowest epsilon, then lowest sample index) is shown beside the first
+Base sample with a valid answer (else Base sample 0). When no question qualifies, questions where
+CTRLS has more correct samples than Base are used instead, and the page says so.
+"""
+from __future__ import annotations
+
+import html
+import math
+import re
+
+import pandas as pd
+
+from ctrls.config.settings import BASE
+from ctrls.data.answers import normalize
+from ctrls.data.problems import load_problems
+from ctrls.data.prompts import encode_prompt
+from ctrls.generate.sampling import sample, seeded
+from ctrls.report.paper import PAPER_CASES
+from ctrls.stages.common import backbone_for, sample_params
+from ctrls.stages.exploration import generation_rows
+from ctrls.stages.pretrain import load_pretrained
+
+
+def _first(g: pd.DataFrame) -> pd.Series:
+    return g.sort_values(["_eps", "sample_index"]).iloc[0]
+
+
+def select_cases(samples: pd.DataFrame, n: int = 3, backbone: str | None = None) -> tuple[pd.DataFrame, str]:
+    """Pairs (Base, CTRLS) of one backbone by the module's rule; returns them and the rule that was
+    applied. ``backbone`` may be omitted only when the samples hold one backbone."""
+    names = list(dict.fromkeys(samples.backbone)) if "backbone" in samples else []
+    if backbone is None:
+        if len(names) > 1:
+            raise ValueError(f"samples of {len(names)} backbones {names}: case studies are per backbone, pass backbone=")
+    else:
+        if backbone not in names:
+            raise ValueError(f"no samples of backbone {backbone!r}; the samples have {names}")
+        samples = samples[samples.backbone == backbone]
+    df = samples.assign(_eps=samples.epsilon.fillna(-1.0))
+    per_q = df.groupby(["temperature", "question_id", "config"]).correct.sum().unstack("config", fill_value=0)
+    ctrls_cols = [c for c in per_q.columns if c != BASE]
+    if BASE not in per_q or not ctrls_cols:
+        return pd.DataFrame(), "no Base and CTRLS samples to compare"
+    best = per_q[ctrls_cols].max(axis=1)
+    rule = "Base has no correct sample and CTRLS has at least one"
+    chosen = per_q[(per_q[BASE] == 0) & (best > 0)]
+    if chosen.empty:
+        rule = ("no question has a wrong Base and a right CTRLS; shown instead: questions where some CTRLS "
+                "row has more correct samples than Base")
+        chosen = per_q[best > per_q[BASE]]
+    if chosen.empty:
+        return pd.DataFrame(), ("no case found: on no question does CTRLS answer right where Base is always "
+                                "wrong, nor have more correct samples than Base")
+    pairs = []
+    for (eta, qid) in sorted(chosen.index, key=lambda k: (k[1], k[0]))[:n]:
+        g = df[(df.temperature == eta) & (df.question_id == qid)]
+        c = g[(g.config != BASE)]
+        c = _first(c[c.correct]) if c.correct.any() else _first(c)
+        b = g[g.config == BASE]
+        b = _first(b[b.valid]) if b.valid.any() else _first(b)
+        pairs.append({"temperature": eta, "question_id": qid, "base": b, "ctrls": c})
+    return pd.DataFrame(pairs), rule
+
+
+_TEX_INLINE = re.compile(r"\$([^$\n]+?)\$")
+_TEX_HINT = re.compile(r"[\\^_{}]|[a-zA-Z]\s*[=<>+\-*/]|[=<>+\-*/]\s*[a-zA-Z(]|^\s*[a-zA-Z]\s*$")
+
+STATE_NOTE = ("<b>s = j</b> on a step: the latent state (one of the K states, numbered from 0) under which "
+              "CTRLS generated that step, the most likely state of the distribution drawn for it; Base "
+              "generates without states, so its steps carry a label only where the exploration stage "
+              "encoded them.")
+
+
+def state_note_html() -> str:
+    """The ``s = j`` legend of the traces, once."""
+    return f"<p style='font-size:0.85em;margin:4px 0 12px'>{STATE_NOTE}</p>"
+
+
+def tex_html(text: str) -> str:
+    """``text`` escaped for HTML, with each ``$...$`` that reads as TeX (a backslash, ``^``, ``_``,
+    braces, an operator beside a letter, or a lone letter such as ``$x$``) turned into MathJax's ``\\(...\\)``; a dollar amount such
+    as "$5 and $10" stays as it is."""
+    def sub(m: re.Match) -> str:
+        inner = m.group(1)
+        return f"\\({inner}\\)" if _TEX_HINT.search(inner) else m.group(0)
+    return html.escape(_TEX_INLINE.sub(sub, str(text)), quote=False)
+
+
+def shown_answer(row: pd.Series) -> str:
+    """The answer a trace shows: the normalised extracted answer, or "no answer"."""
+    pred = row.get("pred")
+    if pred is None or (isinstance(pred, float) and math.isnan(pred)) or not str(pred).strip():
+        return "no answer"
+    return normalize(str(pred)) or "no answer"
+
+
+def trace_html(question: str, gold: str, left: pd.Series, right: pd.Series, left_title: str = "Base",
+               right_title: str = "CTRLS", note: bool = True) -> str:
+    """Side-by-side step traces, each step with its latent state, laid out like Figures 3, 6 and 7. The
+    steps are the model's own lines, in order (not renumbered); ``$...$`` TeX is typeset. ``note``: the
+    ``s = j`` legend under the traces (a page of several cases shows it once, :func:`state_note_html`)."""
+    def column(row: pd.Series, title: str) -> str:
+        states = list(row.get("states", []) if isinstance(row.get("states"), (list, tuple)) else
+                      (row.get("states").tolist() if row.get("states") is not None else []))
+        items = []
+        for i, step in enumerate(row.steps):
+            badge = (f"<span style='background:#e6eefc;border-radius:3px;padding:0 4px;margin-right:4px;"
+                     f"font-size:0.8em' title='latent state of this step'>s = {states[i]}</span>") if i < len(states) else ""
+            items.append(f"<li style='margin:2px 0'>{badge}{tex_html(step)}</li>")
+        verdict = "✓ correct" if row.correct else ("✗ wrong" if row.valid else "✗ no answer")
+        color = "#1a7f37" if row.correct else "#cf222e"
+        label = title if title != "CTRLS" else f"CTRLS ({row.config})"
+        return (f"<div style='flex:1;border:1px solid #ccc;border-radius:6px;padding:6px 10px;min-width:0'>"
+                f"<b>{html.escape(label)}</b> · answer <code>{html.escape(shown_answer(row))}</code> "
+                f"<span style='color:{color}'>{verdict}</span>"
+                f"<ul style='list-style:none;padding-left:0'>{''.join(items)}</ul></div>")
+    head = (f"<div style='border:2px solid #3b6fd1;border-radius:6px;background:#f3f6fd;padding:6px 10px;margin-bottom:6px'>"
+            f"<b>Question</b>: {tex_html(question)}<br><b>Gold</b>: {tex_html(gold)}</div>")
+    note = state_note_html() if note else ""
+    return (f"<div class='ctrls-case mathjax_process tex2jax_process'>{head}"
+            f"<div style='display:flex;gap:10px'>{column(left, left_title)}{column(right, right_title)}</div>{note}</div>")
+
+
+def find_paper_cases(cfg) -> dict[str, "object"]:
+    """The paper's two MATH case questions, looked up by text in the MATH data (both splits)."""
+    pool = load_problems("math", "test", data_dir=cfg.data.data_dir) + load_problems("math", "train", data_dir=cfg.data.data_dir)
+    found = {}
+    for name, fragments in PAPER_CASES.items():
+        squash = [f.replace(" ", "") for f in fragments]
+        hits = [p for p in pool if all(f in p.question.replace(" ", "") for f in squash)]
+        if hits:
+            found[name] = hits[0]
+    return found
+
+
+def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None, cases: dict | None = None) -> pd.DataFrame:
+    """Base and CTRLS samples for the paper's MATH case questions with one backbone (default: the
+    first) and its checkpoint: the MATH one if the profile trains it, else its first dataset's.
+    ``cases``: :func:`find_paper_cases`'s result, when the caller has it (reading MATH takes seconds)."""
+    bname = backbone or cfg.pairs()[0][0]
+    mine = [d for b, d in cfg.pairs() if b == bname]
+    if not mine:
+        raise ValueError(f"backbone {bname!r} is not in grid.backbones {cfg.grid.backbones}")
+    ds = "math" if "math" in mine else mine[0]
+    pc = cfg.for_pair(bname, ds)
+    bb = backbone_for(pc, bname)
+    model = load_pretrained(pc, bb)
+    cases = find_paper_cases(cfg) if cases is None else cases
+    probs = list(cases.values())
+    if not probs:
+        return pd.DataFrame()
+    enc = [encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot) for p in probs]
+    eta = cfg.grid.temperatures[-1]
+    eps = cfg.grid.epsilons[0]
+    rows = []
+    for label, m, e in ((BASE, None, 0.0), (f"eps={eps:g}", model, eps)):
+        params = sample_params(pc, eta, epsilon=e)
+        gens = sample(bb, [x[0] for x in enc], n, params, model=m, generator=seeded(cfg.seed + 7, bb.device),
+                      prompt_starts=[x[1] for x in enc])
+        meta = {"backbone": bname, "dataset": "math", "temperature": eta, "config": label,
+                "epsilon": float("nan") if m is None else e, "checkpoint": f"{bname} · {ds}"}
+        for (name, p), gs in zip(cases.items(), gens):
+            rows += [{**r, "case": name} for r in generation_rows(gs, p, meta)]
+    return pd.DataFrame(rows)
+
+
+def best_sample(samples: pd.DataFrame) -> pd.Series:
+    """The sample a case study shows of one side: a correct one if any, else a valid one, then the
+    lowest sample index (deterministic)."""
+    return samples.sort_values(["correct", "valid", "sample_index"], ascending=[False, False, True]).iloc[0]

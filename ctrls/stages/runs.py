@@ -1,0 +1,576 @@
+"""Run directories: ``runs/<profile>/<stage>/<backbone>__<dataset>/`` with a ``done`` marker.
+
+Each stage directory holds the resolved config (``config.yaml``), the stage's outputs, and a
+``done`` file written last. A stage is reused when its ``done`` marker carries the same key
+(a hash of the config sections it depends on and of its upstream stages' keys). A directory
+whose key differs holds stale outputs of another config: it is cleared before the stage starts.
+An interrupted stage (no ``done``, same key) resumes from what it wrote.
+
+What is on disk is verified, not trusted. The ``done`` marker records the sha256 of every output
+file (``files``) and a digest of the outputs of the stages it read (``inputs``). A rerun hashes
+the outputs again: a missing or changed file is logged by name and the stage runs again, after
+deleting the bad file, so a stage that resumes per shard (features, exploration parts, RL runs)
+redoes that shard only; an output replaced by a directory is removed and redone the same way. A
+``done`` marker without checksums (from an older version) is not trusted: the stage is cleared and
+runs again. A stage whose input stage was redone with other outputs runs again too.
+
+Nothing outside ``run_dir`` is cleared or deleted: a stage directory or an extra output that lies
+outside it is refused (``ctrls.data.names.check_inside``). A ``done`` marker cannot point outside its
+stage: every path it names is resolved (``..`` and symbolic links) and must lie strictly inside the
+stage's directory (not one of its markers) or in one of its ``extra`` outputs. A marker that names
+any other path, or that is not the JSON object :meth:`Stage.finish` writes (``[]``, wrong field
+types), is corrupt: logged by name, nothing it names is checked or deleted, and the stage is
+cleared (its own directory only) and runs again.
+
+One writer per stage: :meth:`Stage.begin` takes an exclusive lock (``fcntl.flock`` on
+``.<stage>.lock`` next to the stage's directory, holding the holder's pid and host) and
+:meth:`Stage.finish` releases it (as does ``with stage.begin(): ...`` on an exception). A second
+process fails at once with :class:`StageBusyError` naming the holder, before it clears anything; a
+lock left by a process that died is taken over. Reading a finished stage takes no lock (the run
+directory may be on a read-only mount).
+
+No code from disk: loads at stage boundaries go through :func:`load_torch` (``weights_only=True``
+only: a file that would need the full unpickler is refused with :class:`UnsafeArtifactError`),
+:func:`read_parquet` and :func:`check_safetensors`, whose errors name the file.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from ctrls.config.schema import Config, save_config
+from ctrls.data.names import check_inside, file_name, inside, pair_slug, slug  # noqa: F401 (file_name, pair_slug, slug: re-exported)
+from ctrls.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MARKERS = ("done", "key", "config.yaml")  # a stage's own bookkeeping, not outputs
+BAD_FILE_HINT = ("it is truncated or corrupt: rerun the stage that writes it (a rerun verifies a finished "
+                 "stage's files and redoes a bad one)")
+
+
+class ArtifactError(RuntimeError):
+    """A run artifact is missing, truncated or corrupt; the message names the file."""
+
+
+def safe_name(name: str) -> str:
+    """``name`` with every character but letters, digits, '-', '_' and '.' replaced by '_'. Not
+    injective: for names that must not collide use :func:`file_name`."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+# ---- checksums and loads that name the file ---------------------------------------------------
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """The sha256 of a file, read in chunks (files of any size)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def artifact_error(path: Path, e: Exception) -> ArtifactError:
+    """The error for a run file that could not be read: names the file, the cause and the remedy."""
+    if isinstance(e, FileNotFoundError):
+        return ArtifactError(f"{path} is missing: run the stage that writes it")
+    return ArtifactError(f"cannot read {path} ({type(e).__name__}: {e}); {BAD_FILE_HINT}")
+
+
+class UnsafeArtifactError(ArtifactError):
+    """A run file that only a full unpickler could load: refused, because unpickling it could run code."""
+
+
+# what torch's weights-only unpickler says of a pickle that needs more than tensors and plain containers
+# ("Unsupported global: GLOBAL numpy...", "Trying to load unsupported GLOBAL posix.system", "Unsupported operand 149")
+_UNSAFE_PICKLE = ("unsupported", "allowed global")
+
+
+def unsafe_error(path: Path, why: str) -> UnsafeArtifactError:
+    """The error for a run file that would need the full unpickler: names the file, never loads it."""
+    return UnsafeArtifactError(
+        f"{path} is refused: it holds Python objects beyond tensors and plain containers ({why}), and loading it "
+        "could run code. Run files are loaded with torch.load(weights_only=True) only. If this run directory's "
+        "own (older) version wrote it, delete it and rerun the stage that writes it; if not, do not trust the "
+        "run directory")
+
+
+def load_torch(path: str | Path, **kwargs: Any) -> Any:
+    """``torch.load(path, weights_only=True, **kwargs)``: tensors and plain containers only, never code.
+
+    An unreadable file raises :class:`ArtifactError` naming it; a file that would need the full
+    unpickler (a class, a function, ``__reduce__``) raises :class:`UnsafeArtifactError` naming it,
+    without running anything it holds. ``weights_only=False`` is refused."""
+    import pickle
+
+    import torch
+
+    if kwargs.pop("weights_only", True) is not True:
+        raise ValueError("load_torch loads run files with weights_only=True only: unpickling one could run code")
+    path = Path(path)
+    try:
+        return torch.load(path, weights_only=True, **kwargs)
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        if any(m in text.lower() for m in _UNSAFE_PICKLE):
+            lines = [ln.replace("WeightsUnpickler error:", "").strip() for ln in text.splitlines()]
+            detail = next((ln for ln in lines if any(m in ln.lower() for m in _UNSAFE_PICKLE)), "")
+            raise unsafe_error(path, detail.split(". ")[0].rstrip(".")[:200] or "not a plain-tensor file") from None
+        raise artifact_error(path, e) from e
+    except Exception as e:  # torch says "Invalid argument" or "PytorchStreamReader failed", not which file
+        raise artifact_error(path, e) from e
+
+
+def read_parquet(path: str | Path, **kwargs: Any):
+    """``pandas.read_parquet(path)``; an unreadable file raises :class:`ArtifactError` naming it."""
+    import pandas as pd
+
+    path = Path(path)
+    try:
+        return pd.read_parquet(path, **kwargs)
+    except Exception as e:
+        raise artifact_error(path, e) from e
+
+
+def check_safetensors(path: str | Path) -> None:
+    """Open a safetensors file's header (which checks that it covers the whole file)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), "pt"):
+            pass
+    except Exception as e:
+        raise artifact_error(path, e) from e
+
+
+def parquet_rows(path: Path) -> int | None:
+    """The row count in a parquet file's footer; None (logged, naming the file) when it cannot be read."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception as e:
+        log.warning("%s is unreadable (%s: %s): it will be redone", path, type(e).__name__, e)
+        return None
+
+
+def valid_part(path: Path, rows: int) -> bool:
+    """Whether a part file written earlier can be reused: a readable parquet of ``rows`` rows.
+    A missing part is simply not reusable; a truncated one or one of another length is logged."""
+    if not path.exists():
+        return False
+    n = parquet_rows(path)
+    if n is not None and n != rows:
+        log.warning("%s holds %d rows, expected %d: it will be redone", path, n, rows)
+    return n == rows
+
+
+# ---- one writer per stage -----------------------------------------------------------------------
+
+
+class StageBusyError(RuntimeError):
+    """Another process is writing this stage (it holds the stage's lock); the message names it."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    except OSError:
+        return False
+    return True
+
+
+class _StageLock:
+    """An exclusive ``fcntl.flock`` on ``path``, which holds the holder's pid, host and stage.
+
+    The kernel drops the lock when its holder exits, however it exits: a lock file left by a dead
+    process is simply taken over. Where the file system has no ``flock`` the recorded pid is the lock:
+    taken over when that pid no longer runs on this host. The file is removed on release (while still
+    locked; a taker checks that the file it locked is still the one at ``path``)."""
+
+    def __init__(self, path: Path, stage: str):
+        self.path, self.stage, self.fd, self.pid = path, stage, None, os.getpid()
+
+    def holder(self) -> dict:
+        try:
+            rec = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return {}
+        return rec if isinstance(rec, dict) else {}
+
+    @staticmethod
+    def describe(h: dict) -> str:
+        if not h.get("pid"):
+            return "another process (it has not recorded its pid yet)"
+        return f"pid {h['pid']} on host {h.get('host', '?')}" + (f" since {h['since']}" if h.get("since") else "")
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX
+            return self._acquire_by_pid()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise self.busy(self.holder()) from None
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                return self._acquire_by_pid()
+            try:  # the file may have been released and removed between our open and our lock
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        self.fd = fd
+        left = self.holder()  # a lock file left by a process that died holding it: the kernel let us take it
+        if left.get("pid") and (left.get("pid"), left.get("host")) != (os.getpid(), socket.gethostname()):
+            log.info("%s: took over the lock left by %s, which no longer holds it", self.path, self.describe(left))
+        self._write(fd)
+
+    def _acquire_by_pid(self) -> None:
+        """No flock on this file system: the recorded pid is the lock (taken over when it is dead)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        h = self.holder()
+        if not (isinstance(h.get("pid"), int) and not isinstance(h["pid"], bool) and h["pid"] > 0):
+            h = {}  # no holder recorded (or garbage): free
+        here = h.get("host") == socket.gethostname()
+        if h.get("pid") and h["pid"] != os.getpid() and (not here or _pid_alive(h["pid"])):
+            raise self.busy(h, hint="" if here else
+                            f" (this file system has no flock and the holder runs on another host: if it is "
+                            f"gone, remove {self.path})")
+        if h.get("pid") and h["pid"] != os.getpid():
+            log.warning("%s: taking over the lock of %s, which no longer runs", self.path, self.describe(h))
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._write(fd)
+        os.close(fd)
+        self.fd = -1  # held by pid, no descriptor
+
+    def _write(self, fd: int) -> None:
+        rec = {"pid": os.getpid(), "host": socket.gethostname(), "stage": self.stage,
+               "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(rec) + "\n").encode(), 0)
+
+    def busy(self, h: dict, hint: str = "") -> StageBusyError:
+        return StageBusyError(
+            f"stage {self.stage} is being written by {self.describe(h)} (lock {self.path}): one writer per stage; "
+            f"wait for it to finish, or use another run_dir{hint}")
+
+    def release(self) -> None:
+        if self.fd is None or self.pid != os.getpid():  # never release a lock a forked parent holds
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # while still locked: nobody holds a lock on a removed file
+        except OSError:
+            pass
+        if self.fd >= 0:
+            os.close(self.fd)  # drops the flock
+        self.fd = None
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None and self.pid == os.getpid()
+
+    def __del__(self):  # the last Stage object holding it is gone (e.g. after an exception): release
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - at interpreter exit; the kernel drops the flock anyway
+            pass
+
+
+# the stage locks this process holds, by lock file: a stage begun again in the same process (a retry
+# after an exception, a second Stage object of the same directory) takes over its own lock
+_HELD: "weakref.WeakValueDictionary[str, _StageLock]" = weakref.WeakValueDictionary()
+
+
+# ---- stages ------------------------------------------------------------------------------------
+
+
+class Stage:
+    """One stage's run directory, keyed by the config sections (and upstream keys) it depends on.
+
+    ``inputs``: the stages whose outputs this one reads (it runs again when they are redone with
+    other outputs). ``extra``: output files or directories outside ``dir`` (e.g. a checkpoint).
+    """
+
+    def __init__(self, cfg: Config, name: str, sections: tuple[str, ...], *parts: str,
+                 upstream: tuple[str, ...] = (), inputs: tuple["Stage", ...] = (), extra: tuple[Path, ...] = ()):
+        self.cfg = cfg
+        self.name = name
+        self.root = Path(cfg.run_dir)
+        self.dir = cfg.stage_dir(name, *parts)
+        self.inputs = tuple(inputs)
+        self.extra = tuple(Path(p) for p in extra)
+        for p in (self.dir, *self.extra):  # everything a stage clears or deletes lies inside run_dir
+            try:
+                check_inside(p, self.root, f"stage {name!r}: the directory")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            if os.path.abspath(p) == os.path.abspath(self.root):
+                raise ConfigError(f"stage {name!r}: its directory would be the run directory {self.root} itself")
+        h = hashlib.sha256(json.dumps([cfg.fingerprint(*sections), list(upstream)]).encode())
+        self.key = h.hexdigest()[:16]
+        self.bad: list[Path] = []  # outputs that failed verification: deleted when the stage begins again
+        self.problems: list[str] = []  # what verification found, one line per file
+        self._files_ok: bool | None = None  # verification result, computed once per Stage object
+        self._unverifiable = False  # a done marker without checksums, or corrupt: cleared and redone when begun
+        self._lock: _StageLock | None = None
+
+    @property
+    def done_file(self) -> Path:
+        return self.dir / "done"
+
+    def _record(self) -> dict | None:
+        """The ``done`` marker, or None when there is none or it is unreadable or corrupt (logged)."""
+        if not self.done_file.exists():
+            return None
+        try:
+            rec = json.loads(self.done_file.read_text())
+        except (OSError, ValueError) as e:
+            log.warning("%s is unreadable (%s): the stage will run again", self.done_file, e)
+            return None
+        why = self._corrupt(rec)
+        if why:
+            # its file list cannot be trusted: nothing it names is checked or deleted; the stage's own
+            # directory is cleared when it begins, as for a marker without checksums
+            log.warning("%s is corrupt (%s): nothing it names is trusted or deleted; the stage is cleared and "
+                        "runs again", self.done_file, why)
+            self.problems = [f"{self.done_file} is corrupt: {why}"]
+            self._unverifiable = True
+            return None
+        return rec
+
+    def _corrupt(self, rec: Any) -> str | None:
+        """Why a parsed ``done`` marker is not one this class wrote, or None when its shape is right
+        and every file it names lies inside the stage (its directory or an ``extra`` output)."""
+        if not isinstance(rec, dict):
+            return f"a JSON {type(rec).__name__}, not an object"
+        if not isinstance(rec.get("key"), str):
+            return "no string 'key'"
+        files, inputs = rec.get("files"), rec.get("inputs")
+        if files is not None and not (isinstance(files, dict) and all(isinstance(v, str) for v in files.values())):
+            return "'files' is not an object of checksums"
+        if inputs is not None and not (isinstance(inputs, dict) and
+                                       all(v is None or isinstance(v, str) for v in inputs.values())):
+            return "'inputs' is not an object of digests"
+        for rel in files or {}:
+            if self._output_path(rel) is None:
+                return f"it names {rel!r}, which is not an output inside the stage directory {self.dir}"
+        return None
+
+    def _output_path(self, rel: str) -> Path | None:
+        """The output that ``rel`` (relative to ``dir``, as :meth:`manifest` writes it) names, or None
+        when it is not one: resolved (``..`` and symbolic links), it must lie strictly inside ``dir``
+        (not one of its markers) or be, or lie inside, an ``extra`` output."""
+        if not rel or "\0" in rel or os.path.isabs(rel):
+            return None
+        p = Path(os.path.normpath(self.dir / rel))
+        real, d = os.path.realpath(p), os.path.realpath(self.dir)
+        if real.startswith(d.rstrip(os.sep) + os.sep) and real != d:
+            if os.path.relpath(real, d) in MARKERS:
+                return None
+            return p
+        for e in self.extra:
+            x = os.path.realpath(e)
+            if real == x or real.startswith(x.rstrip(os.sep) + os.sep):
+                return p
+        return None
+
+    def is_done(self) -> bool:
+        """Finished with this key, every recorded output intact, and its inputs as they were. Reads
+        only: a finished stage is reused without its lock (the run directory may be read-only)."""
+        rec = self._record()
+        if rec is None or rec.get("key") != self.key:
+            return False
+        if self._files_ok is None:
+            self._files_ok = self._verify(rec.get("files"))
+        return self._files_ok and self._inputs_unchanged(rec.get("inputs"))
+
+    def _verify(self, files: dict[str, str] | None) -> bool:
+        self.bad, self.problems = [], []
+        if not isinstance(files, dict):
+            # nothing to check the outputs against: a truncated file would pass for a finished one
+            self.problems.append(f"{self.done_file} records no output checksums")
+            self._unverifiable = True
+            log.warning("%s finished before output checksums were recorded: its outputs cannot be verified, so the "
+                        "stage runs again", self.dir)
+            return False
+        for rel, sha in files.items():
+            p = self._output_path(rel)
+            if p is None or not inside(p, self.root):  # _record refused such a marker already
+                self.problems.append(f"{self.done_file} names {rel!r}, outside the stage")
+                self._unverifiable = True
+                continue
+            try:
+                actual = sha256_file(p)
+            except FileNotFoundError:
+                self.problems.append(f"{p} is missing")
+                log.warning("%s is missing (an output of the finished stage %s): running the stage again", p, self.dir)
+                continue
+            except IsADirectoryError:
+                actual = "a directory"
+            except OSError as e:
+                actual = f"unreadable: {e}"
+            if actual == "a directory":
+                self.problems.append(f"{p} is a directory, not the file the stage wrote")
+                log.warning("%s is a directory where the finished stage wrote a file: removing it and redoing it", p)
+                self.bad.append(p)
+            elif actual != sha:
+                self.problems.append(f"{p} is corrupt")
+                log.warning("%s is corrupt (its sha256 differs from the one recorded when the stage finished): "
+                            "redoing it", p)
+                self.bad.append(p)
+        return not self.problems
+
+    def _inputs_unchanged(self, recorded: dict[str, str | None] | None) -> bool:
+        if recorded is None:  # a marker from before inputs were recorded
+            return True
+        for st in self.inputs:
+            if recorded.get(st.key, "absent") != st.digest():
+                log.info("%s: its input %s was redone or is unfinished: running it again", self.dir, st.dir)
+                return False
+        return True
+
+    def output_files(self) -> list[Path]:
+        """Every output file: all files under ``dir`` and ``extra`` but the markers and temp files."""
+        found = []
+        for root in (self.dir, *self.extra):
+            if root.is_file():
+                found.append(root)
+            elif root.is_dir():
+                found += [p for p in root.rglob("*") if p.is_file()]
+        own = {self.dir / m for m in MARKERS}
+        return sorted({p for p in found if p not in own and not p.name.endswith(".tmp")})
+
+    def manifest(self) -> dict[str, str]:
+        """{path relative to ``dir``: sha256} of the outputs as they are now."""
+        return {Path(os.path.relpath(p, self.dir)).as_posix(): sha256_file(p) for p in self.output_files()}
+
+    def digest(self) -> str | None:
+        """A digest of the outputs recorded by the ``done`` marker; None when the stage is unfinished."""
+        rec = self._record()
+        if rec is None or rec.get("key") != self.key:
+            return None
+        if "files" not in rec:
+            return "unverified"
+        return hashlib.sha256(json.dumps(rec["files"], sort_keys=True).encode()).hexdigest()
+
+    def summary(self) -> dict[str, Any]:
+        rec = self._record() or {}
+        return {k: v for k, v in rec.items() if k not in ("files", "inputs")}
+
+    @property
+    def lock_file(self) -> Path:
+        """The stage's lock: next to its directory (clearing the directory never removes it)."""
+        return self.dir.parent / f".{self.dir.name}.lock"
+
+    def lock(self) -> "Stage":
+        """Take the stage's exclusive lock (one writer per stage), or raise :class:`StageBusyError`
+        naming the process that holds it. Re-entrant within this process."""
+        if self._lock is not None and self._lock.held:
+            return self
+        key = os.path.abspath(self.lock_file)
+        held = _HELD.get(key)
+        if held is None or not held.held:
+            held = _StageLock(self.lock_file, str(self.dir))
+            held.acquire()
+            _HELD[key] = held
+        self._lock = held
+        return self
+
+    def release(self) -> None:
+        """Give the stage's lock back (done by :meth:`finish`, and on an exception inside ``with``)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> "Stage":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def begin(self, force: bool = False, keep: bool = False) -> "Stage":
+        """Take the stage's lock (:meth:`lock`), then create the directory; clear it when forced or
+        when it holds another config's outputs (unless ``keep``: a stage whose directory holds a
+        cache valid across configs) or when its ``done`` marker is corrupt or has no checksums.
+        Outputs that failed verification are deleted, and the ``done`` marker removed: the stage is
+        unfinished. The lock is held until :meth:`finish` (or :meth:`release`; ``with stage.begin():``
+        releases it on an exception too)."""
+        self.lock()
+        if self._files_ok is None and not self._unverifiable:
+            self._record()  # a corrupt marker: clear the stage (nothing it names is touched)
+        key_file = self.dir / "key"
+        stale = key_file.exists() and (not key_file.is_file() or key_file.read_text().strip() != self.key)
+        unverifiable = self._unverifiable
+        if (force or stale or unverifiable) and self.dir.exists() and not keep:
+            log.info("clearing %s (%s)", self.dir, "forced" if force else "config changed" if stale
+                     else "outputs without checksums, or a corrupt done marker")
+            self._remove(self.dir)
+        for p in self.bad:
+            self._remove(p)
+        self.bad, self.problems, self._files_ok, self._unverifiable = [], [], None, False
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for m in MARKERS:  # a marker replaced by a directory is removed like a bad output
+            if (self.dir / m).is_dir():
+                self._remove(self.dir / m)
+        self.done_file.unlink(missing_ok=True)
+        key_file.write_text(self.key)
+        save_config(self.cfg, self.dir / "config.yaml")
+        self._t0 = time.time()
+        return self
+
+    def _remove(self, p: Path) -> None:
+        """Delete a file or a directory tree, only inside the run directory."""
+        check_inside(p, self.root, f"stage {self.name!r}: the output")
+        if p.is_dir() and not p.is_symlink():
+            log.warning("removing the directory %s", p)
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+
+    def finish(self, **summary: Any) -> None:
+        """Write the ``done`` marker: the summary, the sha256 of every output, and the inputs' digests;
+        then release the stage's lock."""
+        self.lock()
+        try:
+            rec = {"key": self.key, "wall_s": round(time.time() - getattr(self, "_t0", time.time()), 1), **summary,
+                   "files": self.manifest(), "inputs": {st.key: st.digest() for st in self.inputs}}
+            tmp = self.done_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(rec, indent=1, default=str))
+            tmp.replace(self.done_file)
+            self._files_ok = True
+        finally:
+            self.release()
+
+
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    """Append whole rows to a JSON-lines file and sync them to disk (a reader that stops at the
+    last complete line never sees half a row)."""
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+        f.flush()
+        os.fsync(f.fileno())
