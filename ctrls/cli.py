@@ -10,7 +10,9 @@ A bad profile or override (``ctrls.config.schema.ConfigError``) is one line on s
 before any stage runs; data that cannot be loaded (``ctrls.data.problems.DataError``: an unknown dataset or
 split, a missing file) is one line and exit status 1; so is a failed notebook (e.g. a table given no
 samples). A ``--run-dir`` that is not a writable directory and an unknown ``CTRLS_LOG`` level are
-one line and exit status 2.
+one line and exit status 2, as is a directory under it that a stage cannot write (e.g. a read-only
+profile directory) or a stage lock that is a symbolic link; a stage that another process is writing
+is one line and exit status 1.
 
 Several GPUs: ``accelerate launch --multi_gpu --num_processes 8 -m ctrls stage rl --profile paper``
 runs a stage data-parallel (``ctrls.stages.distributed``); ``ctrls reproduce`` then reuses its results.
@@ -379,6 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     from ctrls.config.schema import ConfigError
     from ctrls.data.problems import DataError
+    from ctrls.stages.runs import RunDirError, StageBusyError
 
     try:
         rc = args.fn(args)
@@ -391,6 +394,12 @@ def main(argv: list[str] | None = None) -> None:
     except DataError as e:  # an unknown dataset or split, missing or malformed data: one line
         print(f"ctrls {args.cmd}: data error: {' '.join(str(e).split())}", file=sys.stderr)
         rc = 1
+    except StageBusyError as e:  # another process holds the stage's lock: one line naming it
+        print(f"ctrls {args.cmd}: {' '.join(str(e).split())}", file=sys.stderr)
+        rc = 1
+    except RunDirError as e:  # a directory under --run-dir that cannot be written, a lock that is a link
+        print(f"ctrls {args.cmd}: {' '.join(str(e).split())}", file=sys.stderr)
+        rc = 2
     sys.exit(rc)
 
 

@@ -357,6 +357,34 @@ def base_row(cfg, bb, model, problems, n: int, seed: int):
     return states, {"pass1": float(np.mean(correct)), "succ": float(np.mean(valid)), "samples": len(correct)}
 
 
+def check_args(args):
+    """The config of ``args``, or SystemExit with one line naming the first bad argument (checked before any work:
+    ``--questions -1`` sliced the problems to all but the last and exited 0)."""
+    def refuse(msg):
+        raise SystemExit(f"injection.py: {msg}")
+
+    for name in ("questions", "samples", "batch", "epochs"):
+        v, low = getattr(args, name), 0 if name == "epochs" else 1
+        if v is not None and v < low:
+            refuse(f"--{name} {v}: give an integer >= {low}")
+    bad = [x for x in args.layers if not x.isdigit()]  # "last" is always measured: the stages' own adapter
+    if bad or len(set(map(int, args.layers))) < len(args.layers):
+        refuse(f"--layers {' '.join(args.layers)}: give distinct decoder layers, integers >= 0 (0: the input "
+               f"embeddings; the last hidden state is always measured)")
+    if args.append and not args.out:
+        refuse("--append needs --out (the result to add rows to)")
+    if not Path(args.run_dir).is_dir():
+        refuse(f"--run-dir {args.run_dir}: no such directory (run the profile's pretraining stage there first)")
+    try:
+        cfg = load_config(args.profile, [*args.override, f"run_dir={args.run_dir}"])
+    except ValueError as e:  # ConfigError: an unknown key, a bad value, a key given twice
+        refuse(str(e))
+    if args.questions is not None and args.questions > cfg.data.n_test:
+        refuse(f"--questions {args.questions}: more than the profile's data.n_test = {cfg.data.n_test} test questions "
+               f"(raise it with -o data.n_test={args.questions})")
+    return cfg
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run-dir", default="runs/demo")
@@ -372,9 +400,12 @@ def main(argv=None) -> dict:
                     help="keep the rows already in --out (same run directory and sizes; the Base row must come out equal) "
                          "and skip the last-hidden row when it is there")
     args = ap.parse_args(argv)
+    cfg = check_args(args)  # every argument, before any work: one line each, never a traceback
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    cfg = load_config(args.profile, [*args.override, f"run_dir={args.run_dir}"])
     bb = load_backbone(cfg.backbone.name, device="cpu", dtype="float32")
+    n_layers = bb.model.config.num_hidden_layers
+    if any(int(x) > n_layers for x in args.layers):
+        raise SystemExit(f"injection.py: --layers {' '.join(args.layers)}: {cfg.backbone.name} has decoder layers 0..{n_layers}")
     for p in bb.model.parameters():
         p.requires_grad_(False)
     model = load_pretrained(cfg, bb)

@@ -86,9 +86,17 @@ def rows(df, ctl) -> dict:
 COMMIT = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
+OWN_KEYS = ("run_dir", "data.n_train", "pretrain.sources", "grid.transfer_datasets", "grid.fixed_state")  # set per point
+
+
+def point_overrides(n: int, sources: str, overrides: list[str], run_dir: str) -> list[str]:
+    """The demo profile's overrides of one point: this study's own keys (``OWN_KEYS``), then the user's."""
+    return [f"run_dir={run_dir}", f"data.n_train={n}", f"pretrain.sources=[{sources}]", "grid.transfer_datasets=[]",
+            "grid.fixed_state=true"] + overrides
+
+
 def point(n: int, sources: str, overrides: list[str], run_dir: str) -> dict:
-    ov = [f"run_dir={run_dir}", f"data.n_train={n}", f"pretrain.sources=[{sources}]", "grid.transfer_datasets=[]",
-          "grid.fixed_state=true"] + overrides
+    ov = point_overrides(n, sources, overrides, run_dir)
     cfg = load_config("demo", ov)
     t = time.perf_counter()
     run = pretrain(cfg, progress=False)
@@ -116,7 +124,46 @@ def point(n: int, sources: str, overrides: list[str], run_dir: str) -> dict:
             "seconds": {"pretrain": round(t_pre, 1), "exploration": round(t_exp, 1)}}
 
 
-def main() -> None:
+def check_args(a) -> None:
+    """Every argument and every point's config, or SystemExit with one line naming the first bad one: all
+    before the first point runs (a bad second point was found after the first had run for minutes; a bad
+    override was a ConfigError traceback)."""
+    def refuse(msg):
+        raise SystemExit(f"steering.py: {msg}")
+
+    for flag, vals, low in (("--chains", a.chains, 1), ("--n-states", a.n_states or [], 2)):
+        if any(v < low for v in vals) or len(set(vals)) < len(vals):
+            refuse(f"{flag} {' '.join(map(str, vals))}: give distinct integers >= {low}")
+    src = [x.strip() for x in a.sources.split(",")]
+    if not a.sources.strip() or any(x not in ("samples", "reference") for x in src) or len(set(src)) < len(src):
+        refuse(f"--sources {a.sources!r}: give reference, samples or samples,reference")
+    own = [*OWN_KEYS, *(["states.n_states"] if a.n_states else [])]
+    for item in a.override:
+        if item.split("=", 1)[0].strip() in own:
+            refuse(f"-o {item}: this study sets {item.split('=', 1)[0].strip()} itself for every point "
+                   f"(--chains, --sources, --n-states, --run-dir)")
+    if a.append and not a.out:
+        refuse("--append needs --out (the result to add points to)")
+    if a.append and Path(a.out).exists():
+        try:
+            if not isinstance(json.loads(Path(a.out).read_text())["points"], list):
+                raise TypeError("points is not a list")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            refuse(f"--append: {a.out} is not a readable result with a list of points ({type(e).__name__}: {e})")
+    for n, K, ov, rd in points_of(a, a.run_dir or tempfile.gettempdir()):  # the scratch directory is made after
+        try:
+            load_config("demo", point_overrides(n, a.sources, ov, rd))
+        except ValueError as e:  # ConfigError: every point's, before the first runs
+            refuse(f"the point of {n} chains{'' if K is None else f' at K = {K}'}: {e}")
+
+
+def points_of(a, run_dir: str) -> list[tuple[int, int | None, list[str], str]]:
+    """(chains, K, overrides, run directory) of every point: each K in its own directory."""
+    return [(n, K, *((a.override, run_dir) if K is None else ([*a.override, f"states.n_states={K}"], f"{run_dir}/K{K}")))
+            for n in a.chains for K in a.n_states or [None]]
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chains", type=int, nargs="+", default=[75, 300, 1200], help="training questions per point")
     ap.add_argument("--sources", default="reference", help="pretrain.sources: reference, samples or samples,reference")
@@ -126,20 +173,19 @@ def main() -> None:
     ap.add_argument("--run-dir", default=None, help="scratch run directory (default: a temporary one)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--append", action="store_true", help="keep the points already in --out")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    check_args(a)  # every argument and every point's config, before any work
     run_dir = a.run_dir or tempfile.mkdtemp(prefix="ctrls-steering-")
     points = []
     if a.append and a.out and Path(a.out).exists():
         points = json.loads(Path(a.out).read_text())["points"]
-    for n in a.chains:
-        for K in a.n_states or [None]:
-            ov, rd = (a.override, run_dir) if K is None else ([*a.override, f"states.n_states={K}"], f"{run_dir}/K{K}")
-            p = point(n, a.sources, ov, rd)
-            print(json.dumps(p), flush=True)
-            points.append(p)
-            # written after every point, so a long sweep that is stopped keeps the points it finished
-            write_result({"bench": "steering", "profile": "demo", "commit": COMMIT, "machine": machine(),
-                          "sources": a.sources, "points": points}, a.out)
+    for n, _, ov, rd in points_of(a, run_dir):
+        p = point(n, a.sources, ov, rd)
+        print(json.dumps(p), flush=True)
+        points.append(p)
+        # written after every point, so a long sweep that is stopped keeps the points it finished
+        write_result({"bench": "steering", "profile": "demo", "commit": COMMIT, "machine": machine(),
+                      "sources": a.sources, "points": points}, a.out)
 
 
 if __name__ == "__main__":

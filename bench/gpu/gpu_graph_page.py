@@ -83,7 +83,7 @@ def headline(d: dict) -> str:
             f"**{_h(tg['mean'])}-{_h(tg['cap'])} {gpu}-hours**, against {_h(te['mean'])}-{_h(te['cap'])} h with the "
             "eager engine on the same machine. An H200 reads memory about 1.4x faster than an H100 (4.8 against 3.35 TB/s, spec "
             "sheets), and decoding a 3B model is bound by that read, so on an H100 expect up to about 1.4x these "
-            "hours; no H100 was lent for this run.")
+            "hours (an expectation, not a measurement on an H100).")
 
 
 def main(argv=None) -> None:

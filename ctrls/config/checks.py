@@ -15,12 +15,13 @@ from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 from ctrls.config.overrides import short
 from ctrls.config.rules import Rule
-from ctrls.config.settings import parse_setting, row_label
+from ctrls.config.settings import parse_setting, row_label, setting_label
 from ctrls.data.names import PAIR_NAME_ROOM, name_max, pair_slug, slug
 from ctrls.errors import ConfigError
 
 # ctrls.config.schema imports this module, so its Config is named, not imported, here
 Config = Any
+MAX_SEED = 2**63 - 1  # any key named seed or seeds: torch.manual_seed overflows at 2**64 (seed + epoch, + 7, + 10**9 stay below)
 
 
 # ---- checks across keys ----------------------------------------------------------------------
@@ -86,6 +87,7 @@ def _check_pair_dirs(cfg: Config) -> None:
     """Every (backbone, dataset) pair gets its own directory ``<backbone>__<dataset>``: names that
     map to the same directory (``d`` and ``d/``, two ``.../checkpoint-500``) are refused."""
     for k, names in (("grid.backbones", cfg.grid.backbones), ("grid.datasets", cfg.grid.datasets),
+                     ("grid.transfer_datasets", cfg.grid.transfer_datasets),
                      ("backbone.name", [cfg.backbone.name]), ("data.dataset", [cfg.data.dataset])):
         for i, n in enumerate(names):
             s = slug(n)
@@ -99,6 +101,15 @@ def _check_pair_dirs(cfg: Config) -> None:
                 raise refuse(f"{k}[{i}]", n, f"a name whose directory differs from {seen[s]!r}'s",
                               f"both would write to runs/<profile>/<stage>/{slug(n)}")
             seen[s] = n
+    g, dirs = cfg.grid, {}  # whole pair directories: "m" with "x__y" and "m__x" with "y" are both m__x__y
+    named = [(pair_slug(b, d), f"grid.datasets[{j}]", d) for b in g.backbones for j, d in enumerate(g.datasets)]
+    named += [(pair_slug(b, f"{t}-from-{d}"), f"grid.transfer_datasets[{k}]", t)
+              for b in g.backbones for d in g.datasets for k, t in enumerate(g.transfer_datasets)]
+    for s, k, n in named:
+        if s.casefold() in dirs and dirs[s.casefold()] != (k, n):
+            raise refuse(k, n, f"a name whose pair directory differs from {dirs[s.casefold()][1]!r}'s",
+                         f"both would write to runs/<profile>/<stage>/{s}")
+        dirs.setdefault(s.casefold(), (k, n))
 
 
 def _check_name_lengths(cfg: Config) -> None:
@@ -122,7 +133,7 @@ def _check_name_lengths(cfg: Config) -> None:
 def _check_labels(cfg: Config) -> None:
     """Rows and RL runs are found by their labels and file names: two settings that would share one
     are refused (e.g. epsilons equal to 6 digits share the label eps=0.123457)."""
-    rows = [row_label(e) for e in cfg.grid.epsilons]
+    rows = [row_label(e + 0.0) for e in cfg.grid.epsilons]  # + 0.0: -0.0 and 0.0 are one row ("eps=-0" was another)
     if len(set(rows)) < len(rows):
         raise refuse("grid.epsilons", cfg.grid.epsilons, "epsilons with distinct row labels",
                       f"{next(r for r in rows if rows.count(r) > 1)} twice")
@@ -133,7 +144,8 @@ def _check_labels(cfg: Config) -> None:
     for k in ("rl.table2", "judge.settings"):
         labels: dict[str, str] = {}
         for name in getattr(cfg.rl if k == "rl.table2" else cfg.judge, k.split(".")[1]):
-            lab = parse_setting(name, cfg).label
+            st = parse_setting(name, cfg)
+            lab = setting_label(st.epsilon + 0.0, st.alpha + 0.0)  # eps=-0 and eps=0 are one row
             if lab in labels:
                 raise refuse(k, name, f"a setting other than {labels[lab]!r}", f"both are the row {lab!r}")
             labels[lab] = name
@@ -148,10 +160,26 @@ def _check_transfer(cfg: Config) -> None:
 
 
 def _check_word_problems(cfg: Config) -> None:
+    """The difficulty, and every size asked of its splits: one its split cannot give is refused here, at
+    load, not when a stage draws it (``ctrls.data.word_problems.check_size``: counted, not drawn)."""
+    from ctrls.data.word_problems import check_size
+
     try:
-        cfg.data.word_problems.difficulty()
+        d = cfg.data.word_problems.difficulty()
     except ValueError as e:
         raise ConfigError(f"config key 'data.word_problems': {e}") from e
+    asked = []
+    if "word_problems" in (cfg.data.dataset, *cfg.grid.datasets):
+        asked += [("data.n_train", "train", cfg.data.n_train), ("data.n_test", "test", cfg.data.n_test),
+                  ("rl.n_test", "test", cfg.rl.n_test)]
+    if "word_problems" in cfg.grid.transfer_datasets:
+        asked.append(("grid.transfer_questions", "test", cfg.grid.transfer_questions))
+    for k, split, n in asked:
+        try:
+            if n is not None:
+                check_size(d, split, n)
+        except ValueError as e:
+            raise refuse(k, n, f"a size the word_problems {split} split holds ({e})") from None
 
 
 # Each takes the whole config and raises ConfigError naming the key it refuses.
@@ -184,12 +212,15 @@ def _validate_section(obj: Any, prefix: str) -> None:
         if isinstance(v, list):
             if f.metadata.get("nonempty") and not v:
                 raise refuse(k, v, "a non-empty list")
-            if f.metadata.get("unique") and len({json.dumps(x) for x in v}) < len(v):
+            if f.metadata.get("unique") and len({json.dumps(x + 0.0 if isinstance(x, float) else x) for x in v}) < len(v):
                 raise refuse(k, v, "a list without repeated entries")
             items = [(f"{k}[{i}]", x) for i, x in enumerate(v)]
         else:
             items = [(k, v)] if v is not None else []  # None, where the type allows it, means "the default rule"
         for name, x in items:
+            if f.name in ("seed", "seeds") and isinstance(x, int) and x > MAX_SEED:  # every seed key (each is >= 0 by its rule)
+                raise refuse(name, x, "an integer in [0, 2**63 - 1]", "torch.manual_seed takes less than 2**64, and the "
+                                                                        "stages add small offsets to a seed")
             if rule is not None and not rule.ok(x):
                 optional = type(None) in get_args(tp)
                 raise refuse(name, x, rule.allowed + (", or null" if optional else ""), rule.why)

@@ -41,7 +41,21 @@ def _construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
 
 @_core_schema
 class _Loader(yaml.SafeLoader):
-    pass
+    what = "the YAML"  # names the text in errors (set by load_yaml)
+
+    def construct_mapping(self, node, deep=False):
+        """A mapping whose own keys are distinct: a key given twice (``seed: 5`` then ``seed: 6``) is a
+        ConfigError naming it, never the last one winning. Keys merged in by ``<<`` may be overridden."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                k, line = self.construct_object(key_node), key_node.start_mark.line + 1
+                if k in seen:
+                    raise ConfigError(f"{self.what}: {short(k)} is given twice (lines {seen[k]} and {line}); give each key once")
+                seen[k] = line
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_constructor(_INT, _construct_int)
@@ -83,6 +97,7 @@ def load_yaml(text: str, what: str, aliases: bool = True) -> Any:
     most :data:`MAX_YAML_NODES` values (none at all unless ``aliases``). ``what`` names the text in
     errors; a ``yaml.YAMLError`` is the caller's to word."""
     loader = _Loader(text)
+    loader.what = what
     try:
         node = loader.get_single_node()
         if node is None:
@@ -190,12 +205,33 @@ def parse_overrides(items: str | typing.Iterable[str] | dict[str, Any] | None) -
     if not items:
         return {}
     if isinstance(items, dict):
-        return dict(items)
+        return check_unique_keys(dict(items), "the overrides")
     items = split_overrides(items) if isinstance(items, str) else _regroup(items)
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"override {short(item)} is not of the form key=value")
         k, v = item.split("=", 1)
+        if k.strip() in out:  # "seed=5 seed=6": refused, not the last one winning
+            raise ConfigError(f"override {short(item)}: {k.strip()!r} is given twice in the overrides; give each key once")
         out[k.strip()] = _yaml_value(item, v)
-    return out
+    return check_unique_keys(out, "the overrides")
+
+
+def check_unique_keys(mapping: dict[str, Any], what: str) -> dict[str, Any]:
+    """``mapping`` when no dotted key is set twice in it, whether as ``data.n_test`` beside a ``data``
+    section holding ``n_test`` or otherwise; else a ConfigError naming the key."""
+    seen: set[str] = set()
+
+    def walk(m: dict, prefix: str) -> None:
+        for k, v in m.items():
+            full = f"{prefix}{k}"
+            if isinstance(v, dict) and v:
+                walk(v, full + ".")
+            elif full in seen:
+                raise ConfigError(f"{what}: {full!r} is given twice; give each key once")
+            else:
+                seen.add(full)
+
+    walk({k: v for k, v in mapping.items() if isinstance(k, str)}, "")
+    return mapping

@@ -47,7 +47,7 @@ from ctrls.config.checks import (  # noqa: F401 (re-exported)
     type_hints,
     validate,
 )
-from ctrls.config.overrides import dump_yaml, load_yaml, parse_overrides, short
+from ctrls.config.overrides import check_unique_keys, dump_yaml, load_yaml, parse_overrides, short
 from ctrls.config.rules import (  # noqa: F401 (re-exported)
     Rule,
     above,
@@ -466,6 +466,7 @@ def load_config(profile: str = "demo", overrides: str | typing.Iterable[str] | d
         raise ConfigError(f"profile {profile!r} is not valid YAML: {short(' '.join(str(e).split()), 300)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"profile {profile!r} must be a mapping")
+    check_unique_keys(raw, f"profile {profile!r}")  # "data.n_test" beside data: {n_test}: one key twice
     cfg = Config(profile=name)
     _apply_mapping(cfg, raw)
     _apply_mapping(cfg, parse_overrides(overrides))

@@ -41,7 +41,10 @@ The answer policy of this project (also on the book's method page, "Answer check
      "cubed" and "factorial" apply ("5 squared" is 25, "4 factorial" 24, for integers up to 100);
      what cannot be scaled ("2.5 factorial", "5 thousandths", "halves", a hedge) is refused: such a
      prediction equals only a gold that normalises to the same text;
-   - writes a number in scientific notation as a plain decimal ("1e-05" is "0.00001").
+   - writes a number in scientific notation as a plain decimal ("1e-05" is "0.00001"); scaled and
+     rewritten numbers keep every digit ("50 factorial" is all 65 of them), or are left as written;
+   - reads a Unicode vulgar fraction as the fraction it shows ("½" is 1/2, "1⅓" and "1 ⅓" are 4/3),
+     and the fraction slash "⁄" as "/".
    It also unwraps ``\\text{}``, ``\\textbf{}``, ``\\textrm{}``, ``\\mathrm{}`` and ``\\mbox{}``,
    reads "−" as "-", and an en-dash "–" as "-" too, except between two numbers, where it is a range
    ("3–5": no number, equal only to the same range), and removes LaTeX spacing, a final period, a
@@ -80,8 +83,10 @@ import logging
 import math
 import re
 import threading
+import unicodedata
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, DecimalException, Inexact, InvalidOperation, Overflow, localcontext
+from fractions import Fraction
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +185,14 @@ _SPACE_GROUPS = re.compile(r"^([-+]?\d{1,3}(?:[ \u00a0\u2009\u202f]\d{3})+(?:\.\
 _DECIMAL = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")  # a plain decimal number, after normalize
 LOST = "\ufffd"  # what a lone surrogate (or a character lost in decoding) is read as
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Scaled numbers are computed exactly or not at all: Decimal's default context rounds to 28 digits ("50
+# factorial" came out 3.041409320171337804361260817E+64); here an inexact result is an error (the words stay)
+_EXACT = Context(prec=4 * MAX_ANSWER_CHARS, Emax=10 * MAX_ANSWER_CHARS, Emin=-10 * MAX_ANSWER_CHARS,
+                 traps=[Inexact, InvalidOperation, Overflow])
+# Unicode vulgar fractions (½, ¾, ⅞, ...), alone or after a whole number ("1⅓", "3 ¼"), are the fraction they
+# show; U+2044 (the fraction slash of "1⁄2") is a slash
+VULGAR = {c: Fraction(unicodedata.numeric(c)).limit_denominator(10) for c in "½⅓⅔¼¾⅕⅖⅗⅘⅙⅚⅐⅛⅜⅝⅞⅑⅒↉"}
+_VULGAR = re.compile(rf"(?:(\d+)[ \u00a0\u2009\u202f]?)?([{''.join(VULGAR)}])")
 
 
 def readable_text(text: str) -> str:
@@ -262,15 +275,40 @@ def extract_answer(text: str) -> str | None:
 
 
 def _plain(x: Decimal) -> str:
-    """A decimal without exponent or trailing zeros: 1.5E+6 -> "1500000", 0.000010 -> "0.00001"."""
-    out = format(x.normalize(), "f")
+    """A decimal without exponent or trailing zeros: 1.5E+6 -> "1500000", 0.000010 -> "0.00001"; every
+    digit kept (a ``DecimalException`` beyond ``_EXACT``'s precision, never a rounded number)."""
+    with localcontext(_EXACT):
+        out = format(x.normalize(), "f")
     return out.rstrip("0").rstrip(".") if "." in out else out
+
+
+def _vulgar(s: str) -> str:
+    """"½" -> "1/2", "1⅓" -> "4/3", "-3 ¼" -> "-13/4": a vulgar fraction (after a whole number: a mixed
+    number) as the fraction it shows; parenthesised inside a longer expression ("x^(1/2)")."""
+    s = s.replace("\u2044", "/")
+    if not _VULGAR.search(s):
+        return s
+
+    def frac(m: re.Match) -> str:
+        f = int(m.group(1) or 0) + VULGAR[m.group(2)]
+        return f"({f.numerator}/{f.denominator})" if f.denominator != 1 else f"({f.numerator})"
+
+    out = _VULGAR.sub(frac, s)
+    return re.sub(r"^([-+]?)\((\d+(?:/\d+)?)\)(?=\s|$)", r"\1\2", out)  # a leading number needs no brackets
 
 
 def _scale(s: str) -> str:
     """"5 thousand" -> "5000", "2 dozen eggs" -> "24 eggs", "5 squared" -> "25", "4 factorial" ->
     "24"; unchanged when the number cannot be read or the result would be huge (the words then stay,
-    and :func:`verify` refuses them)."""
+    and :func:`verify` refuses them). Exact: every digit of "50 factorial" (``_EXACT``)."""
+    try:
+        with localcontext(_EXACT):
+            return _scale_exact(s)
+    except DecimalException:  # more digits than _EXACT holds: not scaled (refused), never rounded
+        return s
+
+
+def _scale_exact(s: str) -> str:
     for _ in range(3):  # "5 hundred thousand"
         m = _SCALED.fullmatch(s)
         if m is None:
@@ -301,7 +339,7 @@ def normalize(ans: str) -> str:
     units, percent, currency and degree symbols dropped; see the module docstring for the list)."""
     if len(ans) > MAX_ANSWER_CHARS:  # no answer is this long: returned as is (verify refuses it), in linear time
         return ans.strip()
-    s = readable_text(ans.strip()).replace("\u2212", "-")
+    s = _vulgar(readable_text(ans.strip()).replace("\u2212", "-"))
     if EN_DASH in s:  # a range keeps its dash ("3 – 5" -> "3–5": no number); any other en-dash is a minus
         s = re.sub(rf"(?<!\d){EN_DASH}|{EN_DASH}(?![-+]?\.?\d)", "-", _RANGE.sub(EN_DASH, s))
     for _ in range(2):  # \textbf{\text{12}}
@@ -316,7 +354,10 @@ def normalize(ans: str) -> str:
     s = _VAR_EQ.sub("", s.strip()).strip()
     s = _scale(s)
     if _SCIENTIFIC.fullmatch(s):
-        s = _plain(Decimal(s))
+        try:
+            s = _plain(Decimal(s))
+        except DecimalException:  # more digits than _EXACT holds: left as written
+            pass
     unit, words, paren = _NUMBER_UNIT.fullmatch(s), _NUMBER_WORDS.fullmatch(s), _NUMBER_PAREN.fullmatch(s)
     if unit:
         s = unit.group(1)

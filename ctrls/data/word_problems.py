@@ -33,8 +33,10 @@ each split's candidates come from their own counter-based stream, and repeats wi
 skipped (they are rare: the space has more than 10^5 questions at the default difficulty).
 
 Size: :func:`capacity` counts the distinct questions a difficulty can produce (exactly, up to a
-bound), and :func:`split_size` how many of them fall in a split. Asking for more (``generate``, or
-:func:`check_size` when a config loads) fails at once, naming the size the difficulty holds.
+bound), :func:`split_size` how many of them fall in a split, and :func:`producible` how many of
+those the generator finds within its draw budget (the draws are far from uniform: with subtractions
+only, even half a split can lie out of reach). Asking for more (``generate``, or :func:`check_size`
+when a config loads) fails at once, naming the size the difficulty holds.
 """
 from __future__ import annotations
 
@@ -261,9 +263,71 @@ def split_size(d: Difficulty, split: str) -> int | None:
     return _split_counts(d)[0 if split == "test" else 1]
 
 
+def draw_budget(n: int) -> int:
+    """The draws :func:`generate` makes for ``n`` problems before it gives up (the rarest are drawn seldom)."""
+    return 20 * n + 1000
+
+
+@lru_cache(maxsize=64)
+def _sequence_probs(d: Difficulty) -> tuple[np.ndarray, np.ndarray]:
+    """(p, m): per draw of :func:`_item`, the probability p of each sequence of start and changes with
+    one phrasing of each, and m how many phrasings share it, for one person and object (each of the
+    ``_names_objects()`` pairs is drawn uniformly). Only for a difficulty whose capacity is known (small)."""
+    later = [op for op in d.ops if op != "mul"]
+    starts = _starts(d)
+    mul, plain = [s for s in starts if len(s[0]) == 2], [s for s in starts if len(s[0]) == 1]
+    p_mul = (1 / len(d.ops) if later else 1.0) if "mul" in d.ops else 0.0  # _item's draw of a product start
+    ps, ms = [], []
+
+    def walk(x: int, left: int, p: float, m: int) -> None:
+        if left == 0:
+            ps.append(p), ms.append(m)
+            return
+        moves = _changes(d, x, left - 1)
+        per_op = {op: sum(o == op for o, _, _ in moves) for op in ("add", "sub")}
+        forced = "add" in later and x <= 1  # a subtraction drawn at 1 becomes an addition
+        for op, _, y in moves:  # the op uniform over ``later``, then its operand uniform, then a phrasing
+            p_op = float(op == "add") if forced else 1 / len(later)
+            walk(y, left - 1, p * p_op / per_op[op] / d.wordings, m * d.wordings)
+
+    for (a, b), left in mul:
+        walk(a * b, left, p_mul / len(mul), 1)
+    for (x,), left in plain:
+        walk(x, left, (1 - p_mul) / len(plain), 1)
+    return np.asarray(ps), np.asarray(ms)
+
+
+def _reached(d: Difficulty, n: int, share: float) -> bool:
+    """Whether :func:`generate` finds ``n`` distinct problems of a split holding ``share`` of the questions
+    within ``draw_budget(n)`` draws, but for 4 standard deviations of the number it expects to find."""
+    p, m = _sequence_probs(d)
+    p = p / _names_objects()  # one question: a sequence with one person and object
+    hit = -np.expm1(draw_budget(n) * np.log1p(-p))  # P(found at least once) = 1 - (1 - p)^draws
+    found = share * _names_objects() * float((m * hit).sum())
+    sd = (share * _names_objects() * float((m * hit * (1 - hit)).sum())) ** 0.5
+    return n <= found - 4 * sd
+
+
+def producible(d: Difficulty, split: str) -> int | None:
+    """The most distinct ``split`` problems :func:`generate` can be relied on to find within its draw
+    budget (at most :func:`split_size`: a subtraction-only split's rarest problems are drawn so seldom
+    that even half of it can be out of reach); None when the capacity is not counted (far more than
+    ``MAX_PROBLEMS``: only that bounds a size). Computed from the draw probabilities, not drawn."""
+    total = capacity(d)
+    if total is None:
+        return None
+    have = split_size(d, split)
+    lo, hi = 0, have  # the largest n with _reached: the expected finds are concave in n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if _reached(d, mid, have / total) else (lo, mid - 1)
+    return lo
+
+
 def check_size(d: Difficulty, split: str, n: int) -> None:
-    """ValueError, at once, when ``split`` of ``d`` holds fewer than ``n`` distinct problems: names
-    the size it holds. (For a config check: cheap, unless ``n`` is near a small capacity.)"""
+    """ValueError, at once, when ``split`` of ``d`` holds fewer than ``n`` distinct problems, or more than
+    its draws reach (:func:`producible`): names the size it holds. (For a config check: cheap, unless
+    ``n`` is near what a small capacity gives.)"""
     total = capacity(d)
     if total is None or n <= 0:
         return
@@ -275,6 +339,12 @@ def check_size(d: Difficulty, split: str, n: int) -> None:
         if n > have:
             raise ValueError(f"difficulty {d.tag()} holds {have} distinct {split} problems (of {total} in all); "
                              f"{n} asked: raise max_value, n_ops or wordings")
+    if not _reached(d, n, 0.45):  # well within reach of a split of 45% or more: no exact count needed
+        most = producible(d, split)
+        if n > most:
+            raise ValueError(f"difficulty {d.tag()}: its rarest {split} problems are drawn so seldom that {n} distinct "
+                             f"ones are not found within {draw_budget(n)} draws (of the {split_size(d, split)} it holds); "
+                             f"ask for at most {most}, or raise max_value, n_ops or wordings")
 
 
 def _split_bit(question: str) -> int:
@@ -296,7 +366,7 @@ def generate(split: str, n: int, seed: int = 0, difficulty: Difficulty | None = 
     seen: set[str] = set()
     j = 0
     while len(out) < n:
-        if j > 20 * n + 1000:  # the split holds n, but its rarest ones are rarely drawn: never loop for ever
+        if j > draw_budget(n):  # the split holds n, but its rarest ones are rarely drawn: never loop for ever
             size = split_size(d, split)
             raise ValueError(f"difficulty {d.tag()}: drawing {n} distinct {split} problems took more than {j} draws "
                              f"(found {len(out)}" + (f" of the {size} it holds" if size is not None else "") +

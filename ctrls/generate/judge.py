@@ -103,17 +103,23 @@ class Parsed(NamedTuple):
     per_key: dict[str, str]  # how each score was read (one of PARSE_LEVELS)
 
 
-# "algebra": 7 | Algebra: 7/10 | coherence = 8 | **Self-reflection score**: 4 | hallucinations 9.
-# A number that starts a range ("overall (1-10): 7") is not a score.
-_KEY_RE = {k: re.compile(rf"{k.replace('_', '[ _-]?')}s?(?:\W*score)?\W{{0,6}}?(-?\d+(?:\.\d+)?)(?!\d|\.\d|\s*-\s*\d)",
-                         re.IGNORECASE) for k in CRITERIA}
-
-
 # A scale stated with a score ("7/10", "7 out of 10", "7 on a 10-point scale", "7 on a scale of 1 to
 # 10"), one stated for the whole reply ("on a 5-point scale", "a scale of 1-5", "a 1-5 scale"), and
 # any scale wording after a score, readable or not ("7 out of ten", "7 on a scale").
 _N = r"(\d+(?:\.\d+)?)"
 _RANGE = r"\d+(?:\.\d+)?\s*(?:-|–|to)\s*"
+# A scale named between a criterion and its score ("overall 10-point scale: 3", "overall (1-10 scale): 7",
+# "overall, on a scale of 1 to 5: 4"): its best score is group "top" (one of three), never the score. A bare
+# range is no scale ("overall (1-10): 7" echoes a requested format: no score).
+_SCALE_BEFORE = (rf"(?:\W{{0,6}}?(?:on\s+)?(?:an?\s+|the\s+)?(?:(?P<top>\d+(?:\.\d+)?)[- ]point\s+scale"
+                 rf"|scale\s+(?:of|from)\s+{_RANGE}(?P<top2>\d+(?:\.\d+)?)|{_RANGE}(?P<top3>\d+(?:\.\d+)?)\s+scale)"
+                 r"(?![\d.])\)?)?")
+# "algebra": 7 | Algebra: 7/10 | coherence = 8 | **Self-reflection score**: 4 | hallucinations 9.
+# A number that starts a range ("overall (1-10): 7") or names a scale ("overall 10-point scale.") is not a score.
+_KEY_RE = {k: re.compile(rf"{k.replace('_', '[ _-]?')}s?(?:\W*score)?{_SCALE_BEFORE}\W{{0,6}}?(?P<v>-?\d+(?:\.\d+)?)"
+                         r"(?!\d|\.\d|\s*(?:-|–|to)\s*\d|\s*-?\s*point\s+scale|\s+scale\b)",
+                         re.IGNORECASE) for k in CRITERIA}
+
 _OWN_SCALE = re.compile(rf"\s*/\s*{_N}(?![\d.])|\s+out\s+of\s+{_N}(?![\d.])|\s+on\s+an?\s+{_N}[- ]point\s+scale"
                         rf"|\s+on\s+a\s+scale\s+(?:of|from)\s+{_RANGE}{_N}(?![\d.])", re.IGNORECASE)
 _SCALE_WORDS = re.compile(r"\s*/|\s+out\s+of\b|\s+on\s+(?:an?|the)\b[^.,;\n]{0,30}?\bscale\b", re.IGNORECASE)
@@ -139,15 +145,20 @@ def _reply_scale(text: str) -> float | None:
 
 
 def _regex_score(k: str, text: str, top: float | None) -> float | None:
-    """The number after criterion ``k``'s name (``_KEY_RE``), on the scale stated right after it, else
-    on the reply's (``top``); None when there is none or its scale cannot be read."""
+    """The number after criterion ``k``'s name (``_KEY_RE``), on the scale stated right after it or
+    named before it ("overall 10-point scale: 3"), else on the reply's (``top``); None when there is
+    none, its scale cannot be read, or the two named scales differ."""
     m = _KEY_RE[k].search(text)
     if not m:
         return None
-    v, after = float(m.group(1)), text[m.end(1):m.end(1) + 80]
+    v, after = float(m.group("v")), text[m.end("v"):m.end("v") + 80]
+    before = next((float(g) for g in (m.group("top"), m.group("top2"), m.group("top3")) if g), None)
     own = _OWN_SCALE.match(after)
     if own:
-        return _on_scale(v, float(next(g for g in own.groups() if g)))
+        stated = float(next(g for g in own.groups() if g))
+        return None if before is not None and before != stated else _on_scale(v, stated)
+    if before is not None:  # the reply's own scale does not override the one named for this score
+        return None if _SCALE_WORDS.match(after) else _on_scale(v, before)
     return None if _SCALE_WORDS.match(after) or top is None else _on_scale(v, top)
 
 

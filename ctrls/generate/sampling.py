@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from ctrls.data.prompts import check_prompts, model_positions
 from ctrls.generate.decoding import (  # noqa: F401 (re-exported)
     COMPILE_MODES,
     DECODE_PATHS,
@@ -88,6 +89,14 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     """
     starts = list(prompt_starts) if prompt_starts is not None else [0] * len(prompts)
     params = params or SampleParams()
+    # a direct call is checked as the stages check theirs: an empty prompt, or one that with max_new_tokens
+    # runs past the model's positions, is a ValueError naming "prompt i" before any decoding
+    check_prompts(prompts, params.max_new_tokens, model_positions(backbone))
+    bad = [i for i, (p, a) in enumerate(zip(prompts, starts)) if not 0 <= a < len(p)]
+    if len(starts) != len(prompts) or bad:
+        raise ValueError(f"{len(starts)} prompt_starts for {len(prompts)} prompts" if len(starts) != len(prompts) else
+                         f"prompt {bad[0]}: prompt_starts[{bad[0]}] = {starts[bad[0]]} is not among its "
+                         f"{len(prompts[bad[0]])} tokens")
     if seeds is None:
         dev = generator.device if generator is not None else "cpu"
         seeds = torch.randint(0, 2**62, (len(prompts),), generator=generator, device=dev).tolist()

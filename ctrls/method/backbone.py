@@ -15,8 +15,9 @@ is present, else cpu. The dtype (``backbone.dtype``, :func:`resolve_dtype`):
   square matrix products in float32 and bfloat16, and bfloat16 is picked only where it is measured
   at least ``BF16_MARGIN`` (1.2x) faster. CPUs differ: bfloat16 was 4x faster on one 2-core EPYC and
   40x slower on another (bench/dtype.py). The probe runs once per machine, CPU threads and torch
-  version; its numbers are kept in ``<cache>/dtype_probe.json`` (delete it to measure again), so
-  every stage of a run, and every process reading it, gets the same choice. Loading a backbone logs
+  version; its numbers are kept in ``<cache>/dtype_probe.json`` (delete it to measure again; a stored
+  probe that is not valid, :func:`probe_problem`, is measured again and overwritten, the reason
+  logged), so every stage of a run, and every process reading it, gets the same choice. Loading a backbone logs
   the choice, the run's ``config.yaml`` and the book's banner record it (:meth:`DtypeChoice.describe`);
 - ``float32``, ``bfloat16``, ``float16``: that dtype.
 """
@@ -25,11 +26,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 import os
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -196,6 +198,26 @@ def probe_file() -> Path:
 _PROBES: dict[str, GemmProbe] = {}
 
 
+def probe_problem(d) -> str | None:
+    """Why a stored probe (a dict of :class:`GemmProbe`'s fields) cannot be trusted, naming the field;
+    None when it can: rates finite and > 0, sizes and threads integers >= 1, seconds finite and >= 0."""
+    if not isinstance(d, dict):
+        return f"not a mapping of the probe's fields: {type(d).__name__}"
+    names = [f.name for f in fields(GemmProbe)]
+    missing, extra = [n for n in names if n not in d], [n for n in d if n not in names]
+    if missing or extra:
+        return f"missing field(s) {missing}" if missing else f"unknown field(s) {extra}"
+    for n in names:
+        v = d[n]
+        if n.endswith(("_n", "threads")):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                return f"{n} = {v!r} is not an integer >= 1"
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
+                (n.endswith("gflops") and v == 0):  # a rate of 0 (or less) picks a dtype on nothing measured
+            return f"{n} = {v!r} is not a finite number " + ("> 0" if n.endswith("gflops") else ">= 0")
+    return None
+
+
 def machine_probe() -> GemmProbe:
     """:func:`probe_gemm` once per machine (CPU model), thread count and torch version: in this process,
     then from :func:`probe_file`, else measured and stored there."""
@@ -207,9 +229,13 @@ def machine_probe() -> GemmProbe:
         stored = json.loads(f.read_text())
     except (OSError, ValueError):
         stored = {}
-    try:
-        probe = GemmProbe(**stored[k])
-    except (KeyError, TypeError):
+    entry = stored.get(k) if isinstance(stored, dict) else None
+    why = "none stored" if entry is None else probe_problem(entry)
+    if why is None:
+        probe = GemmProbe(**entry)
+    else:
+        if entry is not None:  # a corrupt probe ({fp32: 0, bf16: 0} picked bfloat16 everywhere): never trusted
+            log.warning("the GEMM probe stored in %s for %s is not valid (%s): measuring again", f, k, why)
         probe = probe_gemm()
         log.info("GEMM probe (%s): %s", k, probe)
         try:

@@ -41,19 +41,43 @@ def table2_vs_paper(cfg: Config) -> dict[str, pd.DataFrame]:
     return _beside_paper(table2(cfg), paper_table2(), ["config"])
 
 
+def all_defaults(judged: pd.DataFrame) -> bool:
+    """Whether no judge could score: every criterion of every judgement fell back to the scale's midpoint
+    (``ctrls.generate.judge.DEFAULT_SCORE``), so the scores are the default, not a judge's."""
+    cols = [f"parse_{k}" for k in CRITERIA if f"parse_{k}" in judged]
+    if len(judged) == 0:
+        return False
+    if cols:
+        return bool((judged[cols] == "default").all(axis=None))
+    return bool((judged.get("parse") == "default").all()) if "parse" in judged else False
+
+
+def judge_statement(judged: pd.DataFrame) -> str:
+    """One plain sentence when no judge could score (:func:`all_defaults`), else ""."""
+    if not all_defaults(judged):
+        return ""
+    from ctrls.generate.judge import DEFAULT_SCORE
+
+    return (f"**No judge could score these outputs.** Every one of the {len(judged)} replies failed to give a "
+            f"readable score on any of the {len(CRITERIA)} criteria, so each score fell back to the default "
+            f"{DEFAULT_SCORE:g}. This page therefore has no Table 3 of ours; the paper's scores are shown alone.")
+
+
 def table3_vs_paper(judged: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """Table 3: our rubric scores (mean [95% interval]) beside the paper's GPT-4 scores, by setting;
-    a setting in only one of the two has empty cells in the other's columns."""
-    ours = rubric_table(judged, seed=seed).rename(columns={"config": "setting"})
-    scores = pd.unique(judged[list(CRITERIA)].to_numpy().ravel())
-    if len(judged) and len(scores) == 1:
-        # every score equal: our columns would all read "x [x, x]"; one sentence says so instead
-        keep = ours[["setting", "n"]].rename(columns={"n": "n (ours)"})
+    a setting in only one of the two has empty cells in the other's columns. When no judge could score
+    (:func:`all_defaults`) or every score is equal, our score columns would be the same number with
+    zero-width intervals: they are left out, with the number of judged outputs, and a note says why."""
+    scores = pd.unique(judged[list(CRITERIA)].to_numpy().ravel()) if len(judged) else []
+    if len(judged) and (all_defaults(judged) or len(scores) == 1):
+        n = judged.groupby("config").size().rename("n (ours)").rename_axis("setting").reset_index()
         paper3 = PAPER_TABLE3.rename(columns={c: f"{c} (paper)" for c in PAPER_TABLE3.columns if c != "setting"})
-        out = keep.merge(paper3, on="setting", how="outer")
-        out.attrs["note"] = (f"Our judge gave every one of its {len(judged)} outputs ({judged.config.nunique()} settings) "
-                             f"the same score, {scores[0]:g}, on all {len(CRITERIA)} criteria, so our score columns "
-                             "would all read the same with zero-width intervals; they are left out, and the "
-                             "paper's scores are shown alone.")
+        out = n.merge(paper3, on="setting", how="outer")
+        out.attrs["note"] = ("No judge could score our outputs: every score is the default, so our columns are "
+                             "left out and the paper's scores are shown alone." if all_defaults(judged) else
+                             f"Our judge gave every one of its {len(judged)} outputs the same score, {scores[0]:g}, "
+                             f"on all {len(CRITERIA)} criteria, so our columns are left out and the paper's scores "
+                             "are shown alone.")
         return out
+    ours = rubric_table(judged, seed=seed).rename(columns={"config": "setting"})
     return ours.merge(PAPER_TABLE3, on="setting", how="outer", suffixes=(" (ours)", " (paper)"))

@@ -1,11 +1,14 @@
 """Case studies (Sec. 6.4 and App. D, Figures 3, 6 and 7): Base vs CTRLS step traces with each step's latent state.
 
 Cases are chosen per backbone (each backbone's Base against its own CTRLS). The selection rule is
-code, never a hand pick (``select_cases``): for each backbone and temperature, questions
-on which no Base sample is correct and at least one CTRLS sample is, in question-id order; for each,
-the first correct CTRLS sample (lowest epsilon, then lowest sample index) is shown beside the first
-Base sample with a valid answer (else Base sample 0). When no question qualifies, questions where
-CTRLS has more correct samples than Base are used instead, and the page says so.
+code, never a hand pick (``select_cases``). A case shows what CTRLS adds, so its CTRLS side is a sample
+of a row that draws state transitions (CTRLS(ε), never the fixed-s0 ablation, which holds one state)
+whose drawn state changes at least once along its steps. For each backbone and temperature the rule
+takes questions on which no Base sample is correct and such a sample is, in question-id order. For
+each, that sample (lowest epsilon, then lowest sample index) is shown beside the first Base sample
+with a valid answer (else Base sample 0). When no question qualifies, the rule relaxes one step at a
+time, and the page says which rule it applied: first a correct CTRLS(ε) sample whose state stays put,
+then questions where a CTRLS(ε) row has more correct samples than Base.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import re
 
 import pandas as pd
 
-from ctrls.config.settings import BASE
+from ctrls.config.settings import BASE, FIXED
 from ctrls.data.answers import normalize
 from ctrls.data.problems import load_problems
 from ctrls.data.prompts import encode_prompt
@@ -30,6 +33,22 @@ def _first(g: pd.DataFrame) -> pd.Series:
     return g.sort_values(["_eps", "sample_index"]).iloc[0]
 
 
+def state_changes(states) -> bool:
+    """Whether a sample's drawn states change at least once along its steps."""
+    if states is None or (isinstance(states, float) and math.isnan(states)):
+        return False
+    return len(set(list(states))) > 1
+
+
+RULES = (  # (the rule as the page states it, the questions it takes, the CTRLS sample it shows)
+    "Base has no correct sample, and a CTRLS(ε) sample whose drawn state changes is correct",
+    "no question has that; shown instead: Base has no correct sample, and a CTRLS(ε) sample is correct "
+    "(its drawn state does not change)",
+    "no question has a wrong Base and a right CTRLS(ε); shown instead: questions where a CTRLS(ε) row has "
+    "more correct samples than Base",
+)
+
+
 def select_cases(samples: pd.DataFrame, n: int = 3, backbone: str | None = None) -> tuple[pd.DataFrame, str]:
     """Pairs (Base, CTRLS) of one backbone by the module's rule; returns them and the rule that was
     applied. ``backbone`` may be omitted only when the samples hold one backbone."""
@@ -41,26 +60,32 @@ def select_cases(samples: pd.DataFrame, n: int = 3, backbone: str | None = None)
         if backbone not in names:
             raise ValueError(f"no samples of backbone {backbone!r}; the samples have {names}")
         samples = samples[samples.backbone == backbone]
-    df = samples.assign(_eps=samples.epsilon.fillna(-1.0))
+    df = samples.assign(_eps=samples.epsilon.fillna(-1.0),
+                        _moves=samples.states.map(state_changes) if "states" in samples else False)
+    df = df[df.config != FIXED]  # one state held: no transition to show
     per_q = df.groupby(["temperature", "question_id", "config"]).correct.sum().unstack("config", fill_value=0)
     ctrls_cols = [c for c in per_q.columns if c != BASE]
     if BASE not in per_q or not ctrls_cols:
-        return pd.DataFrame(), "no Base and CTRLS samples to compare"
+        return pd.DataFrame(), "no Base and CTRLS(ε) samples to compare"
+    moving = df[(df.config != BASE) & df.correct & df._moves].groupby(["temperature", "question_id"]).size()
+    moving = moving.reindex(per_q.index, fill_value=0)
     best = per_q[ctrls_cols].max(axis=1)
-    rule = "Base has no correct sample and CTRLS has at least one"
-    chosen = per_q[(per_q[BASE] == 0) & (best > 0)]
-    if chosen.empty:
-        rule = ("no question has a wrong Base and a right CTRLS; shown instead: questions where some CTRLS "
-                "row has more correct samples than Base")
-        chosen = per_q[best > per_q[BASE]]
-    if chosen.empty:
-        return pd.DataFrame(), ("no case found: on no question does CTRLS answer right where Base is always "
+    wrong_base = per_q[BASE] == 0
+    for rule, chosen in zip(RULES, (per_q[wrong_base & (moving > 0)], per_q[wrong_base & (best > 0)],
+                                    per_q[best > per_q[BASE]])):
+        if not chosen.empty:
+            break
+    else:
+        return pd.DataFrame(), ("no case found: on no question does CTRLS(ε) answer right where Base is always "
                                 "wrong, nor have more correct samples than Base")
     pairs = []
     for (eta, qid) in sorted(chosen.index, key=lambda k: (k[1], k[0]))[:n]:
         g = df[(df.temperature == eta) & (df.question_id == qid)]
-        c = g[(g.config != BASE)]
-        c = _first(c[c.correct]) if c.correct.any() else _first(c)
+        c = g[g.config != BASE]
+        for pick in (c[c.correct & c._moves], c[c.correct], c[c._moves], c):
+            if len(pick):
+                c = _first(pick)
+                break
         b = g[g.config == BASE]
         b = _first(b[b.valid]) if b.valid.any() else _first(b)
         pairs.append({"temperature": eta, "question_id": qid, "base": b, "ctrls": c})

@@ -1,28 +1,37 @@
-"""The findings the book's first page opens with: at most five, in this order, each with its
-direction and size, written at build time from the runs and from the paper's own tables, never typed:
+"""The book's first page: a three-sentence verdict, then at most five findings, written at build time
+from the runs and from the paper's own tables, never typed.
 
-1. what the paper's Tables 1 and 2 can and cannot show (``ctrls.stats.power``), with a forest plot of
-   their CTRLS − Base differences against their minimal detectable difference (:func:`paper_forest`);
-2. what CTRLS does to pass@n on this build's runs (Table 1), and the adapter alone (fixed s0 − Base);
-3. whether steps follow the state they were generated under (controllability), and what the stored
-   mechanism studies (more training chains, other injection points) found (:func:`mechanism_note`);
+The verdict (:func:`verdict_sentences`) says, in one sentence each, what the paper's tables can show,
+what this build found, and at what scale it ran. The findings, in this order, each open with a headline
+in bold and then give short sentences, every number with its 95% interval and its n, and a small table
+where there are several numbers:
+
+1. what the paper's Tables 1 and 2 can and cannot show (``ctrls.report.paper_power``), with a forest plot
+   of their CTRLS − Base differences against their minimal detectable difference (:func:`paper_forest`);
+2. what CTRLS does to pass@n on this build's runs (Table 1), the adapter alone (fixed s0 − Base) and the
+   transitions beyond it (CTRLS − fixed s0);
+3. whether steps land in the state they were generated under more often than by chance
+   (controllability), and one sentence on the stored mechanism studies (:func:`mechanism_note`);
 4. what RL on the transition policy does to held-out accuracy;
-5. what ran at the paper's 3B scale, the one command that runs it, and its measured GPU-hours for
-   one backbone × dataset (``bench/results/gpu_estimate_measured_nvidia_h200_qwen.json``).
+5. what ran at the paper's 3B scale, the one command that runs it, and its measured GPU-hours for one
+   backbone × dataset (``bench/results/gpu_estimate_measured_nvidia_h200_qwen.json``).
 
-Findings 2 to 4 are the scorecard's own claims (``ctrls.report.scorecard``): the same estimates, the
-same family intervals, the same verdicts. ``ctrls reproduce`` writes ``<book>/generated/findings.md``
-and the figure beside it after the notebooks (:func:`write_findings`); the intro page includes it.
+Findings 2 to 4 are the scorecard's own claims (``ctrls.report.scorecard``): the same estimates, the same
+family intervals, the same verdicts. A finding's headline and the verdict's clause for it are one string
+(:data:`HEADS`), so the two never disagree. ``ctrls reproduce`` writes ``<book>/generated/verdict.md``,
+``<book>/generated/findings.md`` and the figure beside them after the notebooks (:func:`write_findings`);
+the intro page includes them.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pandas as pd
 
 from ctrls.config.schema import Config
+from ctrls.report import stored  # the one validating reader of stored results (and where they are: $CTRLS_RESULTS_DIR)
+from ctrls.report.glossary import term
 from ctrls.report.paper import PAPER_TABLE2
 from ctrls.report.verdicts import NOT_SUPPORTED, Claim
 
@@ -30,107 +39,208 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU_RESULT = ROOT / "bench" / "results" / "gpu_estimate_measured_nvidia_h200_qwen.json"
 FOREST = "paper_forest.png"  # written beside findings.md
 PAPER_BACKBONES = tuple(PAPER_TABLE2)  # the paper's 3B backbones
+FIGURE = "B0.1"  # the first page's figure number: the book's own numbering never collides with the paper's
+MAX_WORDS = 80  # no sentence of the first page is longer (tests/report/test_findings_page.py)
+
+
+def _minus(s: str) -> str:
+    return s.replace("-", "−")
 
 
 # ---- 1. the paper's own tables ------------------------------------------------------------------
 
-
-def _row_label(r) -> str:
-    bb = str(r["backbone"]).split("/")[-1].replace("-Instruct", "")
-    eta = "" if pd.isna(r["temperature"]) else f" η={r['temperature']:g}"
-    return f"{bb} {r['dataset']}{eta} {r['config']} {r['metric']}"
+from ctrls.report.forest import FOREST_WIDTH_IN, paper_forest  # noqa: E402,F401 (paper_forest: the summary page draws it as findings.paper_forest)
 
 
-def paper_forest(pw: pd.DataFrame):
-    """A forest plot of the paper's CTRLS − Base differences (``ctrls.stats.power.paper_power``), one panel
-    per table: each difference with its 95% Newcombe interval (points), over a grey band from −MDD
-    down to +MDD up, the smallest change from Base its test detects with power 0.8 at the paper's n
-    (to the edge where no rate is detectable). Returns the matplotlib Figure."""
-    import matplotlib.pyplot as plt  # headless outside a kernel: matplotlib falls back to Agg
+def paper_tables(pw: pd.DataFrame) -> list[dict]:
+    """Per paper table (``ctrls.report.paper_power.paired_p_columns``): its inferred n, its number of
+    CTRLS − Base differences, how many point up, down or nowhere, the largest (signed), how many have a
+    95% interval that excludes 0, how many an exact paired test could resolve under the most and the
+    least favourable pairing of the questions, and the median MDD up from Base."""
+    from ctrls.stats.power import ALPHA
 
-    tables = list(dict.fromkeys(pw["table"]))
-    rows = max(int((pw["table"] == t).sum()) for t in tables)
-    fig, axes = plt.subplots(1, len(tables), figsize=(9.4, 1.2 + 0.14 * rows), squeeze=False)
-    for ax, table in zip(axes[0], tables):
-        g = pw[pw["table"] == table].reset_index(drop=True)
-        y = [rows - 1 - i for i in range(len(g))]  # top-aligned, in the table's order
-        up = g["MDD up (pp)"].fillna(100 - g["base (%)"])  # no detectable gain: the band reaches 100%
-        down = g["MDD down (pp)"].fillna(g["base (%)"])
-        ax.barh(y, up + down, left=-down, height=0.8, color="0.88", label="not detectable (±MDD)")
-        below = g["below MDD"].astype(bool)
-        colours = ["tab:blue" if b else "tab:red" for b in below]
-        ax.errorbar(g["diff (pp)"], y, xerr=[g["diff (pp)"] - g["lo (pp)"], g["hi (pp)"] - g["diff (pp)"]],
-                    fmt="none", ecolor=colours, elinewidth=0.9)
-        ax.scatter(g["diff (pp)"], y, c=colours, s=9, zorder=3, label="CTRLS − Base, 95% CI")
-        ax.axvline(0, color="0.3", lw=0.8)
-        ax.set_yticks(y)
-        ax.set_yticklabels([_row_label(r) for _, r in g.iterrows()], fontsize=5.5)
-        ax.set_ylim(-0.7, rows - 0.3)
-        ax.tick_params(axis="x", labelsize=7)
-        ax.set_xlabel("points", fontsize=7)
-        ax.set_title(f"{table} (n = {int(g['n'].iloc[0])} questions)", fontsize=8)
-        ax.grid(axis="y", visible=False)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=2, frameon=False)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    return fig
+    out = []
+    for table, g in pw.groupby("table", sort=False):
+        d = g["diff (pp)"]
+        out.append({"table": table, "n": int(g["n"].iloc[0]), "differences": len(g), "up": int((d > 0).sum()),
+                    "down": int((d < 0).sum()), "zero": int((d == 0).sum()), "largest": float(d.loc[d.abs().idxmax()]),
+                    "excluding 0": int(g["excludes 0"].sum()), "below MDD": int(g["below MDD"].sum()),
+                    "best": int((g["p, minimal discordance"] < ALPHA).sum()),
+                    "worst": int((g["p, maximal discordance"] < ALPHA).sum()),
+                    "median MDD up": float(g["MDD up (pp)"].median())})
+    return out
+
+
+def paper_table_markdown(pw: pd.DataFrame) -> str:
+    """Finding 1's table: one row per paper table (:func:`paper_tables`)."""
+    lines = ["| | n (inferred) | differences | ↑ / ↓ / = | largest | 95% interval excludes 0 | "
+             "a paired test could resolve | median MDD up |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in paper_tables(pw):
+        paired = (f"0 of {t['differences']}, under any pairing" if t["best"] == 0 else
+                  f"{t['worst']}–{t['best']} of {t['differences']}, by pairing")
+        lines.append(f"| {t['table']} | {t['n']} | {t['differences']} | {t['up']} / {t['down']} / {t['zero']} | "
+                     f"{_minus(format(t['largest'], '+.1f'))} points | {t['excluding 0']} | {paired} | "
+                     f"{t['median MDD up']:.1f} points |")
+    return "\n".join(lines) + "\n"
 
 
 def paper_finding(counts: dict) -> str:
-    """Finding 1, from ``ctrls.report.scorecard.paper_power_counts``."""
+    """Finding 1's words, from ``ctrls.report.scorecard.paper_power_counts``: a headline and three short
+    sentences (the counts, the inferred n, the MDDs); the per-table numbers are :func:`paper_table_markdown`."""
     t = counts["tables"]
-    per = "; ".join(
-        (f"{name} (n = {v['n']}): none of its {v['differences']} differences is resolvable under any pairing of its "
-         f"questions" if v["best"] == 0 else
-         f"{name} (n = {v['n']}): between {v['worst']} and {v['best']} of its {v['differences']} differences could be "
-         f"resolved, depending on per-question outcomes the paper does not publish")
-        for name, v in t.items())
-    mdd = ", ".join(f"{v['median MDD up']:.1f} points in {name}" for name, v in t.items())
     head = ("The paper's own tables cannot show that CTRLS beats Base" if counts["excluding 0"] == 0 else
             "The paper's own tables show some CTRLS − Base differences")
-    return (f"**{head}.** Of its {counts['n']} CTRLS − Base differences (Tables 1 and 2, pass@20 and Succ.), "
-            f"{counts['up']} point up (↑), {counts['down']} down (↓) and {counts['zero']} are zero; the largest is "
-            f"{counts['largest']:+.1f} points. {counts['excluding 0']} of {counts['n']} have a 95% interval that "
-            f"excludes 0, and {counts['below MDD']} are smaller than the minimal detectable difference at the paper's "
-            f"n (median MDD up from Base: {mdd}). {per}.")
+    steps = " and ".join(f"{100 / v['n']:g} points in {name} (n = {v['n']})" for name, v in t.items())
+    mdd = " and ".join(f"{v['median MDD up']:.1f} points in {name}" for name, v in t.items())
+    return (f"**{head}** ({{doc}}`/generated/06_summary`). "
+            f"Of its {counts['n']} CTRLS − Base differences (Tables 1 and 2, pass@20 and {term('Succ.')}), "
+            f"{counts['up']} point up, {counts['down']} down and {counts['zero']} are zero; the largest is "
+            f"{_minus(format(counts['largest'], '+.1f'))} points. "
+            f"{counts['excluding 0']} of {counts['n']} have a 95% {term('Newcombe', 'interval')} that excludes 0, "
+            f"and {counts['below MDD']} are smaller than their {term('MDD')}. "
+            f"The paper does not state its n: we {term('inferred n', 'infer it')} from the steps its percentages "
+            f"move in, {steps}. "
+            f"At that n a gain from Base must reach about {mdd} (median) to be detected.")
 
 
-# ---- 2-4. the demo, from the scorecard's claims ---------------------------------------------------
+# ---- 2-4. this build, from the scorecard's claims -------------------------------------------------
 
 
-HEADS = {  # claim -> {verdict label: the finding's headline}
+HEADS = {  # claim -> {verdict label: the finding's headline, and the verdict's clause for it}
     "pass": {"supported": "CTRLS raises pass@n over Base", "contradicted": "CTRLS lowers pass@n below Base",
-             NOT_SUPPORTED: "CTRLS does not detectably change pass@n", "mixed": "CTRLS's pass@n goes both ways"},
-    "control": {"supported": "Steps follow the state they were generated under",
-                "contradicted": "Steps follow their sampled state less often than chance pairing",
-                NOT_SUPPORTED: "Steps do not detectably follow their sampled state",
-                "mixed": "Whether steps follow their state goes both ways"},
+             NOT_SUPPORTED: "CTRLS does not detectably change pass@n",
+             "mixed": "CTRLS raises pass@n in some rows and lowers it in others"},
+    "control": {"supported": "Steps land in their drawn latent state more often than by chance",
+                "contradicted": "Steps land in their drawn latent state less often than by chance",
+                NOT_SUPPORTED: "Steps do not detectably land in their drawn latent state more often than by chance",
+                "mixed": "Steps land in their drawn latent state more often than by chance in some rows and less in others"},
     "rl": {"supported": "RL on the transition policy raises held-out accuracy",
            "contradicted": "RL on the transition policy lowers held-out accuracy",
            NOT_SUPPORTED: "RL on the transition policy does not detectably change held-out accuracy",
-           "mixed": "RL goes both ways across settings"},
+           "mixed": "RL on the transition policy raises held-out accuracy in some settings and lowers it in others"},
 }
+WHAT = {"pass": "CTRLS against Base (Table 1)", "control": "the controllability check (do steps follow their drawn state?)",
+        "rl": "RL on the transition policy (Table 2)"}
 
 
-def _sized(c: Claim) -> str:
-    """The claim's estimates with the verdict and, where unresolved, the demo's MDD."""
-    label = c.label
-    mdd = (f"; the demo detects about {c.mdd:.0f} points at 80% power" if c.mdd is not None and not math.isnan(c.mdd)
-           and label == NOT_SUPPORTED else "")
-    return f"Claimed {c.claimed}; found {c.found().split(' (detectable')[0]} (*{label}*{mdd})"
-
-
-def _claim_finding(c: Claim | None, key: str, what: str, extra: str = "") -> str:
+def headline(c: Claim | None, key: str) -> str:
+    """The finding's headline for claim ``c`` (:data:`HEADS`), or, when it has no verdict (not run, no
+    comparison, unreadable), what was not measured and why in one label."""
     if c is None:
-        return f"**{what}: not run.**"
-    head = HEADS[key].get(c.label)
-    if head is None:  # not run, no comparison, unreadable: the state and why
-        return f"**{what}: {c.label}.** {c.found()}"
-    return f"**{head}** ({{doc}}`/{c.page}`). {_sized(c)}.{extra}"
+        return f"{WHAT[key][0].upper() + WHAT[key][1:]}: not run"
+    return HEADS[key].get(c.label) or f"{WHAT[key][0].upper() + WHAT[key][1:]}: {c.label}"
 
 
-def demo_findings(claims: list[Claim]) -> list[str]:
-    """Findings 2 to 4 from the scorecard's claims (``ctrls.report.scorecard.scorecard``)."""
+def _est(e) -> str:
+    """"↑ +15.0 [−2.1, +30.9]" from an Estimate in points; "↑ +0.17 [+0.05, +0.29]" from one in its own unit
+    (``scale`` 1, such as κ)."""
+    if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in (e.d, e.lo, e.hi)):
+        return "not computed"
+    scale = getattr(e, "scale", 100.0)
+    f = ".1f" if scale != 1 else ".2f"
+    return _minus(f"{e.arrow} {scale * e.d:+{f}} [{scale * e.lo:+{f}}, {scale * e.hi:+{f}}]")
+
+
+def _dataset(label: str) -> str:
+    return str(label).split(" ")[0].strip("`")
+
+
+def _n(e, sizes: dict, key: str = "questions") -> str:
+    """The estimate's n: its own (``e.n``) when the scorecard gives it, else this build's count of
+    questions of its dataset (:func:`run_sizes`), else "–"."""
+    n = getattr(e, "n", None)
+    if n is None:
+        n = sizes.get(key, {}).get(_dataset(e.label))
+    return "–" if n is None else str(n)
+
+
+def _mdd_words(c: Claim) -> str:
+    if c.mdd is None or (isinstance(c.mdd, float) and math.isnan(c.mdd)) or c.label != NOT_SUPPORTED:
+        return ""
+    return f" At this size the test detects about {c.mdd:.0f} points ({term('MDD')})."
+
+
+WHY = {"not run": "Its stage has not run for this build's profile.",
+       "no comparison in this profile": "This profile's grid has nothing to compare.",
+       "unreadable": "Its stored results could not be read; its page names the file.",
+       "not computed": "It could not be computed from this build's runs."}
+
+
+def _unmeasured(c: Claim | None, key: str) -> str | None:
+    """The finding of a claim with no verdict: its headline and why, in one sentence (never a path: the
+    claim's own evidence may name a file of the machine that built the book)."""
+    if c is not None and c.label in HEADS[key]:
+        return None
+    label = "not run" if c is None else c.label
+    page = "" if c is None else f" ({{doc}}`/{c.page}`)"
+    return f"**{headline(c, key)}**{page}. {WHY.get(label, WHY['not computed'])}"
+
+
+def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict) -> str:
+    """Finding 2: CTRLS − Base pass@n (the claim), with the adapter alone and the transitions beyond it,
+    in one table: comparison, what it measures, questions, difference in points with its family interval."""
+    missing = _unmeasured(c, "pass")
+    if missing:
+        return missing
+    rows = [(f"{e.label} − Base", "CTRLS against Base (the paper's claim)", e) for e in c.estimates]
+    if ablation is not None:
+        rows += [(e.label, "the adapter alone", e) for e in ablation.beside]
+        rows += [(e.label, "the transitions beyond the adapter", e) for e in ablation.estimates]
+    table = ["| comparison | what it measures | questions | pass@n difference, points [family 95% CI] |",
+             "|---|---|---:|---:|"]
+    table += [f"| {lab} | {what} | {_n(e, sizes)} | {_est(e)} |" for lab, what, e in rows]
+    text = (f"**{headline(c, 'pass')}** ({{doc}}`/{c.page}`). The verdict is *{c.label}* for CTRLS − Base "
+            f"({term('verdicts', 'how verdicts are read')}).{_mdd_words(c)}")
+    if ablation is not None and ablation.estimates:
+        text += f" For the transitions beyond the adapter ({term('fixed s0', 'CTRLS − fixed s₀')}) it is *{ablation.label}*."
+    return text + "\n\n" + "\n".join(table)
+
+
+def control_finding(c: Claim | None, sizes: dict, mechanism: str = "") -> str:
+    """Finding 3: the epsilon rows' estimates (the claim: κ against the independent-chain null, or, from an
+    older scorecard, follows − coincidence in points), the fixed-s0 row beside them in a sentence, and
+    ``mechanism`` (:func:`mechanism_note`), one short sentence."""
+    missing = _unmeasured(c, "control")
+    if missing:
+        return missing + (f" {mechanism}" if mechanism else "")
+    kappa = any(getattr(e, "scale", 100.0) == 1 for e in c.estimates)
+    measure = (f"{term('kappa', 'κ')} of the steps' read-back states against the "
+               f"{term('coincidence', 'independent-chain null')}: 0 is no steering, 1 every step in its drawn state"
+               if kappa else
+               f"the share of steps that land in their drawn state minus the {term('coincidence', 'coincidence rate')}")
+    text = (f"**{headline(c, 'control')}** ({{doc}}`/{c.page}`). Each row gives {measure}. "
+            f"The verdict is *{c.label}*.{_mdd_words(c)}")
+    for e in c.beside:
+        text += (f" With the prompt's state held ({_dataset(e.label)}, {_n(e, sizes)} questions; not the claim's "
+                 f"test), the share of steps that stay in it differs from Base's by {_est(e)} points.")
+    head = "κ [family 95% CI]" if kappa else "follows − coincidence, points [family 95% CI]"
+    table = [f"| CTRLS(ε) row | questions | {head} |", "|---|---:|---:|"]
+    table += [f"| {e.label.removesuffix(' κ')} | {_n(e, sizes)} | {_est(e)} |" for e in c.estimates]
+    return text + (f" {mechanism}" if mechanism else "") + "\n\n" + "\n".join(table)
+
+
+def rl_finding(c: Claim | None, sizes: dict) -> str:
+    """Finding 4: held-out accuracy at the end of RL against step 0, per setting that ran."""
+    missing = _unmeasured(c, "rl")
+    if missing:
+        return missing
+    settings = [e.label.strip("`") for e in c.estimates]
+    rl = sizes.get("rl", {})
+    text = (f"**{headline(c, 'rl')}** ({{doc}}`/{c.page}`). {len(settings)} of the paper's four settings ran "
+            f"({', '.join(f'`{s}`' for s in settings)}); the verdict is *{c.label}*.{_mdd_words(c)}")
+    table = ["| setting | seeds × steps | questions × samples | accuracy, end − step 0, points [family 95% CI] |",
+             "|---|---:|---:|---:|"]
+    for e, s in zip(c.estimates, settings):
+        r = rl.get(s, {})
+        runs = f"{r['seeds']} × {r['steps']}" if r else "–"
+        qs = f"{r['questions']} × {r['samples']}" if r else "–"
+        table.append(f"| `{s}` | {runs} | {qs} | {_est(e)} |")
+    return text + "\n\n" + "\n".join(table)
+
+
+def demo_findings(claims: list[Claim], sizes: dict | None = None) -> list[str]:
+    """Findings 2 to 4 from the scorecard's claims (``ctrls.report.scorecard.scorecard``); ``sizes``: this
+    build's numbers of questions, seeds and steps (:func:`run_sizes`)."""
     from ctrls.report.scorecard import (
         ABLATION_CLAIM,
         CONTROL_CLAIM,
@@ -138,34 +248,19 @@ def demo_findings(claims: list[Claim]) -> list[str]:
         RL_CLAIM,
     )
 
+    sizes = sizes or {}
     by = {c.claim: c for c in claims}
-    ab = by.get(ABLATION_CLAIM)
-    alone = ""
-    if ab is not None and ab.beside:
-        alone = (" The adapter alone, holding one state (fixed s0 − Base): "
-                 + "; ".join(e.text(label=len(ab.beside) > 1) for e in ab.beside) + ".")
-    if ab is not None and ab.estimates:
-        alone += f" The transitions beyond the adapter ({ab.claimed}): {ab.found().split(' (detectable')[0]} (*{ab.label}*)."
-    ct = by.get(CONTROL_CLAIM)
-    held = ""
-    if ct is not None and ct.beside:
-        held = (" Holding one state (fixed s0), steps stay in it vs Base steps: "
-                + "; ".join(e.text(label=len(ct.beside) > 1) for e in ct.beside) + ".")
-    return [_claim_finding(by.get(PASS_CLAIM), "pass", "Table 1", alone),
-            _claim_finding(ct, "control", "controllability", held + mechanism_note()),
-            _claim_finding(by.get(RL_CLAIM), "rl", "RL, Table 2")]
+    return [pass_finding(by.get(PASS_CLAIM), by.get(ABLATION_CLAIM), sizes),
+            control_finding(by.get(CONTROL_CLAIM), sizes, mechanism_note()),
+            rl_finding(by.get(RL_CLAIM), sizes)]
 
 
-def mechanism_note(scaling: Path | None = None, injection: Path | None = None, states: Path | None = None,
-                   fusion: Path | None = None) -> str:
-    """Finding 3's second half, from the stored mechanism studies (the pretraining page): whether fewer,
-    coarser states (``studies/steering.py --n-states``), more training chains (``studies/steering.py``),
-    another injection point (``studies/injection.py``) or a token-dependent F_u (``adapter.fusion: mlp``,
-    paired with the K sweep) makes the steps follow their drawn state, each rate beside its coincidence
-    reference (and, for the K sweep, Cohen's kappa), and whether any reaches the steering goal
-    (``ctrls.report.studies.STEERING_GOAL``); "" when none is stored. With no path given, the stored results."""
+def mechanism_variants(scaling: Path | None = None, injection: Path | None = None, states: Path | None = None,
+                       fusion: Path | None = None) -> pd.DataFrame:
+    """Every stored mechanism variant (the pretraining page's studies): one row per variant with what it
+    varies, its follows rate, its coincidence reference and κ (``ctrls.report.studies.chance_corrected``).
+    With no path given, the stored results; an empty frame when none is stored."""
     from ctrls.report.studies import (
-        STEERING_GOAL,
         chance_corrected,
         fusion_frame,
         fusion_result_path,
@@ -174,89 +269,136 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
         scaling_frame,
         scaling_result_paths,
         states_result_path,
-        steering_k,
     )
-    from ctrls.report.verdicts import page_link
 
     if fusion is None and states is None:  # the stored comparison pairs with the stored sweep only
         fusion = fusion_result_path()
     scaling = scaling if scaling is not None else (scaling_result_paths() or None)
     states = states if states is not None else states_result_path()
-    parts, frames = [], []
+    rows = []
     if states is not None:
-        ks = scaling_frame(states).sort_values("K")
-        frames.append(ks)
-        kappa = chance_corrected(ks.follows, ks.coincidence)
-        rates = ", ".join(f"{100 * r.follows:.1f}% at K = {int(r.K)} ({100 * r.coincidence:.1f}%; κ = {kp:.2f})".replace("-", "−")
-                          for (_, r), kp in zip(ks.iterrows(), kappa))
-        parts.append(f"with K states, the ε row's steps follow their drawn state {rates} (`studies/steering.py --n-states`)")
+        rows += [(f"K = {int(r.K)} in the K sweep", r.follows, r.coincidence) for r in scaling_frame(states).itertuples()]
     if scaling is not None:
-        sc = scaling_frame(scaling)
-        frames.append(sc)
-        several = sc.K.nunique() > 1
-        rates = ", ".join(f"{100 * r.follows:.1f}% at {r.chains} chains{f' and K = {int(r.K)}' if several else ''} "
-                          f"({100 * r.coincidence:.1f}%)" for _, r in sc.iterrows())
-        parts.append(f"with more training chains ({', '.join(sorted(set(sc.sources)))}), the ε row's steps follow "
-                     f"their drawn state {rates} (`studies/steering.py`)")
+        rows += [(f"{r.chains} training chains" + ("" if pd.isna(r.K) else f" at K = {int(r.K)}"), r.follows, r.coincidence)
+                 for r in scaling_frame(scaling).itertuples()]
     for path in ([injection] if injection is not None else injection_result_paths()):
         inj = injection_frame(path)
-        frames.append(inj)
         at_k = f" at K = {inj.attrs['K']}" if inj.attrs.get("K") else ""
-        rates = ", ".join(f"{100 * r.follows:.1f}% injected at the {r.injection.split(' (')[0]}{at_k} "
-                          f"({100 * r.coincidence:.1f}%)" for _, r in inj.iterrows())
-        parts.append(f"in the injection harness (its rows compare with each other only) {rates} (`studies/injection.py`)")
+        rows += [(f"the state injected at the {r['injection'].split(' (')[0]}{at_k}", r["follows"], r["coincidence"])
+                 for r in inj.to_dict("records")]
     if fusion is not None and states is not None:
         fu = fusion_frame(states, fusion)
-        mlp = fu[fu.fusion != "linear"]
-        frames.append(mlp)
-        rates = ", ".join(f"{100 * r.follows:.1f}% at K = {int(r.K)} ({100 * r.coincidence:.1f}%)" for _, r in mlp.iterrows())
-        parts.append(f"with a token-dependent F_u (`adapter.fusion: mlp`), {rates}")
-    if not parts:
+        rows += [(f"a token-dependent F_u at K = {int(r.K)}", r.follows, r.coincidence)
+                 for r in fu[fu.fusion != "linear"].itertuples()]
+    df = pd.DataFrame(rows, columns=["variant", "follows", "coincidence"])
+    return df.assign(kappa=chance_corrected(df.follows, df.coincidence)) if len(df) else df.assign(kappa=[])
+
+
+def mechanism_note(scaling: Path | None = None, injection: Path | None = None, states: Path | None = None,
+                   fusion: Path | None = None) -> str:
+    """Finding 3's one sentence on the stored mechanism studies (:func:`mechanism_variants`): how many
+    variants, the range of κ and the variant that steers most; "" when none is stored."""
+    v = mechanism_variants(scaling, injection, states, fusion)
+    if v.empty:
         return ""
-    f, k = STEERING_GOAL
-    met = sum(int(((d.follows >= f) & (d.follows >= k * d.coincidence)).sum()) for d in frames)
-    best = ""
-    if states is not None and len(ks):
-        top = steering_k(ks)  # the pretraining page's rule
-        best = (f" By κ, which does not favour many states, K = {int(top.K)} steers most (κ = {top.kappa:.2f}; "
-                f"{k:g}× coincidence would need {100 * k * top.coincidence:.0f}% there).")
-    return (f" Mechanism studies ({page_link('generated/01_pretraining')}; in parentheses, the rate by coincidence): "
-            + "; ".join(parts) + ". " + (f"{met} of these variants reach{'es' if met == 1 else ''}" if met else "None reaches")
-            + f" the {100 * f:.0f}% and {k:g}× coincidence that steering would need." + best)
+    best = v.loc[v.kappa.idxmax()]
+    lo, hi = _minus(f"{v.kappa.min():.2f}"), _minus(f"{v.kappa.max():.2f}")
+    return (f"The stored mechanism studies tried {len(v)} variants (pretraining page, with their intervals); their "
+            f"{term('kappa', 'κ')} against the coincidence rate runs from {lo} to {hi}, highest for {best.variant}.")
 
 
 # ---- 5. the paper's scale -----------------------------------------------------------------------
 
 
-def scale_finding(cfg: Config, path: Path = GPU_RESULT) -> str:
-    """Finding 5: whether this build ran a paper backbone, the command that does, and the measured
-    GPU-hours of one backbone × dataset (the captured decode path, judge excluded)."""
-    ran = [b for b in cfg.grid.backbones if b.split("/")[-1] in PAPER_BACKBONES]
-    head = (f"**This build ran the paper's backbone(s) {', '.join(ran)}.**" if ran else
-            f"**Nothing in this build ran at the paper's 3B scale**: its backbone is {', '.join(cfg.grid.backbones)} "
-            f"(profile `{cfg.profile}`), and every number above comes from it.")
-    cmd = "The paper's setting is one command, `ctrls reproduce --profile paper`."
-    if not Path(path).is_file():
-        return f"{head} {cmd} Its GPU-hours are not measured in this checkout ({Path(path).name} is missing)."
-    d = json.loads(Path(path).read_text())
+def _gpu_hours(path: Path | None) -> dict | None:
+    """The measured GPU-hours of the paper profile (the first backbone × dataset), or None."""
+    path = stored.result_path(GPU_RESULT.relative_to(ROOT)) if path is None else Path(path)
+    if not path.is_file():
+        return None
+    d = stored.read(path, "gpu")  # checked: finite hours, mean <= cap, a pair to read (ctrls.report.stored)
     g = d["estimate_graph"]
     pair, h = next(iter(g["pairs_hours"].items()))
     backbone, dataset = pair.rsplit(" / ", 1)
-    gpu = d["environment"]["gpu"].replace("NVIDIA ", "")
-    t = g["total_hours"]
-    return (f"{head} {cmd} For one backbone × dataset, "
-            f"`ctrls reproduce --profile paper -o \"grid.backbones=[{backbone}]\" \"grid.datasets=[{dataset}]\"` "
-            f"was measured at **{h['mean']:.1f}–{h['cap']:.1f} {gpu}-hours** on one GPU "
-            f"({len(g['pairs_hours'])} datasets of that backbone: {t['mean']:.1f}–{t['cap']:.1f} h; decode steps "
-            f"captured as CUDA graphs, a random-weight model of the backbone's full shape, the judge excluded; "
-            f"{{doc}}`/gpu_cost`).")
+    return {"backbone": backbone, "dataset": dataset, "mean": h["mean"], "cap": h["cap"],
+            "gpu": d["environment"]["gpu"].replace("NVIDIA ", "")}
 
 
-def pair_markdown(path: Path = GPU_RESULT) -> str:
+def ran_at_scale(cfg: Config) -> list[str]:
+    """The paper backbones this build ran (none on the demo)."""
+    return [b for b in cfg.grid.backbones if b.split("/")[-1] in PAPER_BACKBONES]
+
+
+def scale_finding(cfg: Config, path: Path | None = None) -> str:
+    """Finding 5: whether this build ran a paper backbone, the command that does, and the measured
+    GPU-hours of one backbone × dataset (the captured decode path, judge excluded; the GPU cost page)."""
+    ran = ran_at_scale(cfg)
+    head = (f"**This build ran the paper's backbone(s) {', '.join(ran)}.**" if ran else
+            f"**Nothing in this build ran at the paper's 3B scale.** Every number above comes from "
+            f"{', '.join(f'`{b}`' for b in cfg.grid.backbones)} (profile `{cfg.profile}`).")
+    cmd = "The paper's setting is one command, `ctrls reproduce --profile paper`."
+    h = _gpu_hours(path)
+    if h is None:
+        return f"{head} {cmd} Its GPU-hours have not been measured."
+    return (f"{head} {cmd} For one backbone × dataset ({h['backbone']} × {h['dataset']}) it was measured at "
+            f"**{h['mean']:.1f}–{h['cap']:.1f} {h['gpu']}-hours** on one GPU ({{doc}}`/gpu_cost`).")
+
+
+# ---- the verdict ----------------------------------------------------------------------------------
+
+
+UNMEASURED = {"not run": "was not run", "no comparison in this profile": "has no comparison in this profile",
+              "unreadable": "could not be read", "not computed": "was not computed"}
+
+
+def _clause(c: Claim | None, key: str) -> str:
+    """The verdict sentence's clause for a claim: its headline (:data:`HEADS`), or what was not measured."""
+    if c is None or c.label not in HEADS[key]:
+        label = "not run" if c is None else c.label
+        return f"{WHAT[key]} {UNMEASURED.get(label, label)}"
+    h = headline(c, key)
+    return h[0].lower() + h[1:] if not h.startswith(("CTRLS", "RL")) else h
+
+
+def verdict_sentences(cfg: Config, claims: list[Claim], counts: dict) -> list[str]:
+    """The three sentences the first page opens with: what the paper's tables can show, at what scale this
+    build ran, and what it found there (the clauses of :data:`HEADS`, as in the findings' headlines)."""
+    from ctrls.report.scorecard import CONTROL_CLAIM, PASS_CLAIM, RL_CLAIM
+
+    t = counts["tables"]
+    ns = " and ".join(f"{v['n']} in {name}" for name, v in t.items())
+    if counts["excluding 0"] == 0:
+        one = (f"The paper's own tables cannot show that CTRLS beats Base: none of their {counts['n']} "
+               f"CTRLS − Base differences has a 95% interval that excludes 0 at the numbers of questions "
+               f"inferred from their rounding ({ns}).")
+    else:
+        one = (f"{counts['excluding 0']} of the paper's {counts['n']} CTRLS − Base differences have a 95% interval "
+               f"that excludes 0 at the numbers of questions inferred from its rounding ({ns}).")
+    bb, ds = ", ".join(cfg.grid.backbones), ", ".join(cfg.grid.datasets)
+    ran = ran_at_scale(cfg)
+    two = (f"This build ran the paper's backbone(s) {', '.join(ran)}, on {ds}." if ran else
+           f"Nothing here ran at the paper's 3B scale: every number of this build comes from {bb} on {ds}, "
+           "and one command runs the paper's setting (finding 5).")
+    by = {c.claim: c for c in claims}
+    clauses = [_clause(by.get(PASS_CLAIM), "pass"), _clause(by.get(CONTROL_CLAIM), "control"),
+               _clause(by.get(RL_CLAIM), "rl")]
+    three = "On it, " + "; ".join(clauses[:-1]) + "; and " + clauses[-1] + "."
+    return [one, two, three]
+
+
+def verdict_markdown(sentences: list[str]) -> str:
+    """The verdict as a box the first screen shows."""
+    return "```{admonition} The verdict\n:class: important\n" + " ".join(sentences) + "\n```\n"
+
+
+# ---- the run-your-own page and the config keys ----------------------------------------------------
+
+
+def pair_markdown(path: Path | None = None) -> str:
     """The paper profile's command for one backbone × dataset and its measured hours (the run-your-own page)."""
-    if not Path(path).is_file():
-        return f"The paper profile's GPU-hours are not measured in this checkout ({Path(path).name} is missing).\n"
-    d = json.loads(Path(path).read_text())
+    path = stored.result_path(GPU_RESULT.relative_to(ROOT)) if path is None else Path(path)
+    if not path.is_file():
+        return "The paper profile's GPU-hours have not been measured.\n"
+    d = stored.read(path, "gpu")  # checked (ctrls.report.stored)
     g = d["estimate_graph"]
     gpu = d["environment"]["gpu"].replace("NVIDIA ", "")
     lines = ["```bash", "make setup"]
@@ -264,10 +406,10 @@ def pair_markdown(path: Path = GPU_RESULT) -> str:
     for pair, _ in pairs[:1]:
         backbone, dataset = pair.rsplit(" / ", 1)
         lines.append(f".venv/bin/ctrls reproduce --profile paper -o \"grid.backbones=[{backbone}]\" \"grid.datasets=[{dataset}]\"")
-    lines += ["```", "", f"Measured on one {gpu} (`{GPU_RESULT.relative_to(ROOT)}`; decode steps captured as CUDA "
-              "graphs, a random-weight model of the backbone's full shape, the judge excluded), in GPU-hours from "
-              "'mean' (every batch decodes the assumed mean chain length) to 'cap' (every batch decodes "
-              "`sampling.max_new_tokens`):", ""]
+    lines += ["```", "", f"Measured on one {gpu}, in GPU-hours. The range runs from every batch decoding the assumed "
+              "mean chain length to every batch decoding the token limit. Decode steps were captured as CUDA graphs "
+              "on a random-weight model of the backbone's full shape; the judge is not included "
+              "({doc}`the GPU cost page <gpu_cost>`).", ""]
     many = d.get("estimate_graph_8gpu", {})
     eight = many.get("pairs_hours", {})
     lines += [f"| backbone × dataset | one GPU | {many.get('world_size', 'several')} GPUs, wall hours |", "|---|---:|---:|"]
@@ -317,45 +459,104 @@ def config_keys_markdown() -> str:
 # ---- the page ------------------------------------------------------------------------------------
 
 
-def findings(cfg: Config, claims: list[Claim], counts: dict, gpu_result: Path = GPU_RESULT) -> list[str]:
+def run_sizes(cfg: Config) -> dict:
+    """This build's sizes, for the findings' n: ``{"questions": {dataset: test questions of the
+    exploration grid}, "rl": {setting: {seeds, steps, questions, samples}}}``; a stage that has not run
+    (or cannot be read) gives no entry."""
+    from ctrls.stages import exploration, rl
+
+    out: dict = {"questions": {}, "rl": {}}
+    try:
+        s = exploration.load_samples(cfg)
+        out["questions"] = {str(k): int(v) for k, v in s.groupby("dataset").question_id.nunique().items()}
+    except (FileNotFoundError, ValueError, OSError):
+        pass
+    try:
+        c = rl.load_curves(cfg)
+        ev = c[c.kind == "eval"] if "kind" in c else c
+        for setting, g in ev.groupby("setting", sort=False):
+            first = g.iloc[0]
+            out["rl"][str(setting)] = {"seeds": int(g.seed.nunique()), "steps": int(g.step.max()),
+                                       "questions": len(first.correct_by_question),
+                                       "samples": int(first.samples_per_question)}
+    except (FileNotFoundError, ValueError, OSError, KeyError, AttributeError):
+        pass
+    return out
+
+
+def findings(cfg: Config, claims: list[Claim], counts: dict, gpu_result: Path | None = None,
+             sizes: dict | None = None) -> list[str]:
     """The five findings, in order (module docstring)."""
-    return [paper_finding(counts), *demo_findings(claims), scale_finding(cfg, gpu_result)]
+    return [paper_finding(counts), *demo_findings(claims, sizes), scale_finding(cfg, gpu_result)]
 
 
-def findings_markdown(items: list[str], figure: str | None = None) -> str:
-    """A numbered list of the findings, with the forest plot (its provenance in the caption) after the first."""
-    out = [f"1. {items[0]}", ""]
+def forest_caption() -> str:
+    return (f"**Figure {FIGURE}.** The paper's CTRLS − Base differences (dots, with 95% Newcombe intervals at the "
+            "paper's inferred n), one row per backbone, dataset and metric. The grey bar behind each dot spans "
+            "the differences no test at that n detects with power 0.8 (±MDD from Base). Blue: smaller than its "
+            "MDD; red: larger. Every difference is listed on the summary page. Drawn by "
+            "`ctrls.report.findings.paper_forest` from the paper's Tables 1 and 2.")
+
+
+def findings_markdown(items: list[str], figure: str | None = None, paper_table: str = "") -> str:
+    """A numbered list of the findings, with finding 1's table and the forest plot after it. Each finding's
+    table (a block after a blank line) stays inside its list item."""
+    def item(i: int, text: str) -> list[str]:
+        first, *rest = text.split("\n")
+        return [f"{i}. {first}"] + [f"   {line}" if line else "" for line in rest] + [""]
+
+    out = item(1, items[0] + ("\n\n" + paper_table.rstrip("\n") if paper_table else ""))
     if figure:
-        out += [f"   ```{{figure}} {figure}", "   :name: fig-paper-forest", "   :width: 100%", "",
-                "   The paper's CTRLS − Base differences (dots, 95% Newcombe intervals at the paper's n) against the "
-                "band no test at that n detects with power 0.8 (grey, ±MDD from Base); red: a difference larger than "
-                "its MDD. Drawn by `ctrls.report.findings.paper_forest(ctrls.stats.power.paper_power())` from the paper's Tables 1 "
-                "and 2 (`ctrls/report/paper.py`).", "   ```", ""]
-    out += [f"{i}. {s}" for i, s in enumerate(items[1:], 2)]
-    return "\n".join(out) + "\n"
+        out += [f"   ```{{image}} {figure}", f"   :alt: Figure {FIGURE}: the paper's CTRLS − Base differences "
+                "against their minimal detectable differences", "   :class: ctrls-figure", f"   :width: {round(100 * FOREST_WIDTH_IN)}px",
+                "   ```", "", f"   {forest_caption()}", ""]
+    for i, s in enumerate(items[1:], 2):
+        out += item(i, s)
+    return "\n".join(out)
 
 
 def write_findings(cfg: Config, book: Path, claims: list[Claim] | None = None) -> Path:
-    """Write ``<book>/generated/findings.md`` and its forest plot from the runs of ``cfg`` (the
-    scorecard's claims, computed here when not given)."""
+    """Write ``<book>/generated/verdict.md``, ``<book>/generated/findings.md`` and the forest plot from the
+    runs of ``cfg`` (the scorecard's claims, computed here when not given)."""
+    import matplotlib.pyplot as plt
+
+    from ctrls.report import paper_power
     from ctrls.report.scorecard import paper_power_counts, scorecard
-    from ctrls.stats import power
 
     out = Path(book) / "generated"
     out.mkdir(parents=True, exist_ok=True)
     claims = scorecard(cfg) if claims is None else claims
-    pw = power.paired_p_columns(power.paper_power())
+    pw = paper_power.paired_p_columns(paper_power.paper_power())
     fig = paper_forest(pw)
     fig.savefig(out / FOREST, dpi=100)
-    import matplotlib.pyplot as plt
-
     plt.close(fig)
+    counts = paper_power_counts(pw)
+    (out / "verdict.md").write_text(verdict_markdown(verdict_sentences(cfg, claims, counts)))
     path = out / "findings.md"
-    path.write_text(findings_markdown(findings(cfg, claims, paper_power_counts(pw)), f"/generated/{FOREST}"))
+    path.write_text(findings_markdown(findings(cfg, claims, counts, sizes=run_sizes(cfg)), f"/generated/{FOREST}",
+                                      paper_table_markdown(pw)))
     (out / "paper_pair.md").write_text(pair_markdown())  # the run-your-own page's
     (out / "config_keys.md").write_text(config_keys_markdown())
+    (out / "gpu_provenance.md").write_text(gpu_provenance_markdown())  # the GPU cost page's
     return path
 
 
-__all__ = ["config_keys_markdown", "demo_findings", "findings", "findings_markdown", "pair_markdown", "paper_finding",
-           "paper_forest", "scale_finding", "write_findings"]
+GPU_RESULTS = {  # the GPU cost page's stored results, and what each holds
+    "bench/results/gpu_estimate_measured_nvidia_h200_qwen.json": "hours measured with CUDA graphs",
+    "bench/results/graph_check_h100.json": "the captured path checked against the engine",
+    "bench/results/gpu_estimate_analytic.json": "the analytic estimate",
+    "bench/results/gpu_estimate_measured_nvidia_h100_80gb_hbm3.json": "hours measured with the eager engine",
+}
+
+
+def gpu_provenance_markdown() -> str:
+    """The GPU cost page's provenance note: each stored GPU result with the device it ran on."""
+    from ctrls.report.provenance import stored_note
+
+    return stored_note(GPU_RESULTS, intro="The GPU numbers were measured once, on the devices below, and stored; "
+                                          "the book reads them and does not rerun them.")
+
+
+__all__ = ["HEADS", "config_keys_markdown", "gpu_provenance_markdown", "demo_findings", "findings", "findings_markdown", "headline",
+           "mechanism_note", "mechanism_variants", "pair_markdown", "paper_finding", "paper_forest", "paper_table_markdown",
+           "paper_tables", "run_sizes", "scale_finding", "verdict_markdown", "verdict_sentences", "write_findings"]

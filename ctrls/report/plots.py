@@ -1,14 +1,25 @@
 """The book's figures (seaborn/matplotlib). Each function returns the matplotlib Figure.
 
 In a notebook, each figure is shown by :func:`show` with a numbered caption that says what it
-shows ("Figure 2: ..."), numbered in page order, and ends with where it was drawn from: the library
-call and the run files it read (:func:`drawn_from`, passed to each figure function as ``source``);
-a figure whose every plotted value is equal is replaced by one sentence that says so
-(:func:`all_equal_note`), computed from the data.
+shows and ends with where it was drawn from: the library call and the run files it read
+(:func:`drawn_from`, passed to each figure function as ``source``). A figure whose every plotted value
+is equal is replaced by one sentence that says so (:func:`all_equal_note`), computed from the data.
+
+**Numbering.** The book's figures are numbered "Figure B<page>.<n>" (:func:`caption`): ``B`` for the
+book, the page's number (the first page is 0; a notebook's page is its number plus one, so
+``01_pretraining`` is page 2), then the figure's number on that page. A page sets its number once (:func:`set_page`, called by
+``ctrls.report.provenance.show_provenance``). No number of the book can be mistaken for one of the
+paper's Figures 1 to 7.
+
+**Legibility.** Every text of a figure is at least :data:`MIN_FONT_PT` points, and no figure is wider
+than :data:`MAX_WIDTH_IN` inches at 100 dpi. On a 390 px phone the book's stylesheet shows a figure at
+least :data:`PHONE_MIN_PX` pixels wide, scrolling sideways inside its own box, so that its smallest text
+is about 9 px high (``book/_static/ctrls.css``; ``tests/report/test_plots_legibility.py``).
 """
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -18,12 +29,15 @@ import seaborn as sns
 import torch
 from matplotlib.ticker import MaxNLocator
 
-sns.set_theme(context="notebook", style="whitegrid")
+MIN_FONT_PT = 10  # the smallest text of any figure
+sns.set_theme(context="notebook", style="whitegrid", rc={"legend.fontsize": 11, "legend.title_fontsize": 11})
 
 _FIGURES = [0]  # figures shown on this page (one kernel per page)
+_PAGE = ["B"]  # this page's figure prefix: "B<page>" once set_page has run
 # The book's content column is 948 px wide at 1280 px; at 100 dpi a figure at most this many inches
-# wide is shown at its own size, never downscaled (ctrls.synthetic.chain uses the same width).
+# wide is shown at its own size, never downscaled (ctrls.report.synthetic_figures uses the same width).
 MAX_WIDTH_IN = 9.3
+PHONE_MIN_PX = 560  # ctrls.css: a figure's width on a phone, at least (it scrolls inside its box)
 
 
 def _kernel() -> bool:
@@ -35,10 +49,26 @@ def _kernel() -> bool:
     return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
 
 
+def page_prefix(page: str | int) -> str:
+    """The figure prefix of a notebook's page: ``"01_pretraining"`` or ``1`` -> ``"B2"``. Page 0, ``"B0"``, is
+    the book's first page (``ctrls.report.findings.FIGURE``), which is not a notebook."""
+    m = re.match(r"\s*(\d+)", str(page))
+    if m is None:
+        raise ValueError(f"a page is named by its number or its notebook's name ('01_pretraining'), got {page!r}")
+    return f"B{int(m.group(1)) + 1}"
+
+
+def set_page(page: str | int) -> str:
+    """Number this notebook page's figures "Figure B<page>.<n>" from 1 (:func:`page_prefix`); returns the prefix."""
+    _PAGE[0] = page_prefix(page)
+    _FIGURES[0] = 0
+    return _PAGE[0]
+
+
 def caption(text: str) -> str:
-    """The next figure's caption: "**Figure N.** text" (N counts this page's figures)."""
+    """The next figure's caption: "**Figure B2.2.** text" (page 2, its second figure)."""
     _FIGURES[0] += 1
-    return f"**Figure {_FIGURES[0]}.** {text}"
+    return f"**Figure {_PAGE[0]}.{_FIGURES[0]}.** {text}"
 
 
 def show(fig, text: str):
@@ -145,10 +175,22 @@ def _flat(values) -> pd.Series:
     return v.map(lambda x: float(f"{x:.10g}") if np.isfinite(x) else x)
 
 
+def _epochs_note(history: pd.DataFrame) -> tuple[set, str]:
+    """The splits evaluated at fewer than three epochs (drawn as points, not lines: two points joined by a
+    line would read as a curve that was measured in between), and the caption's words for them."""
+    few = {split: sorted(int(e) for e in g.epoch.unique()) for split, g in history.groupby("split", sort=False)
+           if g.epoch.nunique() < 3}
+    words = " ".join(f"The {split} steps were evaluated at epoch{'s' if len(e) > 1 else ''} "
+                     f"{' and '.join(map(str, e))} only, so they are drawn as points, not as a line."
+                     for split, e in few.items())
+    return set(few), (f" {words}" if words else "")
+
+
 def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None, source: str = "") -> plt.Figure:
     """Thm. 5.3's bound (solid, with its 95% interval over questions) and the relaxed training
     objective (dashed) over adapter-training epochs, per split (``PretrainRun.bound_history``;
-    epoch 0 = the fresh adapter = the frozen backbone), and the transition fit of stage (e).
+    epoch 0 = the fresh adapter = the frozen backbone), and the transition fit of stage (e). A split
+    evaluated at fewer than three epochs is drawn as points with error bars, never as a line.
 
     Two figures, each shown with its caption (ending with ``source``): the bound per step and its
     reconstruction term; the KL term and the transition fit. When every line of the second is flat
@@ -156,6 +198,7 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None, s
     (:func:`all_equal_note`). Returns the second figure (None when it is a sentence)."""
     # a closed-form transition fit is one number: said in the caption, not drawn as a one-point panel
     fit_panel = kl_history is not None and pd.to_numeric(kl_history.kl, errors="coerce").nunique() > 1
+    points, few_words = _epochs_note(history)
     fig, axes = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 3.8))
     fig2, axes2 = plt.subplots(1, 2 if fit_panel else 1, figsize=(MAX_WIDTH_IN if fit_panel else 5.5, 3.8), squeeze=False)
     axes2 = axes2[0]
@@ -164,19 +207,27 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None, s
               ("kl_per_step", "mixture_kl_per_step", "KL term", "nats / step")]
     for ax, (solid, dashed, title, ylabel) in zip([*axes, axes2[0]], panels):
         for i, (split, g) in enumerate(history.sort_values("epoch").groupby("split", sort=False)):
-            ax.plot(g.epoch, g[solid], marker="o", color=f"C{i}", label=f"{split}: Thm. 5.3")
-            ax.plot(g.epoch, g[dashed], ls="--", marker=".", color=f"C{i}", label=f"{split}: relaxed")
+            line = split not in points
+            ax.plot(g.epoch, g[solid], marker="o", ls="-" if line else "none", color=f"C{i}", label=f"{split}: Thm. 5.3")
+            ax.plot(g.epoch, g[dashed], ls="--" if line else "none", marker="s" if not line else ".", mfc="none" if not line else None,
+                    color=f"C{i}", label=f"{split}: relaxed")
             if solid == "elbo_per_step":
-                ax.fill_between(g.epoch, g.elbo_per_step_lo, g.elbo_per_step_hi, color=f"C{i}", alpha=0.15, lw=0)
+                if line:
+                    ax.fill_between(g.epoch, g.elbo_per_step_lo, g.elbo_per_step_hi, color=f"C{i}", alpha=0.15, lw=0)
+                else:
+                    ax.errorbar(g.epoch, g[solid], yerr=np.array([g[solid] - g.elbo_per_step_lo,
+                                                                  g.elbo_per_step_hi - g[solid]]).clip(0),
+                                fmt="none", ecolor=f"C{i}", capsize=3)
         ax.set(title=title, xlabel="adapter-training epoch", ylabel=ylabel)
         integer_ticks(ax)
-    axes[0].legend(fontsize=8)
-    axes2[0].legend(fontsize=8)
+    axes[0].legend(fontsize=MIN_FONT_PT)
+    axes2[0].legend(fontsize=MIN_FONT_PT)
     splits = " and ".join(history.split.drop_duplicates().astype(str))
     fig.tight_layout()
-    show(fig, with_source(f"Thm. 5.3's bound (solid; band: 95% interval over questions) and the relaxed training objective "
-                    f"(dashed) over adapter-training epochs, on the {splits} steps. Left: per step; right: its "
-                    "reconstruction term per token. Epoch 0 is the fresh adapter, i.e. the frozen backbone.", source))
+    show(fig, with_source(f"Thm. 5.3's bound (solid; band or bars: 95% interval over questions) and the relaxed "
+                          f"training objective (dashed) over adapter-training epochs, on the {splits} steps. "
+                          "Left: per step; right: its reconstruction term per token. Epoch 0 is the fresh adapter, "
+                          f"i.e. the frozen backbone.{few_words}", source))
     kl_lines = [(split, label, _flat(g.sort_values("epoch")[col]))
                 for split, g in history.groupby("split", sort=False)
                 for col, label in (("kl_per_step", "KL term"), ("mixture_kl_per_step", "mixture-prior KL"))]
@@ -188,10 +239,10 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None, s
                            else f"{label} on the {split} steps: no value"
                            for split, label, v in kl_lines)
         text = (f"No figure of the bound's KL term: every one of its {len(kl_lines)} lines is flat over the "
-                f"{epochs} adapter-training epoch{'s' if epochs != 1 else ''} (nats per step: {values})")
+                f"{epochs} evaluated epoch{'s' if epochs != 1 else ''} (nats per step: {values})")
         if kl_history is not None:
             mixture = "objective" in kl_history and (kl_history.objective == "mixture").all()
-            text += (f"; the transition fit (stage e) reached a mean {'mixture-prior' if mixture else 'expected'} "
+            text += (f". The transition fit (stage e) reached a mean {'mixture-prior' if mixture else 'expected'} "
                      f"KL of {float(kl_history.kl.iloc[-1]):.3g} nats")
         say(text + ".")
         return None
@@ -230,15 +281,15 @@ def transitions_and_sizes(L: torch.Tensor, states: pd.Series, source: str = "") 
     sns.heatmap(P, ax=axes[0], cmap="viridis", vmin=0, square=True, cbar_kws={"label": r"$P(s_t = j \mid s_{t-1} = i)$"},
                 xticklabels=False, yticklabels=False)
     ticks = state_ticks(K)
-    axes[0].set_xticks(ticks + 0.5, [str(t) for t in ticks], rotation=0, fontsize=9)
-    axes[0].set_yticks(ticks + 0.5, [str(t) for t in ticks], rotation=0, fontsize=9)
+    axes[0].set_xticks(ticks + 0.5, [str(t) for t in ticks], rotation=0, fontsize=MIN_FONT_PT + 1)
+    axes[0].set_yticks(ticks + 0.5, [str(t) for t in ticks], rotation=0, fontsize=MIN_FONT_PT + 1)
     axes[0].set(title=rf"transition matrix $\mathrm{{softmax}}(L)$, $K = {K}$", xlabel="next state $j$", ylabel="state $i$")
     counts = states.value_counts().reindex(range(K), fill_value=0)
     sns.barplot(x=np.arange(K), y=counts.to_numpy(), ax=axes[1], color="C0")
     axes[1].set(title="cluster sizes (training steps per state)", xlabel="state", ylabel="steps")
-    axes[1].set_xticks(ticks, [str(t) for t in ticks], rotation=0, fontsize=9)
+    axes[1].set_xticks(ticks, [str(t) for t in ticks], rotation=0, fontsize=MIN_FONT_PT + 1)
     for ax in axes:
-        ax.title.set_fontsize(10)
+        ax.title.set_fontsize(MIN_FONT_PT + 1)
     fig.tight_layout()
     return show(fig, with_source(f"Left: the fitted transition matrix softmax(*L*) over the K = {K} latent states "
                      f"(row i: the distribution of the next state after state i). Right: the number of training "
@@ -246,19 +297,28 @@ def transitions_and_sizes(L: torch.Tensor, states: pd.Series, source: str = "") 
 
 
 def pass_at_k_curves(curves: pd.DataFrame, source: str = "") -> plt.Figure:
-    """Unbiased pass@k vs k, Base vs each CTRLS row, one panel per (backbone, dataset, eta)."""
+    """Unbiased pass@k (%) vs k, Base and each CTRLS row, one panel per (backbone, dataset, eta). A panel
+    whose every value is equal (a flat line, e.g. 0% on a dataset the backbone cannot solve) is left out
+    and said in one sentence; each row has its own line style and marker, so no row hides under another."""
     note = all_equal_note(curves.pass_at_k, "pass@k", "%", 100)
     if note:
         return say(note + " (every row, every k).")
     curves = curves.assign(panel=curves.backbone.str.split("/").str[-1] + " · " + curves.dataset + " · η=" +
                            curves.temperature.astype(str), pass_at_k=100 * curves.pass_at_k)
-    g = sns.relplot(data=curves, x="k", y="pass_at_k", hue="config", col="panel", kind="line", marker="o",
-                    height=3.3, aspect=1.1, facet_kws={"sharey": False})
+    flat = {p: g.pass_at_k.iloc[0] for p, g in curves.groupby("panel", sort=False) if _flat(g.pass_at_k).nunique() == 1}
+    if flat:
+        say("Not drawn, because every row's pass@k is the same at every k: "
+            + "; ".join(f"{p} ({v:.3g}% for every row and k)" for p, v in flat.items()) + ".")
+    curves = curves[~curves.panel.isin(flat)]
+    order = ["Base", *[c for c in dict.fromkeys(curves.config) if c != "Base"]]
+    g = sns.relplot(data=curves, x="k", y="pass_at_k", hue="config", style="config", hue_order=order, style_order=order,
+                    col="panel", kind="line", markers=True, dashes=True, markersize=7, height=3.6, aspect=1.15,
+                    facet_kws={"sharey": False})
     g.set_axis_labels("k", "pass@k (%)")
-    g.set_titles("{col_name}", size=9)
+    g.set_titles("{col_name}", size=MIN_FONT_PT + 1)
     integer_ticks(*g.axes.flat)
-    return show(g.figure, with_source("Unbiased pass@k (%) against k, Base and each CTRLS row, one panel per backbone, "
-                                "dataset and temperature η.", source))
+    return show(g.figure, with_source("Unbiased pass@k (%) against k, Base and each CTRLS row (one line style and "
+                                      "marker each), one panel per backbone, dataset and temperature η.", source))
 
 
 def pair_title(pair: str) -> str:
@@ -268,28 +328,76 @@ def pair_title(pair: str) -> str:
     return f"{backbone}, {dataset.replace('_', ' ')}" if dataset else backbone
 
 
+def pooled_accuracy(g: pd.DataFrame) -> pd.DataFrame:
+    """Held-out accuracy per RL step of one setting's evaluations (rows with ``correct_by_question`` and
+    ``samples_per_question``), the seeds' samples pooled per question as the page's verdicts pool them,
+    with its 95% Wilson interval at the question-clustered effective size
+    (``ctrls.stats.metrics.rate_interval``): columns step, rate, lo, hi, samples."""
+    from ctrls.stats.metrics import rate_interval
+
+    rows = []
+    for step, gg in g.groupby("step", sort=True):
+        m = np.sum([np.asarray(x, float) for x in gg.correct_by_question], axis=0)
+        n = np.full(len(m), float(gg.samples_per_question.sum()))
+        r = rate_interval(m, n)
+        rows.append({"step": step, "rate": r["rate"], "lo": r["lo"], "hi": r["hi"], "samples": int(n.sum())})
+    return pd.DataFrame(rows)
+
+
 def learning_curves(curves: pd.DataFrame, y: str = "accuracy", kind: str = "eval", ylabel: str | None = None,
-                    smooth: int = 1, source: str = "") -> plt.Figure:
-    """A metric against RL step, mean and band over seeds, one panel per (backbone, dataset)."""
+                    smooth: int = 1, source: str = "", scale: float = 1.0,
+                    reference: tuple[float, str] | None = None) -> plt.Figure:
+    """A metric against the RL step, per setting, one panel per (backbone, dataset): each seed as a thin
+    line, and, thick, held-out accuracy pooled over the seeds with its 95% interval (:func:`pooled_accuracy`;
+    ``y="accuracy"`` of the evaluations) or else the mean over seeds. ``scale``: 100 shows a rate in %,
+    as the tables do. ``reference``: (value, label) of a dashed line the axis always includes, e.g. log K,
+    the largest entropy of a choice among K states."""
     # Fig.: the on-policy learning curves (appendix figures "On-policy learning curves")
     d = curves[curves.kind == kind].copy()
     d["pair"] = d["pair"].map(pair_title)  # panel titles, not directory names
     if smooth > 1:
         d[y] = d.groupby(["pair", "setting", "seed"])[y].transform(lambda v: v.rolling(smooth, min_periods=1).mean())
     what = ylabel or y
-    note = all_equal_note(d[y], f"{what} during RL")
+    note = all_equal_note(d[y], f"{what} during RL", scale=scale)
     if note:
         return say(note)
-    g = sns.relplot(data=d, x="step", y=y, hue="setting", col="pair", kind="line", errorbar=("pi", 100),
-                    height=3.4, aspect=1.25, facet_kws={"sharey": False}, marker="o" if kind == "eval" else None)
-    g.set_axis_labels("RL step", what)
-    g.set_titles("{col_name}", size=9)
-    integer_ticks(*g.axes.flat)
+    pooled = y == "accuracy" and kind == "eval" and {"correct_by_question", "samples_per_question"} <= set(d)
+    pairs, settings = list(dict.fromkeys(d["pair"])), list(dict.fromkeys(d.setting))
+    fig, axes = plt.subplots(1, len(pairs), figsize=(min(MAX_WIDTH_IN, 1.5 + 4.6 * len(pairs)), 3.9), squeeze=False)
+    for ax, pair in zip(axes[0], pairs):
+        for i, setting in enumerate(settings):
+            g = d[(d["pair"] == pair) & (d.setting == setting)].sort_values("step")
+            if g.empty:
+                continue
+            colour = f"C{i}"
+            for _, gs in g.groupby("seed"):
+                ax.plot(gs.step, scale * gs[y], color=colour, alpha=0.35, lw=0.9)
+            if pooled:
+                p = pooled_accuracy(g)
+                ax.errorbar(p.step, scale * p.rate, yerr=scale * np.array([p.rate - p.lo, p.hi - p.rate]).clip(0),
+                            fmt="o-", color=colour, lw=2, capsize=4, label=setting)
+            else:
+                mean = g.groupby("step")[y].mean()
+                ax.plot(mean.index, scale * mean.to_numpy(), color=colour, lw=2.2,
+                        marker="o" if kind == "eval" else None, label=setting)
+        if reference is not None:
+            ax.axhline(reference[0], ls="--", color="0.3", lw=1.2, label=reference[1])
+            ax.set_ylim(0, max(ax.get_ylim()[1], 1.08 * reference[0]))
+        elif scale == 100:
+            ax.set_ylim(bottom=0)
+        ax.set(title=pair, xlabel="RL step", ylabel=what)
+        ax.title.set_fontsize(MIN_FONT_PT + 1)
+        integer_ticks(ax)
+    axes[0][0].legend(fontsize=MIN_FONT_PT, title="setting", title_fontsize=MIN_FONT_PT)
+    fig.tight_layout()
     seeds = d.seed.nunique() if "seed" in d else 1
     smoothed = f", {smooth}-step moving average" if smooth > 1 else ""
-    return show(g.figure, with_source(f"{what[0].upper() + what[1:]} during RL ({'held-out evaluation' if kind == 'eval' else 'training'}"
-                                f"{smoothed}) against the RL step, per setting: mean and min–max band over "
-                                f"{seeds} seed{'s' if seeds != 1 else ''}, one panel per backbone and dataset.", source))
+    thick = ("the seeds' samples pooled per question, with 95% Wilson intervals (question-clustered)" if pooled
+             else f"the mean over the {seeds} seed{'s' if seeds != 1 else ''}")
+    ref = f" Dashed: {reference[1]}." if reference is not None else ""
+    return show(fig, with_source(f"{what[0].upper() + what[1:]} during RL ({'held-out evaluation' if kind == 'eval' else 'training'}"
+                                 f"{smoothed}) against the RL step, per setting. Thick: {thick}; thin: each of the "
+                                 f"{seeds} seed{'s' if seeds != 1 else ''}.{ref}", source))
 
 
 def controls(summary: pd.DataFrame) -> plt.Figure:
@@ -311,7 +419,7 @@ def steering_scaling(df: pd.DataFrame) -> plt.Figure:
     """Left: the epsilon row's steps that land in the state they were drawn for, and the coincidence
     reference (Base steps paired with drawn chains), against training chains. Right: pass@1 of the
     fixed-s0 and the epsilon rows minus Base's. 95% intervals (``ctrls.report.studies.scaling_frame``)."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 3.6))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(MAX_WIDTH_IN, 4.8))
     x = df.chains.to_numpy()
     # one series per K when the points have several (solid, circles: the first K; dashed, squares: the next)
     ks = sorted(df.K.dropna().unique(), reverse=True) if "K" in df and df.K.nunique() > 1 else [None]
@@ -332,6 +440,8 @@ def steering_scaling(df: pd.DataFrame) -> plt.Figure:
         ax.set_xticks(sorted(set(x)), [str(int(v)) for v in sorted(set(x))])
         ax.minorticks_off()
         ax.set_xlabel("training chains")
-        ax.legend(frameon=False, loc="best", fontsize="small" if len(ks) > 1 else None)
+        # under its panel: inside, it covered the points
+        ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1 if len(ks) > 1 else 2,
+                  fontsize=MIN_FONT_PT)
     fig.tight_layout()
     return fig

@@ -1,7 +1,16 @@
-"""What the book pages share: provenance banners and "paper vs ours" formatting."""
+"""What the book pages share: provenance banners and notes, and "paper vs ours" formatting.
+
+A page says where its numbers come from once, at its top, never in its sentences: the banner
+(:func:`provenance`: profile, backbone, data, seed, commit, device of this build's run) and, on a page
+that also reads stored study results, one note (:func:`stored_note`): for each stored file, the commit
+and the device it ran on, or that this checkout does not have it. No path outside the repository is
+ever shown.
+"""
 from __future__ import annotations
 
+import json
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,10 +61,79 @@ def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: It
             f"ctrls {sys.modules['ctrls'].__version__} at commit `{git_commit()}` · torch {torch.__version__} on {dev}")
 
 
-def show_provenance(cfg: Config, **kw) -> None:
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _device(machine) -> str:
+    """A stored result's machine record as a reader's words: "CPU (AMD EPYC, 1 thread)", "NVIDIA H200"."""
+    if isinstance(machine, str):
+        return machine or "not recorded"
+    if not isinstance(machine, dict) or not machine:
+        return "not recorded"
+    if machine.get("gpu"):
+        return str(machine["gpu"])
+    cpu, threads = machine.get("cpu"), machine.get("threads")
+    if not cpu:
+        return "not recorded"
+    return f"CPU ({cpu}" + (f", {threads} thread{'s' if threads != 1 else ''})" if threads else ")")
+
+
+def stored_record(rel: str, root: Path = ROOT) -> dict:
+    """{file, commit, device, stored} of one stored result (a JSON file of the repository, ``rel`` relative
+    to its root): the commit and machine it records, or "not recorded"; ``stored`` False when this checkout
+    does not have the file."""
+    p = Path(root) / rel
+    if not p.is_file():
+        return {"file": rel, "commit": "—", "device": "—", "stored": False}
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {"file": rel, "commit": "unreadable", "device": "unreadable", "stored": True}
+    d = d if isinstance(d, dict) else {}
+    return {"file": rel, "commit": str(d.get("commit") or "not recorded"),
+            "device": _device(d.get("machine") or d.get("environment") or {}), "stored": True}
+
+
+STUDIES_INTRO = ("This build's own runs come from the commit in the banner above. The studies listed here were "
+                 "run once and stored; the book reads them and does not rerun them.")
+
+
+def stored_note(rels: Iterable[str] | dict[str, str], root: Path = ROOT, intro: str = STUDIES_INTRO) -> str:
+    """The page's one note on the stored results it reads: a table of file, commit and device, one row
+    per file (a file this checkout lacks says so in its row, and its section shows nothing). ``rels`` may
+    map each file to the section that shows it (a column of its own); ``intro`` opens the note. "" when
+    the page reads none."""
+    where = dict(rels) if isinstance(rels, dict) else {}
+    rows = [stored_record(r, root) for r in dict.fromkeys(rels)]
+    if not rows:
+        return ""
+    commits = {r["commit"] for r in rows if r["stored"] and r["commit"] != "not recorded"}
+    lines = [":::{admonition} Where this page's stored results come from", ":class: note", "",
+             intro + (f" They come from {len(commits)} different commits." if len(commits) > 1 else ""), ""]
+    head = "| stored result | " + ("shown in | " if where else "") + "commit | device |"
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        section = f"{where.get(r['file'], '')} | " if where else ""
+        commit = f"`{r['commit']}`" if re.fullmatch(r"[0-9a-f]{6,40}(\+dirty)?", r["commit"]) else r["commit"]
+        lines.append(f"| `{r['file']}` | {section}" + (f"{commit} | {r['device']} |" if r["stored"] else
+                                                         "not in this checkout | — |"))
+    return "\n".join(lines + [":::", ""])
+
+
+def show_provenance(cfg: Config, page: str | int | None = None, stored: Iterable[str] = (), **kw) -> None:
+    """The page's banner (:func:`provenance`) and, when it reads stored study results, their note
+    (:func:`stored_note`). ``page`` (``"01_pretraining"``) numbers the page's figures "Figure B1.n"
+    (``ctrls.report.plots.set_page``)."""
     from IPython.display import Markdown, display
 
+    if page is not None:
+        from ctrls.report import plots
+
+        plots.set_page(page)
     display(Markdown("> " + provenance(cfg, **kw)))
+    note = stored_note(stored)
+    if note:
+        display(Markdown(note))  # its cell renders Markdown as MyST (cell metadata mystnb.markdown_format)
 
 
 def pct(x: float) -> str:

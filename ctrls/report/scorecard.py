@@ -10,7 +10,6 @@ page includes that file.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -19,8 +18,10 @@ import pandas as pd
 
 from ctrls.config.schema import Config
 from ctrls.config.settings import FIXED
-from ctrls.report import tables
+from ctrls.report import paper_power, tables
 from ctrls.report.provenance import git_commit
+from ctrls.report.stored import read as read_stored
+from ctrls.report.stored import result_path
 from ctrls.report.verdicts import (
     NOT_SUPPORTED,
     OWN,
@@ -37,19 +38,22 @@ from ctrls.stages.common import NotRunError, UnreadableResultsError
 from ctrls.stats import power
 from ctrls.synthetic import chain as synthetic
 
-PILOT = Path(__file__).resolve().parents[2] / "studies" / "results" / "word_problems_difficulty.json"
+PILOT_RESULT = "studies/results/word_problems_difficulty.json"
+PILOT = Path(__file__).resolve().parents[2] / PILOT_RESULT  # the repository's
 NOT_RUN = "not run"  # the stage has not run for this config
 NO_COMPARISON = "no comparison in this profile"  # the profile's grid has nothing to compare
 UNREADABLE = "unreadable"  # "unreadable: <file>": results on disk that cannot be read or hold NaN
 
 
-def pilot(cfg: Config, path: Path = PILOT) -> dict | None:
+def pilot(cfg: Config, path: Path | None = None) -> dict | None:
     """The pilot measurement (studies/word_problems.py) at the profile's difficulty, or None when the
-    profile's dataset is not ``word_problems`` or the pilot did not measure that difficulty."""
+    profile's dataset is not ``word_problems`` or the pilot did not measure that difficulty. ``path``: the
+    stored pilot under ``$CTRLS_RESULTS_DIR``, else the repository's (``ctrls.report.stored``, which checks it)."""
+    path = Path(path) if path is not None else result_path(PILOT_RESULT)
     if cfg.data.dataset != "word_problems" or not path.is_file():
         return None
     tag = cfg.data.word_problems.difficulty().tag()
-    d = json.loads(path.read_text())
+    d = read_stored(path, "pilot")
     return next((r for r in d["levels"] if r["difficulty"] == tag), None)
 
 
@@ -92,28 +96,26 @@ def _mdd_note(mdd: dict, key: str, verdict: str = NOT_SUPPORTED) -> str:
 
 
 def controllability_claim(ct: pd.DataFrame, mdd: dict, page: str) -> Claim | None:
-    """Eq. 8's row from ``tables.controllability_table``: judged on the epsilon rows (the claim's own
-    test) against their coincidence reference, Base steps paired with chains drawn by the same
-    epsilon-greedy policy; the fixed-s0 row (the adapter holding one state) is reported beside it,
-    separately, and does not enter the verdict. None when no row has a comparison."""
-    ct = ct[ct["Δ vs Base"].notna()] if "Δ vs Base" in ct else ct.iloc[:0]
-    eps, fixed = ct[ct.config != FIXED], ct[ct.config == FIXED]
+    """Eq. 8's row from ``tables.controllability_table``: judged on the epsilon rows' kappa against the
+    independent-chain null (the row's own read-back against a second chain drawn by the same policy from
+    the same s_0: the no-steering null, ``ctrls.stats.agreement``), Holm over the epsilon rows; the
+    fixed-s0 row (the adapter holding one state) is reported beside it and does not enter the verdict.
+    None when no row has a kappa."""
+    eps = ct[ct["κ"].notna()] if "κ" in ct else ct.iloc[:0]
+    fixed = ct[(ct.config == FIXED) & ct["Δ vs Base"].notna()] if "Δ vs Base" in ct else ct.iloc[:0]
     if eps.empty:
         return None
-    ev = "; ".join(f"{r.dataset} {r.config}: {100 * r.follows:.1f}% vs {100 * r['Base, random states']:.1f}% "
-                   f"(coincidence reference), {pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}" for _, r in eps.iterrows())
-    sep = "; ".join(f"{r.dataset}: {100 * r.follows:.1f}% of steps stay in s0 vs {100 * r['Base, random states']:.1f}% "
-                    f"of Base steps, {pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}" for _, r in fixed.iterrows())
-    v = _combine([claim_verdict(r["Δ vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"]) for _, r in eps.iterrows()])
-    est = [Estimate(f"{r.dataset} {r.config}", r["Δ vs Base"], r["Δ lo"], r["Δ hi"]) for _, r in eps.iterrows()]
-    held = [Estimate(f"{r.dataset} {r.config}", r["Δ vs Base"], r["Δ lo"], r["Δ hi"]) for _, r in fixed.iterrows()]
+    ev = "; ".join(f"{r.dataset} {r.config}: {100 * r.follows:.1f}% of {int(r.steps)} steps land in their drawn state vs "
+                   f"{100 * r['null']:.1f}% in an independent chain's, κ {r['κ']:.2f} [{r['κ lo']:.2f}, {r['κ hi']:.2f}] "
+                   f"({int(r.questions)} questions)" for _, r in eps.iterrows())
+    v = _combine([claim_verdict(r["κ"], r["p (κ, Holm)"], lo=r["κ lo"], hi=r["κ hi"], scale=1.0, unit="")
+                  for _, r in eps.iterrows()])
+    est = [Estimate(f"{r.dataset} {r.config} κ", r["κ"], r["κ lo"], r["κ hi"], scale=1.0, unit="") for _, r in eps.iterrows()]
     return Claim(CONTROL_CLAIM, "Eq. 8",
-                 "ε rows, steps that land in their sampled state vs Base steps paired with chains drawn by the same "
-                 f"policy: {ev}" + (f". Reported separately, the fixed-s0 row (one state held, not the claim's test): "
-                                    f"{sep}" if sep else ""),
-                 v + _mdd_note(mdd, "controllability", v), page, block=OWN,
-                 claimed=CONTROL_DIR, estimates=est,
-                 mdd=mdd.get("controllability"), beside=held)
+                 "ε rows, steps that land in their drawn state against the independent-chain null: " + ev,
+                 v, page, block=OWN, claimed=CONTROL_DIR, estimates=est, mdd=mdd.get("controllability"),
+                 beside=[Estimate(f"{r.dataset} fixed s0 − Base steps in s0", r["Δ vs Base"], r["Δ lo"], r["Δ hi"])
+                         for _, r in fixed.iterrows()])
 
 
 def _load(load, cfg: Config):
@@ -146,7 +148,7 @@ CONTROL_CLAIM = "generation follows the sampled latent state"
 RL_CLAIM = "RL on the transition policy raises accuracy"
 PASS_DIR = "↑ CTRLS(ε) − Base, pass@n"
 ABLATION_DIR = "↑ CTRLS(ε) − fixed s0, pass@n"
-CONTROL_DIR = "↑ steps in their sampled state − coincidence reference"
+CONTROL_DIR = "↑ κ of steps in their drawn state against the independent-chain null"
 RL_DIR = "↑ end − step 0, held-out accuracy"
 
 
@@ -162,7 +164,7 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
     samples, missing = (None, None) if "eps" in gaps else _load(exploration.load_samples, cfg)
     if "eps" in gaps:
         out += [Claim(PASS_CLAIM, "Table 1", gaps["eps"], NO_COMPARISON, page1, claimed=PASS_DIR),
-                Claim(ABLATION_CLAIM, "Sec. 4; our fixed-s0 ablation", gaps["ablation"], NO_COMPARISON, page1,
+                Claim(ABLATION_CLAIM, "Sec. 6.2; our fixed-s0 ablation", gaps["ablation"], NO_COMPARISON, page1,
                       block=OWN, claimed=ABLATION_DIR),
                 Claim(CONTROL_CLAIM, "Eq. 8", gaps["eps"], NO_COMPARISON, page1, block=OWN, claimed=CONTROL_DIR)]
     elif samples is None:
@@ -183,7 +185,7 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
         ab = ab_all[ab_all.comparison.str.endswith("− fixed s0")] if not ab_all.empty else ab_all
         alone = ab_all[ab_all.comparison.str.startswith("fixed s0 −")] if not ab_all.empty else ab_all
         if "ablation" in gaps:
-            out.append(Claim(ABLATION_CLAIM, "Sec. 4; our fixed-s0 ablation", gaps["ablation"], NO_COMPARISON, page1,
+            out.append(Claim(ABLATION_CLAIM, "Sec. 6.2; our fixed-s0 ablation", gaps["ablation"], NO_COMPARISON, page1,
                              block=OWN, claimed=ABLATION_DIR))
         elif not ab.empty:
             ev = "; ".join(f"{r.dataset} {r.comparison} (η={r.temperature:g}): {pts(r['Δ pass@n'], r['Δ pass@n lo'], r['Δ pass@n hi'])}"
@@ -192,7 +194,7 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
                           for _, r in ab.iterrows()])
             est = lambda t: [Estimate(f"{r.dataset} {r.comparison} (η={r.temperature:g})", r["Δ pass@n"],  # noqa: E731
                                       r["Δ pass@n lo"], r["Δ pass@n hi"]) for _, r in t.iterrows()]
-            out.append(Claim(ABLATION_CLAIM, "Sec. 4; our fixed-s0 ablation", f"pass@n: {ev}",
+            out.append(Claim(ABLATION_CLAIM, "Sec. 6.2; our fixed-s0 ablation", f"pass@n: {ev}",
                              v + _mdd_note(mdd, "ablation", v), page1, block=OWN, claimed=ABLATION_DIR,
                              estimates=est(ab), mdd=mdd.get("ablation"), beside=est(alone)))
         claim = controllability_claim(tables.controllability_table(samples, seed=cfg.seed), mdd, page1)
@@ -247,7 +249,7 @@ def paper_power_counts(pw: pd.DataFrame | None = None) -> dict:
     there are, how many point up, down or nowhere, how many have an interval that excludes 0 and how
     many lie below their minimal detectable difference, and per table how many an exact McNemar test
     could resolve under the most and the least favourable pairing of the questions."""
-    pw = power.paired_p_columns(power.paper_power()) if pw is None else pw
+    pw = paper_power.paired_p_columns(paper_power.paper_power()) if pw is None else pw
     d = pw["diff (pp)"]
     out = {"n": len(pw), "up": int((d > 0).sum()), "down": int((d < 0).sum()), "zero": int((d == 0).sum()),
            "excluding 0": int(pw["excludes 0"].sum()), "below MDD": int(pw["below MDD"].sum()),

@@ -1,9 +1,7 @@
 """What the setup-check page shows: the benchmark data and the backbone's greedy answers."""
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import pandas as pd
 
@@ -38,11 +36,9 @@ def dataset_table(cfg: Config) -> pd.DataFrame:
 
 
 def data_source(cfg: Config) -> str:
-    d = resolve_data_dir(cfg.data.data_dir)
-    if not d:
-        return "the Hugging Face hub"
-    rel = os.path.relpath(d, Path(__file__).resolve().parents[2])  # no absolute build path on the page
-    return f"data directory `{rel}` (beside the repository)" if rel.startswith("..") else f"data directory `{rel}`"
+    """Where the benchmark data was read from, in words: a local data directory or the Hugging Face hub.
+    Never a path: a resolved directory names the machine that built the book, not the reader's."""
+    return "a local data directory" if resolve_data_dir(cfg.data.data_dir) else "the Hugging Face hub"
 
 
 def example_problems(cfg: Config, n: int = 2) -> pd.DataFrame:
@@ -76,6 +72,7 @@ _TEX_SYMBOLS = {"cdot": "·", "times": "×", "div": "÷", "le": "≤", "leq": "�
                 "$": "$", "{": "{", "}": "}", ",": " ", "!": "", ";": " ", " ": " "}
 _SUPERSCRIPTS = str.maketrans("0123456789n", "⁰¹²³⁴⁵⁶⁷⁸⁹ⁿ")
 _INLINE = re.compile(r"(?<!\\)\$\$?(.+?)(?<!\\)\$\$?", re.DOTALL)
+_TEX_HINT = re.compile(r"[\\^_{}]|[a-zA-Z]\s*[=<>+\-*/]|[=<>+\-*/]\s*[a-zA-Z(]")
 
 
 def _detex(m: str) -> str:
@@ -96,7 +93,12 @@ def plain_tex(text) -> str:
     a table cell, where the page's MathJax does not typeset it (it printed as raw ``$12$``)."""
     if not isinstance(text, str) or ("$" not in text and "\\" not in text):
         return text
-    out = _INLINE.sub(lambda g: _detex(g[1]), text)
+
+    def sub(g: re.Match) -> str:  # "$1600. The TV costs $600": dollars, not TeX (no TeX in it, and words)
+        inner = g[1]
+        return _detex(inner) if _TEX_HINT.search(inner) or not re.search(r"\s", inner.strip()) else g[0]
+
+    out = _INLINE.sub(sub, text)
     return out.replace("\\$", "$")
 
 

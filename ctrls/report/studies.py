@@ -2,8 +2,11 @@
 steers the step (``studies/steering.py``: training chains, the K sweep, the fusion of F_u; ``studies/injection.py``:
 the injection point; ``studies/concentration.py``), read, checked and put into tables and sentences.
 
-Nothing here recomputes a study: each reader takes a stored JSON result (a missing field or a NaN/Inf
-number is a clear error) and returns a frame whose ``attrs`` carry the commit and the machine it ran on.
+Nothing here recomputes a study: each reader takes a stored JSON result, read and checked by
+:mod:`ctrls.report.stored` (its schema per kind of file; a bad one is a ``StoredResultError`` naming the file
+and the field), and returns a frame whose ``attrs`` carry the commit and the machine it ran on. The stored
+results are found under a ``root`` given to the ``*_result_path(s)`` functions, else ``$CTRLS_RESULTS_DIR``,
+else the repository.
 The goals the issue set (``STEERING_GOAL``, ``HARM_GOAL``) and Cohen's kappa of following a drawn state
 against coincidence (``chance_corrected``) live here too. The controls themselves (log P per token under
 each state condition, Eq. 8's adapter) are :mod:`ctrls.method.controls`.
@@ -17,29 +20,24 @@ if TYPE_CHECKING:
 
 import numpy as np
 
+from ctrls.report.stored import read as read_stored
+from ctrls.report.stored import stored_result  # the stored result ``rel`` under a root, or None
+
 # ---- steering against the number of training chains (studies/steering.py) ---------------------------
 
-def stored_result(rel: str):
-    """The repository's stored benchmark result ``rel`` (``bench/results/...``), or None outside a checkout
-    or when it was not run."""
-    from pathlib import Path
 
-    p = Path(__file__).resolve().parents[2] / rel
-    return p if p.exists() else None
-
-
-def stored_results(rels) -> list:
-    """Those of the stored benchmark results ``rels`` that this checkout has (:func:`stored_result`), in order."""
-    return [p for p in map(stored_result, rels) if p is not None]
+def stored_results(rels, root=None) -> list:
+    """Those of the stored results ``rels`` that exist under ``root`` (:func:`stored_result`), in order."""
+    return [p for p in (stored_result(r, root) for r in rels) if p is not None]
 
 
 SCALING_RESULT = "studies/results/steering_scaling.json"  # at K = 16 (the demo's K before the K sweep)
 SCALING_RESULTS = (SCALING_RESULT, "studies/results/steering_scaling_k4.json")  # ... and at the demo's K = 4
 
 
-def scaling_result_paths() -> list:
+def scaling_result_paths(root=None) -> list:
     """Every stored data-scaling result of ``SCALING_RESULTS`` that this checkout has (one per K)."""
-    return stored_results(SCALING_RESULTS)
+    return stored_results(SCALING_RESULTS, root)
 
 
 def _fusion(point: dict) -> str:
@@ -57,7 +55,6 @@ def scaling_frame(path) -> "pd.DataFrame":
     (fixed s0 and epsilon), each with its 95% interval. A missing file or field is a clear error.
     A list of paths gives their points together (sorted by chains, then K), with ``attrs["stored"]``
     one ``{"path", "commit", "machine", "overrides"}`` per file."""
-    import json
     from pathlib import Path
 
     import pandas as pd
@@ -73,8 +70,8 @@ def scaling_frame(path) -> "pd.DataFrame":
                                     for p, f in zip(path, frames)]})
         return df
     path = Path(path)
+    res = read_stored(path, "steering")  # checked: types, finite numbers, ranges, intervals, K (ctrls.report.stored)
     try:
-        res = json.loads(path.read_text())
         rows = [{"chains": p["chains"], "train_questions": p["train_questions"], "sources": p["sources"], "K": p.get("K"),
                  "fusion": _fusion(p),
                  "follows": p["follows"], "follows_lo": p["follows_lo"], "follows_hi": p["follows_hi"],
@@ -114,10 +111,10 @@ def scaling_provenance(df: "pd.DataFrame") -> str:
 GENERATION_RESULT = "studies/results/generation_controls.json"
 
 
-def generation_result_path():
+def generation_result_path(root=None):
     """Where the repository keeps the stored generation controls (a ``studies/steering.py`` run on the demo's
     own pretraining with epsilons 0, 0.1 and 1; None outside a checkout or when absent)."""
-    return stored_result(GENERATION_RESULT)
+    return stored_result(GENERATION_RESULT, root)
 
 
 def _generation_label(config: str) -> str:
@@ -140,7 +137,6 @@ def generation_frame(path) -> "pd.DataFrame":
     with several epsilon rows: per row pass@1 and Succ. and, where states are drawn, the fraction of steps
     that follow their state and its coincidence reference, each a fraction with its 95% interval. Rows in
     the grid's order (Base, fixed s0, epsilon ascending). A missing field or NaN/Inf is a clear error."""
-    import json
     from pathlib import Path
 
     import pandas as pd
@@ -155,8 +151,8 @@ def generation_frame(path) -> "pd.DataFrame":
         return (config != BASE, config != FIXED, eps)
 
     path = Path(path)
+    res = read_stored(path, "generation")  # checked (ctrls.report.stored)
     try:
-        res = json.loads(path.read_text())
         pt = res["points"][0]
         out = []
         for config, r in sorted(pt["rows"].items(), key=lambda kv: order(kv[0])):
@@ -272,17 +268,17 @@ def scaling_sentences(df: "pd.DataFrame") -> list[str]:
 STATES_RESULT = "studies/results/steering_states.json"
 
 
-def states_result_path():
+def states_result_path(root=None):
     """Where the repository keeps the stored K sweep of ``studies/steering.py --n-states`` (None when absent)."""
-    return stored_result(STATES_RESULT)
+    return stored_result(STATES_RESULT, root)
 
 
 FUSION_RESULT = "studies/results/steering_fusion.json"
 
 
-def fusion_result_path():
+def fusion_result_path(root=None):
     """Where the repository keeps the stored fusion comparison (``studies/steering.py -o adapter.fusion=mlp``)."""
-    return stored_result(FUSION_RESULT)
+    return stored_result(FUSION_RESULT, root)
 
 
 def fusion_frame(states_path, fusion_path) -> "pd.DataFrame":
@@ -404,9 +400,9 @@ def states_sentences(df: "pd.DataFrame", demo_k: int | None = None) -> list[str]
 CONCENTRATION_RESULT = "studies/results/concentration.json"
 
 
-def concentration_result_path():
+def concentration_result_path(root=None):
     """Where the repository keeps the stored ``studies/concentration.py`` result (None when absent)."""
-    return stored_result(CONCENTRATION_RESULT)
+    return stored_result(CONCENTRATION_RESULT, root)
 
 
 def concentration_frame(path) -> "pd.DataFrame":
@@ -414,14 +410,13 @@ def concentration_frame(path) -> "pd.DataFrame":
     row) with the follows-its-state rate, its coincidence reference (Base steps against chains drawn from
     the same policy), each with its 95% interval, the row's pass@1 and Base's, and n. The fitted c is in
     ``attrs``. A missing field or a non-finite rate is a clear error."""
-    import json
     from pathlib import Path
 
     import pandas as pd
 
     path = Path(path)
+    res = read_stored(path, "concentration")  # checked (ctrls.report.stored)
     try:
-        res = json.loads(path.read_text())
         rows = [{"c": p["c"], "row": row, "steps": v["steps"], "follows": v["follows"], "follows_lo": v["follows lo"],
                  "follows_hi": v["follows hi"], "coincidence": v["Base, random states"],
                  "coincidence_lo": v["Base, random states lo"], "coincidence_hi": v["Base, random states hi"],
@@ -441,9 +436,9 @@ INJECTION_RESULT = "studies/results/injection.json"  # at K = 16 (the demo's K b
 INJECTION_RESULTS = (INJECTION_RESULT, "studies/results/injection_k4.json")  # ... and at K = 4
 
 
-def injection_result_paths() -> list:
+def injection_result_paths(root=None) -> list:
     """Every stored ``studies/injection.py`` result of ``INJECTION_RESULTS`` that this checkout has."""
-    return stored_results(INJECTION_RESULTS)
+    return stored_results(INJECTION_RESULTS, root)
 
 
 def injection_sentences(df: "pd.DataFrame") -> list[str]:
@@ -481,14 +476,13 @@ def injection_frame(path) -> "pd.DataFrame":
     (log P per token over the backbone alone under the posterior state, shuffled states, a random state)
     and generation (follows-its-state with its coincidence reference, each with its 95% interval; pass@1 and
     Succ. beside Base's). A missing field or a non-finite number is a clear error."""
-    import json
     from pathlib import Path
 
     import pandas as pd
 
     path = Path(path)
+    res = read_stored(path, "injection")  # checked (ctrls.report.stored)
     try:
-        res = json.loads(path.read_text())
         base = res["base"]
         rows = []
         for layer, r in res["rows"].items():

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from ctrls.config.schema import Config
-from ctrls.report.plots import MAX_WIDTH_IN  # the book's column width
+from ctrls.report.plots import MAX_WIDTH_IN, MIN_FONT_PT  # the book's column width and smallest text
 from ctrls.synthetic.chain import SETTINGS, optimum, state_names, study_mdp, sweep_table
 
 
@@ -15,8 +15,8 @@ def _legend_below(fig, ax, title: str = "setting") -> None:
     if ax.get_legend() is not None:
         ax.get_legend().remove()
     fig.tight_layout(rect=(0, 0.1, 1, 1))
-    fig.legend(handles, labels, title=title, loc="lower center", ncol=len(labels), fontsize=8,
-               title_fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.legend(handles, labels, title=title, loc="lower center", ncol=len(labels), fontsize=MIN_FONT_PT,
+               title_fontsize=MIN_FONT_PT, frameon=False, bbox_to_anchor=(0.5, 0.0))
 
 
 def plot_learning_curves(curves: pd.DataFrame, cfg: Config, smooth: int = 10, source: str = ""):
@@ -87,7 +87,7 @@ def plot_sweep(summary: pd.DataFrame, source: str = ""):
     import seaborn as sns
 
     fig, axes = plt.subplots(1, 3, figsize=(MAX_WIDTH_IN, 3.3))  # 14 in was shown downscaled to 948 px
-    kw = dict(annot=True, fmt=".2f", annot_kws={"fontsize": 8})
+    kw = dict(annot=True, fmt=".2f", annot_kws={"fontsize": MIN_FONT_PT})
     sns.heatmap(sweep_table(summary), vmin=0, vmax=1, cmap="viridis", ax=axes[0], **kw)
     axes[0].set(title="final held-out reward\n(mean over seeds)")
     sns.heatmap(sweep_table(summary.assign(found=summary.found.astype(float)), "found"),
@@ -159,7 +159,7 @@ def plot_recovery(recovery: pd.DataFrame, source: str = ""):
     ax.plot(n, ref, ls="--", c="k", lw=1, label=r"$\propto n^{-1/2}$")
     ax.set(xscale="log", yscale="log", xlabel="chains sampled from $P$",
            ylabel=r"TV$(\mathrm{softmax}(L), P)$ per row", title="recovering the transition matrix")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=MIN_FONT_PT)
     from ctrls.report.plots import show, with_source
 
     fig.tight_layout()

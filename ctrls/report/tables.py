@@ -28,9 +28,11 @@ from ctrls.config.settings import BASE, FIXED, parse_setting
 from ctrls.data.answers import normalize
 from ctrls.generate import controllability as ctl
 from ctrls.generate.judge import CRITERIA, LABELS
+from ctrls.report.mechanism import null_steps
 from ctrls.report.provenance import ci_decimals, with_pct_ci
 from ctrls.stages.exploration import load_samples
 from ctrls.stages.rl import load_table2_samples
+from ctrls.stats.agreement import kappa_vs_null
 from ctrls.stats.metrics import (
     bootstrap_ci,
     format_p,
@@ -105,6 +107,9 @@ def table1(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     m rows compared with Base, "family"), McNemar's exact p, and that p Holm-adjusted over the same
     m rows ("p (Holm)"). ``n_boot`` and ``seed``:
     permutations for clustered p-values (unused by pass@n's exact test)."""
+    lack = [c for c in ("backbone", "dataset", "temperature", "config", "question_id", "sample_index") if c not in df]
+    if df.empty or lack:  # a clear error, not an AttributeError on a missing column
+        raise ValueError("Table 1: no samples (an empty frame)" if df.empty else f"Table 1: the samples lack the column(s) {lack}")
     # Table 1: pass@n and Succ. per (backbone, dataset, eta, row)
     out, pairs = [], []
     for (b, ds, eta), grp in df.groupby(["backbone", "dataset", "temperature"], sort=False):
@@ -243,6 +248,10 @@ def controllability_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -
                 row.update({"Base steps": ref["steps"], **_with_ci("Base, random states", ref)})
                 if set(map(str, steps[2])) == set(map(str, bsteps[2])):
                     pairs.append((len(out), steps, bsteps))
+                if label != FIXED:  # kappa against the independent-chain null (fixed s0 has none: its chain is s0)
+                    kv = kappa_vs_null(*null_steps(g, base, eps), n_boot=n_boot, seed=seed)
+                    row.update({"null": kv["null"], "null steps": kv["steps"], "κ": kv["kappa"], "κ lo": kv["kappa lo"],
+                                "κ hi": kv["kappa hi"], "p (κ)": kv["p_value"]})
             out.append(row)
     for i, steps, bsteps in pairs:  # the family: every row compared with Base; intervals at 1 - ALPHA / family
         d = ctl.match_rate_difference(steps, bsteps, n_boot=n_boot, alpha=ALPHA / len(pairs), seed=seed)
@@ -251,6 +260,9 @@ def controllability_table(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -
     t = pd.DataFrame(out)
     if "p" in t:
         t["p (Holm)"] = holm(t["p"])  # the family: every row compared with Base
+    if "p (κ)" in t:
+        has = t["p (κ)"].notna()
+        t.loc[has, "p (κ, Holm)"] = holm(t.loc[has, "p (κ)"])  # the family: the epsilon rows' kappas
     return t
 
 
@@ -400,6 +412,13 @@ def controllability_view(t: pd.DataFrame) -> pd.DataFrame:
         cols["p"] = t["p"].map(format_p)
         cols["p (Holm)"] = t["p (Holm)"].map(format_p)
         cols[VERDICT] = list(map(_verdict, t["p (Holm)"], t["Δ vs Base"], t["Δ lo"], t["Δ hi"]))
+    if "κ" in t:  # the epsilon rows against the independent-chain null (ctrls.stats.agreement)
+        cols["null steps"] = t["null steps"].map(lambda v: "—" if _isnan(v) else str(int(v)))
+        cols["independent-chain null (%)"] = [("—" if _isnan(v) else f"{100 * v:.1f}") for v in t["null"]]
+        cols["κ [95%]"] = _fmt_column(t["κ"], t["κ lo"], t["κ hi"], scale=1.0)
+        cols["p (κ, Holm)"] = t["p (κ, Holm)"].map(lambda v: "—" if _isnan(v) else format_p(v))
+        cols["κ verdict"] = [("—" if _isnan(p) else _verdict(p, k, lo, hi))
+                             for p, k, lo, hi in zip(t["p (κ, Holm)"], t["κ"], t["κ lo"], t["κ hi"])]
     return pd.DataFrame(cols)
 
 

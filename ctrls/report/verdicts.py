@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ctrls.report.display import MISSING
 from ctrls.stats.metrics import format_p, holm, paired_rate_difference
 
 ALPHA = 0.05
@@ -39,19 +40,27 @@ def _missing(*v) -> bool:
     return any(x is None or (isinstance(x, (float, np.floating)) and math.isnan(x)) for x in v)
 
 
+def _absent(*v) -> bool:
+    """Whether any value is missing by any of pandas's or numpy's names for it (None, NaN, pd.NA, NaT)."""
+    return any(x is None or (pd.api.types.is_scalar(x) and bool(pd.isna(x))) for x in v)
+
+
 def pts(d: float, lo: float, hi: float) -> str:
-    """A difference of fractions in points with its interval: "+3.1 points [−8.0, +14.2]"; "not
-    computed" when a value is missing."""
-    if _missing(d, lo, hi):
-        return "not computed"
-    return f"{100 * d:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]".replace("-", "−")
+    """A difference of fractions in points with its interval: "+3.1 points [−8.0, +14.2]"; the book's
+    missing marker (``ctrls.report.display.MISSING``) when a value is missing."""
+    if _absent(d, lo, hi):
+        return MISSING
+    return f"{100 * float(d):+.1f} points [{100 * float(lo):+.1f}, {100 * float(hi):+.1f}]".replace("-", "−")
 
 
 def pct(v: float, lo: float | None = None, hi: float | None = None) -> str:
-    if _missing(v) or (lo is not None and _missing(lo, hi)):
-        return "not computed"
-    s = f"{100 * v:.1f}%"
-    return s if lo is None else f"{s} [{100 * lo:.1f}, {100 * hi:.1f}]"
+    """A fraction in percent, with its interval when given: "25.0% [10.0, 40.0]"; the book's missing
+    marker when a value is missing (an interval given with a missing end included)."""
+    interval = lo is not None or hi is not None
+    if _absent(v) or (interval and _absent(lo, hi)):
+        return MISSING
+    s = f"{100 * float(v):.1f}%"
+    return f"{s} [{100 * float(lo):.1f}, {100 * float(hi):.1f}]" if interval else s
 
 
 NOT_SUPPORTED = "not supported"  # the one label, on every page and in the scorecard, for an unresolved estimate
@@ -190,6 +199,11 @@ def _exploration_items(table: pd.DataFrame, ablation: pd.DataFrame, control: pd.
                        f"steps paired with random states (chance 1/K = {pct(r.chance)}): "
                        f"{pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}, Holm-adjusted p = {format_p(r['p (Holm)'])}: "
                        f"**{v}**."))
+            if "κ" in r and not _missing(r["κ"]):  # the claim's own test: the independent-chain null
+                kv = direction(r["κ"], r["p (κ, Holm)"], lo=r["κ lo"], hi=r["κ hi"])
+                out.append(("control", (n, 1), f"{where(r)}: {r.config}, against the independent-chain null "
+                           f"({pct(r['null'])} of {int(r['null steps'])} steps): κ = {r['κ']:.2f} "
+                           f"[{r['κ lo']:.2f}, {r['κ hi']:.2f}], Holm-adjusted p = {format_p(r['p (κ, Holm)'])}: **{kv}**."))
     return out
 
 

@@ -17,7 +17,7 @@ from ctrls.data.problems import Problem, load_problems
 from ctrls.generate.sampling import SampleParams
 from ctrls.method.backbone import Backbone, load_backbone
 from ctrls.stages.distributed import world
-from ctrls.stages.runs import BAD_FILE_HINT, ArtifactError, read_parquet
+from ctrls.stages.runs import BAD_FILE_HINT, ArtifactError, UnsafeLinkError, read_parquet, refuse_link
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,15 @@ def current_outputs(stage, what: str, unfinished: bool = False) -> set[Path] | N
 
     Raises :class:`NotRunError` naming ``what`` and the stage directory when the stage has not run,
     holds another config's outputs (its ``key`` file differs: e.g. ``grid.n_samples`` changed) or
-    has not finished (unless ``unfinished``). Reads only: no lock, no checksums."""
+    has not finished (unless ``unfinished``); :class:`UnreadableResultsError` naming the file when a
+    file the marker records is missing (never a smaller sample), or a marker is a symbolic link.
+    Reads only: no lock, no checksums."""
     d, key_file = Path(stage.dir), Path(stage.dir) / "key"
+    for marker in (key_file, stage.done_file):
+        try:
+            refuse_link(marker)
+        except UnsafeLinkError as e:  # a marker that could point anywhere is never read
+            raise UnreadableResultsError(marker, str(e), hint="") from None
     if not key_file.is_file():
         raise NotRunError(f"no {what} in {d}: the {stage.name} stage has not run (run it first)")
     key = key_file.read_text().strip()
@@ -66,7 +73,14 @@ def current_outputs(stage, what: str, unfinished: bool = False) -> set[Path] | N
             return None
         raise NotRunError(f"the {stage.name} stage in {d} has not finished for this config (no done marker with "
                           f"its key and checksums): rerun it to finish it before reading its {what}")
-    return {Path(os.path.normpath(d / rel)) for rel in rec["files"]}
+    files = {Path(os.path.normpath(d / rel)) for rel in rec["files"]}
+    gone = sorted(f for f in files if not f.is_file())
+    if gone:  # the readers take the recorded files that are there: a deleted part would shrink the sample
+        more = f" (and {len(gone) - 1} more recorded file(s))" if len(gone) > 1 else ""
+        raise UnreadableResultsError(gone[0], f"it is missing{more}, though the finished {stage.name} stage recorded "
+                                     f"it: its {what} are not read without it",
+                                     hint=f"rerun the {stage.name} stage to redo it")
+    return files
 
 
 def only_current(files: list[Path], allowed: set[Path] | None) -> list[Path]:
@@ -84,9 +98,9 @@ class UnreadableResultsError(ArtifactError):
     """A result file of a finished stage that cannot be read, or holds NaN where a result must be:
     ``path`` names it (the scorecard shows "unreadable: <file>")."""
 
-    def __init__(self, path: Path, why: str):
+    def __init__(self, path: Path, why: str, hint: str = BAD_FILE_HINT):
         self.path = Path(path)
-        super().__init__(f"{path} is unreadable: {why}; {BAD_FILE_HINT}")
+        super().__init__(f"{path} is unreadable: {why}" + (f"; {hint}" if hint else ""))
 
 
 def _not_finite(v) -> bool:

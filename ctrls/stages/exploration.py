@@ -99,8 +99,8 @@ def sample_note(samples: pd.DataFrame, run: dict) -> str:
                      f"temperature{'s' if n_t != 1 else ''} × {d.config.nunique()} rows")
     wall, enc = run.get("wall_s", float("nan")), run.get("reencode_s", float("nan"))
     if run.get("readback", False):
-        what = (f"{enc:.0f} s went to the controllability table besides sampling (Base's state chains; each "
-                f"step's state was read back from the sampler's own pass)")
+        what = (f"{enc:.0f} s drew Base's state chains for the controllability table (each step's state is read "
+                f"back from the sampler's own pass)")
     else:
         what = f"{enc:.0f} s re-encoded the steps for the controllability table"
     return f"{len(samples)} samples ({'; '.join(parts)}). The stage's last run took {wall:.0f} s, of which {what}."
@@ -133,10 +133,27 @@ def explore(cfg: Config, force: bool = False, progress: bool = True, readback: b
     out = samples_dir(cfg)
     if stage.is_done() and not force:
         return out
-    if w.is_main:
-        stage.begin(force=force)
-        out.mkdir(parents=True, exist_ok=True)
+    try:
+        if w.is_main:
+            stage.begin(force=force)
+            out.mkdir(parents=True, exist_ok=True)
+        w.barrier()
+        reencode_s = _sample_pairs(cfg, out, progress and w.is_main, readback)
+        w.barrier()
+        if w.is_main:
+            df = load_samples(cfg, unfinished=True)
+            # seconds this process spent on the controllability columns besides sampling (re-encoding, Base's chains)
+            stage.finish(samples=len(df), questions=int(df.question_id.nunique()), reencode_s=round(reencode_s, 1),
+                         readback=readback)
+    finally:
+        stage.release()  # a failed or interrupted grid gives the lock back (finish released it otherwise)
     w.barrier()
+    return out
+
+
+def _sample_pairs(cfg: Config, out: Path, progress: bool, readback: bool) -> float:
+    """Sample every pair's grid and transfer rows (the parts not on disk); the seconds spent on the
+    controllability columns besides sampling."""
     g = cfg.grid
     grid = grid_rows(cfg)
     reencode_s = 0.0
@@ -145,7 +162,7 @@ def explore(cfg: Config, force: bool = False, progress: bool = True, readback: b
         bb = backbone_for(pc, bname)
         model = load_pretrained(pc, bb)
         reencode_s += _sample_grid(cfg, pc, bb, model, problems_from_config(pc, "test"), ds, grid, g.temperatures,
-                                   out, progress and w.is_main, readback=readback)
+                                   out, progress, readback=readback)
         # the transfer rows: this pair's CTRLS model on a few questions of other datasets (e.g. GSM8K)
         rows = [r for r in grid if r.label == BASE or r.epsilon == (g.epsilons[0] if g.epsilons else None)]
         for td in g.transfer_datasets:
@@ -153,15 +170,8 @@ def explore(cfg: Config, force: bool = False, progress: bool = True, readback: b
             problems = load_problems(td, "test", n=g.transfer_questions, seed=d.seed, data_dir=d.data_dir,
                                      max_bad_fraction=d.max_bad_fraction, difficulty=d.word_problems.difficulty())
             reencode_s += _sample_grid(cfg, pc, bb, model, problems, td, rows, [cfg.rl.temperature], out,
-                                       progress and w.is_main, trained_on=ds, readback=readback)
-    w.barrier()
-    if w.is_main:
-        df = load_samples(cfg, unfinished=True)
-        # seconds this process spent on the controllability columns besides sampling (re-encoding, Base's chains)
-        stage.finish(samples=len(df), questions=int(df.question_id.nunique()), reencode_s=round(reencode_s, 1),
-                     readback=readback)
-    w.barrier()
-    return out
+                                       progress, trained_on=ds, readback=readback)
+    return reencode_s
 
 
 def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, grid: list[GridRow],

@@ -8,7 +8,8 @@
 (d) ``states``:   k-means centroids, tau, soft assignments s_t (Q_phi). The CoTs of a seeded
                   fraction of the questions (``pretrain.heldout_fraction``) are held out of the
                   fits of (d), (e) and (f); their steps are assigned states, for evaluation only.
-(e) ``transitions``: fit L by minimising sum_t KL(s_t || s_{t-1} softmax(L)) (the mixture-prior KL).
+(e) ``transitions``: fit L by the expected KL, sum_t E_{j~s_{t-1}} KL(s_t || softmax(L_j)) (closed form,
+                  the default ``policy.fit``), or by the mixture-prior KL (``policy.fit: mixture``).
 (f) ``adapter``:  train the adapter on the relaxed objective (``ctrls.method.elbo``: reconstruction at the
                   mean state) from the cached hidden states (with last-hidden injection the backbone
                   is not re-run); after epoch 0 (the fresh adapter), every ``pretrain.bound_every``
@@ -233,6 +234,21 @@ def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False,
 
     w = world()
     root = stages["collect"].dir.parent
+    try:
+        _run_stages(cfg, stages, backbone, force, progress)
+    finally:
+        for st in stages.values():  # a failed or interrupted stage gives its lock back (finish released the others)
+            st.release()
+    w.barrier()
+    return PretrainRun(root=root, checkpoint=root / "checkpoint", summaries={n: st.summary() for n, st in stages.items()})
+
+
+def _run_stages(cfg: Config, stages: dict[str, Stage], backbone: Backbone | None, force: bool, progress: bool) -> None:
+    """The body of :func:`pretrain`: begin, run and finish each stage that is not done."""
+    from ctrls.stages.distributed import world
+
+    w = world()
+    root = stages["collect"].dir.parent
     ckpt = root / "checkpoint"
     if force and w.is_main:
         for st in stages.values():
@@ -276,8 +292,6 @@ def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False,
             _save_checkpoint(cfg, need_backbone(), stages, st.dir, ckpt)
         if w.is_main:
             st.finish(**summary)
-    w.barrier()
-    return PretrainRun(root=root, checkpoint=ckpt, summaries={n: st.summary() for n, st in stages.items()})
 
 
 # ---- (a) collect ---------------------------------------------------------------------------

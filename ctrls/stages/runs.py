@@ -1,33 +1,31 @@
 """Run directories: ``runs/<profile>/<stage>/<backbone>__<dataset>/`` with a ``done`` marker.
 
-Each stage directory holds the resolved config (``config.yaml``), the stage's outputs, and a
-``done`` file written last. A stage is reused when its ``done`` marker carries the same key
-(a hash of the config sections it depends on and of its upstream stages' keys). A directory
-whose key differs holds stale outputs of another config: it is cleared before the stage starts.
-An interrupted stage (no ``done``, same key) resumes from what it wrote.
+Each stage directory holds the resolved config (``config.yaml``), the stage's outputs, and a ``done``
+file written last. A stage is reused when its ``done`` marker carries the same key (a hash of the
+config sections it depends on and of its upstream stages' keys). A directory whose key differs holds
+another config's outputs: it is cleared before the stage starts. An interrupted stage (no ``done``,
+same key) resumes from what it wrote.
 
-What is on disk is verified, not trusted. The ``done`` marker records the sha256 of every output
-file (``files``) and a digest of the outputs of the stages it read (``inputs``). A rerun hashes
-the outputs again: a missing or changed file is logged by name and the stage runs again, after
-deleting the bad file, so a stage that resumes per shard (features, exploration parts, RL runs)
-redoes that shard only; an output replaced by a directory is removed and redone the same way. A
-``done`` marker without checksums (from an older version) is not trusted: the stage is cleared and
-runs again. A stage whose input stage was redone with other outputs runs again too.
+What is on disk is verified, not trusted. The ``done`` marker records the sha256 of every output file
+(``files``) and a digest of the outputs of the stages it read (``inputs``). A rerun hashes the outputs
+again: a missing or changed file (or one replaced by a directory) is logged by name, deleted and
+redone, so a stage that resumes per shard (features, exploration parts, RL runs) redoes that shard
+only. A marker without checksums (an older version's) is not trusted: the stage is cleared and runs
+again. A stage whose input stage was redone with other outputs runs again too.
 
-Nothing outside ``run_dir`` is cleared or deleted: a stage directory or an extra output that lies
-outside it is refused (``ctrls.data.names.check_inside``). A ``done`` marker cannot point outside its
-stage: every path it names is resolved (``..`` and symbolic links) and must lie strictly inside the
-stage's directory (not one of its markers) or in one of its ``extra`` outputs. A marker that names
-any other path, or that is not the JSON object :meth:`Stage.finish` writes (``[]``, wrong field
-types), is corrupt: logged by name, nothing it names is checked or deleted, and the stage is
-cleared (its own directory only) and runs again.
+Nothing outside ``run_dir`` is cleared or deleted: a stage directory or an extra output outside it is
+refused (``ctrls.data.names.check_inside``). Every path a ``done`` marker names is resolved (``..`` and
+symbolic links) and must lie strictly inside the stage's directory (not a marker) or an ``extra``
+output. A marker that names another path, or is not the JSON object :meth:`Stage.finish` writes, is
+corrupt: logged, nothing it names is checked or deleted, and the stage (its own directory) is cleared.
 
 One writer per stage: :meth:`Stage.begin` takes an exclusive lock (``fcntl.flock`` on
 ``.<stage>.lock`` next to the stage's directory, holding the holder's pid and host) and
-:meth:`Stage.finish` releases it (as does ``with stage.begin(): ...`` on an exception). A second
-process fails at once with :class:`StageBusyError` naming the holder, before it clears anything; a
-lock left by a process that died is taken over. Reading a finished stage takes no lock (the run
-directory may be on a read-only mount).
+:meth:`Stage.finish` releases it, as does a stage that fails or is interrupted. A second process
+fails at once with :class:`StageBusyError` naming the holder, before it clears anything; a lock left
+by a process that died is taken over. Reading a finished stage takes no lock (the run directory may
+be on a read-only mount). A lock or marker that is a symbolic link is refused, never followed
+(:class:`UnsafeLinkError`); a directory a stage cannot write is :class:`RunDirError`, naming it.
 
 No code from disk: loads at stage boundaries go through :func:`load_torch` (``weights_only=True``
 only: a file that would need the full unpickler is refused with :class:`UnsafeArtifactError`),
@@ -35,11 +33,13 @@ only: a file that would need the full unpickler is refused with :class:`UnsafeAr
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
 import time
@@ -91,8 +91,8 @@ class UnsafeArtifactError(ArtifactError):
     """A run file that only a full unpickler could load: refused, because unpickling it could run code."""
 
 
-# what torch's weights-only unpickler says of a pickle that needs more than tensors and plain containers
-# ("Unsupported global: GLOBAL numpy...", "Trying to load unsupported GLOBAL posix.system", "Unsupported operand 149")
+# what torch's weights-only unpickler says of a pickle beyond tensors and plain containers ("Unsupported
+# global: GLOBAL numpy...", "Trying to load unsupported GLOBAL posix.system", "Unsupported operand 149")
 _UNSAFE_PICKLE = ("unsupported", "allowed global")
 
 
@@ -107,10 +107,9 @@ def unsafe_error(path: Path, why: str) -> UnsafeArtifactError:
 
 def load_torch(path: str | Path, **kwargs: Any) -> Any:
     """``torch.load(path, weights_only=True, **kwargs)``: tensors and plain containers only, never code.
-
-    An unreadable file raises :class:`ArtifactError` naming it; a file that would need the full
-    unpickler (a class, a function, ``__reduce__``) raises :class:`UnsafeArtifactError` naming it,
-    without running anything it holds. ``weights_only=False`` is refused."""
+    An unreadable file raises :class:`ArtifactError` naming it; a file that would need the full unpickler
+    (a class, a function, ``__reduce__``) raises :class:`UnsafeArtifactError` naming it, running nothing
+    it holds. ``weights_only=False`` is refused."""
     import pickle
 
     import torch
@@ -135,23 +134,21 @@ def read_parquet(path: str | Path, **kwargs: Any):
     """``pandas.read_parquet(path)``; an unreadable file raises :class:`ArtifactError` naming it."""
     import pandas as pd
 
-    path = Path(path)
     try:
         return pd.read_parquet(path, **kwargs)
     except Exception as e:
-        raise artifact_error(path, e) from e
+        raise artifact_error(Path(path), e) from e
 
 
 def check_safetensors(path: str | Path) -> None:
     """Open a safetensors file's header (which checks that it covers the whole file)."""
     from safetensors import safe_open
 
-    path = Path(path)
     try:
         with safe_open(str(path), "pt"):
             pass
     except Exception as e:
-        raise artifact_error(path, e) from e
+        raise artifact_error(Path(path), e) from e
 
 
 def parquet_rows(path: Path) -> int | None:
@@ -176,21 +173,57 @@ def valid_part(path: Path, rows: int) -> bool:
     return n == rows
 
 
-# ---- one writer per stage -----------------------------------------------------------------------
+# ---- one writer per stage, and no link followed ----------------------------------------------------
 
 
 class StageBusyError(RuntimeError):
     """Another process is writing this stage (it holds the stage's lock); the message names it."""
 
 
+class RunDirError(RuntimeError):
+    """A stage cannot write its run directory: a directory it cannot write, or a link; the message names it."""
+
+
+class UnsafeLinkError(RunDirError):
+    """A stage's lock or marker is a symbolic link: refused, never followed."""
+
+
+def refuse_link(path: Path) -> Path:
+    """``path``, or :class:`UnsafeLinkError` naming it when it is a symbolic link."""
+    if os.path.islink(path):
+        raise UnsafeLinkError(f"{path} is a symbolic link (to {os.readlink(path)}): a stage's lock and markers are "
+                              "never followed, so that nothing outside the run directory is written; remove it")
+    return path
+
+
+def raise_unwritable(e: OSError, path: str | Path) -> None:
+    """Raise ``e`` writing ``path`` as :class:`RunDirError` or :class:`UnsafeLinkError` when it is one."""
+    where = Path(e.filename or path)
+    if e.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+        refuse_link(where)
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        raise RunDirError(f"cannot write {where} ({e.strerror or e}): the directory {where.parent} is not writable "
+                          "(the run directory may be, but not this directory under it); make it writable or use "
+                          "another run_dir") from e
+
+
+def _replace_file(path: Path, write) -> None:
+    """``write(tmp)`` to a new file, renamed over ``path``: a link at ``path`` is replaced, never written through."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")  # .tmp: never an output
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))  # new: not a link
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone after the replace; a half-written one on an error
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     except PermissionError:  # alive, another user's
         return True
-    except OSError:
+    except OSError:  # ProcessLookupError: gone
         return False
     return True
 
@@ -198,17 +231,17 @@ def _pid_alive(pid: int) -> bool:
 class _StageLock:
     """An exclusive ``fcntl.flock`` on ``path``, which holds the holder's pid, host and stage.
 
-    The kernel drops the lock when its holder exits, however it exits: a lock file left by a dead
-    process is simply taken over. Where the file system has no ``flock`` the recorded pid is the lock:
-    taken over when that pid no longer runs on this host. The file is removed on release (while still
-    locked; a taker checks that the file it locked is still the one at ``path``)."""
+    The kernel drops the lock however its holder exits: a dead process's lock file is taken over.
+    Without ``flock`` the recorded pid is the lock, taken over when it no longer runs on this host.
+    The file is removed on release, still locked (a taker checks it locked the file at ``path``)."""
 
     def __init__(self, path: Path, stage: str):
         self.path, self.stage, self.fd, self.pid = path, stage, None, os.getpid()
 
     def holder(self) -> dict:
-        try:
-            rec = json.loads(self.path.read_text() or "{}")
+        try:  # never through a link
+            with os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
+                rec = json.loads(f.read() or "{}")
         except (OSError, ValueError):
             return {}
         return rec if isinstance(rec, dict) else {}
@@ -219,14 +252,22 @@ class _StageLock:
             return "another process (it has not recorded its pid yet)"
         return f"pid {h['pid']} on host {h.get('host', '?')}" + (f" since {h['since']}" if h.get("since") else "")
 
+    def _open(self) -> int:
+        """The lock file, created if need be, never through a link (:class:`UnsafeLinkError`)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            raise_unwritable(e, self.path)
+            raise
+
     def acquire(self) -> None:
         try:
             import fcntl
         except ImportError:  # not POSIX
             return self._acquire_by_pid()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -237,12 +278,9 @@ class _StageLock:
                 if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                     raise
                 return self._acquire_by_pid()
-            try:  # the file may have been released and removed between our open and our lock
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
+            with contextlib.suppress(FileNotFoundError):  # released and removed between our open and our lock?
+                if os.lstat(self.path).st_ino == os.fstat(fd).st_ino:
+                    break
             os.close(fd)
         self.fd = fd
         left = self.holder()  # a lock file left by a process that died holding it: the kernel let us take it
@@ -252,7 +290,6 @@ class _StageLock:
 
     def _acquire_by_pid(self) -> None:
         """No flock on this file system: the recorded pid is the lock (taken over when it is dead)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         h = self.holder()
         if not (isinstance(h.get("pid"), int) and not isinstance(h["pid"], bool) and h["pid"] > 0):
             h = {}  # no holder recorded (or garbage): free
@@ -263,7 +300,7 @@ class _StageLock:
                             f"gone, remove {self.path})")
         if h.get("pid") and h["pid"] != os.getpid():
             log.warning("%s: taking over the lock of %s, which no longer runs", self.path, self.describe(h))
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open()
         self._write(fd)
         os.close(fd)
         self.fd = -1  # held by pid, no descriptor
@@ -282,10 +319,8 @@ class _StageLock:
     def release(self) -> None:
         if self.fd is None or self.pid != os.getpid():  # never release a lock a forked parent holds
             return
-        try:
+        with contextlib.suppress(OSError):
             self.path.unlink(missing_ok=True)  # while still locked: nobody holds a lock on a removed file
-        except OSError:
-            pass
         if self.fd >= 0:
             os.close(self.fd)  # drops the flock
         self.fd = None
@@ -295,33 +330,22 @@ class _StageLock:
         return self.fd is not None and self.pid == os.getpid()
 
     def __del__(self):  # the last Stage object holding it is gone (e.g. after an exception): release
-        try:
+        with contextlib.suppress(Exception):  # at interpreter exit; the kernel drops the flock anyway
             self.release()
-        except Exception:  # noqa: BLE001 - at interpreter exit; the kernel drops the flock anyway
-            pass
 
 
-# the stage locks this process holds, by lock file: a stage begun again in the same process (a retry
-# after an exception, a second Stage object of the same directory) takes over its own lock
+# the locks this process holds, by file: a stage begun again in this process (a retry) takes its own over
 _HELD: "weakref.WeakValueDictionary[str, _StageLock]" = weakref.WeakValueDictionary()
-
-
-# ---- stages ------------------------------------------------------------------------------------
 
 
 class Stage:
     """One stage's run directory, keyed by the config sections (and upstream keys) it depends on.
-
-    ``inputs``: the stages whose outputs this one reads (it runs again when they are redone with
-    other outputs). ``extra``: output files or directories outside ``dir`` (e.g. a checkpoint).
-    """
+    ``inputs``: the stages whose outputs it reads (it runs again when they are redone with other
+    outputs); ``extra``: output files or directories outside ``dir`` (e.g. a checkpoint)."""
 
     def __init__(self, cfg: Config, name: str, sections: tuple[str, ...], *parts: str,
                  upstream: tuple[str, ...] = (), inputs: tuple["Stage", ...] = (), extra: tuple[Path, ...] = ()):
-        self.cfg = cfg
-        self.name = name
-        self.root = Path(cfg.run_dir)
-        self.dir = cfg.stage_dir(name, *parts)
+        self.cfg, self.name, self.root, self.dir = cfg, name, Path(cfg.run_dir), cfg.stage_dir(name, *parts)
         self.inputs = tuple(inputs)
         self.extra = tuple(Path(p) for p in extra)
         for p in (self.dir, *self.extra):  # everything a stage clears or deletes lies inside run_dir
@@ -331,8 +355,7 @@ class Stage:
                 raise ConfigError(str(e)) from None
             if os.path.abspath(p) == os.path.abspath(self.root):
                 raise ConfigError(f"stage {name!r}: its directory would be the run directory {self.root} itself")
-        h = hashlib.sha256(json.dumps([cfg.fingerprint(*sections), list(upstream)]).encode())
-        self.key = h.hexdigest()[:16]
+        self.key = hashlib.sha256(json.dumps([cfg.fingerprint(*sections), list(upstream)]).encode()).hexdigest()[:16]
         self.bad: list[Path] = []  # outputs that failed verification: deleted when the stage begins again
         self.problems: list[str] = []  # what verification found, one line per file
         self._files_ok: bool | None = None  # verification result, computed once per Stage object
@@ -344,8 +367,9 @@ class Stage:
         return self.dir / "done"
 
     def _record(self) -> dict | None:
-        """The ``done`` marker, or None when there is none or it is unreadable or corrupt (logged)."""
-        if not self.done_file.exists():
+        """The ``done`` marker, or None when there is none or it is unreadable or corrupt (logged);
+        :class:`UnsafeLinkError` when it is a symbolic link."""
+        if not refuse_link(self.done_file).exists():
             return None
         try:
             rec = json.loads(self.done_file.read_text())
@@ -354,8 +378,7 @@ class Stage:
             return None
         why = self._corrupt(rec)
         if why:
-            # its file list cannot be trusted: nothing it names is checked or deleted; the stage's own
-            # directory is cleared when it begins, as for a marker without checksums
+            # its file list is not trusted: the stage's own directory is cleared when it begins
             log.warning("%s is corrupt (%s): nothing it names is trusted or deleted; the stage is cleared and "
                         "runs again", self.done_file, why)
             self.problems = [f"{self.done_file} is corrupt: {why}"]
@@ -390,14 +413,9 @@ class Stage:
         p = Path(os.path.normpath(self.dir / rel))
         real, d = os.path.realpath(p), os.path.realpath(self.dir)
         if real.startswith(d.rstrip(os.sep) + os.sep) and real != d:
-            if os.path.relpath(real, d) in MARKERS:
-                return None
-            return p
-        for e in self.extra:
-            x = os.path.realpath(e)
-            if real == x or real.startswith(x.rstrip(os.sep) + os.sep):
-                return p
-        return None
+            return None if os.path.relpath(real, d) in MARKERS else p
+        xs = [os.path.realpath(e) for e in self.extra]
+        return p if any(real == x or real.startswith(x.rstrip(os.sep) + os.sep) for x in xs) else None
 
     def is_done(self) -> bool:
         """Finished with this key, every recorded output intact, and its inputs as they were. Reads
@@ -431,14 +449,13 @@ class Stage:
                 log.warning("%s is missing (an output of the finished stage %s): running the stage again", p, self.dir)
                 continue
             except IsADirectoryError:
-                actual = "a directory"
-            except OSError as e:
-                actual = f"unreadable: {e}"
-            if actual == "a directory":
                 self.problems.append(f"{p} is a directory, not the file the stage wrote")
                 log.warning("%s is a directory where the finished stage wrote a file: removing it and redoing it", p)
                 self.bad.append(p)
-            elif actual != sha:
+                continue
+            except OSError as e:
+                actual = f"unreadable: {e}"
+            if actual != sha:
                 self.problems.append(f"{p} is corrupt")
                 log.warning("%s is corrupt (its sha256 differs from the one recorded when the stage finished): "
                             "redoing it", p)
@@ -474,13 +491,10 @@ class Stage:
         rec = self._record()
         if rec is None or rec.get("key") != self.key:
             return None
-        if "files" not in rec:
-            return "unverified"
-        return hashlib.sha256(json.dumps(rec["files"], sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(rec["files"], sort_keys=True).encode()).hexdigest() if "files" in rec else "unverified"
 
     def summary(self) -> dict[str, Any]:
-        rec = self._record() or {}
-        return {k: v for k, v in rec.items() if k not in ("files", "inputs")}
+        return {k: v for k, v in (self._record() or {}).items() if k not in ("files", "inputs")}
 
     @property
     def lock_file(self) -> Path:
@@ -514,13 +528,23 @@ class Stage:
         self.release()
 
     def begin(self, force: bool = False, keep: bool = False) -> "Stage":
-        """Take the stage's lock (:meth:`lock`), then create the directory; clear it when forced or
-        when it holds another config's outputs (unless ``keep``: a stage whose directory holds a
-        cache valid across configs) or when its ``done`` marker is corrupt or has no checksums.
-        Outputs that failed verification are deleted, and the ``done`` marker removed: the stage is
-        unfinished. The lock is held until :meth:`finish` (or :meth:`release`; ``with stage.begin():``
-        releases it on an exception too)."""
+        """Take the stage's lock (:meth:`lock`), then create the directory; clear it when forced, when
+        it holds another config's outputs (unless ``keep``: a cache valid across configs) or when its
+        ``done`` marker is corrupt or has no checksums. Outputs that failed verification are deleted
+        and the ``done`` marker removed. The lock is held until :meth:`finish` or :meth:`release`
+        (``with stage.begin():`` releases it on an exception too); a begin that fails gives it back."""
         self.lock()
+        try:
+            return self._prepare(force, keep)
+        except BaseException as e:
+            self.release()
+            if isinstance(e, OSError):
+                raise_unwritable(e, self.dir)
+            raise
+
+    def _prepare(self, force: bool, keep: bool) -> "Stage":
+        for m in MARKERS:  # never read nor written through a link
+            refuse_link(self.dir / m)
         if self._files_ok is None and not self._unverifiable:
             self._record()  # a corrupt marker: clear the stage (nothing it names is touched)
         key_file = self.dir / "key"
@@ -538,8 +562,8 @@ class Stage:
             if (self.dir / m).is_dir():
                 self._remove(self.dir / m)
         self.done_file.unlink(missing_ok=True)
-        key_file.write_text(self.key)
-        save_config(self.cfg, self.dir / "config.yaml")
+        _replace_file(key_file, lambda p: p.write_text(self.key))
+        _replace_file(self.dir / "config.yaml", lambda p: save_config(self.cfg, p))
         self._t0 = time.time()
         return self
 
@@ -559,9 +583,7 @@ class Stage:
         try:
             rec = {"key": self.key, "wall_s": round(time.time() - getattr(self, "_t0", time.time()), 1), **summary,
                    "files": self.manifest(), "inputs": {st.key: st.digest() for st in self.inputs}}
-            tmp = self.done_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(rec, indent=1, default=str))
-            tmp.replace(self.done_file)
+            _replace_file(self.done_file, lambda p: p.write_text(json.dumps(rec, indent=1, default=str)))
             self._files_ok = True
         finally:
             self.release()

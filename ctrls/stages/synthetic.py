@@ -53,12 +53,18 @@ KEYS = ("seed", "synthetic", "rl.baseline", "rl.entropy_grad", "rl.grad_clip", "
 def run_study(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     """Train every run of ``study_runs`` and the L-recovery experiment; returns ``runs/<profile>/synthetic``
     with ``curves.parquet`` and ``recovery.parquet``. Reused when ``KEYS`` are unchanged."""
-    from tqdm.auto import tqdm
-
     stage = Stage(cfg, "synthetic", KEYS)
     if stage.is_done() and not force:
         return stage.dir
-    stage.begin(force=force)
+    with stage.begin(force=force):  # gives the lock back if the study fails or is interrupted
+        _study(cfg, stage, progress)
+    return stage.dir
+
+
+def _study(cfg: Config, stage: Stage, progress: bool) -> None:
+    """The body of :func:`run_study`, between the stage's begin and finish."""
+    from tqdm.auto import tqdm
+
     tc = trainer_config(cfg)
     mdp, P = study_mdp(cfg)
     runs = study_runs(cfg)
@@ -81,7 +87,6 @@ def run_study(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     pd.concat(frames, ignore_index=True).to_parquet(stage.dir / "curves.parquet")
     recovery.to_parquet(stage.dir / "recovery.parquet")
     stage.finish(runs=len(runs))
-    return stage.dir
 
 
 def _current(cfg: Config, name: str, what: str) -> Path:

@@ -204,7 +204,7 @@ def claims(summary: pd.DataFrame, recovery: pd.DataFrame, cfg: Config) -> pd.Dat
         if extra_p is not None:
             p = max(p, extra_p)  # intersection-union: every part must hold
         rows.append({"claim": claim, "paper": source, "measure": measure,
-                     "claimed": f"{'↑' if side > 0 else '↓'} {measure.split(':')[0]}", "value": round(d, 3),
+                     "claimed": f"{'↑' if side > 0 else '↓'} {measure} (n = {len(a)} vs {len(b)} seeds)", "value": round(d, 3),
                      "95% CI": f"[{lo:.3f}, {hi:.3f}]", "p": p, "_side": side * (1 if d > 0 else -1 if d < 0 else 0),
                      "evidence": evidence, "_family": lambda level: welch_interval(a, b, level, bounds)})
 

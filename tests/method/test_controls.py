@@ -80,8 +80,9 @@ def test_controls_table_pairs_questions():
 
 def _point(chains, follows=0.3):
     d = {"diff": -0.05, "lo": -0.1, "hi": 0.0}
-    return {"chains": chains, "train_questions": chains, "sources": "reference", "follows": follows, "follows_lo": 0.2,
-            "follows_hi": 0.4, "coincidence": 0.1, "coincidence_lo": 0.05, "coincidence_hi": 0.15,
+    return {"chains": chains, "train_questions": chains, "sources": "reference", "follows": follows,
+            "follows_lo": min(0.2, follows), "follows_hi": max(0.4, follows),  # an interval that holds its estimate
+            "coincidence": 0.1, "coincidence_lo": 0.05, "coincidence_hi": 0.15,
             "harm_fixed_s0": d, "harm_eps": d, "pass1": {"Base": {"rate": 0.2}}}
 
 
@@ -117,7 +118,7 @@ def test_scaling_sentences_state_each_point_and_which_goals_are_met(tmp_path):
     f = tmp_path / "r.json"
     f.write_text(json.dumps({"points": [strong, weak]}))
     text = scaling_sentences(scaling_frame(f))
-    assert text[0].startswith("**75 training chains** (reference)") and "12.0% [20.0, 40.0]" in text[0] and "(1.2×)" in text[0]
+    assert text[0].startswith("**75 training chains** (reference)") and "12.0% [12.0, 40.0]" in text[0] and "(1.2×)" in text[0]
     assert scaling_sentences(scaling_frame(f).assign(K=16))[0].startswith("**75 training chains** (reference, K = 16)")
     assert "fixed s0 − Base −10.0 points [−20.0, +0.0], of ε − Base −5.0 points [−10.0, +0.0]" in text[0]
     assert text[-2] == "The steering goal (≥ 40% and ≥ 3× coincidence) is met at 1200 training chains."
@@ -375,8 +376,9 @@ def test_generation_sentences_compare_the_adapter_rows_with_base_and_each_follow
     assert steer.count("by coincidence") == 4
     assert style.endswith("80.0%.")  # fixed s0 is below Base: no claim that every condition is above it
     rows = _rows()
-    for r in ("fixed s0", "eps=0.0", "eps=0.1", "eps=1.0"):
-        rows[r]["pass1"]["rate"], rows[r]["succ"]["rate"] = 0.3, 0.9
+    for r in ("fixed s0", "eps=0.0", "eps=0.1", "eps=1.0"):  # each rate inside its interval (ctrls.report.stored)
+        rows[r]["pass1"].update(rate=0.3, lo=0.2, hi=0.4)
+        rows[r]["succ"].update(rate=0.9, lo=0.85, hi=0.95)
     f.write_text(json.dumps({"points": [{**_point(64), "rows": rows}]}))
     assert generation_sentences(generation_frame(f))[0].endswith(
         "whichever state it draws (the gain in pass@1 is the adapter's style, not the state's choice).")

@@ -106,6 +106,49 @@ def test_the_library_has_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts if floor(t) > floor(m))
+
+
+def test_no_import_runs_up_a_floor():
+    bad = upward(library_graph())
+    assert not bad, "imports that run upward:\n" + "\n".join(bad)
+
+
+def test_the_floor_check_sees_upward_imports_in_functions_and_type_checking():
+    src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ctrls.config.schema import Config\n"
+           "def f():\n    from ctrls.report import tables\n")
+    targets = [m for m, _, _ in imports(src, "ctrls.method.policy")]
+    assert targets == ["ctrls.config.schema", "ctrls.report"]
+    assert upward({"ctrls.method.policy": {"ctrls.config.schema"}, "ctrls.config.schema": set()}) == [
+        "ctrls.method.policy -> ctrls.config.schema"]
+    assert upward({"ctrls.config.schema": {"ctrls.method.policy"}, "ctrls.method.policy": set()}) == []
+
+
+def test_every_subpackage_says_what_lives_there():
+    for init in sorted((ROOT / "ctrls").glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc.splitlines()) >= 3, f"{init.relative_to(ROOT)} opens with no docstring"
+
+
+def test_the_top_level_is_small_and_modules_stay_short():
+    top = sorted(p.name for p in (ROOT / "ctrls").glob("*.py"))
+    assert len(top) <= 6, top
+    assert len([p for p in (ROOT / "ctrls").iterdir() if (p / "__init__.py").is_file()]) >= 5
+    long = [f"{p.relative_to(ROOT)}: {n}" for p in (ROOT / "ctrls").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 600]
+    assert not long, long
+
+
+def test_import_ctrls_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, ctrls; ctrls.__version__; print('torch' in sys.modules, 'pandas' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.split() == ["False", "False"], out
+
+
 def sources() -> list[tuple[str, str, str]]:
     """(file, module name, source) of the library, the benchmarks and the notebooks' code cells."""
     out = [(str(p.relative_to(ROOT)), module_name(p), p.read_text())

@@ -43,3 +43,34 @@ def test_the_state_legend_is_shown_once_per_page_not_per_case():
     nb = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "05_case_studies.ipynb").read_text())
     code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert code.count("state_note_html()") == 1 and code.count("trace_html(") == code.count("note=False")
+
+
+def _samples():
+    """Two questions: Base always wrong; on q1 the fixed-s0 row and an eps row whose state never moves are
+    correct, and a later eps sample whose state changes is correct too; on q2 only a still eps sample is."""
+    rows = []
+
+    def add(q, config, i, correct, states, eps):
+        rows.append({"backbone": "b", "temperature": 0.7, "question_id": q, "config": config, "sample_index": i,
+                     "correct": correct, "valid": True, "states": states, "epsilon": eps, "steps": ["x"] * len(states)})
+    for q in ("q1", "q2"):
+        add(q, "Base", 0, False, [], float("nan"))
+        add(q, "fixed s0", 0, True, [2, 2, 2], float("nan"))
+    add("q1", "eps=0.1", 0, True, [1, 1, 1], 0.1)
+    add("q1", "eps=0.1", 1, True, [1, 3, 0], 0.1)
+    add("q2", "eps=0.1", 0, True, [0, 0], 0.1)
+    return pd.DataFrame(rows)
+
+
+def test_cases_show_a_ctrls_sample_whose_state_changes_never_the_fixed_s0_row():
+    from ctrls.report.cases import RULES, select_cases
+
+    pairs, rule = select_cases(_samples(), n=3)
+    assert rule == RULES[0] and list(pairs.question_id) == ["q1"]
+    c = pairs.ctrls.iloc[0]
+    assert c.config == "eps=0.1" and list(c.states) == [1, 3, 0]
+    s = _samples()
+    s = s[~((s.question_id == "q1") & (s.sample_index == 1) & (s.config == "eps=0.1"))]
+    pairs, rule = select_cases(s, n=3)  # no moving correct sample: the rule relaxes, and says so
+    assert rule == RULES[1] and list(pairs.question_id) == ["q1", "q2"]
+    assert set(pairs.ctrls.map(lambda r: r.config)) == {"eps=0.1"}

@@ -9,9 +9,9 @@ import pandas as pd
 
 from ctrls.config.schema import load_config
 from ctrls.report import findings as fd
+from ctrls.report import paper_power
 from ctrls.report import scorecard as sc
 from ctrls.report.verdicts import OWN, PAPER, Claim, Estimate, scorecard_markdown, verdict_label
-from ctrls.stats import power
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
@@ -61,43 +61,94 @@ def test_verdict_labels_are_short():
 def test_the_scorecards_claims_sit_in_their_blocks(tmp_path):
     cfg = load_config("smoke", {"run_dir": str(tmp_path)})
     ct = pd.DataFrame([{"dataset": "wp", "K": 4, "follows": 0.5, "Base, random states": 0.25, "config": "eps=0.1",
-                        "Δ vs Base": 0.25, "Δ lo": 0.1, "Δ hi": 0.4, "p (Holm)": 0.01}])
+                        "Δ vs Base": 0.25, "Δ lo": 0.1, "Δ hi": 0.4, "p (Holm)": 0.01, "steps": 100, "questions": 10,
+                        "null": 0.25, "null steps": 100, "κ": 1 / 3, "κ lo": 0.1, "κ hi": 0.5, "p (κ, Holm)": 0.01}])
     control = sc.controllability_claim(ct, {"controllability": 12.0}, "generated/02_exploration")
-    assert control.block == OWN and control.claimed == sc.CONTROL_DIR and control.estimates[0].d == 0.25
+    assert control.block == OWN and control.claimed == sc.CONTROL_DIR and control.estimates[0].d > 0
     assert all(c.block == OWN for c in sc.synthetic_claims(cfg))
     assert [c.block for c in sc.demo_claims(cfg)] == [PAPER, PAPER]  # Table 1 and RL: not run, the paper's claims
     assert sc.paper_power_claim().block == PAPER
 
 
-# ---- item 1: the findings --------------------------------------------------------------------------
+# ---- item 1: the findings (issue 48: short sentences, each number with its interval and n) -----------
 
 
 def test_paper_finding_is_the_paper_tables_counts():
-    pw = power.paired_p_columns(power.paper_power())
+    pw = paper_power.paired_p_columns(paper_power.paper_power())
     c = sc.paper_power_counts(pw)
     assert c["n"] == len(pw) and c["up"] + c["down"] + c["zero"] == len(pw)
     text = fd.paper_finding(c)
     assert f"Of its {len(pw)} CTRLS − Base differences" in text
-    assert f"{c['up']} point up (↑), {c['down']} down (↓)" in text and f"{c['largest']:+.1f} points" in text
+    assert f"{c['up']} point up, {c['down']} down" in text and f"{c['largest']:+.1f} points" in text
+    assert "(n = 40)" in text and "(n = 500)" in text and "infer it <glossary-inferred-n>" in text
     # a table whose difference is resolvable changes the finding: the words come from the numbers
     wide = pw.copy()
     wide.loc[0, ["diff (pp)", "excludes 0", "p, minimal discordance"]] = 40.0, True, 0.001
     c2 = sc.paper_power_counts(wide)
     assert c2["excluding 0"] == c["excluding 0"] + 1 and c2["largest"] == 40.0
     assert fd.paper_finding(c2) != text and "+40.0 points" in fd.paper_finding(c2)
+    assert fd.paper_finding(c2).startswith("**The paper's own tables show some CTRLS − Base differences**")
+
+
+def test_paper_table_gives_each_tables_inferred_n_and_counts():
+    pw = paper_power.paired_p_columns(paper_power.paper_power())
+    md = fd.paper_table_markdown(pw)
+    rows = [line for line in md.splitlines() if line.startswith("| Table")]
+    assert [r.split(" | ")[1] for r in rows] == ["40", "500"]
+    assert "n (inferred)" in md.splitlines()[0]
+    for t, r in zip(fd.paper_tables(pw), rows):
+        assert f"| {t['differences']} | {t['up']} / {t['down']} / {t['zero']} |" in r
 
 
 def test_demo_findings_are_the_scorecards_estimates_and_verdicts():
-    two, three, four = fd.demo_findings(_claims())
-    assert two.startswith("**CTRLS does not detectably change pass@n**") and "↓ −7.5 points [−25.0, +10.0]" in two
-    assert "the demo detects about 31 points" in two
-    assert "fixed s0 − Base): ↓ −12.5 points [−30.0, +5.0]" in two  # the adapter alone
-    assert "↑ +20.0 points [+5.0, +35.0] (*supported*)" in two  # the transitions beyond the adapter
-    assert three.startswith("**Steps follow their sampled state less often") and "↓ −4.0 points" in three
-    assert four.startswith("**RL, Table 2: not run.**") and "the RL stage has not run" in four
+    sizes = {"questions": {"wp": 60}, "rl": {}}
+    two, three, four = fd.demo_findings(_claims(), sizes)
+    assert two.startswith("**CTRLS does not detectably change pass@n**") and "↓ −7.5 [−25.0, +10.0]" in two
+    assert "about 31 points" in two
+    assert "| wp fixed s0 − Base | the adapter alone | 60 | ↓ −12.5 [−30.0, +5.0] |" in two  # the adapter alone
+    assert "| wp eps=0.1 − fixed s0 | the transitions beyond the adapter | 60 | ↑ +20.0 [+5.0, +35.0] |" in two
+    assert "it is *supported*" in two
+    assert three.startswith("**Steps land in their drawn latent state less often than by chance**")
+    assert "↓ −4.0 [−7.0, −1.0]" in three
+    assert four.startswith("**RL on the transition policy (Table 2): not run**")
+    assert "Its stage has not run for this build's profile." in four and "the RL stage has not run" not in four
     claims = _claims()
     claims[0].verdict, claims[0].estimates[0].d = "supported", 0.3
-    assert fd.demo_findings(claims)[0].startswith("**CTRLS raises pass@n over Base**") and "↑ +30.0 points" in fd.demo_findings(claims)[0]
+    assert fd.demo_findings(claims)[0].startswith("**CTRLS raises pass@n over Base**") and "↑ +30.0" in fd.demo_findings(claims)[0]
+
+
+def test_every_headline_agrees_with_its_verdict():
+    """A finding's headline is the verdict sentence's clause for the same claim, and says what its label says."""
+    from ctrls.config.schema import load_config
+
+    counts = sc.paper_power_counts(paper_power.paired_p_columns(paper_power.paper_power()))
+    cfg = load_config("demo")
+    for label in ("supported", "contradicted", "not supported: the estimate is zero (+0)", "mixed"):
+        claims = _claims()
+        for c in claims[:4]:
+            c.verdict = label
+            c.estimates = c.estimates or [Estimate("`none`", 0.0, -0.1, 0.1)]
+        findings = fd.demo_findings(claims)
+        verdict = " ".join(fd.verdict_sentences(cfg, claims, counts))
+        for f in findings:
+            head = re.match(r"\*\*(.+?)\*\*", f).group(1)
+            clause = head if head.startswith(("CTRLS", "RL")) else head[0].lower() + head[1:]
+            assert clause in verdict, (label, head)
+            assert ("not" in head.split()) == label.startswith("not supported") or "less often" in head, (label, head)
+    assert not any("supported" in h.lower() and "not" not in h.lower() for h in fd.HEADS["pass"].values())
+
+
+def test_the_verdict_has_three_sentences_with_the_scale_caveat():
+    from ctrls.config.schema import load_config
+
+    counts = sc.paper_power_counts(paper_power.paired_p_columns(paper_power.paper_power()))
+    one, two, three = fd.verdict_sentences(load_config("demo"), _claims(), counts)
+    assert one.startswith("The paper's own tables cannot show that CTRLS beats Base") and "40 in Table 1" in one
+    assert two.startswith("Nothing here ran at the paper's 3B scale") and "smollm2-135m-instruct" in two
+    assert three.startswith("On it, CTRLS does not detectably change pass@n")
+    assert "RL on the transition policy (Table 2) was not run" in three
+    md = fd.verdict_markdown([one, two, three])
+    assert md.startswith("```{admonition} The verdict") and md.count("\n") == 4
 
 
 def test_scale_finding_reads_the_measured_hours(tmp_path):
@@ -105,43 +156,51 @@ def test_scale_finding_reads_the_measured_hours(tmp_path):
     d = json.loads(fd.GPU_RESULT.read_text())
     pair, h = next(iter(d["estimate_graph"]["pairs_hours"].items()))
     text = fd.scale_finding(cfg)
-    assert text.startswith("**Nothing in this build ran at the paper's 3B scale**")
+    assert text.startswith("**Nothing in this build ran at the paper's 3B scale.**")
     assert "`ctrls reproduce --profile paper`" in text and f"**{h['mean']:.1f}–{h['cap']:.1f} H200-hours**" in text
     assert pair.split(" / ")[0] in text
     d["estimate_graph"]["pairs_hours"][pair] = {"mean": 11.11, "cap": 22.22}
     f = tmp_path / "m.json"
     f.write_text(json.dumps(d))
     assert "**11.1–22.2 H200-hours**" in fd.scale_finding(cfg, f)
-    assert "not measured" in fd.scale_finding(cfg, tmp_path / "absent.json")
+    assert "have not been measured" in fd.scale_finding(cfg, tmp_path / "absent.json")
+    assert "absent.json" not in fd.scale_finding(cfg, tmp_path / "absent.json")  # no file name in the prose
     paper = load_config("paper", ["grid.backbones=[Qwen/Qwen2.5-3B-Instruct]"])
     assert fd.scale_finding(paper).startswith("**This build ran the paper's backbone(s) Qwen/Qwen2.5-3B-Instruct.**")
 
 
 def test_findings_page_is_at_most_five_with_the_forest_plot_and_its_provenance():
     items = [f"finding {i}" for i in range(1, 6)]
-    md = fd.findings_markdown(items, "/generated/paper_forest.png")
+    md = fd.findings_markdown(items, "/generated/paper_forest.png", "| a | b |\n|---|---|\n| 1 | 2 |\n")
     assert re.findall(r"^(\d)\. ", md, re.M) == ["1", "2", "3", "4", "5"]
-    assert md.index("finding 1") < md.index("{figure} /generated/paper_forest.png") < md.index("finding 2")
-    assert "`ctrls.report.findings.paper_forest(ctrls.stats.power.paper_power())`" in md and "`ctrls/report/paper.py`" in md
+    assert md.index("finding 1") < md.index("   | a | b |") < md.index("{image} /generated/paper_forest.png") < md.index("finding 2")
+    assert f"**Figure {fd.FIGURE}.**" in md and "`ctrls.report.findings.paper_forest`" in md
+    # a finding's table stays inside its list item (indented)
+    md = fd.findings_markdown(["one", "two\n\n| x |\n|---|", "3", "4", "5"])
+    assert "\n   | x |\n   |---|\n" in md
 
 
 def test_forest_plot_has_one_point_per_paper_difference():
-    pw = power.paired_p_columns(power.paper_power())
+    pw = paper_power.paired_p_columns(paper_power.paper_power())
     fig = fd.paper_forest(pw)
-    counts = [sum(len(c.get_offsets()) for c in ax.collections if hasattr(c, "get_offsets") and len(c.get_offsets())
-                  and c.get_label().startswith("CTRLS")) for ax in fig.axes]
+    from matplotlib.container import ErrorbarContainer
+
+    counts = [sum(len(c.lines[0].get_xdata()) for c in ax.containers if isinstance(c, ErrorbarContainer))
+              for ax in fig.axes]
     assert counts == list(pw.groupby("table", sort=False).size())
-    assert [ax.get_title() for ax in fig.axes] == [f"{t} (n = {n} questions)" for t, n in
-                                                   pw.groupby("table", sort=False).n.first().items()]
+    assert [ax.get_title() for ax in fig.axes] == [f"{t} · n = {n} (inferred) · {len(g)} differences"
+                                                   for (t, n), g in pw.groupby(["table", "n"], sort=False)]
 
 
 def test_write_findings_from_runs_that_did_not_run(tmp_path):
     cfg = load_config("smoke", {"run_dir": str(tmp_path / "runs")})
-    path = fd.write_findings(cfg, tmp_path / "book")
+    path = fd.write_findings(cfg, tmp_path / "book", sc.demo_claims(cfg))
     text = path.read_text()
     assert (tmp_path / "book" / "generated" / fd.FOREST).stat().st_size > 10_000
-    assert "**Table 1: not run.**" in text and "**RL, Table 2: not run.**" in text
+    assert "**CTRLS against Base (Table 1): not run**" in text and "**RL on the transition policy (Table 2): not run**" in text
     assert "Nothing in this build ran at the paper's 3B scale" in text
+    verdict = (tmp_path / "book" / "generated" / "verdict.md").read_text()
+    assert "Nothing here ran at the paper's 3B scale" in verdict
     keys = (tmp_path / "book" / "generated" / "config_keys.md").read_text()
     row = next(line for line in keys.splitlines() if line.startswith("| `states.n_states`"))
     assert f"| {load_config('demo').states.n_states} | {load_config('paper').states.n_states} |" in row
@@ -151,13 +210,14 @@ def test_write_findings_from_runs_that_did_not_run(tmp_path):
 # ---- items 1 and 6: the pages ----------------------------------------------------------------------
 
 
-def test_intro_opens_with_the_findings_then_the_scorecard():
+def test_intro_opens_with_the_verdict_then_the_findings_then_the_scorecard():
     intro = (BOOK / "intro.md").read_text()
     sections = re.findall(r"^## (.+)$", intro, re.M)
     assert sections[:2] == ["What this book finds", "Claims scorecard"]
+    assert intro.index("generated/verdict.md") < intro.index("## What this book finds")
     assert intro.index("generated/findings.md") < intro.index("generated/scorecard.md")
-    # nothing but the title and one short paragraph before the findings
-    assert len(intro[:intro.index("## What this book finds")].split()) < 60
+    # nothing but the title and one short paragraph before the verdict: it is on the first screen
+    assert len(intro[:intro.index("generated/verdict.md")].split()) < 60
 
 
 def test_gpu_cost_model_has_its_own_page_and_every_anchor_to_it_resolves():
@@ -222,29 +282,26 @@ def test_the_rl_pages_link_to_the_synthetic_study_resolves_by_its_title():
     assert link == f"[{title}](07_synthetic.html)"  # the built page beside the RL page, never the .ipynb (a 404)
 
 
-def test_mechanism_note_states_each_studied_variant_beside_its_coincidence(tmp_path):
-    """Finding 3's mechanism sentence is read from the stored studies: every point of the scaling
-    result and every injection row, each rate with its coincidence, and whether any meets the goal."""
+def test_mechanism_note_is_one_short_sentence_from_the_stored_studies(tmp_path):
+    """Finding 3's mechanism sentence is read from the stored studies: how many variants, the range of κ,
+    the variant that steers most; no threshold the book does not justify."""
     from ctrls.report.studies import INJECTION_RESULT
     from tests.method.test_controls import _point
 
     inj = Path(__file__).resolve().parents[2] / INJECTION_RESULT
-    sc = tmp_path / "scaling.json"
-    sc.write_text(json.dumps({"points": [_point(300, 0.078), _point(75, 0.08)]}))
+    sc_ = tmp_path / "scaling.json"
+    sc_.write_text(json.dumps({"points": [_point(300, 0.078), _point(75, 0.08)]}))
     ks = tmp_path / "states.json"
     ks.write_text(json.dumps({"points": [{**_point(64, 0.2), "K": 16}, {**_point(64, 0.25), "K": 4}]}))
-    text = fd.mechanism_note(scaling=sc, injection=inj, states=ks)
-    assert "follow their drawn state 25.0% at K = 4 (10.0%; κ = 0.17), 20.0% at K = 16 (10.0%; κ = 0.11)" in text
-    assert "8.0% at 75 chains (10.0%), 7.8% at 300 chains (10.0%)" in text  # in order of chains
-    assert "14.2% injected at the last hidden state (4.8%)" in text  # studies/results/injection.json
-    assert text.endswith("None reaches the 40% and 3× coincidence that steering would need. By κ, which does not "
-                         "favour many states, K = 4 steers most (κ = 0.17; 3× coincidence would need 30% there).")
+    v = fd.mechanism_variants(scaling=sc_, injection=inj, states=ks)
+    assert len(v) == 2 + 2 + 2 and v.kappa.max() > 0
+    text = fd.mechanism_note(scaling=sc_, injection=inj, states=ks)
+    assert text.startswith("The stored mechanism studies tried 6 variants")
+    assert f"to {v.kappa.max():.2f}, highest for {v.loc[v.kappa.idxmax()].variant}." in text
+    assert "40%" not in text and "3×" not in text and "would need" not in text
+    assert len(text.split()) < 60
     fu = tmp_path / "fusion.json"  # a token-dependent F_u at K = 4, paired with the sweep's K = 4 point
     fu.write_text(json.dumps({"points": [{**_point(64, 0.5), "K": 4, "fusion": "mlp", "follows_lo": 0.45}]}))
-    text = fd.mechanism_note(scaling=sc, injection=inj, states=ks, fusion=fu)
-    assert "; with a token-dependent F_u (`adapter.fusion: mlp`), 50.0% at K = 4 (10.0%). 1 of these variants reaches" in text
+    assert "highest for a token-dependent F_u at K = 4." in fd.mechanism_note(scaling=sc_, injection=inj, states=ks, fusion=fu)
     ks.write_text(json.dumps({"points": [{**_point(64, 0.05), "K": 4}]}))
-    assert "5.0% at K = 4 (10.0%; κ = −0.06)" in fd.mechanism_note(scaling=sc, injection=inj, states=ks)
-    sc.write_text(json.dumps({"points": [_point(1200, 0.45)]}))
-    assert "1 of these variants reaches the 40% and 3× coincidence that steering would need." in \
-        fd.mechanism_note(scaling=sc, injection=inj, states=ks)
+    assert "runs from −0.06" in fd.mechanism_note(scaling=sc_, injection=inj, states=ks)

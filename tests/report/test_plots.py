@@ -23,11 +23,11 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from ctrls.report import (
-    findings,  # noqa: E402
+from ctrls.report import (  # noqa: E402
+    findings,
     plots,
+    synthetic_figures,
 )
-from ctrls.synthetic import chain as synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -37,7 +37,7 @@ FIGURE_PAGES = {"01_pretraining", "02_exploration", "03_rl", "06_summary", "07_s
 def _figure_functions() -> set[str]:
     """The public functions of the figure modules that draw a figure (their source makes one)."""
     names = set()
-    for mod in (plots, synthetic, findings):
+    for mod in (plots, synthetic_figures, findings):
         for name, f in inspect.getmembers(mod, inspect.isfunction):
             if f.__module__ == mod.__name__ and not name.startswith("_"):
                 code = inspect.getsource(f)
@@ -68,7 +68,7 @@ def _figure_calls(nb: Path):
         for call in ast.walk(tree):
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in FIGURES
                     and isinstance(call.func.value, ast.Name)
-                    and call.func.value.id in ("plots", "synthetic", "findings")):
+                    and call.func.value.id in ("plots", "synthetic_figures", "findings")):
                 continue
             source = next((k.value for k in call.keywords if k.arg == "source"), None) or shown.get(id(call))
             yield i, call, source is not None and bool(_calls(source, "drawn_from"))
@@ -117,7 +117,7 @@ def test_no_page_types_its_provenance_by_hand():
 def test_the_figure_functions_take_their_provenance():
     """Each figure function that shows its own figure takes ``source`` (the others are shown by
     ``plots.show`` in the notebook, with the caption there)."""
-    for mod in (plots, synthetic):
+    for mod in (plots, synthetic_figures):
         for name in FIGURES:
             f = getattr(mod, name, None)
             if f is not None and "show(" in inspect.getsource(f):
@@ -151,8 +151,8 @@ def test_drawn_from_shows_a_stored_result_from_the_repository(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     assert plots.drawn_from("f", Path("runs/demo/synthetic/curves.parquet"), run_dir="runs") == \
         "Drawn by `f` from `demo/synthetic/curves.parquet`."
-    assert plots.drawn_from(synthetic.plot_prior) == \
-        "Drawn by `ctrls.synthetic.chain.plot_prior` from the configuration alone (no run file)."
+    assert plots.drawn_from(synthetic_figures.plot_prior) == \
+        "Drawn by `ctrls.report.synthetic_figures.plot_prior` from the configuration alone (no run file)."
 
 
 def test_drawn_from_refuses_a_path_outside_the_run_directory(tmp_path):
@@ -197,6 +197,7 @@ def kernel(monkeypatch):
     shown = []
     monkeypatch.setattr(plots, "_kernel", lambda: True)
     monkeypatch.setattr(plots, "_FIGURES", [0])
+    monkeypatch.setattr(plots, "_PAGE", ["B2"])
     monkeypatch.setattr(IPython.display, "display",
                         lambda obj: shown.append(obj.data if isinstance(obj, IPython.display.Markdown) else obj))
     return shown
@@ -208,7 +209,7 @@ def test_the_caption_ends_with_its_provenance(kernel):
     source = plots.drawn_from(plots.pass_at_k_curves, ROOT / "studies" / "results" / "injection.json")
     plots.pass_at_k_curves(curves, source=source)
     captions = [s for s in kernel if isinstance(s, str)]
-    assert len(captions) == 1 and captions[0].startswith("**Figure 1.** ") and captions[0].endswith(source)
+    assert len(captions) == 1 and captions[0].startswith("**Figure B2.1.** ") and captions[0].endswith(source)
 
 
 def _history(flat: bool) -> pd.DataFrame:
@@ -228,7 +229,7 @@ def test_a_kl_figure_of_flat_lines_is_one_sentence(kernel):
     assert plots.bound_curve(_history(flat=True), fit, source=source) is None
     texts = [s for s in kernel if isinstance(s, str)]
     figures = [s for s in kernel if not isinstance(s, str)]
-    assert len(figures) == 1 and texts[0].startswith("**Figure 1.**") and texts[0].endswith(source)
+    assert len(figures) == 1 and texts[0].startswith("**Figure B2.1.**") and texts[0].endswith(source)
     sentence = texts[1]
     assert sentence.startswith("No figure of the bound's KL term: every one of its 4 lines is flat over the 3 ")
     assert "0.5" in sentence and "0.9" in sentence and "0.537" in sentence and "Figure" not in sentence
@@ -239,7 +240,7 @@ def test_a_kl_figure_that_moves_is_drawn_with_its_provenance(kernel):
     source = plots.drawn_from("b", ROOT / "ctrls" / "paper.py")
     assert plots.bound_curve(_history(flat=False), fit, source=source) is not None
     texts = [s for s in kernel if isinstance(s, str)]
-    assert [t[:13] for t in texts] == ["**Figure 1.**", "**Figure 2.**"] and all(t.endswith(source) for t in texts)
+    assert [t[:16] for t in texts] == ["**Figure B2.1.**", "**Figure B2.2.**"] and all(t.endswith(source) for t in texts)
 
 
 # ---- the transition heatmap ---------------------------------------------------------------------
@@ -269,3 +270,49 @@ def test_every_notebook_cell_has_a_unique_id():
         ids = [c.get("id") for c in cells]
         assert None not in ids, f"{nb.name}: cell {ids.index(None)} has no id"
         assert len(set(ids)) == len(ids), f"{nb.name}: repeated cell ids"
+
+
+# ---- issue 48: what the figures draw ------------------------------------------------------------------
+
+
+def test_a_flat_pass_at_k_panel_is_a_sentence_and_no_row_hides_under_another(kernel):
+    curves = pd.DataFrame([dict(backbone="b", dataset=d, temperature=0.7, config=c, k=k,
+                                pass_at_k=(0.1 * k + (0.1 if c != "Base" else 0)) if d == "wp" else 0.0)
+                           for d in ("wp", "gsm8k") for c in ("Base", "eps=0.1") for k in (1, 2)])
+    fig = plots.pass_at_k_curves(curves)
+    texts = [s for s in kernel if isinstance(s, str)]
+    assert texts[0].startswith("Not drawn, because every row's pass@k is the same at every k: b · gsm8k · η=0.7 (0% ")
+    assert [ax.get_title() for ax in fig.axes if ax.get_title()] == ["b · wp · η=0.7"]
+    lines = [line for line in fig.axes[0].lines if len(line.get_xdata()) == 2]
+    assert len({(line.get_linestyle(), line.get_marker()) for line in lines}) == 2  # Base and eps look different
+
+
+def test_a_split_evaluated_at_two_epochs_is_drawn_as_points(kernel):
+    from tests.report.test_plots_legibility import _history
+
+    plots.bound_curve(_history(), None)
+    first = next(s for s in kernel if not isinstance(s, str))
+    train = [line for line in first.axes[0].lines if str(line.get_label()).startswith("train")]
+    assert train and all(line.get_linestyle() == "None" for line in train)
+    held = [line for line in first.axes[0].lines if str(line.get_label()) == "heldout: Thm. 5.3"]
+    assert held[0].get_linestyle() == "-"
+    caption = next(s for s in kernel if isinstance(s, str))
+    assert "The train steps were evaluated at epochs 0 and 5 only, so they are drawn as points, not as a line." in caption
+
+
+def test_rl_accuracy_is_in_percent_with_pooled_intervals_and_entropy_reaches_log_k(kernel):
+    from tests.report.test_plots_legibility import rl_curves
+
+    curves = rl_curves()
+    fig = plots.learning_curves(curves, y="accuracy", ylabel="held-out accuracy (%)", scale=100)
+    ax = fig.axes[0]
+    pooled = plots.pooled_accuracy(curves[(curves.setting == "none") & (curves.kind == "eval")])
+    means = [c.lines[0].get_ydata() for c in ax.containers]
+    assert np.allclose(means[0], 100 * pooled.rate) and pooled.lo.lt(pooled.rate).all()
+    assert ax.get_ylim()[0] == 0 and max(means[0]) > 1  # percent, as the tables
+    caption = [s for s in kernel if isinstance(s, str)][-1]
+    assert "pooled per question, with 95% Wilson intervals" in caption and "thin: each of the 3 seeds" in caption
+    fig = plots.learning_curves(curves, y="policy_entropy", kind="train", smooth=5, reference=(np.log(4), "log K"))
+    lo, hi = fig.axes[0].get_ylim()
+    assert lo == 0 and hi >= np.log(4)
+    assert "Dashed: log K." in [s for s in kernel if isinstance(s, str)][-1]

@@ -16,6 +16,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from ctrls.config.schema import load_config  # noqa: E402
+from ctrls.report import synthetic_figures  # noqa: E402
 from ctrls.synthetic import chain as synthetic  # noqa: E402
 
 COLUMN_PX = 948  # the book's content column at 1280 px
@@ -57,10 +58,10 @@ def figures():
 
     cfg = load_config("demo")
     curves, summary = _curves(cfg), _summary(cfg)
-    figs = {"learning curves": synthetic.plot_learning_curves(curves, cfg),
-            "entropy": synthetic.plot_entropy(curves),
-            "sweep": synthetic.plot_sweep(summary),
-            "sweep curves": synthetic.plot_sweep_curves(curves, cfg)}
+    figs = {"learning curves": synthetic_figures.plot_learning_curves(curves, cfg),
+            "entropy": synthetic_figures.plot_entropy(curves),
+            "sweep": synthetic_figures.plot_sweep(summary),
+            "sweep curves": synthetic_figures.plot_sweep_curves(curves, cfg)}
     yield figs
     for f in figs.values():
         plt.close(f)

@@ -119,7 +119,9 @@ def test_pilot_is_read_at_the_profiles_difficulty(tmp_path):
     cfg = load_config("demo")
     tag = cfg.data.word_problems.difficulty().tag()
     f = tmp_path / "pilot.json"
-    f.write_text(json.dumps({"levels": [{"difficulty": "other", "pass@1": 0.9}, {"difficulty": tag, "pass@1": 0.2}]}))
+    level = {"questions": 40, "samples": 4, "pass@1 95% CI": [0.1, 0.95], "succ": 0.9, "icc": 0.1}  # what the pages read
+    f.write_text(json.dumps({"levels": [{**level, "difficulty": "other", "pass@1": 0.9},
+                                        {**level, "difficulty": tag, "pass@1": 0.2}]}))
     assert pilot(cfg, f)["pass@1"] == 0.2
     assert pilot(load_config("demo", ["data.word_problems.n_ops=3"]), f) is None  # not measured at that difficulty
     assert pilot(load_config("smoke"), f) is None  # not the word problems
@@ -128,5 +130,5 @@ def test_pilot_is_read_at_the_profiles_difficulty(tmp_path):
 def test_missing_values_never_print_nan():
     from ctrls.report.verdicts import pct, pts
 
-    assert pts(math.nan, 0.1, 0.2) == "not computed" and pct(0.5, math.nan, 0.6) == "not computed"
+    assert pts(math.nan, 0.1, 0.2) == "—" and pct(0.5, math.nan, 0.6) == "—"  # the book's missing marker
     assert "nan" not in pts(0.1, -0.1, 0.3) + pct(0.25, 0.1, 0.4)

@@ -56,20 +56,23 @@ def test_table1_family_interval_and_one_family_per_comparison():
     assert (a.family == 2 * len(a)).all() and f"{FIXED} − {BASE}" in set(a.comparison)
 
 
-def test_scorecard_judges_controllability_on_the_epsilon_rows():
-    """Eq. 8 is judged on the epsilon rows against their coincidence reference; the fixed-s0 row is
-    reported separately and cannot change the verdict."""
+def test_scorecard_judges_controllability_on_kappa_against_the_independent_chain_null():
+    """Eq. 8 is judged on the epsilon rows' kappa against the independent-chain null (Holm over those
+    rows); the fixed-s0 row has no kappa, is reported beside, and cannot change the verdict."""
     from ctrls.report.scorecard import controllability_claim
 
-    row = dict(dataset="wp", K=4, follows=0.5, **{"Base, random states": 0.25})
-    ct = pd.DataFrame([{**row, "config": FIXED, "Δ vs Base": 0.6, "Δ lo": 0.4, "Δ hi": 0.8, "p (Holm)": 0.001},
-                       {**row, "config": "eps=0.1", "Δ vs Base": -0.05, "Δ lo": -0.2, "Δ hi": 0.1, "p (Holm)": 0.6}])
+    row = dict(dataset="wp", K=4, follows=0.5, steps=200, questions=20, **{"Base, random states": 0.25})
+    nan = float("nan")
+    ct = pd.DataFrame([{**row, "config": FIXED, "Δ vs Base": 0.6, "Δ lo": 0.4, "Δ hi": 0.8, "p (Holm)": 0.001,
+                        "null": nan, "κ": nan, "κ lo": nan, "κ hi": nan, "p (κ, Holm)": nan},
+                       {**row, "config": "eps=0.1", "Δ vs Base": 0.25, "Δ lo": 0.1, "Δ hi": 0.4, "p (Holm)": 0.001,
+                        "null": 0.45, "κ": 0.09, "κ lo": -0.05, "κ hi": 0.2, "p (κ, Holm)": 0.3}])
     c = controllability_claim(ct, {"controllability": 12.0}, "p")
-    assert c.verdict.startswith("not supported: the estimate is in the opposite direction (−5.0 points)")
-    assert "detects about 12 points" in c.verdict
-    assert "Reported separately, the fixed-s0 row" in c.evidence and c.evidence.index("eps=0.1") < c.evidence.index("fixed-s0")
+    assert c.verdict.startswith("not supported: the estimate is in the claimed direction")  # Δ vs Base would say supported
+    assert "independent chain" in c.evidence and "κ 0.09 [-0.05, 0.20]" in c.evidence
+    assert [e.label for e in c.beside] == ["wp fixed s0 − Base steps in s0"]
     assert controllability_claim(ct[ct.config == FIXED], {}, "p") is None  # fixed s0 alone is not the claim's test
-    ct.loc[1, ["Δ vs Base", "Δ lo", "Δ hi", "p (Holm)"]] = 0.2, 0.05, 0.35, 0.01
+    ct.loc[1, ["κ", "κ lo", "κ hi", "p (κ, Holm)"]] = 0.2, 0.05, 0.35, 0.01
     assert controllability_claim(ct, {"controllability": 12.0}, "p").verdict == "supported"
 
 
@@ -107,8 +110,10 @@ def test_paper_tables_by_table_paired_p_range_against_brute_force():
 
     for x1, x0, n in ((5, 0, 40), (20, 15, 40), (39, 36, 40), (250, 239, 500), (3, 3, 10), (0, 0, 5)):
         assert power.paired_p_range(x1, x0, n) == pytest.approx(brute(x1, x0, n)), (x1, x0, n)
-    pw = power.paired_p_columns(power.paper_power())
-    st = power.table_statements(pw)
+    from ctrls.report import paper_power
+
+    pw = paper_power.paired_p_columns(paper_power.paper_power())
+    st = paper_power.table_statements(pw)
     assert "no difference is resolvable under any pairing" in st["Table 1"] and "5 questions" in st["Table 1"]
     assert "≥ 0.0625" in st["Table 1"]
     assert "between 0" in st["Table 2"] and "and 17 (minimal discordance) of the 32" in st["Table 2"]

@@ -92,7 +92,7 @@ def test_a_shard_written_by_the_features_stage_loads_with_weights_only(tmp_path)
     assert shard["qid"] == "q1" and shard["trajectories"][1]["sample_index"] == 1
 
 
-# ---- the RL checkpoint (ctrls.method.reinforce.Trainer) -------------------------------------------------------
+# ---- the RL checkpoint (ctrls.stages.trainer.Trainer) -------------------------------------------------------
 
 
 def trainer(out, cfg, evaluate=None):

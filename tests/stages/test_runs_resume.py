@@ -260,7 +260,7 @@ def test_exploration_killed_mid_grid_gives_the_same_samples(reference, smoke_cfg
 @pytest.mark.integration
 @requires_data
 def test_rl_killed_mid_training_gives_the_same_curve_policy_and_table2(reference, smoke_cfg, tmp_path, monkeypatch):
-    import ctrls.method.reinforce as R
+    import ctrls.stages.trainer as R  # the Trainer moved here from ctrls.method.reinforce
     from ctrls.stages.rl import run_rl
 
     copy_stages(reference, tmp_path, "pretrain", "exploration")

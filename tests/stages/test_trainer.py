@@ -1,4 +1,4 @@
-"""Lockstep RL (ctrls.method.reinforce.run_lockstep): all runs of a pair in one shared batch equal the sequential runs."""
+"""Lockstep RL (ctrls.stages.trainer.run_lockstep): all runs of a pair in one shared batch equal the sequential runs."""
 import copy
 
 import pandas as pd

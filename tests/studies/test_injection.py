@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def inj_mod():
-    spec = importlib.util.spec_from_file_location("injection", ROOT / "bench" / "injection.py")
+    spec = importlib.util.spec_from_file_location("injection", ROOT / "studies" / "injection.py")  # moved from bench/
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -68,7 +68,7 @@ def test_teacher_forcing_equals_decoding_under_switched_states(tiny_llama, inj_m
     assert len(spans) >= 3  # several steps: the switch is exercised
     rows = torch.full((P + len(gen),), -1, dtype=torch.long)
     for t, (a, b) in enumerate(spans):
-        rows[P - 1 + a: P - 1 + b] = t  # the position rule, as bench/injection.chains builds it
+        rows[P - 1 + a: P - 1 + b] = t  # the position rule, as studies/injection.chains builds it
     item = {"ids": torch.tensor(prompt + gen), "rows": rows}
     ids, attn, code, on = inj_mod.batch([item], F.one_hot(chain[0], K).float(), adapter, centroids, 0)
     inj.code, inj.mask = code, on

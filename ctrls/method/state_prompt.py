@@ -1,0 +1,154 @@
+"""The state prompt: m learned input vectors per state, inserted as input embeddings at each step
+boundary, so that step t attends to its state z_t through every layer of the frozen backbone.
+
+Our reading, not the paper's: Alg. 1 says "Inject z_t into token representations (Eq. 8)" and Sec. 5.3
+applies Eq. 8 to each token's last hidden state, where a linear F_u is one logit bias per state
+(``ctrls.method.adapter``). Here the state is a place in the sequence instead (prompt tuning, Lester
+et al. 2021, per state):
+
+    x_0 | V(z_1) x_1 | V(z_2) x_2 | ...      V(z) = sum_k z_k V_k,  V_k in R^{m x d}
+
+Teacher forcing (:func:`chain_logprob`) and decoding (:func:`decode_chain`, the KV cache holding a
+state's vectors from the moment the state is drawn) build the same sequence, positions included; the
+read-back of a step is Q_phi on an unadapted pass *without* the vectors
+(``ctrls.generate.controllability.encode_generations``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+class StatePrompt(torch.nn.Module):
+    """V: (K, m, d), initialised at the mean token embedding plus noise of the embeddings' own scale."""
+
+    def __init__(self, n_states: int, n_vectors: int, embeddings: torch.Tensor, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        mu, sd = embeddings.float().mean(0), embeddings.float().std(0)
+        noise = torch.randn((n_states, n_vectors, embeddings.shape[1]), generator=g)
+        self.vectors = torch.nn.Parameter(mu + 0.5 * sd * noise)  # distinct per state from the start
+
+    @property
+    def n_states(self) -> int:
+        return self.vectors.shape[0]
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """(..., K) one-hot or soft states -> (..., m, d) vectors."""
+        return torch.einsum("...k,kmd->...md", z.to(self.vectors.dtype), self.vectors)
+
+
+def interleave(embeds: torch.Tensor, prompt_len: int, spans: Sequence[tuple[int, int]],
+               vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher-forced sequence of one chain: ``embeds`` (P + L, d) are the prompt's and the chain's
+    token embeddings, ``spans`` each step's [a, b) within the chain, ``vectors`` (T, m, d) the states'.
+    Returns (inputs (P + L + T m, d), where (P + L,): each token's position in the new sequence)."""
+    if len(spans) > vectors.shape[0]:
+        raise ValueError(f"{len(spans)} steps but vectors for {vectors.shape[0]}")
+    parts, where, at, prev = [embeds[:prompt_len]], list(range(prompt_len)), prompt_len, 0
+    m = vectors.shape[1]
+    for t, (a, b) in enumerate(spans):
+        if a < prev or b < a:
+            raise ValueError(f"step spans must be ordered and disjoint, got {list(spans)}")
+        gap = embeds[prompt_len + prev: prompt_len + a]  # tokens between steps (blank lines) keep their place
+        parts += [gap, vectors[t]]
+        where += list(range(at, at + len(gap)))
+        at += len(gap) + m
+        parts.append(embeds[prompt_len + a: prompt_len + b])
+        where += list(range(at, at + b - a))
+        at += b - a
+        prev = b
+    tail = embeds[prompt_len + prev:]
+    parts.append(tail)
+    where += list(range(at, at + len(tail)))
+    return torch.cat(parts), torch.as_tensor(where)
+
+
+def prompt_cache(lm, prompt: Sequence[int]):
+    """The KV cache of the prompt alone (no state vector reaches it), for :func:`chain_logprob`'s ``cache``:
+    pass a copy per chain (a forward extends the cache it is given)."""
+    from transformers import DynamicCache
+
+    kv = DynamicCache(config=lm.config)
+    with torch.no_grad():
+        lm(input_ids=torch.as_tensor([list(prompt)], device=lm.get_input_embeddings().weight.device),
+           past_key_values=kv, use_cache=True)
+    return kv
+
+
+def chain_logprob(lm, prompt: Sequence[int], chain: Sequence[int], spans: Sequence[tuple[int, int]],
+                  states: torch.Tensor, prompt_vectors: StatePrompt, cache=None) -> tuple[torch.Tensor, int]:
+    """Summed log P of each step's tokens given the prompt, the earlier steps and each step's state
+    vectors (teacher forcing); ``states`` (T, K). Gradients reach the vectors only (the backbone is frozen).
+    ``cache``: the prompt's KV cache (:func:`prompt_cache`), consumed: only the chain is then run."""
+    emb = lm.get_input_embeddings()
+    ids = torch.as_tensor([*prompt, *chain], device=emb.weight.device)
+    x, where = interleave(emb(ids), len(prompt), spans, prompt_vectors(states.to(emb.weight.device)))
+    P = len(prompt)
+    if cache is None:
+        logits, offset = lm(inputs_embeds=x[None]).logits[0], 0
+    else:  # positions continue from the cache's length, as in decoding
+        logits, offset = lm(inputs_embeds=x[None, P:], past_key_values=cache, use_cache=True).logits[0], P
+    want = [P + i for a, b in spans for i in range(a, b)]  # the step tokens
+    src = where[want] - 1 - offset  # each predicted from the position before it (a state vector at a step's start)
+    lp = F.log_softmax(logits[src].float(), -1).gather(1, ids[want][:, None]).sum()
+    return lp, len(want)
+
+
+@dataclass
+class Decoded:
+    """One sampled chain: its tokens, each step's span and the states it was generated under."""
+
+    token_ids: list[int]
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    states: list[int] = field(default_factory=list)
+
+
+@torch.no_grad()
+def decode_chain(lm, prompt: Sequence[int], draw: Callable[[int], int], prompt_vectors: StatePrompt,
+                 ends_step: Callable[[int, bool], bool], has_content: Callable[[int], bool], max_new_tokens: int,
+                 max_steps: int, sample: Callable[[torch.Tensor], int], stop: set[int],
+                 forced: Sequence[int] | None = None, record: list | None = None) -> Decoded:
+    """Decode one chain with the KV cache: the prompt, then the vectors of state ``draw(t)`` at the start
+    of each step t (until ``max_steps``), then tokens from ``sample(logits)`` (or ``forced`` tokens:
+    teacher forcing through the decoder, for tests; ``record`` then receives each token's log P). A step
+    ends at a token for which ``ends_step(token, step_has_content)`` holds; ``has_content(token)`` marks a
+    non-blank token; a ``stop`` token ends the chain and is not kept."""
+    from transformers import DynamicCache
+
+    emb = lm.get_input_embeddings()
+    dev = emb.weight.device
+    kv = DynamicCache(config=lm.config)
+    out = lm(input_ids=torch.as_tensor([list(prompt)], device=dev), past_key_values=kv, use_cache=True)
+    logits, res = out.logits[0, -1], Decoded([])
+    content, start, step_open = False, 0, False
+
+    def open_step():
+        nonlocal logits, step_open
+        k = draw(len(res.states))
+        res.states.append(k)
+        z = F.one_hot(torch.as_tensor(k), prompt_vectors.n_states).float()
+        logits = lm(inputs_embeds=prompt_vectors(z)[None].to(emb.weight.dtype), past_key_values=kv,
+                    use_cache=True).logits[0, -1]
+        step_open = True
+
+    for i in range(max_new_tokens if forced is None else len(forced)):
+        if not step_open and len(res.states) < max_steps:
+            open_step()
+        tok = sample(logits) if forced is None else int(forced[i])
+        if record is not None:
+            record.append(float(F.log_softmax(logits.float(), -1)[tok]))
+        if tok in stop:
+            break
+        res.token_ids.append(tok)
+        content = content or has_content(tok)
+        logits = lm(input_ids=torch.as_tensor([[tok]], device=dev), past_key_values=kv, use_cache=True).logits[0, -1]
+        if ends_step(tok, content) and step_open:
+            res.spans.append((start, len(res.token_ids)))
+            start, content, step_open = len(res.token_ids), False, False
+    if step_open and start < len(res.token_ids):
+        res.spans.append((start, len(res.token_ids)))
+    return res

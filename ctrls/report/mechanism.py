@@ -1,0 +1,214 @@
+"""Does the state steer the step? The stored test-seed results, read for the pretraining page and finding 3.
+
+- ``seeds_frame``: the demo's mechanism numbers on fresh data seeds (``studies/seeds.py``): kappa against the
+  independent-chain null, the fixed-s0 harm as non-inferiority, epsilon - Base pass@n; a pooled row;
+- ``state_prompt_frame``: the state prompt against the last-hidden adapter on the same test questions
+  (``studies/state_prompt.py``), a paired test per seed, Holm over the seeds;
+- ``null_steps``: each epsilon step beside an independent chain's state at that step (the null of the
+  controllability table);
+- ``TEXT_CUE_BOUND``: the ceiling the backbone allows, measured by forcing text cues (the issue's probe).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ctrls.stats.metrics import holm
+
+REPO = Path(__file__).resolve().parents[2]
+SEEDS_RESULT = "studies/results/seeds.json"
+STATE_PROMPT_RESULTS = "studies/results/state_prompt_seed*.json"
+# A text cue forced at a step's start ("a ± b =", "The answer is", "To solve this problem,") lands in its
+# target state 95-97% of the time (37 contexts each, the demo's backbone and read-back, untrained): what
+# an input-side state could reach on this backbone. Measured outside this repository (issue 47's probe).
+TEXT_CUE_BOUND = (0.95, 0.97)
+
+
+def results_dir() -> Path:
+    """Where stored study results are read: $CTRLS_RESULTS_DIR (laid out like the repository), else the repository."""
+    return Path(os.environ.get("CTRLS_RESULTS_DIR", REPO))
+
+
+def _read(path: Path) -> dict:
+    try:
+        d = json.loads(Path(path).read_text(), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: unreadable stored result ({e})") from e
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: a stored result is a JSON object")
+    return d
+
+
+def _num(d: dict, key: str, path, lo: float = -math.inf, hi: float = math.inf) -> float:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise ValueError(f"{path}: field {key!r} must be a finite number in [{lo}, {hi}], got {v!r}")
+    return float(v)
+
+
+def _interval(d: dict, est: str, lo: str, hi: str, path, bound=(-1.0, 1.0)) -> tuple[float, float, float]:
+    e, a, b = (_num(d, k, path, *bound) for k in (est, lo, hi))
+    if not a <= e <= b:
+        raise ValueError(f"{path}: the interval [{a}, {b}] of {est!r} does not contain its estimate {e}")
+    return e, a, b
+
+
+def _kappa(k: dict, path) -> dict:
+    kap, lo, hi = _interval(k, "kappa", "kappa lo", "kappa hi", path)
+    return {"steps": int(_num(k, "steps", path, 1)), "questions": int(_num(k, "questions", path, 1)),
+            "follows": _num(k, "follows", path, 0, 1), "null": _num(k, "null", path, 0, 1),
+            "kappa": kap, "kappa lo": lo, "kappa hi": hi, "p": _num(k, "p_value", path, 0, 1)}
+
+
+def seeds_frame(path: str | Path | None = None) -> pd.DataFrame:
+    """One row per data seed and a pooled row: kappa [95%] against the independent-chain null with its n,
+    the fixed-s0 harm (pass@1 minus Base's) [95%] and whether it is non-inferior at the stored margin,
+    and epsilon - Base pass@n [Table 1's family interval]."""
+    path = Path(path) if path else results_dir() / SEEDS_RESULT
+    d = _read(path)
+    rows = []
+    for s in d.get("seeds") or []:
+        h = s["harm_fixed_minus_base_pass1"]
+        hd, hlo, hhi = _interval(h, "diff", "lo", "hi", path)
+        e = s["eps_minus_base_pass_n"]
+        rows.append({"data seed": int(s["data_seed"]), "questions": int(s["questions"]), **_kappa(s["kappa"], path),
+                     "harm": hd, "harm lo": hlo, "harm hi": hhi, "non-inferior": bool(h["non_inferior"]),
+                     "ε − Base pass@n": _num(e, "diff", path, -1, 1), "ε − Base lo": _num(e, "lo", path, -1, 1),
+                     "ε − Base hi": _num(e, "hi", path, -1, 1)})
+    if not rows:
+        raise ValueError(f"{path}: no seeds")
+    t = pd.DataFrame(rows)
+    t["p (Holm)"] = holm(t["p"])
+    pooled = {"data seed": "pooled", "questions": int(t.questions.sum()), **_kappa(d["pooled_kappa"], path)}
+    t = pd.concat([t, pd.DataFrame([pooled])], ignore_index=True)
+    t.attrs.update(commit=d.get("commit", "?"), margin=_num(d, "margin_points", path, 0, 100), source=str(path))
+    return t
+
+
+def seeds_view(t: pd.DataFrame) -> pd.DataFrame:
+    """:func:`seeds_frame` for the page: rates and kappa with their intervals and n."""
+    def iv(v, lo, hi, scale=1.0, digits=2, sign=False):
+        if pd.isna(v):
+            return "—"
+        f = f"{{:{'+' if sign else ''}.{digits}f}}"
+        return f"{f.format(scale * v)} [{f.format(scale * lo)}, {f.format(scale * hi)}]"
+
+    return pd.DataFrame({
+        "data seed": t["data seed"], "questions": t.questions, "steps": t.steps,
+        "follows (%)": (100 * t.follows).round(1), "independent-chain null (%)": (100 * t["null"]).round(1),
+        "κ [95%]": [iv(*r) for r in zip(t.kappa, t["kappa lo"], t["kappa hi"])],
+        "p (Holm over seeds)": [("—" if pd.isna(p) else f"{p:.3g}") for p in t.get("p (Holm)", [math.nan] * len(t))],
+        "fixed s0 − Base pass@1 (pts)": [iv(*r, scale=100, digits=1, sign=True) for r in zip(t.harm, t["harm lo"], t["harm hi"])],
+        f"non-inferior ({t.attrs.get('margin', 5):g} pts)": [("—" if pd.isna(x) else ("yes" if x else "no"))
+                                                              for x in t["non-inferior"]],
+        "ε − Base pass@n (pts)": [iv(*r, scale=100, digits=1, sign=True)
+                                  for r in zip(t["ε − Base pass@n"], t["ε − Base lo"], t["ε − Base hi"])]})
+
+
+def state_prompt_frame(paths: list[str | Path] | None = None) -> pd.DataFrame:
+    """One row per stored state-prompt run: kappa of the state prompt and of the adapter on the same test
+    questions, their paired difference [95%] with its p (Holm over the runs), pass@1 of both, and
+    kappa by step (1, 2, 3+)."""
+    paths = [Path(p) for p in paths] if paths else sorted(results_dir().glob(STATE_PROMPT_RESULTS))
+    if not paths:
+        raise FileNotFoundError(f"no stored state-prompt result ({STATE_PROMPT_RESULTS})")
+    rows = []
+    for path in paths:
+        d = _read(path)
+        sp, ad, c = _kappa(d["state_prompt"], path), _kappa(d["adapter"], path), d["state_prompt_minus_adapter"]
+        diff, lo, hi = _interval(c, "diff", "lo", "hi", path, (-2, 2))
+        by = {f"κ {k}": d["state_prompt"]["by_step"][k]["kappa"] for k in d["state_prompt"].get("by_step", {})}
+        rows.append({"data seed": int(d["data_seed"]), "questions": sp["questions"], "vectors per state": int(d["vectors_per_state"]),
+                     "state prompt κ": sp["kappa"], "sp lo": sp["kappa lo"], "sp hi": sp["kappa hi"], "sp steps": sp["steps"],
+                     "adapter κ": ad["kappa"], "ad lo": ad["kappa lo"], "ad hi": ad["kappa hi"], "ad steps": ad["steps"],
+                     "Δκ": diff, "Δκ lo": lo, "Δκ hi": hi, "p": _num(c, "p_value", path, 0, 1),
+                     "state prompt pass@1": _num(d["state_prompt"], "pass1", path, 0, 1),
+                     "adapter pass@1": _num(d["adapter"], "pass1", path, 0, 1), **by,
+                     "commit": d.get("commit", "?"), "source": str(path)})
+    t = pd.DataFrame(rows).sort_values("data seed").reset_index(drop=True)
+    t["p (Holm)"] = holm(t["p"])
+    return t
+
+
+def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame | None = None) -> list[str]:
+    """Short sentences for the first page and the pretraining page, each with its number, 95% interval
+    and n, from :func:`seeds_frame` and :func:`state_prompt_frame` (either may be None: not stored)."""
+    out = []
+    if seeds is not None:
+        per = seeds[seeds["data seed"] != "pooled"]
+        pooled = seeds[seeds["data seed"] == "pooled"].iloc[0]
+        out.append(f"On {len(per)} fresh data seeds ({int(pooled.questions)} test questions, {int(pooled.steps)} steps), the "
+                   f"ε row's steps land in their drawn state {100 * pooled.follows:.1f}% of the time against "
+                   f"{100 * pooled['null']:.1f}% for an independent chain: κ = {pooled.kappa:.2f} "
+                   f"[{pooled['kappa lo']:.2f}, {pooled['kappa hi']:.2f}].")
+        ks = ", ".join(f"{r.kappa:.2f} [{r['kappa lo']:.2f}, {r['kappa hi']:.2f}]" for _, r in per.iterrows())
+        held = int((per["kappa lo"] > 0).sum())
+        out.append(f"Per seed κ is {ks}; its interval excludes 0 on {held} of {len(per)} seeds.")
+        ni = int(per["non-inferior"].sum())
+        out.append(f"The adapter's harm (fixed s₀ − Base pass@1) is non-inferior at {seeds.attrs.get('margin', 5):g} points "
+                   f"on {ni} of {len(per)} seeds.")
+    if prompt is not None and len(prompt):
+        for _, r in prompt.iterrows():
+            out.append(f"Data seed {r['data seed']}: the state prompt ({r['vectors per state']} vectors per state) reaches "
+                       f"κ = {r['state prompt κ']:.2f} [{r['sp lo']:.2f}, {r['sp hi']:.2f}] ({int(r['sp steps'])} steps) "
+                       f"against the adapter's {r['adapter κ']:.2f} [{r['ad lo']:.2f}, {r['ad hi']:.2f}] on the same "
+                       f"{int(r.questions)} questions: Δκ = {r['Δκ']:+.2f} [{r['Δκ lo']:+.2f}, {r['Δκ hi']:+.2f}], "
+                       f"Holm p = {r['p (Holm)']:.3g}.")
+    lo, hi = TEXT_CUE_BOUND
+    out.append(f"The ceiling the backbone allows: a text cue forced at a step's start lands in its target state "
+               f"{100 * lo:.0f}–{100 * hi:.0f}% of the time (37 contexts per cue).")
+    return out
+
+
+def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
+    """:func:`state_prompt_frame` for the page: kappa of both variants with intervals and n, the paired
+    difference with Holm's p, pass@1 of both, and the state prompt's kappa at steps 1, 2 and 3+."""
+    def iv(v, lo, hi, sign=False):
+        f = "{:+.2f}" if sign else "{:.2f}"
+        return f"{f.format(v)} [{f.format(lo)}, {f.format(hi)}]"
+
+    out = pd.DataFrame({
+        "data seed": t["data seed"], "questions": t.questions,
+        "state prompt κ (steps)": [f"{iv(a, b, c)} ({int(n)})" for a, b, c, n in zip(t["state prompt κ"], t["sp lo"], t["sp hi"], t["sp steps"])],
+        "adapter κ (steps)": [f"{iv(a, b, c)} ({int(n)})" for a, b, c, n in zip(t["adapter κ"], t["ad lo"], t["ad hi"], t["ad steps"])],
+        "Δκ [95%]": [iv(a, b, c, sign=True) for a, b, c in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
+        "p (Holm)": t["p (Holm)"].map(lambda p: f"{p:.3g}"),
+        "pass@1 state prompt (%)": (100 * t["state prompt pass@1"]).round(1), "pass@1 adapter (%)": (100 * t["adapter pass@1"]).round(1)})
+    for k in ("κ step 1", "κ step 2", "κ steps 3+"):
+        if k in t:
+            out[f"state prompt {k}"] = t[k].round(2)
+    return out
+
+
+def null_steps(g: pd.DataFrame, base: pd.DataFrame, epsilon: float) -> tuple[np.ndarray, np.ndarray, list]:
+    """(follows, null, question) per step of the CTRLS(epsilon) samples ``g``: whether the step's
+    read-back state equals the state it was drawn for, and whether it equals the state an independent
+    chain holds at that step: the Base sample of the same question and index drew one from the same
+    epsilon-greedy policy and s_0 (``chains``); where that chain is shorter than the sample, the
+    question's next Base chain that is long enough (every Base chain is drawn independently of g's)."""
+    chains: dict = {}
+    for r in base.itertuples(index=False):
+        eps = [float(x) for x in r.chain_eps]
+        hit = [i for i, x in enumerate(eps) if math.isclose(x, epsilon)]
+        if not hit:
+            raise ValueError(f"Base question {r.question_id!r}, sample {r.sample_index}: no state chain drawn with "
+                             f"epsilon {epsilon:g} (drawn: {eps}); rerun the exploration stage")
+        chains.setdefault(r.question_id, {})[int(r.sample_index)] = [int(s) for s in r.chains[hit[0]]]
+    f, n, q = [], [], []
+    for r in g.itertuples(index=False):
+        own = chains.get(r.question_id)
+        if not own:
+            raise ValueError(f"question {r.question_id!r} has no Base samples to draw the null from")
+        order = sorted(own, key=lambda j: (j - int(r.sample_index)) % (max(own) + 1))  # its own index first
+        drawn, enc = list(r.states), list(r.encoded)
+        for t_, (d, e) in enumerate(zip(drawn, enc)):
+            other = next((own[j][t_] for j in order if len(own[j]) > t_), None)
+            if other is None:
+                continue  # no Base chain of this question is that long: the step has no null
+            f.append(int(d == e)), n.append(int(other == e)), q.append(r.question_id)
+    return np.asarray(f, dtype=int), np.asarray(n, dtype=int), q

@@ -1,0 +1,312 @@
+"""One validating reader for every stored result the book reads: the mechanism studies
+(``studies/results/*.json``: ``studies/steering.py``, ``studies/injection.py``, ``studies/concentration.py``
+and the word-problem pilot of ``studies/word_problems.py``) and the measured GPU-hours
+(``bench/results/gpu_estimate_measured_*.json``).
+
+Each kind of file has one schema, here (:data:`SCHEMAS`, written from the committed files, which all pass:
+``tests/report/test_stored.py``). :func:`read` parses a file, its nesting bounded (``MAX_DEPTH``), checks it
+against its kind's schema and returns it. Every problem is one :class:`StoredResultError` (a ValueError)
+that names the file and the field (``points[1].follows_hi``). A schema requires what the readers use:
+
+- types: a number is never a bool or text, an object is an object (``machine`` too), a list a list;
+- finite numbers: no NaN, ±Infinity or null in a field that is read;
+- ranges: rates in [0, 1], differences of rates in [-1, 1], counts integers, hours >= 0; a coincidence
+  rate strictly between 0 and 1 (kappa divides by 1 minus it, the ratio to it by it);
+- intervals that contain their estimates, and hours from 'mean' up to 'cap';
+- K an integer >= 2; a non-empty list or mapping wherever a reader takes its first element.
+
+A field no reader uses is not checked (a stored result keeps whatever else its script wrote), and an
+optional one is checked where present (null is absent).
+
+Where the files are: ``<root>/studies/results/`` and ``<root>/bench/results/``, root being the one given to a
+reader (``root=``), else the environment variable ``CTRLS_RESULTS_DIR`` (a directory laid out like the
+repository, e.g. ``$CTRLS_RESULTS_DIR/studies/results/steering_states.json``), else this repository.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = "CTRLS_RESULTS_DIR"
+MAX_DEPTH = 32  # the committed results nest at most 9 deep; a deeper file is refused before it is parsed
+MAX_BYTES = 64 << 20  # the largest committed result is 0.6 MB
+TOLERANCE = 1e-9  # an interval's end may miss its estimate by rounding only
+
+
+class StoredResultError(ValueError):
+    """A stored result that cannot be read as its kind: names the file and the field."""
+
+    def __init__(self, path, what: str, field: str, problem: str):
+        self.path, self.field, self.problem = Path(path), field, problem
+        super().__init__(f"{path}: not a readable {what}: {field or '(the file)'}: {problem}")
+
+
+class _Bad(Exception):
+    def __init__(self, field: str, problem: str):
+        super().__init__(field, problem)
+        self.field, self.problem = field, problem
+
+
+def results_root(root: str | os.PathLike | None = None) -> Path:
+    """The directory stored results are read under: ``root``, else ``$CTRLS_RESULTS_DIR``, else the repository."""
+    return Path(root if root is not None else os.environ.get(ENV) or REPO)
+
+
+def result_path(rel: str, root: str | os.PathLike | None = None) -> Path:
+    """Where the stored result ``rel`` (``studies/results/x.json``) is read (:func:`results_root`)."""
+    return results_root(root) / rel
+
+
+def stored_result(rel: str, root: str | os.PathLike | None = None) -> Path | None:
+    """:func:`result_path` of ``rel`` when that file exists, else None (not run, or outside a checkout)."""
+    p = result_path(rel, root)
+    return p if p.is_file() else None
+
+
+# ---- the schema language: each spec checks a value at a field, or raises _Bad ----------------------------
+
+Spec = Callable[[Any, str], None]
+
+
+def _at(where: str, key) -> str:
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    return f"{where}.{key}" if re.fullmatch(r"[A-Za-z_]\w*", str(key)) else f"{where}[{key!r}]"
+
+
+def _field(where: str) -> str:
+    return where.lstrip(".")
+
+
+def num(lo: float = -math.inf, hi: float = math.inf, *, integer: bool = False, open_lo: bool = False,
+        open_hi: bool = False) -> Spec:
+    """A finite number (an integer where ``integer``) in [lo, hi], either end open."""
+    def check(v, where):
+        if v is None:
+            raise _Bad(_field(where), "null, not a number")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _Bad(_field(where), f"{str(v)[:60]!r} is not a number")
+        if not math.isfinite(v):
+            raise _Bad(_field(where), f"{v} is NaN/Inf, not a finite number")
+        if integer and v != int(v):
+            raise _Bad(_field(where), f"{v} is not an integer")
+        if v < lo or v > hi or (open_lo and v == lo) or (open_hi and v == hi):
+            raise _Bad(_field(where), f"{v} is outside {'(' if open_lo else '['}{lo:g}, {hi:g}{')' if open_hi else ']'}")
+    return check
+
+
+def text() -> Spec:
+    def check(v, where):
+        if not isinstance(v, str) or not v.strip():
+            raise _Bad(_field(where), f"{str(v)[:60]!r} is not a non-empty string")
+    return check
+
+
+def listof(item: Spec, min_len: int = 0, length: int | None = None) -> Spec:
+    def check(v, where):
+        if not isinstance(v, list):
+            raise _Bad(_field(where), f"a {type(v).__name__}, not a list")
+        if len(v) < min_len or (length is not None and len(v) != length):
+            raise _Bad(_field(where), f"{len(v)} entries; needs " + (f"{length}" if length is not None else f"at least {min_len}"))
+        for i, x in enumerate(v):
+            item(x, _at(where, i))
+    return check
+
+
+def mapof(value: Spec, min_len: int = 0, keys: str | None = None, required: tuple[str, ...] = ()) -> Spec:
+    """An object with any keys (matching the regex ``keys``), each value a ``value``; ``required`` keys present."""
+    def check(v, where):
+        if not isinstance(v, dict):
+            raise _Bad(_field(where), f"a {type(v).__name__}, not an object")
+        if len(v) < min_len:
+            raise _Bad(_field(where), f"{len(v)} entries; needs at least {min_len}")
+        for k in required:
+            if k not in v:
+                raise _Bad(_field(_at(where, k)), "missing")
+        for k, x in v.items():
+            if keys is not None and not re.fullmatch(keys, k):
+                raise _Bad(_field(_at(where, k)), f"the key {k!r} is not of the form {keys}")
+            value(x, _at(where, k))
+    return check
+
+
+def obj(fields: dict[str, Spec], optional: tuple[str, ...] = (), contains: tuple[tuple[str, str, str], ...] = (),
+        ordered: tuple[tuple[str, str], ...] = ()) -> Spec:
+    """An object with ``fields`` (those of ``optional`` may be absent or null), each (estimate, lo, hi) of
+    ``contains`` an interval that holds its estimate, each (a, b) of ``ordered`` with a <= b."""
+    def check(v, where):
+        if not isinstance(v, dict):
+            raise _Bad(_field(where), f"a {type(v).__name__}, not an object")
+        for k, spec in fields.items():
+            if v.get(k) is None and k in optional:
+                continue
+            if k not in v:
+                raise _Bad(_field(_at(where, k)), "missing")
+            spec(v[k], _at(where, k))
+        for est, lo, hi in contains:
+            if all(v.get(k) is not None for k in (est, lo, hi)) and not v[lo] - TOLERANCE <= v[est] <= v[hi] + TOLERANCE:
+                raise _Bad(_field(_at(where, est)), f"{v[est]:g} is outside its interval [{v[lo]:g}, {v[hi]:g}] "
+                                                    f"({lo}, {hi})")
+        for a, b in ordered:
+            if v.get(a) is not None and v.get(b) is not None and v[a] > v[b]:
+                raise _Bad(_field(_at(where, a)), f"{v[a]:g} is above {b} {v[b]:g}")
+    return check
+
+
+def both(*specs: Spec) -> Spec:
+    def check(v, where):
+        for s in specs:
+            s(v, where)
+    return check
+
+
+def keys_in(of: str, *others: str) -> Spec:
+    """Every key of the field ``of`` is also a key of each field of ``others`` (rows named in one, read in the other)."""
+    def check(v, where):
+        for o in others:
+            gone = [k for k in v[of] if k not in v[o]]
+            if gone:
+                raise _Bad(_field(_at(_at(where, o), gone[0])), f"missing (a row of {of})")
+    return check
+
+
+# ---- the schemas, one per kind of stored file ----------------------------------------------------------
+
+RATE = num(0, 1)
+DIFF = num(-1, 1)  # a difference of two rates
+COUNT, POSITIVE = num(0, integer=True), num(1, integer=True)
+K = num(2, integer=True)  # one state has no transitions; printed "K = 2" for 2.5 before
+COINCIDENCE = num(0, 1, open_lo=True, open_hi=True)  # kappa = (f - c) / (1 - c), the ratio f / c: neither 0 nor 1
+MACHINE = obj({"cpu": text()}, optional=("cpu",))
+RATE_CI = obj({"rate": RATE, "lo": RATE, "hi": RATE}, contains=(("rate", "lo", "hi"),))
+DIFF_CI = obj({"diff": DIFF, "lo": DIFF, "hi": DIFF}, contains=(("diff", "lo", "hi"),))
+PASS1 = obj({"rate": RATE, "lo": RATE, "hi": RATE, "questions": POSITIVE, "samples": POSITIVE},
+            optional=("lo", "hi", "questions", "samples"), contains=(("rate", "lo", "hi"),))
+PROVENANCE = {"commit": text(), "machine": MACHINE}
+
+STEERING_POINT = obj({
+    "chains": POSITIVE, "train_questions": POSITIVE, "sources": text(), "K": K, "fusion": text(), "overrides": listof(text()),
+    "follows": RATE, "follows_lo": RATE, "follows_hi": RATE,
+    "coincidence": COINCIDENCE, "coincidence_lo": RATE, "coincidence_hi": RATE,
+    "harm_fixed_s0": DIFF_CI, "harm_eps": DIFF_CI, "pass1": mapof(PASS1, required=("Base",))},
+    optional=("K", "fusion", "overrides"),
+    contains=(("follows", "follows_lo", "follows_hi"), ("coincidence", "coincidence_lo", "coincidence_hi")))
+STEERING = obj({"points": listof(STEERING_POINT, min_len=1), **PROVENANCE}, optional=tuple(PROVENANCE))
+
+GENERATION_ROW = obj({"pass1": obj({"rate": RATE, "lo": RATE, "hi": RATE, "questions": POSITIVE, "samples": POSITIVE},
+                                   contains=(("rate", "lo", "hi"),)),
+                      "succ": RATE_CI, "follows": both(RATE_CI, obj({"steps": COUNT}, optional=("steps",))),
+                      "coincidence": RATE_CI},
+                     optional=("follows", "coincidence"))  # Base and fixed s0 draw no state
+GENERATION = obj({"points": listof(obj({"rows": mapof(GENERATION_ROW, min_len=1), "overrides": listof(text()),
+                                        "sources": text(), "chains": POSITIVE},
+                                       optional=("overrides", "sources", "chains")), min_len=1), **PROVENANCE},
+                 optional=tuple(PROVENANCE))
+
+FINITE = num()  # log P per token over the backbone alone: either sign
+INJECTION_ROW = obj({
+    "fit": obj({"kept_epoch": COUNT, "optimizer_steps": COUNT}, optional=("kept_epoch", "optimizer_steps")),
+    "controls": obj({"gain_over_backbone": obj({"posterior": FINITE, "shuffled states": FINITE, "random state": FINITE})}),
+    "steering": obj({"follows": both(RATE_CI, obj({"steps": COUNT})),
+                     "coincidence": obj({"rate": COINCIDENCE, "lo": RATE, "hi": RATE}, contains=(("rate", "lo", "hi"),)),
+                     "pass1": RATE, "succ": RATE, "samples": POSITIVE})})
+INJECTION = obj({"base": obj({"pass1": RATE, "succ": RATE}), "rows": mapof(INJECTION_ROW, min_len=1, keys=r"last|\d+"),
+                 "n_layers": POSITIVE, "n_states": K, "questions": POSITIVE, "samples_per_question": POSITIVE,
+                 "epsilon": RATE, "train_chains": COUNT, **PROVENANCE},
+                optional=("n_layers", "n_states", "questions", "samples_per_question", "epsilon", "train_chains",
+                          *PROVENANCE))
+
+_B = "Base, random states"
+CONCENTRATION_POINT = both(obj({
+    "c": num(0, open_lo=True),
+    "controllability": mapof(obj({"follows": RATE, "follows lo": RATE, "follows hi": RATE, _B: RATE, f"{_B} lo": RATE,
+                                  f"{_B} hi": RATE, "steps": COUNT},
+                                 contains=(("follows", "follows lo", "follows hi"), (_B, f"{_B} lo", f"{_B} hi"))), min_len=1),
+    "pass@1": mapof(RATE, required=("Base",)), "samples": mapof(POSITIVE)}), keys_in("controllability", "pass@1", "samples"))
+CONCENTRATION = obj({"fitted_c": num(0, open_lo=True), "points": listof(CONCENTRATION_POINT, min_len=1), **PROVENANCE},
+                    optional=tuple(PROVENANCE))
+
+
+def _ci_holds(est: str, ci: str) -> Spec:
+    def check(v, where):
+        lo, hi = v[ci]
+        if not lo - TOLERANCE <= v[est] <= hi + TOLERANCE:
+            raise _Bad(_field(_at(where, est)), f"{v[est]:g} is outside its interval [{lo:g}, {hi:g}] ({ci})")
+    return check
+
+
+PILOT_LEVEL = both(obj({"difficulty": text(), "questions": POSITIVE, "samples": POSITIVE, "pass@1": RATE,
+                        "pass@1 95% CI": listof(RATE, length=2), "succ": RATE, "icc": num(-1, 1),
+                        "icc (succ)": num(-1, 1), "rho": num(-1, 1)}, optional=("icc (succ)", "rho")),
+                   _ci_holds("pass@1", "pass@1 95% CI"))
+PILOT = obj({"levels": listof(PILOT_LEVEL, min_len=1)})
+
+HOURS = obj({"mean": num(0), "cap": num(0)}, ordered=(("mean", "cap"),))  # 'mean' decodes fewer tokens than 'cap'
+PAIRS = r".+ / .+"  # "<backbone> / <dataset>"
+GPU = obj({"environment": obj({"gpu": text()}),
+           "estimate_graph": obj({"pairs_hours": mapof(HOURS, min_len=1, keys=PAIRS), "total_hours": HOURS},
+                                 optional=("total_hours",)),
+           "estimate_graph_8gpu": obj({"world_size": POSITIVE, "pairs_hours": mapof(HOURS, keys=PAIRS)},
+                                      optional=("world_size",))},
+          optional=("estimate_graph_8gpu",))
+
+SCHEMAS: dict[str, tuple[Spec, str]] = {  # kind -> (schema, what the file is, for errors)
+    "steering": (STEERING, "studies/steering.py result"),
+    "generation": (GENERATION, "studies/steering.py result with rows"),
+    "injection": (INJECTION, "studies/injection.py result"),
+    "concentration": (CONCENTRATION, "studies/concentration.py result"),
+    "pilot": (PILOT, "studies/word_problems.py pilot"),
+    "gpu": (GPU, "bench/gpu/gpu_estimate.py measurement"),
+}
+
+# The committed results the library reads, each with its kind (generation_controls.json is also a steering result)
+COMMITTED = {
+    "studies/results/steering_scaling.json": "steering", "studies/results/steering_scaling_k4.json": "steering",
+    "studies/results/steering_states.json": "steering", "studies/results/steering_fusion.json": "steering",
+    "studies/results/generation_controls.json": "generation", "studies/results/injection.json": "injection",
+    "studies/results/injection_k4.json": "injection", "studies/results/word_problems_difficulty.json": "pilot",
+    "bench/results/gpu_estimate_measured_nvidia_h200_qwen.json": "gpu",
+}
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _depth(text: str) -> int:
+    """How deep the JSON text's brackets nest (strings aside), without parsing it."""
+    depth = most = 0
+    for c in re.findall(r"[\[\]{}]", _STRING.sub("", text)):
+        depth += 1 if c in "[{" else -1
+        most = max(most, depth)
+    return most
+
+
+def read(path: str | os.PathLike, kind: str) -> dict:
+    """The stored result at ``path``, checked against the schema of ``kind`` (:data:`SCHEMAS`); a
+    :class:`StoredResultError` naming the file and the field when it is not one."""
+    schema, what = SCHEMAS[kind]
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise StoredResultError(path, what, "", f"larger than {MAX_BYTES >> 20} MB")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise StoredResultError(path, what, "", f"cannot be read ({type(e).__name__}: {e})") from None
+    if _depth(text) > MAX_DEPTH:
+        raise StoredResultError(path, what, "", f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise StoredResultError(path, what, "", f"not JSON ({type(e).__name__}: {e})") from None
+    try:
+        schema(data, "")
+    except _Bad as b:
+        raise StoredResultError(path, what, b.field, b.problem) from None
+    return data
+
+
+__all__ = ["COMMITTED", "ENV", "SCHEMAS", "StoredResultError", "read", "result_path", "results_root", "stored_result"]

@@ -1,0 +1,233 @@
+"""Does a state prompt steer the step? m learned input vectors per state, inserted at each step boundary
+(``ctrls.method.state_prompt``), against the run's last-hidden adapter, on one finished demo run
+(pretraining and exploration at one data seed).
+
+1. Fit: the vectors are trained through the frozen backbone on the run's pretraining chains, each step
+   under its posterior state (the argmax of Q_phi, as pretraining assigned it); Adam, early stopping on
+   the held-out questions' log P per step token (the validation split: pretraining's held-out questions).
+2. Steer: the run's test questions are sampled (``grid.n_samples`` each, the profile's temperature and
+   top-k) under chains drawn by the run's policy with epsilon = ``grid.epsilons[0]`` from the prompt's
+   s_0; every step is read back by Q_phi from an unadapted pass without the vectors.
+3. Measure: kappa against the independent-chain null (a second chain drawn by the same policy from the
+   same s_0, ``ctrls.stats.agreement``), per step index too; pass@1 and Succ. The adapter's epsilon row
+   from the run's exploration samples is measured the same way (``ctrls.report.tables.null_steps``) and the
+   two are compared on the same questions by a paired test (``kappa_difference``).
+
+Usage (from the repository root, after `ctrls stage pretrain exploration`):
+    .venv/bin/python studies/state_prompt.py --run-dir runs --profile demo -o data.seed=1 --out studies/results/state_prompt_seed1.json
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench/common.py
+from common import machine, write_result  # noqa: E402
+
+from ctrls.config.overrides import parse_overrides  # noqa: E402
+from ctrls.config.schema import load_config  # noqa: E402
+from ctrls.config.settings import BASE, row_label  # noqa: E402
+from ctrls.data.answers import grade  # noqa: E402
+from ctrls.data.prompts import encode_prompt, newline_token_ids  # noqa: E402
+from ctrls.errors import ConfigError  # noqa: E402
+from ctrls.generate.controllability import draw_chains, encode_generations  # noqa: E402
+from ctrls.method.backbone import load_backbone  # noqa: E402
+from ctrls.method.state_prompt import StatePrompt, chain_logprob, decode_chain, prompt_cache  # noqa: E402
+from ctrls.report.mechanism import null_steps  # noqa: E402
+from ctrls.stages.adapter_train import StepData  # noqa: E402
+from ctrls.stages.common import problems_from_config  # noqa: E402
+from ctrls.stages.exploration import load_samples  # noqa: E402
+from ctrls.stages.pretrain import load_pretrained, pretrain_stages  # noqa: E402
+from ctrls.stats.agreement import kappa_difference, kappa_vs_null  # noqa: E402
+
+
+def chains(cfg, data: StepData, tok, split: str) -> list[dict]:
+    """Each pretraining chain of ``split``: prompt ids, chain ids, step spans, each step's posterior state."""
+    by_id = {p.id: p for p in problems_from_config(cfg, "train")}
+    out = []
+    for qi, ti in data.trajectories(split):
+        sh = data.shards[qi]
+        tr = sh["trajectories"][ti]
+        ids, _ = encode_prompt(tok, by_id[sh["qid"]].question, cfg.prompt.use_chat_template, cfg.prompt.few_shot)
+        spans = [tuple(s) for s in tr["spans"].tolist()]
+        rows = [data.row_of[(qi, ti, t)] for t in range(len(spans))]
+        out.append({"prompt": ids, "chain": tr["targets"].tolist(), "spans": spans,
+                    "states": data.post[rows].argmax(1)})
+    return out
+
+
+class Prompts:
+    """Each question's prompt KV cache, computed once; a copy per chain."""
+
+    def __init__(self, lm):
+        self.lm, self.caches = lm, {}
+
+    def __call__(self, c: dict):
+        key = tuple(c["prompt"])
+        if key not in self.caches:
+            self.caches[key] = prompt_cache(self.lm, c["prompt"])
+        return copy.deepcopy(self.caches[key])
+
+
+def logp(lm, c: dict, sp, K: int, prompts: Prompts):
+    return chain_logprob(lm, c["prompt"], c["chain"], c["spans"], torch.nn.functional.one_hot(c["states"], K).float(), sp,
+                         cache=prompts(c))
+
+
+def logp_per_token(lm, items, sp, K: int, prompts: Prompts) -> float:
+    tot, n = 0.0, 0
+    with torch.no_grad():
+        for c in items:
+            lp, k = logp(lm, c, sp, K, prompts)
+            tot, n = tot + float(lp), n + k
+    return tot / max(n, 1)
+
+
+def fit(lm, train_items, held_items, K: int, m: int, lr: float, epochs: int, patience: int, batch: int, seed: int):
+    sp = StatePrompt(K, m, lm.get_input_embeddings().weight.detach(), seed=seed)
+    opt = torch.optim.Adam(sp.parameters(), lr=lr)
+    prompts = Prompts(lm)
+    best = (logp_per_token(lm, held_items, sp, K, prompts), 0, sp.vectors.detach().clone())
+    hist = [{"epoch": 0, "heldout_logp_per_token": best[0]}]
+    g, t0 = torch.Generator().manual_seed(seed), time.perf_counter()
+    for ep in range(1, epochs + 1):
+        order = torch.randperm(len(train_items), generator=g).tolist()
+        for i in range(0, len(order), batch):  # one Adam step per ``batch`` chains: the mean log P per token
+            opt.zero_grad()
+            parts = [logp(lm, train_items[j], sp, K, prompts) for j in order[i:i + batch]]
+            (-sum(lp for lp, _ in parts) / max(1, sum(k for _, k in parts))).backward()
+            opt.step()
+        v = logp_per_token(lm, held_items, sp, K, prompts)
+        hist.append({"epoch": ep, "heldout_logp_per_token": v, "seconds": time.perf_counter() - t0})
+        print(json.dumps(hist[-1]), flush=True)
+        if v > best[0]:
+            best = (v, ep, sp.vectors.detach().clone())
+        elif ep - best[1] >= patience:
+            break
+    with torch.no_grad():
+        sp.vectors.copy_(best[2])
+    return sp, {"history": hist, "kept_epoch": best[1], "train_seconds": time.perf_counter() - t0}
+
+
+def steer(cfg, bb, model, sp, problems, n: int, eps: float, seed: int) -> dict:
+    tok, lm = bb.tokenizer, bb.model
+    nl = set(newline_token_ids(tok))
+    stop = {tok.eos_token_id} | ({tok.pad_token_id} if tok.pad_token_id is not None else set())
+    g = torch.Generator().manual_seed(seed)
+    temp, top_k = cfg.grid.temperatures[0], cfg.sampling.top_k
+
+    def sample(logits):
+        lg = logits.float() / temp
+        v, i = lg.topk(top_k)
+        return int(i[torch.multinomial(torch.softmax(v, -1), 1, generator=g)])
+
+    f, nu, q, step_ix, correct, valid = [], [], [], [], [], []
+    for prob in problems:
+        ids, start = encode_prompt(tok, prob.question, cfg.prompt.use_chat_template, cfg.prompt.few_shot)
+        s0, _ = encode_generations(bb, model, ids, start, [], layer=cfg.backbone.hidden_layer)
+        T = cfg.prompt.max_steps
+        drawn = draw_chains(model.policy, s0, [T] * n, eps, generator=g)
+        indep = draw_chains(model.policy, s0, [T] * n, eps, generator=g)  # the null: same policy, same s_0
+        gens = [decode_chain(lm, ids, lambda t, c=c: int(c[t]), sp,
+                             ends_step=lambda x, content: x in nl and content,
+                             has_content=lambda x: bool(tok.decode([x]).strip()),
+                             max_new_tokens=cfg.sampling.max_new_tokens, max_steps=T, sample=sample, stop=stop)
+                for c in drawn]
+        _, states = encode_generations(bb, model, ids, start, gens, layer=cfg.backbone.hidden_layer)
+        for d, ind, st in zip(drawn, indep, states):
+            for t, e in enumerate(st):
+                f.append(int(d[t] == e)), nu.append(int(ind[t] == e)), q.append(prob.id), step_ix.append(t)
+        for gen in gens:
+            gr = grade(tok.decode(gen.token_ids), prob.answer)
+            correct.append(gr.correct), valid.append(gr.valid)
+    out = kappa_vs_null(f, nu, q, seed=seed)
+    step_ix = np.asarray(step_ix)
+    by_step = {}
+    for lab, sel in (("step 1", step_ix == 0), ("step 2", step_ix == 1), ("steps 3+", step_ix >= 2)):
+        if sel.sum() and len({q[i] for i in np.flatnonzero(sel)}) > 1:
+            r = kappa_vs_null(np.asarray(f)[sel], np.asarray(nu)[sel], [q[i] for i in np.flatnonzero(sel)], seed=seed)
+            by_step[lab] = {k: r[k] for k in ("kappa", "kappa lo", "kappa hi", "follows", "null", "steps", "questions")}
+    return {**out, "by_step": by_step, "pass1": float(np.mean(correct)), "succ": float(np.mean(valid)),
+            "samples": len(correct), "_triple": (f, nu, q)}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--run-dir", default="runs")
+    ap.add_argument("--profile", default="demo")
+    ap.add_argument("-o", "--override", action="append", default=[])
+    ap.add_argument("--vectors", type=int, default=2, help="vectors per state (m)")
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--epochs", type=int, default=8, help="at most; early stopping on the held-out questions")
+    ap.add_argument("--patience", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8, help="chains per Adam step")
+    ap.add_argument("--questions", type=int, default=None, help="test questions (default data.n_test)")
+    ap.add_argument("--samples", type=int, default=None, help="samples per question (default grid.n_samples)")
+    ap.add_argument("--max-chains", type=int, default=None, help="at most this many training and held-out chains (a smoke run)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    for name in ("vectors", "epochs", "patience", "batch"):  # every argument checked before any work
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if not 0 < args.lr < 10 or any(v is not None and v < 1 for v in (args.questions, args.samples, args.max_chains)):
+        ap.error("--lr must lie in (0, 10); --questions, --samples and --max-chains at least 1")
+    try:
+        cfg = load_config(args.profile, {**parse_overrides(args.override), "run_dir": args.run_dir})
+    except ConfigError as e:
+        ap.error(str(e))
+    torch.manual_seed(cfg.seed)
+    bb = load_backbone(cfg.backbone.name, device="cpu", dtype="float32")
+    for p in bb.model.parameters():
+        p.requires_grad_(False)
+    model = load_pretrained(cfg, bb)
+    data = StepData.load(pretrain_stages(cfg))
+    K = model.centroids.shape[0]
+    train_items, held_items = chains(cfg, data, bb.tokenizer, "train"), chains(cfg, data, bb.tokenizer, "heldout")
+    if args.max_chains:
+        train_items, held_items = train_items[: args.max_chains], held_items[: args.max_chains]
+    sp, fit_info = fit(bb.model, train_items, held_items, K, args.vectors, args.lr, args.epochs, args.patience,
+                       args.batch, cfg.seed)
+    problems = problems_from_config(cfg, "test")[: args.questions or cfg.data.n_test]
+    n, eps = args.samples or cfg.grid.n_samples, cfg.grid.epsilons[0]
+    t0 = time.perf_counter()
+    ours = steer(cfg, bb, model, sp, problems, n, eps, cfg.seed)
+    ours["seconds"] = time.perf_counter() - t0
+    trip = ours.pop("_triple")
+    for _ in range(120):  # the exploration stage may still be writing its samples (run side by side)
+        try:
+            df = load_samples(cfg)
+            break
+        except FileNotFoundError:
+            time.sleep(30)
+    else:
+        df = load_samples(cfg)
+    df = df[df.dataset == cfg.data.dataset]
+    qids = {p.id for p in problems}
+    base, row = df[(df.config == BASE) & df.question_id.isin(qids)], df[(df.config == row_label(eps)) & df.question_id.isin(qids)]
+    adapter_trip = null_steps(row, base, eps)
+    adapter = kappa_vs_null(*adapter_trip, seed=cfg.seed)
+    adapter["pass1"] = float(row.correct.mean())
+    comp = kappa_difference(trip, adapter_trip, seed=cfg.seed)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    res = {"machine": machine(), "commit": commit or "?", "profile": args.profile, "overrides": args.override,
+           "data_seed": cfg.data.seed, "n_states": K, "vectors_per_state": args.vectors, "epsilon": eps,
+           "questions": len(problems), "samples_per_question": n, "train_chains": len(train_items),
+           "heldout_chains": len(held_items), "fit": fit_info, "state_prompt": ours, "adapter": adapter,
+           "state_prompt_minus_adapter": comp}
+    print(json.dumps({"state_prompt": {k: ours[k] for k in ("kappa", "kappa lo", "kappa hi", "pass1")},
+                      "adapter": {k: adapter[k] for k in ("kappa", "kappa lo", "kappa hi")}, "diff": comp}), flush=True)
+    if args.out:
+        write_result(res, args.out)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The state prompt: teacher forcing equals decoding with the KV cache (the same sequence, positions
+included), the interleaving puts each state's vectors right before its step, and training moves only
+the vectors."""
+import pytest
+import torch
+
+from ctrls.method.state_prompt import StatePrompt, chain_logprob, decode_chain, interleave, prompt_cache
+
+
+def test_interleave_places_each_states_vectors_before_its_step():
+    emb = torch.arange(10, dtype=torch.float)[:, None].expand(10, 3)  # token j's embedding is j
+    vec = -torch.ones((2, 2, 3)) * torch.tensor([1.0, 2.0])[:, None, None]  # state t's vectors are -(t+1)
+    x, where = interleave(emb, 3, [(0, 3), (4, 6)], vec)  # prompt 3, chain 7: a blank token at chain 3
+    assert x[:, 0].tolist() == [0, 1, 2, -1, -1, 3, 4, 5, 6, -2, -2, 7, 8, 9]
+    assert where.tolist() == [0, 1, 2, 5, 6, 7, 8, 11, 12, 13]
+    with pytest.raises(ValueError, match="ordered"):
+        interleave(emb, 3, [(2, 3), (0, 1)], vec)
+
+
+def _decode(bb, sp, forced, states, record=None, max_steps=3):
+    nl = {int(forced[2]), int(forced[5])}  # two tokens of the chain act as newlines
+    return decode_chain(bb.model, [1, 5, 9, 4], lambda t: states[t], sp,
+                        ends_step=lambda tok, content: tok in nl and content, has_content=lambda tok: tok not in nl,
+                        max_new_tokens=len(forced), max_steps=max_steps, sample=lambda lg: int(lg.argmax()), stop=set(),
+                        forced=forced, record=record)
+
+
+@pytest.mark.parametrize("max_steps", [3, 2])
+def test_teacher_forcing_equals_decoding_with_the_cache(tiny_llama, max_steps):
+    bb = tiny_llama
+    torch.manual_seed(0)
+    sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=1)
+    forced = torch.randint(10, 200, (9,)).tolist()
+    states = [2, 0, 3]
+    rec = []
+    d = _decode(bb, sp, forced, states, rec, max_steps)
+    assert d.token_ids == forced and d.states == states[:max_steps]
+    assert d.spans == [(0, 3), (3, 6), (6, 9)][:max_steps] if max_steps == 3 else d.spans == [(0, 3), (3, 6)]
+    z = torch.nn.functional.one_hot(torch.as_tensor(d.states), 4).float()
+    with torch.no_grad():
+        lp, n = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp)
+    want = sum(rec[i] for a, b in d.spans for i in range(a, b))
+    assert n == sum(b - a for a, b in d.spans)
+    assert float(lp) == pytest.approx(want, abs=1e-4)
+    with torch.no_grad():  # the prompt from its cache: the same sequence, the same positions
+        lp_cached, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp, cache=prompt_cache(bb.model, [1, 5, 9, 4]))
+    assert float(lp_cached) == pytest.approx(want, abs=1e-4)
+
+
+def test_the_state_changes_the_step_and_training_moves_only_the_vectors(tiny_llama):
+    bb = tiny_llama
+    sp = StatePrompt(3, 2, bb.model.get_input_embeddings().weight.detach(), seed=2)
+    chain, spans = [11, 12, 13, 14, 15], [(0, 2), (2, 5)]
+    one = torch.nn.functional.one_hot(torch.as_tensor([0, 1]), 3).float()
+    other = torch.nn.functional.one_hot(torch.as_tensor([2, 2]), 3).float()
+    lp, _ = chain_logprob(bb.model, [1, 2, 3], chain, spans, one, sp)
+    with torch.no_grad():
+        lp2, _ = chain_logprob(bb.model, [1, 2, 3], chain, spans, other, sp)
+    assert float(lp) != pytest.approx(float(lp2), abs=1e-6)  # the state reaches the step
+    lp.backward()
+    assert sp.vectors.grad is not None and sp.vectors.grad[:2].abs().sum() > 0
+    assert float(sp.vectors.grad[2].abs().sum()) == 0.0  # state 2 was not used
+    assert all(p.grad is None for p in bb.model.parameters())

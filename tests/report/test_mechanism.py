@@ -1,0 +1,65 @@
+"""The stored test-seed results are read with their n and intervals, and refused when a number is wrong."""
+import json
+
+import pytest
+
+from ctrls.report.mechanism import seeds_frame, seeds_view, state_prompt_frame
+
+
+def kappa(k=0.1, lo=0.03, hi=0.17, p=0.01):
+    return {"kappa": k, "kappa lo": lo, "kappa hi": hi, "follows": 0.31, "null": 0.25, "p_value": p, "steps": 678,
+            "questions": 60}
+
+
+def seed(s, **kw):
+    return {"data_seed": s, "questions": 60, "kappa": kappa(**kw),
+            "harm_fixed_minus_base_pass1": {"diff": -0.02, "lo": -0.07, "hi": 0.03, "non_inferior": False},
+            "eps_minus_base_pass_n": {"diff": 0.05, "lo": -0.05, "hi": 0.15, "p": 0.3}}
+
+
+def write(tmp_path, d, name="seeds.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_seeds_are_read_with_n_intervals_and_a_pooled_row(tmp_path):
+    p = write(tmp_path, {"commit": "abc", "margin_points": 5, "seeds": [seed(1), seed(2, p=0.04)], "pooled_kappa": kappa()})
+    t = seeds_frame(p)
+    assert list(t["data seed"]) == [1, 2, "pooled"] and t.steps.iloc[0] == 678
+    assert t["p (Holm)"].iloc[:2].tolist() == pytest.approx([0.02, 0.04])
+    v = seeds_view(t)
+    assert v["κ [95%]"].iloc[0] == "0.10 [0.03, 0.17]" and v["fixed s0 − Base pass@1 (pts)"].iloc[0] == "-2.0 [-7.0, +3.0]"
+
+
+@pytest.mark.parametrize("bad,field", [({"kappa": float("nan")}, "NaN"), ({"k": 0.5, "lo": 0.6, "hi": 0.7}, "interval"),
+                                      ({"p": 1.5}, "p_value")])
+def test_a_wrong_number_is_refused_naming_the_file(tmp_path, bad, field):
+    kw = {k: v for k, v in bad.items() if k in ("k", "lo", "hi", "p")}
+    s = seed(1, **kw)
+    if "kappa" in bad:
+        s["kappa"]["kappa"] = bad["kappa"]
+    p = tmp_path / "seeds.json"
+    p.write_text(json.dumps({"margin_points": 5, "seeds": [s], "pooled_kappa": kappa()}).replace("NaN", "NaN"))
+    with pytest.raises(ValueError, match="seeds.json") as e:
+        seeds_frame(p)
+    assert field in str(e.value)
+
+
+def test_state_prompt_runs_are_compared_with_holm(tmp_path):
+    d = {"data_seed": 1, "vectors_per_state": 2, "commit": "abc",
+         "state_prompt": {**kappa(0.5, 0.4, 0.6), "pass1": 0.2, "by_step": {"step 1": {"kappa": 0.7}}},
+         "adapter": {**kappa(), "pass1": 0.25}, "state_prompt_minus_adapter": {"diff": 0.4, "lo": 0.25, "hi": 0.55, "p_value": 0.001}}
+    t = state_prompt_frame([write(tmp_path, d, "state_prompt_seed1.json")])
+    assert t["Δκ"].iloc[0] == 0.4 and t["κ step 1"].iloc[0] == 0.7 and t["p (Holm)"].iloc[0] == 0.001
+
+
+def test_the_sentences_carry_n_and_intervals(tmp_path):
+    from ctrls.report.mechanism import steering_sentences
+
+    pooled = {**kappa(), "questions": 120, "steps": 1356}
+    p = write(tmp_path, {"margin_points": 5, "seeds": [seed(1), seed(2, k=0.05, lo=-0.02, hi=0.12)], "pooled_kappa": pooled})
+    s = steering_sentences(seeds_frame(p))
+    assert "120 test questions" in s[0] and "1356 steps" in s[0] and "[0.03, 0.17]" in s[0]
+    assert "excludes 0 on 1 of 2 seeds" in s[1]
+    assert all(len(x.split()) <= 80 for x in s)

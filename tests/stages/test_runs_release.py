@@ -1,0 +1,78 @@
+"""Issue 49, item 2: every stage gives its lock back when it fails or is interrupted.
+
+Only the RL stage released its lock on an exception: an interrupted pretraining, exploration or
+synthetic stage in a notebook kernel (where the traceback keeps the stage object alive) left
+"stage ... is being written" for every other process until the kernel restarted. Each stage here is
+interrupted right after it began (KeyboardInterrupt, and an ordinary exception), while the test
+still holds the traceback; another holder (another open file description, as another process has)
+must then get the lock.
+"""
+import pytest
+
+import ctrls.stages.runs as R
+from ctrls.config.schema import load_config
+from ctrls.stages.runs import StageBusyError
+
+
+def cfg_at(run_dir):
+    return load_config("smoke", [f"run_dir={run_dir}"])
+
+
+def free(lock_file):
+    """Whether another holder gets the lock now."""
+    other = R._StageLock(lock_file, "probe")
+    try:
+        other.acquire()
+    except StageBusyError:
+        return False
+    other.release()
+    return True
+
+
+class Interrupted(KeyboardInterrupt):
+    pass
+
+
+def pretrain_case(cfg, monkeypatch, exc):
+    import ctrls.stages.pretrain as P
+
+    def boom(*a, **k):
+        raise exc
+
+    monkeypatch.setattr(P, "problems_from_config", boom)  # right after the collect stage began
+    return (lambda: P.pretrain(cfg.for_pair(*cfg.pairs()[0]), progress=False),
+            lambda: P.pretrain_stages(cfg.for_pair(*cfg.pairs()[0]))["collect"])
+
+
+def exploration_case(cfg, monkeypatch, exc):
+    import ctrls.stages.exploration as E
+
+    def boom(*a, **k):
+        raise exc
+
+    monkeypatch.setattr(E, "backbone_for", boom)
+    return lambda: E.explore(cfg, progress=False), lambda: E._stage(cfg)
+
+
+def synthetic_case(cfg, monkeypatch, exc):
+    import ctrls.stages.synthetic as S
+
+    def boom(*a, **k):
+        raise exc
+
+    monkeypatch.setattr(S, "study_mdp", boom)
+    return lambda: S.run_study(cfg, progress=False), lambda: R.Stage(cfg, "synthetic", S.KEYS)
+
+
+@pytest.mark.parametrize("exc", [Interrupted("^C"), RuntimeError("out of memory")], ids=["interrupt", "error"])
+@pytest.mark.parametrize("case", [pretrain_case, exploration_case, synthetic_case],
+                         ids=["pretrain", "exploration", "synthetic"])
+def test_an_interrupted_stage_gives_its_lock_back(tmp_path, monkeypatch, case, exc):
+    cfg = cfg_at(tmp_path)
+    run, stage = case(cfg, monkeypatch, exc)
+    with pytest.raises(type(exc)) as info:
+        run()
+    st = stage()
+    assert st.dir.is_dir()  # it had begun (and written its key) before it was interrupted
+    assert free(st.lock_file), f"{st.lock_file} is still held after {info.value!r}"
+    assert info.value is exc  # the traceback (and the stage object in it) is still alive here
