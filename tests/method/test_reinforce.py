@@ -49,8 +49,9 @@ def expected_reward(policy, n=4000, seed=123):
 
 
 def cfg_for(alpha=0.0, eps=0.0, steps=60, **rl):
-    return load_config("smoke", [f"rl.steps={steps}", "rl.lr=0.1", "rl.group_size=32", "rl.checkpoint_every=1000",
-                                 f"rl.entropy_coef={alpha}", f"rl.epsilon={eps}", *[f"rl.{k}={v}" for k, v in rl.items()]])
+    keys = {"steps": steps, "lr": 0.1, "group_size": 32, "checkpoint_every": 1000, "entropy_coef": alpha, "epsilon": eps,
+            **rl}  # a key given in rl replaces the default (the config refuses a key given twice)
+    return load_config("smoke", [f"rl.{k}={v}" for k, v in keys.items()])
 
 
 def train(tmp_path, name, alpha=0.0, eps=0.0, seed=0, steps=60, **rl):
