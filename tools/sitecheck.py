@@ -4,8 +4,7 @@
 ``127.0.0.1`` from a thread, opens some of its pages in Debian's Chromium (``/usr/bin/chromium``,
 driven by Playwright), and for each page:
 
-* records every request the page makes, and every request of any page it opens (a popup:
-  ``window.open``, a ``target=_blank`` link): routes, events and hooks are the browser context's;
+* records every request the page makes;
 * records every connection the page opens, of every kind, with its type (``connections``): resource
   loads, ``fetch``/``XMLHttpRequest``, ``EventSource``, ``navigator.sendBeacon``, WebSocket,
   WebTransport, WebRTC ICE servers, workers' requests, ``<link rel=preconnect|dns-prefetch|...>``;
@@ -22,9 +21,7 @@ driven by Playwright), and for each page:
   container (its ``scrollWidth`` exceeds its ``clientWidth``, or its box is wider than its parent's
   content box), and the page itself when it scrolls horizontally; at 1280 px nothing may scroll
   sideways, at 390 px (a phone) a wide table may scroll inside its own box (``overflow-x: auto``),
-  which must itself fit; content cut off by ``overflow-x: hidden`` is *clipped*, at every width, and
-  so is the text of any element (a paragraph, a list item, a heading) that a box with ``overflow:
-  hidden`` or ``clip`` cuts off, sideways or at the bottom;
+  which must itself fit; content cut off by ``overflow-x: hidden`` is *clipped*, at every width;
 * records as *junk* visible text that a reader should never see: a tqdm progress bar, a bare
   ``nan``/``None`` (a table cell or output line that is only that, ``nan`` anywhere, ``= None``),
   an absolute build path (``/work/``, ``/tmp/``, ``/root/``, ``/home/``), or placeholder and
@@ -51,7 +48,6 @@ Playwright (the ``dev`` extra) drives the browser; its own browser download
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import http.server
 import json
@@ -107,22 +103,6 @@ VIEWPORT = {"width": 1280, "height": 900}
 # 844 high), where a wide table may scroll inside its own box but nothing may widen the page.
 WIDTHS = (1280, 390)
 NARROW = 800  # below this width, scrolling inside an element's own box is allowed
-
-
-# The widths a check may use: below a small phone or beyond an 8K screen a window checks nothing a
-# reader sees (at 0 px every table "overflows" and the book is reported broken).
-MIN_WIDTH, MAX_WIDTH = 240, 7680
-
-
-def width_px(text: str) -> int:
-    """``--width``'s type: a whole number of px from MIN_WIDTH to MAX_WIDTH (argparse makes a bad one one line)."""
-    try:
-        w = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of px") from None
-    if not MIN_WIDTH <= w <= MAX_WIDTH:
-        raise argparse.ArgumentTypeError(f"{w} px is not a window width to check: use {MIN_WIDTH} to {MAX_WIDTH}")
-    return w
 
 
 def viewport(width: int) -> dict:
@@ -206,115 +186,77 @@ def serve(directory: str | os.PathLike):
         thread.join(timeout=5)
 
 
-class _Recorder:
-    """What one checked page and every page it opens (a popup: ``window.open``, ``target=_blank``) do:
-    requests, failures, console errors and connections of every kind."""
+def _check_page(context, url: str, shot: Path | None, timeout_ms: int, *, base: str, html_dir: Path,
+                scroll_ok: bool = False, ids: dict | None = None) -> dict:
+    page = context.new_page()
+    requests: list[str] = []
+    missing: dict[str, str] = {}  # url -> why (first reason seen)
+    external: list[str] = []
+    console_errors: list[str] = []
+    connections: list[dict] = []  # every connection of every kind: {"type", "url"}, first sighting of each
+    seen: set[tuple[str, str]] = set()
 
-    def __init__(self):
-        self.requests: list[str] = []
-        self.missing: dict[str, str] = {}  # url -> why (first reason seen)
-        self.external: list[str] = []
-        self.console_errors: list[str] = []
-        self.connections: list[dict] = []  # every connection of every kind: {"type", "url"}, first sighting of each
-        self.seen: set[tuple[str, str]] = set()
-        self.pages: list = []  # the checked page first, then the pages it opened
-        self.opened: dict[int, str] = {}  # id(popup) -> the URL it was first sent to (blocked: it shows an error page)
-        self.unframed: list[str] = []  # popups' first navigations, sent before their page existed, not yet matched
-
-    def connection(self, kind: str, u: str) -> None:
+    def connection(kind: str, u: str) -> None:
         """Record a connection (once per type and URL); a non-local one is external."""
-        if (kind, u) not in self.seen:
-            self.seen.add((kind, u))
-            self.connections.append({"type": kind, "url": u})
-        if not is_local(u) and u not in self.external:
-            self.external.append(u)
+        if (kind, u) not in seen:
+            seen.add((kind, u))
+            connections.append({"type": kind, "url": u})
+        if not is_local(u) and u not in external:
+            external.append(u)
 
-    def request(self, req) -> None:
-        self.requests.append(req.url)
-        self.connection(req.resource_type, req.url)
-        if req.is_navigation_request():
-            try:
-                page = req.frame.page if req.frame.parent_frame is None else None
-            except Exception:  # noqa: BLE001 - a popup's first navigation precedes its frame
-                self.unframed.append(req.url)
-                return self.match()
-            if page is not None and self.pages and page is not self.pages[0]:
-                self.opened.setdefault(id(page), req.url)
+    def on_request(req):
+        requests.append(req.url)
+        connection(req.resource_type, req.url)
 
-    def match(self) -> None:
-        """Pair popups' first navigations (sent before their pages existed) with the popups, in order."""
-        for p in self.pages[1:]:
-            if self.unframed and id(p) not in self.opened:
-                self.opened[id(p)] = self.unframed.pop(0)
-
-    def response(self, resp) -> None:
+    def on_response(resp):
         if resp.status >= 400:
-            self.missing.setdefault(resp.url, f"HTTP {resp.status}")
+            missing.setdefault(resp.url, f"HTTP {resp.status}")
 
-    def failed(self, req) -> None:
+    def on_failed(req):
         if is_local(req.url):  # external requests fail because we abort them: recorded as external
-            self.missing.setdefault(req.url, req.failure or "failed")
+            missing.setdefault(req.url, req.failure or "failed")
 
+    def on_console(msg):
+        if msg.type == "error":
+            console_errors.append(msg.text)
 
-class _Watch:
-    """Every request and connection of every page of a browser context, popups included from their first
-    request: the routes, request events and JavaScript hooks are the context's, not one page's. What a
-    page does goes to ``rec``, the recorder of the page being checked when it was opened."""
+    page.on("request", on_request)
+    page.on("response", on_response)
+    page.on("requestfailed", on_failed)
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: console_errors.append(f"uncaught: {exc}"))
 
-    def __init__(self, context):
-        self.context, self.rec, self.attached = context, _Recorder(), set()
-        context.route("**/*", self.route)
-        context.route_web_socket(lambda u: True, self.route_ws)
-        context.on("request", lambda req: self.rec.request(req))
-        context.on("response", lambda resp: self.rec.response(resp))
-        context.on("requestfailed", lambda req: self.rec.failed(req))
-        context.on("page", self.attach)  # a popup, from the moment it exists
-        # the JavaScript APIs' own view (sendBeacon, EventSource, WebRTC ICE servers, ...), in every page
-        context.expose_function("__ctrlsConnection", lambda kind, u: self.rec.connection(str(kind), str(u)))
-        context.add_init_script(HOOKS)
-
-    def route(self, r):
+    def route(r):
         if is_local(r.request.url):
             r.continue_()
         else:  # recorded, and never let out
-            self.rec.connection(r.request.resource_type, r.request.url)
+            connection(r.request.resource_type, r.request.url)
             r.abort("blockedbyclient")
 
-    def route_ws(self, ws):
-        self.rec.connection("websocket", ws.url)
+    def route_ws(ws):
+        connection("websocket", ws.url)
         if is_local(ws.url):
             ws.connect_to_server()
         else:  # never connected: the page sees a socket that closes
             ws.close(code=1008, reason="blocked by tools.sitecheck: not a local host")
 
-    def attach(self, page) -> None:
-        """Record ``page`` (the checked page, or one it opened) and its console, once."""
-        if id(page) in self.attached:
-            return
-        self.attached.add(id(page))
-        rec = self.rec
-        rec.pages.append(page)
-        rec.match()
-        page.on("console", lambda msg: rec.console_errors.append(msg.text) if msg.type == "error" else None)
-        page.on("pageerror", lambda exc: rec.console_errors.append(f"uncaught: {exc}"))
-        page.on("websocket", lambda ws: rec.connection("websocket", ws.url))
-        try:  # the DevTools protocol's view of the network: every request with its type, WebSockets, WebTransport
-            cdp = self.context.new_cdp_session(page)
-            cdp.send("Network.enable")
-            cdp.on("Network.requestWillBeSent",
-                   lambda e: rec.connection(str(e.get("type", "Other")).lower(), e["request"]["url"]))
-            cdp.on("Network.webSocketCreated", lambda e: rec.connection("websocket", e["url"]))
-            cdp.on("Network.webTransportCreated", lambda e: rec.connection("webtransport", e["url"]))
-        except Exception as e:  # noqa: BLE001 - the routes and hooks still record; say so
-            rec.console_errors.append(f"sitecheck: no DevTools network events ({e})")
+    page.route("**/*", route)
+    page.route_web_socket(lambda u: True, route_ws)
+    page.on("websocket", lambda ws: connection("websocket", ws.url))
+    # the JavaScript APIs' own view (sendBeacon, EventSource, WebRTC ICE servers, ...)
+    page.expose_function("__ctrlsConnection", lambda kind, u: connection(str(kind), str(u)))
+    page.add_init_script(HOOKS)
+    # the DevTools protocol's view of the network: every request with its type, WebSockets, WebTransport
+    try:
+        cdp = context.new_cdp_session(page)
+        cdp.send("Network.enable")
+        cdp.on("Network.requestWillBeSent",
+               lambda e: connection(str(e.get("type", "Other")).lower(), e["request"]["url"]))
+        cdp.on("Network.webSocketCreated", lambda e: connection("websocket", e["url"]))
+        cdp.on("Network.webTransportCreated", lambda e: connection("webtransport", e["url"]))
+    except Exception as e:  # noqa: BLE001 - the routes and hooks above still record; say so
+        console_errors.append(f"sitecheck: no DevTools network events ({e})")
 
-
-def _check_page(watch: _Watch, url: str, shot: Path | None, timeout_ms: int, *, base: str, html_dir: Path,
-                scroll_ok: bool = False, ids: dict | None = None) -> dict:
-    rec = watch.rec = _Recorder()
-    page = watch.context.new_page()
-    watch.attach(page)  # (the context's page event normally has, already)
-    missing, connection = rec.missing, rec.connection
     response = None
     try:
         response = page.goto(url, wait_until="load", timeout=timeout_ms)
@@ -335,11 +277,10 @@ def _check_page(watch: _Watch, url: str, shot: Path | None, timeout_ms: int, *, 
     warnings: list[str] = []
 
     def settle(what: str):
-        for p in [q for q in rec.pages if not q.is_closed()]:  # the page, and any page it opened
-            try:
-                p.wait_for_load_state("networkidle", timeout=timeout_ms)
-            except Exception:  # noqa: BLE001 - a page that never goes idle: screenshot it anyway
-                warnings.append(f"network not idle after {timeout_ms} ms ({what}{'' if p is page else ', popup'})")
+        try:
+            page.wait_for_load_state("networkidle", timeout=timeout_ms)
+        except Exception:  # noqa: BLE001 - a page that never goes idle: screenshot it anyway
+            warnings.append(f"network not idle after {timeout_ms} ms ({what})")
 
     settle("load")
     mathjax = page.evaluate(WAIT_MATHJAX, timeout_ms)
@@ -359,14 +300,13 @@ def _check_page(watch: _Watch, url: str, shot: Path | None, timeout_ms: int, *, 
         "url": url,
         "final_url": page.url,
         "title": page.title(),
-        "n_requests": len(rec.requests),
-        "requests": rec.requests,
+        "n_requests": len(requests),
+        "requests": requests,
         "missing": list(missing),
         "missing_why": missing,
-        "external": rec.external,
-        "connections": rec.connections,
-        "popups": [rec.opened.get(id(p), p.url) for p in rec.pages if p is not page],  # window.open, target=_blank
-        "console_errors": rec.console_errors,
+        "external": external,
+        "connections": connections,
+        "console_errors": console_errors,
         "mathjax": mathjax,
         "n_math": n_math,
         "warnings": warnings,
@@ -377,9 +317,7 @@ def _check_page(watch: _Watch, url: str, shot: Path | None, timeout_ms: int, *, 
         "page_width": inspected["pageWidth"],
         "screenshot": None if shot is None else str(shot),
     }
-    for p in rec.pages:  # its popups too: nothing of this page is recorded on the next
-        with contextlib.suppress(Exception):  # a popup may have closed itself
-            p.close()
+    page.close()
     return report
 
 
@@ -408,8 +346,7 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
     Returns ``{"html_dir", "out_dir", "chromium", "ok", "pages": {page: report}}`` where each page's
     report holds ``url`` (asked for), ``final_url`` (after redirects), ``title``, ``n_requests``,
     ``requests``, ``missing`` (URLs that failed or answered >= 400; ``missing_why`` maps each to
-    the reason), ``popups`` (the URLs of the pages it opened: ``window.open``, ``target=_blank``; every
-    other field covers them too), ``external`` (URLs on a host other than 127.0.0.1/localhost/::1, of any connection
+    the reason), ``external`` (URLs on a host other than 127.0.0.1/localhost/::1, of any connection
     type: aborted, never sent), ``connections`` (every connection the page opened, ``{"type",
     "url"}``: resource types such as ``script``, ``fetch``, ``xhr``, ``eventsource``, ``ping`` (a
     beacon), ``websocket``, ``webtransport``, and ``sendbeacon``, ``webrtc``, ``preconnect``...),
@@ -428,14 +365,8 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
     broken link.
 
     Raises :class:`SiteCheckError` when the site is not built, Chromium is not installed or
-    Playwright is not importable; ValueError for a width outside MIN_WIDTH..MAX_WIDTH or a timeout that
-    is not positive (Playwright reads 0 as no timeout).
+    Playwright is not importable.
     """
-    if isinstance(width, bool) or not isinstance(width, int) or not MIN_WIDTH <= width <= MAX_WIDTH:
-        raise ValueError(f"width {width!r} is not a window width to check: use a whole number of px from "
-                         f"{MIN_WIDTH} to {MAX_WIDTH}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s {timeout_s!r} must be positive")
     html_dir = Path(html_dir).resolve()
     out_dir = Path(out_dir).resolve()
     if not (html_dir / "index.html").is_file():
@@ -468,10 +399,9 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
             profile, executable_path=exe, headless=True, args=args,
             viewport=viewport(width), service_workers="block", timeout=timeout_ms)
         try:
-            watch = _Watch(context)
             for p in pages:
                 shot = out_dir / screenshot_name(p) if shots is None or p in shots else None
-                report["pages"][p] = _check_page(watch, base + p.lstrip("/"), shot, timeout_ms, base=base,
+                report["pages"][p] = _check_page(context, base + p.lstrip("/"), shot, timeout_ms, base=base,
                                                  html_dir=html_dir, scroll_ok=scroll_ok, ids=ids)
         finally:
             context.close()
@@ -494,7 +424,6 @@ def format_report(report: dict) -> str:
                      f"{len(r.get('broken_links', []))} of {r.get('n_links', 0)} links broken")
         lines += [f"  missing:  {u} ({r['missing_why'].get(u, '?')})" for u in r["missing"]]
         lines += [f"  external (blocked): {u} ({kinds.get(u, 'request')})" for u in r["external"]]
-        lines += [f"  popup:    {u} (opened by the page; its requests are the page's)" for u in r.get("popups", [])]
         lines += [f"  console:  {m}" for m in r["console_errors"]]
         lines += [f"  warning:  {m}" for m in r["warnings"]]
         lines += [f"  overflow: {page}: {o['element']} ({o['why']})" for o in r["overflow"]]
@@ -514,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="book/_build/screenshots", help="where screenshots go (default: %(default)s)")
     ap.add_argument("--page", action="append", dest="pages", metavar="PATH",
                     help="a page to open, relative to HTML_DIR (repeatable; default: every page)")
-    ap.add_argument("--width", action="append", dest="widths", type=width_px, metavar="PX",
+    ap.add_argument("--width", action="append", dest="widths", type=int, metavar="PX",
                     help=f"a window width to check at (repeatable; default: {' and '.join(map(str, WIDTHS))}; "
                          f"screenshots at a width other than {VIEWPORT['width']} go in OUT/<width>px)")
     ap.add_argument("--json", action="store_true", help="print the full report as JSON ({width: report})")

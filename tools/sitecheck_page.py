@@ -4,8 +4,7 @@
   before any page script runs;
 * ``LINK_HINTS``, ``WAIT_MATHJAX``, ``WAIT_ANIMATIONS``: preconnect-style links, and the waits for
   MathJax and the theme's transitions before the page is inspected;
-* ``INSPECT``: the layout and text checks (overflow, clipping of boxes and of text, junk text) and the
-  page's links;
+* ``INSPECT``: the layout and text checks (overflow, clipping, junk text) and the page's links;
 * :func:`broken_links`: which of a page's links to the served site do not resolve (no file, or no
   element with the ``#anchor``'s id in it), read from the built files.
 
@@ -116,7 +115,7 @@ async (timeoutMs) => {
 # width (390 px) an element may scroll sideways inside its own box (its own or an ancestor's
 # ``overflow-x: auto|scroll``), as long as that box fits its container; at 1280 px nothing may. At
 # every width an element whose content is cut off (``overflow-x: hidden|clip`` on a wider content)
-# is clipped, as is any text a box hiding what sticks out cuts off (``clippedText``). Returns {overflow, junk, links, pageWidth}; links are [href attribute, absolute URL,
+# is clipped. Returns {overflow, junk, links, pageWidth}; links are [href attribute, absolute URL,
 # where] for every <a href> of the document.
 INSPECT = r"""
 ({scrollOk}) => {
@@ -164,58 +163,7 @@ INSPECT = r"""
     }
     return null;
   };
-  // Text of any element (a paragraph, a list item, a heading, a cell) that a box hiding what sticks out
-  // (overflow hidden or clip, on the axis it sticks out on) cuts off; the reader never sees it. The first
-  // box on each axis that does not show what sticks out holds the text: one that scrolls lets the reader
-  // reach it. A box escaped by position: absolute (up to its containing block) or fixed clips nothing of
-  // it; a box of at most 2 px (screen-reader text, a collapsed section) is not meant to be read. Math and
-  // SVG, and what the checks above reported, are not looked at again. One finding per clipping box.
-  const clippedText = (done) => {
-    const out = [];
-    const styles = new Map();
-    const cs = (el) => { if (!styles.has(el)) styles.set(el, getComputedStyle(el)); return styles.get(el); };
-    const boxes = new Set();
-    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
-    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
-      const el = n.parentElement;
-      if (!el || !n.nodeValue.trim() || el.closest('mjx-container, svg, script, style')) continue;
-      if (done.some((d) => d.contains(el)) || !visible(el)) continue;
-      if (el.checkVisibility && !el.checkVisibility({opacityProperty: true, visibilityProperty: true})) continue;
-      const range = document.createRange();
-      range.selectNodeContents(n);
-      const r = range.getBoundingClientRect();
-      if (r.width === 0 && r.height === 0) continue;
-      const open = {x: true, y: true};  // axes no box has taken yet
-      let escaped = false;  // inside a position: absolute box, before its containing block
-      for (let a = el; a && root.contains(a) && (open.x || open.y); a = a.parentElement) {
-        const st = cs(a);
-        if (!(escaped && st.position === 'static')) {
-          escaped = false;
-          for (const ax of ['x', 'y']) {
-            const o = ax === 'x' ? st.overflowX : st.overflowY;
-            if (!open[ax] || o === 'visible') continue;
-            open[ax] = false;
-            if ((o !== 'hidden' && o !== 'clip') || boxes.has(a) || a.clientWidth <= 2 || a.clientHeight <= 2) continue;
-            const b = a.getBoundingClientRect();
-            const lo = ax === 'x' ? b.left + a.clientLeft : b.top + a.clientTop;
-            const hi = lo + (ax === 'x' ? a.clientWidth : a.clientHeight);
-            const past = ax === 'x' ? Math.max(lo - r.left, r.right - hi) : Math.max(lo - r.top, r.bottom - hi);
-            if (past > 1) {
-              boxes.add(a);
-              const tag = a.tagName.toLowerCase() + (a.id ? '#' + a.id : '');
-              out.push({element: describe(el), why: `text clipped by ${tag} (overflow-${ax}: ${o}): ` +
-                                                      `${Math.round(past)} px of it cut off`});
-            }
-          }
-        }
-        if (st.position === 'fixed') break;  // the window holds it, not a box of the page
-        if (st.position === 'absolute') escaped = true;
-      }
-    }
-    return out;
-  };
   const overflow = [];
-  const reported = [];
   const seen = new Set();
   const SEL = 'table, pre, div.highlight, mjx-container[display="true"], div.math, .math-wrapper, ' +
               'div.cell_output, div.output, .output_area, img, figure, svg';
@@ -256,12 +204,10 @@ INSPECT = r"""
     }
     if (why) {
       overflow.push({element: describe(target), why});
-      reported.push(target);
       // report the innermost offender once: skip its descendants of the same kinds
       el.querySelectorAll(SEL).forEach((c) => seen.add(c));
     }
   }
-  clippedText(reported).forEach((o) => overflow.push(o));
   const pageWidth = document.documentElement.scrollWidth;
   if (pageWidth > window.innerWidth + 1) {
     // name what sticks out: the innermost visible elements past the window's right edge

@@ -339,7 +339,7 @@ def test_a_non_finite_loss_is_refused_before_the_step(tmp_path):
 
 
 def test_a_non_finite_gradient_is_refused_before_the_step(tmp_path, monkeypatch):
-    import ctrls.method.reinforce
+    import ctrls.stages.trainer
     from ctrls.method.policy import NonFiniteError
 
     tr = _trainer(tmp_path)
@@ -348,7 +348,7 @@ def test_a_non_finite_gradient_is_refused_before_the_step(tmp_path, monkeypatch)
     def nan_gradient(policy, *args, **kwargs):  # a finite loss (0) whose gradient is 0 * inf = NaN
         return torch.sqrt(policy.L[0, 0] - policy.L[0, 0].detach()), {}
 
-    monkeypatch.setattr(ctrls.method.reinforce, "reinforce_loss", nan_gradient)
+    monkeypatch.setattr(ctrls.stages.trainer, "reinforce_loss", nan_gradient)  # where the trainer looks it up
     with pytest.raises(NonFiniteError, match="gradient of policy.L at step 1"):
         tr.train_step()
     assert all(torch.equal(before[k], v) for k, v in tr.policy.state_dict().items()) and tr.step == 0

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from ctrls.report import (  # noqa: E402
     findings,
+    forest,
     plots,
     synthetic_figures,
 )
@@ -37,7 +38,7 @@ FIGURE_PAGES = {"01_pretraining", "02_exploration", "03_rl", "06_summary", "07_s
 def _figure_functions() -> set[str]:
     """The public functions of the figure modules that draw a figure (their source makes one)."""
     names = set()
-    for mod in (plots, synthetic_figures, findings):
+    for mod in (plots, synthetic_figures, findings, forest):
         for name, f in inspect.getmembers(mod, inspect.isfunction):
             if f.__module__ == mod.__name__ and not name.startswith("_"):
                 code = inspect.getsource(f)
