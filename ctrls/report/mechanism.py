@@ -185,6 +185,16 @@ def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def base_chain(r, epsilon: float) -> list[int]:
+    """The state chain a Base sample (a row with ``chains`` and ``chain_eps``) drew with ``epsilon``."""
+    eps = [float(x) for x in r.chain_eps]
+    hit = [i for i, x in enumerate(eps) if math.isclose(x, epsilon)]
+    if not hit:
+        raise ValueError(f"Base question {r.question_id!r}, sample {r.sample_index}: no state chain drawn with "
+                         f"epsilon {epsilon:g} (drawn: {eps}); rerun the exploration stage")
+    return [int(s) for s in r.chains[hit[0]]]
+
+
 def null_steps(g: pd.DataFrame, base: pd.DataFrame, epsilon: float) -> tuple[np.ndarray, np.ndarray, list]:
     """(follows, null, question) per step of the CTRLS(epsilon) samples ``g``: whether the step's
     read-back state equals the state it was drawn for, and whether it equals the state an independent
@@ -193,12 +203,7 @@ def null_steps(g: pd.DataFrame, base: pd.DataFrame, epsilon: float) -> tuple[np.
     question's next Base chain that is long enough (every Base chain is drawn independently of g's)."""
     chains: dict = {}
     for r in base.itertuples(index=False):
-        eps = [float(x) for x in r.chain_eps]
-        hit = [i for i, x in enumerate(eps) if math.isclose(x, epsilon)]
-        if not hit:
-            raise ValueError(f"Base question {r.question_id!r}, sample {r.sample_index}: no state chain drawn with "
-                             f"epsilon {epsilon:g} (drawn: {eps}); rerun the exploration stage")
-        chains.setdefault(r.question_id, {})[int(r.sample_index)] = [int(s) for s in r.chains[hit[0]]]
+        chains.setdefault(r.question_id, {})[int(r.sample_index)] = base_chain(r, epsilon)
     f, n, q = [], [], []
     for r in g.itertuples(index=False):
         own = chains.get(r.question_id)

@@ -28,7 +28,7 @@ from ctrls.config.settings import BASE, FIXED, parse_setting
 from ctrls.data.answers import normalize
 from ctrls.generate import controllability as ctl
 from ctrls.generate.judge import CRITERIA, LABELS
-from ctrls.report.mechanism import null_steps
+from ctrls.report.mechanism import base_chain, null_steps
 from ctrls.report.provenance import ci_decimals, with_pct_ci
 from ctrls.stages.exploration import load_samples
 from ctrls.stages.rl import load_table2_samples
@@ -203,15 +203,7 @@ def _base_targets(base: pd.DataFrame, label: str, epsilon: float) -> pd.DataFram
     ``label``: the prompt's s_0 at every step for "fixed s0", else the chain drawn with that epsilon."""
     if label == FIXED:
         return base.assign(target=[[int(s0)] * len(e) for s0, e in zip(base.s0, base.encoded)])
-    targets = []
-    for r in base.itertuples(index=False):
-        eps = [float(x) for x in r.chain_eps]
-        hit = [i for i, x in enumerate(eps) if math.isclose(x, epsilon)]
-        if not hit:
-            raise ValueError(f"Base question {r.question_id!r}, sample {r.sample_index}: no state chain drawn with "
-                             f"epsilon {epsilon:g} (drawn: {eps}); rerun the exploration stage")
-        targets.append(list(r.chains[hit[0]]))
-    return base.assign(target=targets)
+    return base.assign(target=[base_chain(r, epsilon) for r in base.itertuples(index=False)])
 
 
 def _with_ci(prefix: str, d: dict) -> dict:
