@@ -251,7 +251,7 @@ def demo_findings(claims: list[Claim], sizes: dict | None = None) -> list[str]:
     sizes = sizes or {}
     by = {c.claim: c for c in claims}
     return [pass_finding(by.get(PASS_CLAIM), by.get(ABLATION_CLAIM), sizes),
-            control_finding(by.get(CONTROL_CLAIM), sizes, mechanism_note()),
+            control_finding(by.get(CONTROL_CLAIM), sizes, " ".join(x for x in (mechanism_note(), seeds_note()) if x)),
             rl_finding(by.get(RL_CLAIM), sizes)]
 
 
@@ -303,8 +303,21 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
         return ""
     best = v.loc[v.kappa.idxmax()]
     lo, hi = _minus(f"{v.kappa.min():.2f}"), _minus(f"{v.kappa.max():.2f}")
-    return (f"The stored mechanism studies tried {len(v)} variants (pretraining page, with their intervals); their "
-            f"{term('kappa', 'κ')} against the coincidence rate runs from {lo} to {hi}, highest for {best.variant}.")
+    return (f"The stored mechanism studies tried {len(v)} variants on data seed 0, where the choices were made "
+            f"(pretraining page, with their intervals); their {term('kappa', 'κ')} against the coincidence rate runs "
+            f"from {lo} to {hi}, highest for {best.variant}.")
+
+
+def seeds_note(path: Path | None = None) -> str:
+    """Finding 3's test numbers: κ pooled over the fresh data seeds no choice saw (``studies/seeds.py``), with
+    its interval and n, and the text-cue bound beside it; "" when the seeds result is not stored."""
+    from ctrls.report import mechanism
+
+    path = Path(path) if path else mechanism.results_dir() / mechanism.SEEDS_RESULT
+    if not path.exists():
+        return ""
+    sentences = mechanism.steering_sentences(mechanism.seeds_frame(path))
+    return f"{sentences[0]} {sentences[-1]}"  # the pooled κ, then the ceiling the backbone allows
 
 
 # ---- 5. the paper's scale -----------------------------------------------------------------------

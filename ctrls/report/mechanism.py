@@ -66,28 +66,32 @@ def _kappa(k: dict, path) -> dict:
 
 
 def seeds_frame(path: str | Path | None = None) -> pd.DataFrame:
-    """One row per data seed and a pooled row: kappa [95%] against the independent-chain null with its n,
+    """One row per fresh data seed, a pooled row, and the development seed's row beside (every choice was
+    made on it: outside the pool and Holm): kappa [95%] against the independent-chain null with its n,
     the fixed-s0 harm (pass@1 minus Base's) [95%] and whether it is non-inferior at the stored margin,
     and epsilon - Base pass@n [Table 1's family interval]."""
     path = Path(path) if path else results_dir() / SEEDS_RESULT
     d = _read(path)
-    rows = []
-    for s in d.get("seeds") or []:
-        h = s["harm_fixed_minus_base_pass1"]
-        hd, hlo, hhi = _interval(h, "diff", "lo", "hi", path)
-        e = s["eps_minus_base_pass_n"]
-        rows.append({"data seed": int(s["data_seed"]), "questions": int(s["questions"]), **_kappa(s["kappa"], path),
-                     "harm": hd, "harm lo": hlo, "harm hi": hhi, "non-inferior": bool(h["non_inferior"]),
-                     "ε − Base pass@n": _num(e, "diff", path, -1, 1), "ε − Base lo": _num(e, "lo", path, -1, 1),
-                     "ε − Base hi": _num(e, "hi", path, -1, 1)})
+    rows = [_seed_row(s, path) for s in d.get("seeds") or []]
     if not rows:
         raise ValueError(f"{path}: no seeds")
     t = pd.DataFrame(rows)
     t["p (Holm)"] = holm(t["p"])
     pooled = {"data seed": "pooled", "questions": int(t.questions.sum()), **_kappa(d["pooled_kappa"], path)}
-    t = pd.concat([t, pd.DataFrame([pooled])], ignore_index=True)
+    dev = [{**_seed_row(s, path), "data seed": f"{int(s['data_seed'])} (development)"} for s in d.get("development") or []]
+    t = pd.concat([t, pd.DataFrame([pooled]), pd.DataFrame(dev)], ignore_index=True)  # development: beside, outside Holm and the pool
     t.attrs.update(commit=d.get("commit", "?"), margin=_num(d, "margin_points", path, 0, 100), source=str(path))
     return t
+
+
+def _seed_row(s: dict, path) -> dict:
+    """One seed of a stored seeds result, validated."""
+    h, e = s["harm_fixed_minus_base_pass1"], s["eps_minus_base_pass_n"]
+    hd, hlo, hhi = _interval(h, "diff", "lo", "hi", path)
+    return {"data seed": int(s["data_seed"]), "questions": int(s["questions"]), **_kappa(s["kappa"], path),
+            "harm": hd, "harm lo": hlo, "harm hi": hhi, "non-inferior": bool(h["non_inferior"]),
+            "ε − Base pass@n": _num(e, "diff", path, -1, 1), "ε − Base lo": _num(e, "lo", path, -1, 1),
+            "ε − Base hi": _num(e, "hi", path, -1, 1)}
 
 
 def seeds_view(t: pd.DataFrame) -> pd.DataFrame:
@@ -140,7 +144,8 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
     and n, from :func:`seeds_frame` and :func:`state_prompt_frame` (either may be None: not stored)."""
     out = []
     if seeds is not None:
-        per = seeds[seeds["data seed"] != "pooled"]
+        fresh = seeds["data seed"].map(lambda x: isinstance(x, (int, np.integer)))
+        per, dev = seeds[fresh], seeds[~fresh & (seeds["data seed"] != "pooled")]
         pooled = seeds[seeds["data seed"] == "pooled"].iloc[0]
         out.append(f"On {len(per)} fresh data seeds ({int(pooled.questions)} test questions, {int(pooled.steps)} steps), the "
                    f"ε row's steps land in their drawn state {100 * pooled.follows:.1f}% of the time against "
@@ -152,6 +157,9 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
         ni = int(per["non-inferior"].sum())
         out.append(f"The adapter's harm (fixed s₀ − Base pass@1) is non-inferior at {seeds.attrs.get('margin', 5):g} points "
                    f"on {ni} of {len(per)} seeds.")
+        for _, r in dev.iterrows():
+            out.append(f"On data seed {r['data seed']}, where every choice was made, κ = {r.kappa:.2f} "
+                       f"[{r['kappa lo']:.2f}, {r['kappa hi']:.2f}] ({int(r.steps)} steps): a number no test should be read from.")
     if prompt is not None and len(prompt):
         for _, r in prompt.iterrows():
             out.append(f"Data seed {r['data seed']}: the state prompt ({r['vectors per state']} vectors per state) reaches "

@@ -1,4 +1,4 @@
-"""The mechanism studies behind the pretraining page: the stored ``bench/`` results that ask whether the state
+"""The mechanism studies behind the pretraining page: the stored ``studies/`` results that ask whether the state
 steers the step (``studies/steering.py``: training chains, the K sweep, the fusion of F_u; ``studies/injection.py``:
 the injection point; ``studies/concentration.py``), read, checked and put into tables and sentences.
 
@@ -7,8 +7,8 @@ Nothing here recomputes a study: each reader takes a stored JSON result, read an
 and the field), and returns a frame whose ``attrs`` carry the commit and the machine it ran on. The stored
 results are found under a ``root`` given to the ``*_result_path(s)`` functions, else ``$CTRLS_RESULTS_DIR``,
 else the repository.
-The goals the issue set (``STEERING_GOAL``, ``HARM_GOAL``) and Cohen's kappa of following a drawn state
-against coincidence (``chance_corrected``) live here too. The controls themselves (log P per token under
+The K sweep's harm rule (``HARM_GOAL``) and Cohen's kappa of following a drawn state against coincidence
+(``chance_corrected``) live here too. The controls themselves (log P per token under
 each state condition, Eq. 8's adapter) are :mod:`ctrls.method.controls`.
 """
 from __future__ import annotations
@@ -215,52 +215,7 @@ def generation_sentences(df: "pd.DataFrame") -> list[str]:
     return out
 
 
-STEERING_GOAL = (0.40, 3.0)  # the issue's goal: the epsilon row's steps follow their state >= 40%, >= 3x coincidence
-HARM_GOAL = -0.05  # fixed s0's pass@1 within 5 points of Base's, or above
-
-
-def scaling_sentences(df: "pd.DataFrame") -> list[str]:
-    """What a ``scaling_frame`` shows, in sentences computed from it: per number of training chains the
-    follows rate against its coincidence reference and the pass@1 differences to Base, each with its
-    95% interval; then at which sizes the steering goal (``STEERING_GOAL``) and the harm goal
-    (``HARM_GOAL``, on the point estimate) are met, or that none is."""
-    import pandas as pd
-
-    from ctrls.report.verdicts import (  # signed points with the minus sign the book prints
-        pct,
-        pts,
-    )
-
-    several_k = df.K.nunique() > 1 if "K" in df else False
-
-    def sizes(rows) -> str:  # "75 and 300 training chains", naming K when the points have several
-        c = [f"{r.chains} training chains at K = {int(r.K)}" if several_k else str(r.chains) for _, r in rows.iterrows()]
-        what = "" if several_k else " training chains"
-        return (c[0] if len(c) == 1 else ", ".join(c[:-1]) + " and " + c[-1]) + what
-
-    out = []
-    for _, r in df.iterrows():
-        ratio = r.follows / r.coincidence if r.coincidence > 0 else float("inf")
-        at_k = "" if pd.isna(r.get("K")) else f", K = {int(r.K)}"
-        out.append(f"**{r.chains} training chains** ({r.sources}{at_k}): the ε row's steps follow their drawn state "
-                   f"{pct(r.follows, r.follows_lo, r.follows_hi)} of the time against "
-                   f"{pct(r.coincidence, r.coincidence_lo, r.coincidence_hi)} by coincidence ({ratio:.1f}×); "
-                   f"pass@1 of fixed s0 − Base {pts(r.harm, r.harm_lo, r.harm_hi)}, of ε − Base "
-                   f"{pts(r.eps_vs_base, r.eps_vs_base_lo, r.eps_vs_base_hi)} (Base {100 * r.base_pass1:.1f}%).")
-    f, k = STEERING_GOAL
-    steer = df[(df.follows >= f) & (df.follows >= k * df.coincidence)]
-    harm = df[df.harm >= HARM_GOAL]
-    best = df.loc[(df.follows / df.coincidence.where(df.coincidence > 0)).fillna(0).idxmax()] if len(df) else None
-    if len(steer):
-        out.append(f"The steering goal (≥ {100 * f:.0f}% and ≥ {k:g}× coincidence) is met at {sizes(steer)}.")
-    elif best is not None:
-        at_k = f" at K = {int(best.K)}" if several_k else ""
-        out.append(f"The steering goal (≥ {100 * f:.0f}% and ≥ {k:g}× coincidence) is met at no size: the best ratio, "
-                   f"at {best.chains} chains{at_k}, is {best.follows / best.coincidence:.1f}× ({100 * best.follows:.1f}% "
-                   f"against {100 * best.coincidence:.1f}%).")
-    out.append(f"The harm goal (fixed s0 within {100 * -HARM_GOAL:.0f} points of Base, or above) is met at "
-               + (f"{sizes(harm)}." if len(harm) else "no size."))
-    return out
+HARM_GOAL = -0.05  # fixed s0's pass@1 within 5 points of Base's, or above: the K sweep's choice rule (steering_k)
 
 
 # ---- how many states: the granularity that steers ------------------------------------------------
@@ -364,37 +319,6 @@ def states_view(df: "pd.DataFrame") -> "pd.DataFrame":
                          "κ": [f"{k:.2f}".replace("-", "−") for k in chance_corrected(d.follows, d.coincidence)],
                          "fixed s0 − Base (pass@1, points)": [pts(r.harm, r.harm_lo, r.harm_hi) for _, r in d.iterrows()],
                          "ε − Base (points)": [pts(r.eps_vs_base, r.eps_vs_base_lo, r.eps_vs_base_hi) for _, r in d.iterrows()]})
-
-
-def states_sentences(df: "pd.DataFrame", demo_k: int | None = None) -> list[str]:
-    """What a K sweep shows, computed: which K steers most by kappa among those that meet the harm goal
-    (``HARM_GOAL``), whether any meets each half of ``STEERING_GOAL``, and (``demo_k``) whether the
-    demo's K is that one."""
-    f, k = STEERING_GOAL
-    d = df.sort_values("K").assign(kappa=lambda x: chance_corrected(x.follows, x.coincidence))
-    out = []
-    if d.empty:
-        return out
-    ok = d[d.harm >= HARM_GOAL]
-    best = steering_k(d)
-    out.append(f"K = {int(best.K)} steers most (κ = {best.kappa:.2f}: its ε row's steps follow their state "
-               f"{100 * best.follows:.1f}% of the time against {100 * best.coincidence:.1f}% by coincidence)"
-               + ("" if len(ok) else "; no K meets the harm goal") + "; κ is "
-               + ", ".join(f"{r.kappa:.2f} at K = {int(r.K)}".replace("-", "−") + ("" if r.harm >= HARM_GOAL or not len(ok) else
-                                                               " (fixed s0 misses the harm goal)")
-                           for _, r in d.iterrows() if r.K != best.K) + ".")
-    rate = d[d.follows >= f]
-    ratio = d[d.follows >= k * d.coincidence]
-    out.append(f"The {100 * f:.0f}% half of the steering goal is met at "
-               + (", ".join(f"K = {int(r.K)}" + (" (κ ≤ 0: by chance)" if r.kappa <= 0 else "") for _, r in rate.iterrows())
-                  if len(rate) else "no K")
-               + f"; the {k:g}× coincidence half at " + (", ".join(f"K = {int(x)}" for x in ratio.K) if len(ratio) else "no K")
-               + f" ({k:g}× needs {100 * k * best.coincidence:.0f}% follows at K = {int(best.K)}, whose coincidence rate "
-               f"is {100 * best.coincidence:.1f}%).")
-    if demo_k is not None:
-        out.append(f"The demo uses K = {demo_k}" + (", the K that steers most." if demo_k == int(best.K) else
-                                                     f", not the K that steers most (K = {int(best.K)})."))
-    return out
 
 
 CONCENTRATION_RESULT = "studies/results/concentration.json"

@@ -54,10 +54,10 @@ def run_judge(cfg, force: bool = False, progress: bool = True) -> pd.DataFrame:
     out = stage.dir / "judged.parquet"
     if stage.is_done() and not force and out.exists():
         return pd.read_parquet(out)
-    stage.begin(keep=True)  # never cleared: the reply cache lives here, keyed by prompt
-    picked = subsample(judged_configs(cfg), cfg.judge.samples_per_config, seed=cfg.seed)
-    judged = judge_samples(picked, backend, stage.dir / "cache", cfg.judge.temperature, progress)
-    judged.to_parquet(out)
-    stage.finish(rows=len(judged), backend=backend.name, model=backend.model,
-                 fallbacks=int((judged.parse != "json").sum()))
+    with stage.begin(keep=True):  # never cleared: the reply cache lives here; the lock is given back on failure
+        picked = subsample(judged_configs(cfg), cfg.judge.samples_per_config, seed=cfg.seed)
+        judged = judge_samples(picked, backend, stage.dir / "cache", cfg.judge.temperature, progress)
+        judged.to_parquet(out)
+        stage.finish(rows=len(judged), backend=backend.name, model=backend.model,
+                     fallbacks=int((judged.parse != "json").sum()))
     return judged

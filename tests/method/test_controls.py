@@ -107,37 +107,13 @@ def test_scaling_frame_reads_sorts_and_refuses_bad_results(tmp_path):
         scaling_frame(f)
 
 
-def test_scaling_sentences_state_each_point_and_which_goals_are_met(tmp_path):
-    import json
-
-    from ctrls.report.studies import scaling_frame, scaling_sentences
-
-    weak, strong = _point(75, 0.12), _point(1200, 0.45)
-    weak["harm_fixed_s0"] = {"diff": -0.1, "lo": -0.2, "hi": 0.0}
-    strong["harm_fixed_s0"] = {"diff": -0.02, "lo": -0.1, "hi": 0.06}
-    f = tmp_path / "r.json"
-    f.write_text(json.dumps({"points": [strong, weak]}))
-    text = scaling_sentences(scaling_frame(f))
-    assert text[0].startswith("**75 training chains** (reference)") and "12.0% [12.0, 40.0]" in text[0] and "(1.2×)" in text[0]
-    assert scaling_sentences(scaling_frame(f).assign(K=16))[0].startswith("**75 training chains** (reference, K = 16)")
-    assert "fixed s0 − Base −10.0 points [−20.0, +0.0], of ε − Base −5.0 points [−10.0, +0.0]" in text[0]
-    assert text[-2] == "The steering goal (≥ 40% and ≥ 3× coincidence) is met at 1200 training chains."
-    assert text[-1] == "The harm goal (fixed s0 within 5 points of Base, or above) is met at 1200 training chains."
-    mid = _point(300, 0.25)
-    mid["harm_fixed_s0"] = weak["harm_fixed_s0"]
-    f.write_text(json.dumps({"points": [weak, mid]}))
-    text = scaling_sentences(scaling_frame(f))
-    assert text[-2].endswith("met at no size: the best ratio, at 300 chains, is 2.5× (25.0% against 10.0%).")
-    assert text[-1].endswith("met at no size.")
-
-
 def test_scaling_results_at_several_k_read_together_plot_per_k_and_name_k(tmp_path):
     """Two stored scaling results (one per K): read together, one series per K in the figure, each file's
-    provenance named with its K, and the goal sentences name the K of each size."""
+    provenance named with its K."""
     import json
 
     from ctrls.report import plots
-    from ctrls.report.studies import scaling_frame, scaling_provenance, scaling_sentences
+    from ctrls.report.studies import scaling_frame, scaling_provenance
 
     k16, k4 = tmp_path / "k16.json", tmp_path / "k4.json"
     k16.write_text(json.dumps({"commit": "aaa", "machine": {"cpu": "x"},
@@ -156,21 +132,16 @@ def test_scaling_results_at_several_k_read_together_plot_per_k_and_name_k(tmp_pa
     assert labels == ["ε row follows its state (K = 16)", "coincidence (Base) (K = 16)",
                       "ε row follows its state (K = 4)", "coincidence (Base) (K = 4)"]
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["75", "300"]
-    text = scaling_sentences(df)
-    assert text[-2] == "The steering goal (≥ 40% and ≥ 3× coincidence) is met at 300 training chains at K = 4."
-    assert text[-1] == ("The harm goal (fixed s0 within 5 points of Base, or above) is met at 75 training chains at "
-                        "K = 4, 75 training chains at K = 16, 300 training chains at K = 4 and 300 training chains at K = 16.")
     with pytest.raises(ValueError, match="no result paths"):
         scaling_frame([])
 
 
 def test_states_sweep_picks_the_k_that_steers_most_by_kappa_among_the_harmless(tmp_path):
     """A K sweep: kappa = (follows - coincidence) / (1 - coincidence) ranks the Ks (not the ratio, which
-    favours many states), a K that fails the harm goal is not chosen, and each half of the steering goal
-    is reported with the K that meets it."""
+    favours many states)."""
     import json
 
-    from ctrls.report.studies import chance_corrected, scaling_frame, states_sentences, states_view
+    from ctrls.report.studies import chance_corrected, scaling_frame, states_view, steering_k
 
     def pt(K, follows, coincidence, harm=0.1):
         p = _point(64, follows)
@@ -188,17 +159,8 @@ def test_states_sweep_picks_the_k_that_steers_most_by_kappa_among_the_harmless(t
     assert view.K.tolist() == [4, 8, 16] and view["ratio"].tolist() == ["1.6×", "4.0×", "2.5×"]
     assert view["κ"].tolist() == ["0.20", "0.53", "0.13"]
     assert view["fixed s0 − Base (pass@1, points)"].iloc[1] == "−20.0 [−30.0, −10.0]"
-    text = states_sentences(df, demo_k=16)
-    assert text[0].startswith("K = 4 steers most (κ = 0.20: its ε row's steps follow their state 40.0% of the time "
-                              "against 25.0% by coincidence)")
-    assert text[0].endswith("κ is 0.53 at K = 8 (fixed s0 misses the harm goal), 0.13 at K = 16.")
-    assert text[1].startswith("The 40% half of the steering goal is met at K = 4, K = 8; the 3× coincidence half at "
-                              "K = 8 (3× needs 75% follows at K = 4, whose coincidence rate is 25.0%).")
     assert states_view(df.assign(follows=df.follows - 0.3))["κ"].iloc[0] == "−0.20"  # the book's minus sign
-    assert text[2] == "The demo uses K = 16, not the K that steers most (K = 4)."
-    assert states_sentences(df, demo_k=4)[2] == "The demo uses K = 4, the K that steers most."
-    chance = df.assign(coincidence=[0.25, 0.65, 0.08])  # K = 8 follows 60% against 65% by coincidence
-    assert "met at K = 4, K = 8 (κ ≤ 0: by chance); the 3× coincidence half at no K" in states_sentences(chance)[1]
+    assert int(steering_k(df).K) == 4  # K = 8 has the larger κ but its fixed-s0 row harms: not chosen
 
 
 def test_fusion_comparison_pairs_each_point_with_the_sweeps_at_the_same_k(tmp_path):

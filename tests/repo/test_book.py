@@ -48,6 +48,9 @@ def test_smoke_book_in_chromium(chromium, smoke_book, tmp_path):
     assert len(report["pages"]) >= 10, summary  # every page, not just the two named here
     for r in report["pages"].values():
         assert r["overflow"] == [] and r["junk"] == [], summary
+        # no page logs an error: the theme's inline scripts run once (book/_ext/single_scripts.py) and
+        # its mode is set on a first visit (html_context.default_mode)
+        assert r["console_errors"] == [], summary
     for r in (index, table1):
         assert r["missing"] == [], summary
         assert r["external"] == [], summary

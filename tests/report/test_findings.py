@@ -296,12 +296,27 @@ def test_mechanism_note_is_one_short_sentence_from_the_stored_studies(tmp_path):
     v = fd.mechanism_variants(scaling=sc_, injection=inj, states=ks)
     assert len(v) == 2 + 2 + 2 and v.kappa.max() > 0
     text = fd.mechanism_note(scaling=sc_, injection=inj, states=ks)
-    assert text.startswith("The stored mechanism studies tried 6 variants")
+    assert text.startswith("The stored mechanism studies tried 6 variants on data seed 0")
     assert f"to {v.kappa.max():.2f}, highest for {v.loc[v.kappa.idxmax()].variant}." in text
     assert "40%" not in text and "3×" not in text and "would need" not in text
-    assert len(text.split()) < 60
+    assert len(text.split()) < 70
     fu = tmp_path / "fusion.json"  # a token-dependent F_u at K = 4, paired with the sweep's K = 4 point
     fu.write_text(json.dumps({"points": [{**_point(64, 0.5), "K": 4, "fusion": "mlp", "follows_lo": 0.45}]}))
     assert "highest for a token-dependent F_u at K = 4." in fd.mechanism_note(scaling=sc_, injection=inj, states=ks, fusion=fu)
     ks.write_text(json.dumps({"points": [{**_point(64, 0.05), "K": 4}]}))
     assert "runs from −0.06" in fd.mechanism_note(scaling=sc_, injection=inj, states=ks)
+
+
+def test_seeds_note_gives_the_pooled_test_kappa_with_n_and_the_text_cue_bound(tmp_path):
+    """Finding 3's test number is the κ pooled over the fresh seeds, not a development seed's."""
+    from tests.report.test_mechanism import kappa, seed
+
+    p = tmp_path / "seeds.json"
+    pooled = {**kappa(0.08, 0.03, 0.13), "questions": 180, "steps": 1500}
+    p.write_text(json.dumps({"margin_points": 5, "seeds": [seed(1), seed(2), seed(3)], "pooled_kappa": pooled,
+                             "development": [seed(0, k=0.14, lo=0.06, hi=0.21)]}))
+    text = fd.seeds_note(p)
+    assert text.startswith("On 3 fresh data seeds (180 test questions, 1500 steps)")
+    assert "κ = 0.08 [0.03, 0.13]" in text and "0.14" not in text
+    assert "95–97%" in text
+    assert fd.seeds_note(tmp_path / "absent.json") == ""

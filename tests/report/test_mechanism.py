@@ -54,6 +54,20 @@ def test_state_prompt_runs_are_compared_with_holm(tmp_path):
     assert t["Δκ"].iloc[0] == 0.4 and t["κ step 1"].iloc[0] == 0.7 and t["p (Holm)"].iloc[0] == 0.001
 
 
+def test_the_development_seed_is_shown_beside_outside_the_pool_and_holm(tmp_path):
+    from ctrls.report.mechanism import steering_sentences
+
+    p = write(tmp_path, {"margin_points": 5, "seeds": [seed(1), seed(2, p=0.04)], "pooled_kappa": kappa(),
+                         "development": [seed(0, k=0.14, lo=0.06, hi=0.21, p=0.001)]})
+    t = seeds_frame(p)
+    assert list(t["data seed"]) == [1, 2, "pooled", "0 (development)"]
+    assert t["p (Holm)"].iloc[:2].tolist() == pytest.approx([0.02, 0.04])  # Holm over the two fresh seeds only
+    assert seeds_view(t)["κ [95%]"].iloc[3] == "0.14 [0.06, 0.21]"
+    s = steering_sentences(t)
+    assert s[0].startswith("On 2 fresh data seeds") and "excludes 0 on 2 of 2 seeds" in s[1]
+    assert any("0 (development)" in x and "[0.06, 0.21]" in x for x in s)
+
+
 def test_the_sentences_carry_n_and_intervals(tmp_path):
     from ctrls.report.mechanism import steering_sentences
 

@@ -1,6 +1,6 @@
 """Issue 49, item 2: every stage gives its lock back when it fails or is interrupted.
 
-Only the RL stage released its lock on an exception: an interrupted pretraining, exploration or
+Only the RL stage released its lock on an exception: an interrupted pretraining, exploration, judge or
 synthetic stage in a notebook kernel (where the traceback keeps the stage object alive) left
 "stage ... is being written" for every other process until the kernel restarted. Each stage here is
 interrupted right after it began (KeyboardInterrupt, and an ordinary exception), while the test
@@ -64,9 +64,21 @@ def synthetic_case(cfg, monkeypatch, exc):
     return lambda: S.run_study(cfg, progress=False), lambda: R.Stage(cfg, "synthetic", S.KEYS)
 
 
+def judge_case(cfg, monkeypatch, exc):
+    import ctrls.stages.judge as J
+
+    def boom(*a, **k):
+        raise exc
+
+    monkeypatch.setattr(J, "judged_configs", boom)  # right after the judge stage began
+    backend = J.make_backend(cfg.judge)
+    return (lambda: J.run_judge(cfg, progress=False),
+            lambda: R.Stage(cfg, "judge", ("judge", "seed", "grid", "rl", "data"), upstream=(backend.name, backend.model)))
+
+
 @pytest.mark.parametrize("exc", [Interrupted("^C"), RuntimeError("out of memory")], ids=["interrupt", "error"])
-@pytest.mark.parametrize("case", [pretrain_case, exploration_case, synthetic_case],
-                         ids=["pretrain", "exploration", "synthetic"])
+@pytest.mark.parametrize("case", [pretrain_case, exploration_case, synthetic_case, judge_case],
+                         ids=["pretrain", "exploration", "synthetic", "judge"])
 def test_an_interrupted_stage_gives_its_lock_back(tmp_path, monkeypatch, case, exc):
     cfg = cfg_at(tmp_path)
     run, stage = case(cfg, monkeypatch, exc)
