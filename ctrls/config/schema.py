@@ -1,28 +1,15 @@
 """One typed configuration that flows from a named profile to every stage.
 
-A profile is a YAML file in ``ctrls/config/profiles/`` (``smoke``, ``demo``, ``paper``). It is read
-into the :class:`Config` dataclass tree; ``key=value`` overrides (from the CLI or papermill
-parameters) use dotted keys, e.g. ``pretrain.epochs=3`` or ``grid.epsilons=[0.1, 0.3]``.
+A profile is a YAML file in ``ctrls/config/profiles/`` (``smoke``, ``demo``, ``paper``) read into the
+:class:`Config` dataclass tree; ``key=value`` overrides use dotted keys (``pretrain.epochs=3``). It is
+checked when it is made (:func:`load_config`, :func:`override`, :meth:`Config.for_pair`), before any
+stage runs, and every problem is a :class:`ConfigError` naming the dotted key, the bad value and what is
+allowed. The checks live in :mod:`ctrls.config.checks` (re-exported here); this module is the schema.
 
-Everything is checked when the config is made (:func:`load_config`, :func:`override`,
-:meth:`Config.for_pair`), before any stage runs, and every problem is a :class:`ConfigError` that
-names the dotted key, the bad value and what is allowed:
-
-- unknown keys, and values of the wrong type (a float key takes an int, or a string such as
-  ``1e-3``, which YAML 1.1 reads as text); NaN and infinities are refused for every float key;
-- each key's allowed values, declared once, beside its default, with :func:`key`:
-  ``n_test: int = key(40, at_least(1))``. For a list key the rule applies to each element (an
-  error names ``grid.epsilons[0]``), and ``nonempty`` / ``unique`` apply to the list;
-- the few checks that involve two keys (:data:`CROSS_CHECKS`).
-
-The checks themselves live in :mod:`ctrls.config.checks` (re-exported here); this module is the schema.
-
-Adding a key: give it a rule with ``key(default, rule)``; a ``bool`` or ``Literal[...]`` key may
-go without one (its type is its set). ``tests/config/test_schema.py::test_every_key_declares_its_values``
-fails for any other key without a rule, so none is added unchecked.
-
-Two keys exist for a future implementation but accept only their default today, and say why:
-``backbone.hidden_layer`` (only -1) and ``adapter.inject_at`` (only ``last_hidden``).
+Adding a key: give it a rule with ``key(default, rule)`` beside its default (a ``bool`` or
+``Literal[...]`` key may go without one); ``tests/config/test_schema.py`` fails for any other key.
+``backbone.hidden_layer`` and ``adapter.inject_at`` accept only their defaults today, and say why
+(what is checked, in full: book/method.md, "ctrls/config/schema.py").
 """
 from __future__ import annotations
 
@@ -238,7 +225,7 @@ class PretrainConfig:
     max_tokens_per_step: int = key(64, at_least(1))  # longer steps are truncated in training (the relaxed objective); never in the bound
     heldout_fraction: float = key(0.1, Rule("in [0, 1)", lambda v: 0 <= v < 1))  # questions whose CoTs are held out of (d)-(f), to report Thm. 5.3's bound on
     bound_samples: int = key(0, Rule("0 (exact over the K states) or >= 2 (Monte Carlo draws per step)", lambda v: v == 0 or v >= 2))  # Thm. 5.3's reconstruction term
-    bound_every: int = key(1, at_least(1))  # evaluate the bound every n epochs (and after epoch 0 and the last)
+    bound_every: int = key(1, at_least(1))  # training-split bound every n epochs, at 0, the last and the kept (held-out: every epoch)
 
 
 @dataclass

@@ -1,80 +1,16 @@
 """Final answers y, the reward 1{y = y*} (Sec. 5.4, Eq. 12), and Table 1's "valid answer" (Succ.).
 
-The answer policy of this project (also on the book's method page, "Answer checking"):
+The answer policy in short (every rule and case: book/method.md, "Answer checking"):
 
-1. **The last answer marker wins.** A final answer is stated by ``#### X``, by "The answer is X"
-   (or "The final answer is X"; any case, an optional colon) or by ``\\boxed{X}`` (or
-   ``\\fbox{X}``; braces matched). Whatever their kinds, the marker that comes last in the text
-   gives the answer. After ``####`` and "the answer is", X is the rest of the line up to the first
-   sentence end outside math, with ``**``, ``$`` signs, ``\\(...\\)`` and a final period removed; it
-   also ends where the next marker starts, so a doubled or closing ``####`` ("#### 42 ####") is
-   never part of the answer. A lone surrogate in the text is no character: it is read as U+FFFD, a
-   character lost in decoding, and an answer holding one is no answer (it may have lost a digit),
-   so the marker before it is read instead.
-   A marker with nothing readable after it (a trailing ``####``, "The answer is.", an empty or
-   unclosed ``\\boxed{``) is passed over for the marker before it, and so is a marker whose text
-   is not answer-like (:func:`answer_like`: it does not start with a number, a sign, a bracket or a
-   LaTeX command, holds no operator and is not a single letter) when an earlier marker gives an
-   answer-like one: "#### 42 ... Note: the answer is rounded." answers 42, not "rounded"; "The
-   answer is Monday." alone answers "Monday". A text with no marker has no answer: it is not valid
-   (Table 1's Succ.) and never correct.
-2. **Units, percent and currency symbols are ignored.** Both the extracted answer and the gold
-   go through :func:`normalize`, which
-   - drops currency symbols anywhere: ``$``, ``\\$``, ``€``, ``£``, ``¥``, ``₹`` and the macros
-     ``\\euro``, ``\\texteuro``, ``\\pounds``, ``\\textsterling``, ``\\yen``, ``\\textyen``,
-     ``\\textdollar``;
-   - drops percent signs (``%``, ``\\%``): 50% equals 50 (and not 0.5);
-   - drops degree marks (``°``, ``^\\circ``, ``^{\\circ}``, ``\\degree``);
-   - after a number, drops one unit of ``UNITS`` (any case), optionally after "square", "cubic"
-     or "sq", with an optional power ``^2``, ``^3``, ``^{2}``, ``²``, ``³`` and an optional
-     ``/unit`` or "per unit" ("12 cm^2", "3kg", "60 km/h", "5 sq ft"). The one-letter units of
-     ``SHORT_UNITS`` (m, g, s, h, L) count only after a space or a slash ("5 m", "5 g/s"): "5m"
-     may be 5 times m, and is left to math-verify;
-   - after a number, drops any trailing words without digits or math ("18 dollars", "12 cookies
-     per box"), unless a word makes it an expression (and, or, to, plus, minus, times, by, over,
-     divided, than, of, pi, sqrt, or a single letter that is not a unit: "2 and 3", "3 pi", "5 x");
-   - drops a parenthetical with words after a number ("42 (6 times 7)", not "5 (x+1)"), unless it
-     hedges (or, maybe, perhaps, possibly, probably, either, alternatively, otherwise: "12 (or maybe
-     15)" is no answer);
-   - **words that change a number's value are never dropped**: magnitudes scale it ("5 thousand"
-     is 5000, "1.5 million" 1500000, "2 dozen" 24, "5 hundred thousand" 500000), "squared",
-     "cubed" and "factorial" apply ("5 squared" is 25, "4 factorial" 24, for integers up to 100);
-     what cannot be scaled ("2.5 factorial", "5 thousandths", "halves", a hedge) is refused: such a
-     prediction equals only a gold that normalises to the same text;
-   - writes a number in scientific notation as a plain decimal ("1e-05" is "0.00001"); scaled and
-     rewritten numbers keep every digit ("50 factorial" is all 65 of them), or are left as written;
-   - reads a Unicode vulgar fraction as the fraction it shows ("½" is 1/2, "1⅓" and "1 ⅓" are 4/3),
-     and the fraction slash "⁄" as "/".
-   It also unwraps ``\\text{}``, ``\\textbf{}``, ``\\textrm{}``, ``\\mathrm{}`` and ``\\mbox{}``,
-   reads "−" as "-", and an en-dash "–" as "-" too, except between two numbers, where it is a range
-   ("3–5": no number, equal only to the same range), and removes LaTeX spacing, a final period, a
-   leading ``x =``, thousands separators (``1,000`` and ``12,345.5``, not the tuple ``(1,2)`` or
-   ``1,0000``; a space, no-break, thin or narrow no-break space in groups of three at the start:
-   ``12 345`` is 12345, ``1 2`` and ``1 0000`` stay as written) and trailing zero decimals (``18.00``).
-3. **math-verify decides equality.** Two normalised strings that are identical are equal;
-   two plain decimal numbers are equal as written, to the last digit (``0.5`` = ``0.50``, but
-   ``2.5000001`` is not ``2.5`` and ``3.14159`` is not the gold ``3.14``: a gold's decimals are its
-   precision, and math-verify's rounding to 6 places is not applied to them);
-   otherwise ``math_verify.parse``/``verify`` compares them (gold first, with a timeout), so
-   ``1/2`` equals ``0.5`` and ``x^2+1`` equals ``1+x^2``. A math-verify timeout or error counts as
-   not equal (and is logged). A prediction that is not answer-like (prose: "Monday", "no
-   solution") equals the gold as text, case aside, and never goes to math-verify; nor does one
-   longer than ``MAX_VERIFY_CHARS``.
-4. **Bounded work.** Extraction reads the last ``MAX_TEXT_CHARS`` characters and the last
-   ``MAX_MARKERS`` markers; an answer (after a marker, or in a box) longer than
-   ``MAX_ANSWER_CHARS`` is no answer, and :func:`normalize` returns such a string as it is. The
-   regexes split digits one way only, so they backtrack linearly: 1 MB of any text is graded in
-   well under a second.
-
-Golds (:func:`gold_problem`): a gold must survive :func:`normalize` ("$" or "%" alone does not),
-hold no ``####`` marker and no lone surrogate or U+FFFD,
-and verify against what a model writes to state it (``\\boxed{gold}``, "The answer is gold");
-``ctrls.data.problems`` skips and counts a row whose gold does not, and writes JSON numbers without an
-exponent (``1e-05`` -> ``0.00001``).
-
-``extract_answer`` applies rule 1, ``verify`` rules 2 and 3, and ``grade`` returns both flags the
-tables need: ``valid`` (an answer was extracted, Succ.) and ``correct`` (it equals the gold, the
-reward and pass@k).
+1. The last marker (``#### X``, "The (final) answer is X", ``\\boxed{X}``) wins; one with nothing
+   readable, or not answer-like after an answer-like one, is passed over; no marker, no answer.
+2. :func:`normalize` drops currency, percent and degree signs, a unit of ``UNITS`` (``SHORT_UNITS`` only
+   after a space or a slash), trailing words and thousands separators; words that change a number's
+   value ("5 thousand", "2 dozen", "5 squared") scale it or are refused, never dropped.
+3. Identical strings, and plain decimals equal as written, are equal; otherwise math-verify decides.
+4. Bounded work: the last ``MAX_TEXT_CHARS`` characters, ``MAX_MARKERS`` markers, ``MAX_ANSWER_CHARS``.
+``extract_answer`` applies rule 1, ``verify`` rules 2 and 3, ``grade`` gives ``valid`` (Succ.) and
+``correct`` (the reward, pass@k); a gold must pass :func:`gold_problem`.
 """
 from __future__ import annotations
 
@@ -336,7 +272,7 @@ def _scale_exact(s: str) -> str:
 
 def normalize(ans: str) -> str:
     """A canonical string for the exact-match fast path and for math-verify's input (policy rule 2:
-    units, percent, currency and degree symbols dropped; see the module docstring for the list)."""
+    units, percent, currency and degree symbols dropped; see book/method.md for the list)."""
     if len(ans) > MAX_ANSWER_CHARS:  # no answer is this long: returned as is (verify refuses it), in linear time
         return ans.strip()
     s = _vulgar(readable_text(ans.strip()).replace("\u2212", "-"))

@@ -1,41 +1,14 @@
-"""Benchmark problems (Sec. 6.1): GSM8K, MATH (MATH-500 test / the other 4,500 as train), gsm_symbolic.
+"""Benchmark problems (Sec. 6.1): GSM8K, MATH (MATH-500 test / the other 4,500 as train), gsm_symbolic,
+the generated ``word_problems``, or a directory of your own with ``train.jsonl`` and ``test.jsonl``.
 
 Each :class:`Problem` carries the question x_0, the gold answer y* of the reward 1{y = y*}, and the
-dataset's reference solution as steps (one per element, the paper's x_1..x_T).
-
-Where the data comes from, in order:
-
-1. a data directory: the ``data_dir`` argument (config ``data.data_dir``), else ``$CTRLS_DATA_DIR``,
-   else ``../shared/data`` beside the repository (or beside the working directory) when present.
-   Layout: ``gsm8k/{train,test}.jsonl`` and ``math/{math500_test,math_test_full}.jsonl``;
-2. the Hugging Face hub through the ``datasets`` package, when it is installed and online
-   (``openai/gsm8k`` config ``main``, ``HuggingFaceH4/MATH-500``, and ``EleutherAI/hendrycks_math``
-   for the rest of the MATH test split);
-3. otherwise a :class:`DataError` that names both ways.
-
-Your own dataset: ``dataset`` may instead be a directory holding ``train.jsonl`` and ``test.jsonl``,
-one JSON object per line with ``question`` and ``answer`` (the gold final answer, a string or a
-number) and optionally ``steps`` (a list of strings, the reference solution's steps), ``solution``
-(a string whose non-empty lines are the steps; used when ``steps`` is absent) and ``id``. Problem
-ids are ``<directory name>-<split>-<id or row>``. See :func:`load_problems`.
-
-MATH has no train split here: as in PRM800K, train = the 4,500 problems of the MATH test split
-that are not in MATH-500 (matched by whitespace-normalised problem text), test = MATH-500.
-
-``word_problems`` is generated offline by ``ctrls.data.word_problems`` (the demo's task, within a small
-backbone's reach), at the difficulty given by ``difficulty`` (config ``data.word_problems``).
-
-``gsm_symbolic`` is generated offline by the ``reasoning-gym`` package, only when asked for by name.
-Its two splits use seeds a billion apart so that they share no generator state.
-
-Subsets of ``n`` problems are the first n of one seeded permutation, so they are deterministic and
-nested (a larger n extends a smaller one).
-
-Files are read as UTF-8 with an optional byte-order mark (``utf-8-sig``). Rows are skipped with a
-logged count and reason per kind, and above ``max_bad_fraction`` of the rows they are an error:
-malformed rows (not a JSON object, a missing field, a gold answer that is empty, NaN or infinite)
-and a row repeated verbatim (``"duplicate of an earlier row"``: the same JSON object twice is one
-problem, not two).
+reference solution as steps (the paper's x_1..x_T). The data comes from a data directory (the
+``data_dir`` argument or config ``data.data_dir``, else ``$CTRLS_DATA_DIR``, else ``../shared/data``
+beside the repository or the working directory; ``gsm8k/{train,test}.jsonl``,
+``math/{math500_test,math_test_full}.jsonl``), else the Hugging Face hub through ``datasets``, else a
+:class:`DataError` that names both ways. A subset of ``n`` is the first n of one seeded permutation
+(deterministic and nested). Bad rows are skipped and counted; above ``max_bad_fraction`` they are an
+error. Your own dataset's format, MATH's split and the bad rows: book/method.md, "Data".
 """
 from __future__ import annotations
 
@@ -260,7 +233,7 @@ def _norm_text(s: str) -> str:
 
 
 def _parse_local_row(source: str, split: str, i: int, r: dict, id_prefix: str) -> Problem:
-    """A row of your own dataset (module docstring): question, answer, and optional steps/solution/id."""
+    """A row of your own dataset (book/method.md, "Data"): question, answer, and optional steps/solution/id."""
     q, a = r.get("question"), r.get("answer")
     if not isinstance(q, str) or not q.strip():
         raise ValueError("missing or empty question")

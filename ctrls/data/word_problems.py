@@ -1,42 +1,14 @@
 """A procedural word-problem dataset within a small backbone's reach (the demo's task).
 
-GSM8K is out of reach of the embedded SmolLM2-135M (0 of 96 correct), so nothing on a page that
-samples it can show a gain or a loss. This dataset keeps GSM8K's form -- a short story about one
-quantity, a question, a chain of thought one step per line ending in "The answer is X." -- and
-exposes a difficulty knob, so that the demo runs where the backbone's Base pass@1 is in 15-40%
-(chosen by measurement: ``studies/word_problems.py``, ``studies/results/word_problems_difficulty.json``).
+GSM8K's form (a short story about one quantity, a question, one step per line ending in "The answer
+is X.") with a difficulty knob (:class:`Difficulty`: ``n_ops`` operations of ``ops``, operands up to
+``max_value``, ``wordings``), set so that the demo's Base pass@1 is in 15-40% (``studies/word_problems.py``).
+Every reference chain grades correct with the project's grader.
 
-A problem is a person and a kind of object; a start count, then ``n_ops`` changes, each an
-operation of ``ops``:
-
-- ``add``: "Then Ana gets 6 more cards."   (x + b)
-- ``sub``: "Then Ana gives away 3 cards."  (x - b, never below 1)
-- ``mul``: the start is "Ana has 3 bags with 4 cards in each bag." (a * b); it counts as one of
-  the ``n_ops`` operations and is drawn for the start with probability 1/len(ops).
-
-A problem holds only operations of ``ops``. With ``add`` among them, a subtraction drawn when
-nothing can be taken away (1 left) becomes an addition. Without ``add`` (``ops`` ``[sub]`` or
-``[sub, mul]``), every change is a subtraction: the start is at least one more than the number of
-subtractions, and each takes away at most what leaves one for each later one; such a difficulty
-needs ``max_value >= n_ops + 1``, or it is refused.
-
-Operands are drawn uniformly from 1..``max_value``. ``wordings`` (1-3) is how many phrasings of
-each operation are used (1: always the first). The reference chain of thought states the start,
-then one line per operation with its arithmetic ("4 + 6 = 10, so Ana has 10 cards."), then
-"The answer is 10." -- the prompt's format (``ctrls.data.prompts``), so every reference chain grades
-correct (``tests/data/test_word_problems.py`` checks this with the project's grader).
-
-Determinism and splits: item i of a split is a function of (seed, split, difficulty, i) alone,
-so a larger n extends a smaller one. A question belongs to the test split when the first byte of
-its SHA-256 is even and to the train split when it is odd, so the splits never share a question;
-each split's candidates come from their own counter-based stream, and repeats within a split are
-skipped (they are rare: the space has more than 10^5 questions at the default difficulty).
-
-Size: :func:`capacity` counts the distinct questions a difficulty can produce (exactly, up to a
-bound), :func:`split_size` how many of them fall in a split, and :func:`producible` how many of
-those the generator finds within its draw budget (the draws are far from uniform: with subtractions
-only, even half a split can lie out of reach). Asking for more (``generate``, or :func:`check_size`
-when a config loads) fails at once, naming the size the difficulty holds.
+Item i of a split is a function of (seed, split, difficulty, i) alone, so a larger n extends a smaller
+one; the splits never share a question (the parity of its SHA-256's first byte). :func:`capacity`,
+:func:`split_size` and :func:`producible` say how many questions a difficulty holds, and asking for more
+fails at once (:func:`check_size`). The rules in full: book/method.md, "ctrls/data/word_problems.py".
 """
 from __future__ import annotations
 

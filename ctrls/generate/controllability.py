@@ -1,32 +1,14 @@
 """Controllability and diversity: does a generated step follow the state it was sampled under (Eq. 8)?
 
-The paper injects z_t = s_t Gamma into every token that predicts step t (Eq. 8) and claims that the
-step then "follows" the state; it never measures it. We measure it with the pretrained inference
-model Q_phi itself (Sec. 5.2): re-encode each generated step from the *frozen* backbone's hidden
-states of the step in context (prompt + generation so far), take its spectral embedding (Eq. 5)
-and its nearest centroid, and compare that state with the one the step was generated under.
-
-- :func:`encode_generations` re-encodes steps along pretraining's path (``pretrain.cache_features``
-  -> ``compute_spectral`` -> ``cluster_states``): ``hidden_states[backbone.hidden_layer]`` of the
-  tokens of the step, stored at float16 as the feature cache stores them, ``CTRLSModel.embed``
-  (spectral_embeddings, Eq. 5), ``CTRLSModel.assign`` and its argmax. The prompt is run once per
-  question and its KV cache shared by the question's samples (prefix sharing, as in sampling).
-  The exploration stage no longer runs it: it reads the same states back from the sampler's own pass
-  (``sample(..., read_states=model)``, ``ctrls.generate.decoding.StepReader``), checked against this function
-  in ``tests/generate/test_decoding_readback.py``; ``explore(..., readback=False)`` and ``bench/readback.py`` keep it.
-- :func:`draw_chains` draws state chains from the epsilon-greedy policy pi~ (Sec. 5.4) without
-  generating anything: the "random states" the Base steps are paired with.
-- :func:`match_rate` / :func:`match_rate_difference`: the fraction of steps whose re-encoded state
-  equals the state they were paired with, step-weighted (sum of matches / sum of steps; it equals
-  the plain fraction of steps), with a 95% Wilson interval at the question-clustered effective size
-  (the steps of one question are not independent) and, for a difference, Newcombe's paired interval
-  with a within-question permutation p-value (``ctrls.stats.metrics.rate_interval``,
-  ``paired_rate_difference``): neither collapses to a point at 0% or 100%.
-- :func:`distinct_answers`, :func:`state_entropy`: per-question diversity, averaged over questions
-  with :func:`ctrls.stats.metrics.bootstrap_ci`. The entropy is the plug-in estimate, biased low by about
-  (m - 1) / (2 N ln 2) bits for m visited states and N pooled steps (Miller 1955).
-
-Inputs of the metric functions are arrays (one entry per step, or per question); outputs numbers.
+The paper claims that a step follows its state z_t (Eq. 8) but never measures it. We re-encode each
+generated step with the pretrained Q_phi (Sec. 5.2: the frozen backbone's hidden states of the step in
+context, its spectral embedding (Eq. 5), its nearest centroid) and compare it with the drawn state.
+:func:`encode_generations` re-encodes (the exploration stage reads the same states back from the
+sampler's own pass instead); :func:`draw_chains` draws the chains of pi~ (Sec. 5.4) that Base steps are
+paired with; :func:`match_rate` and :func:`match_rate_difference` give step-weighted rates with
+question-clustered Wilson and Newcombe paired intervals; :func:`distinct_answers` and
+:func:`state_entropy` measure diversity. Inputs are arrays (one entry per step, or per question);
+outputs numbers. Details: book/method.md, "ctrls/generate/controllability.py".
 """
 from __future__ import annotations
 
@@ -202,8 +184,8 @@ def entropy_bits(states: Sequence[int]) -> float:
 
 def state_entropy(sequences: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
     """Per question, the plug-in entropy (bits) of the states visited by its samples, all steps of
-    all its state sequences pooled (``sequences[q][m]`` is sample m's sequence). Biased low: see the
-    module docstring."""
+    all its state sequences pooled (``sequences[q][m]`` is sample m's sequence). Biased low: see
+    book/method.md."""
     return np.array([entropy_bits([s for seq in qs for s in seq]) for qs in sequences], dtype=float)
 
 

@@ -1,32 +1,14 @@
 """The rubric judge of Table 3 and Appendix E ("GPT-as-judge Evaluation Details").
 
-Appendix E's pipeline, step by step:
-1. Sampling: ``subsample`` draws up to 100 outputs per configuration (seeded), from one named
-   (backbone, dataset) pair (``judge.pair``; the paper: Qwen2.5-3B-Instruct x GSM8K), for the
-   paper's six rows (Base and ``judge.settings``).
-2. Prompt construction: ``build_prompt`` gives the question, the ground-truth answer, the
-   numbered reasoning steps and the model's final answer.
-3. Evaluation: a judge model (GPT-4 in the paper, temperature 0.1) answers strictly in JSON
-   with integer scores from 1 to 10 for self-reflection, algebra, coherence, hallucination and
-   overall quality.
-4. Post-processing: ``parse_scores`` reads the JSON; "when parsing fails, we apply simple regex
-   extraction or fall back to default values" -- the default is the scale's midpoint, 5.5.
-   A score given on another stated scale ("3 out of 5", "4 on a 5-point scale") is read as the
-   same fraction of 10; one whose scale cannot be read is unreadable (the default).
-   Out-of-range scores are clipped to 1..10. Every fallback is recorded per score and counted
-   in ``rubric_table``, so a table built on defaults says so.
+Appendix E's pipeline: :func:`subsample` (up to 100 outputs per row of one pair, ``judge.pair``),
+:func:`build_prompt`, a judge model answering in JSON with scores 1-10 for five criteria, and
+:func:`parse_scores` (regex, then the default 5.5; a score on another stated scale is rescaled to 10;
+every fallback is counted, so a table built on defaults says so).
 
-Backends: any OpenAI-compatible chat-completions server through the ``openai`` client
-(``OpenAIBackend``: GPT-4 when OPENAI_API_KEY is set; vLLM, Ollama or ``transformers serve`` via
-``base_url``), or a local transformers model (``LocalBackend``). Every reply is cached on disk,
-keyed by the backend, model, base URL, temperature and prompt, so re-rendering the book or
-resuming an interrupted run costs nothing. The API key is read from the environment only; it
-is neither part of the cache key nor written anywhere.
-
-On "hallucination": Appendix E's criterion is the *reduction* of hallucinated steps, and Table
-3's values (8.51 ... 8.68) sit on the same scale as the other criteria, yet the table's header
-reads "H↓". We ask for the reduction (10 = no hallucinated step), so every column, H included,
-is higher-is-better. (Table 3's caption also says "0-10" where Appendix E says 1-10; we use 1-10.)
+Backends: any OpenAI-compatible server (``OpenAIBackend``; the key from OPENAI_API_KEY only, never cached
+or written) or a local transformers model (``LocalBackend``). Every reply is cached on disk, keyed by
+backend, model, base URL, temperature and prompt. "Hallucination" is scored as its *reduction* (10 = none),
+so every column is higher-is-better. The steps and our readings of Appendix E: book/method.md.
 """
 from __future__ import annotations
 

@@ -1,36 +1,14 @@
 """State-aware generation (the inner loop of Alg. 2), one batched KV-cache loop for Base and CTRLS.
 
-For each prompt x_0 the prompt is run through the backbone once; its KV cache is expanded to the
-prompt's n samples (prefix sharing). The prompts of a batch share their start (the system prompt
-and the few-shot exemplars: 206 of the demo's 236 tokens), so that shared prefix is run once for
-the whole batch, and each prompt's own suffix on its copy of the cache. With a CTRLS model,
-s_0 = Q_phi(x_0) encodes the prompt, and at every step boundary (a newline token) the next state
-s_{t+1} ~ pi~_theta(. | s_t) is drawn from the epsilon-greedy Dirichlet policy; the adapter then
-rewrites the last hidden state of every token position that predicts step t+1 with
-z_{t+1} = s_{t+1} Gamma (Eq. 8). The position rule of the design notes (book/design.md): the
-newline that ends step t is consumed by a forward pass whose logits (predicting step t+1's
-first token) already use the new state. Without a CTRLS model the loop is plain sampling: the
-"Base" rows of the paper's tables.
-
-Each sequence stops on its own: at EOS, after the final-answer line, after T steps, or at
-``max_new_tokens``; the engine drops finished rows from the batch (and from the cache).
-
-Randomness is per sample, not per batch. Sample m of prompt i draws every random number from a
-stream keyed by (seed_i, m) alone: its t-th token by Gumbel-max with counter-based noise
-u = splitmix64(key, t, j) (exact sampling from the top-k softmax, vectorised over the batch), its
-state draws from the same kind of stream keyed by (key, draw index) (``policy.sample_policy_log_streams``,
-vectorised over the rows). So a sample does not depend on
-its batch-mates, the batch size, the device's RNG or the process that draws it: data-parallel
-sharding (``ctrls.stages.distributed``) reproduces a single-process run, up to floating-point batch effects.
-
-**Reading the states back** (``sample(..., read_states=model)``, the exploration stage): the body's last
-hidden state of every generated token, computed when the token is fed, is kept, and at the end each
-step's Q_phi state (Eq. 5, nearest centroid) is computed from it, for Base rows too: the state a second
-forward pass over the generation in context would give (``ctrls.generate.decoding.StepReader``).
-
-**The static path** (``SampleParams.decode = "static"``, config ``sampling.decode``): fixed shapes,
-one graph per step, the same samples; it lives in :mod:`ctrls.generate.static_decode`, and what both loops
-share (prefill, draws, stopping rules) in :mod:`ctrls.generate.decoding`.
+Each prompt is prefilled once (the batch's shared prefix once for all) and its cache shared by its
+samples. With a CTRLS model s_0 = Q_phi(x_0), and at each newline s_{t+1} ~ pi~(. | s_t) is drawn; the
+adapter (Eq. 8) then rewrites every position that predicts step t+1, the newline's own pass included
+(the position rule). Without one it is plain sampling (the Base rows). A sequence stops at EOS, after
+the final-answer line, after T steps or at ``max_new_tokens``. Sample m of prompt i draws its tokens
+(Gumbel-max) and states from counter-based streams keyed by (seed_i, m) alone, whatever its batch,
+device or process. ``read_states=model`` reads each step's Q_phi state (Eq. 5) back from the sampler's pass.
+The static path (``sampling.decode``) is :mod:`ctrls.generate.static_decode`; what both loops share,
+:mod:`ctrls.generate.decoding`. The rules in full: book/method.md, "ctrls/generate/sampling.py".
 """
 from __future__ import annotations
 

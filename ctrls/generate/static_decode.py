@@ -1,34 +1,14 @@
 """The static path of :mod:`ctrls.generate.sampling` (``SampleParams.decode = "static"``, config ``sampling.decode``).
 
-The engine (``ctrls.generate.sampling._decode``) keeps the batch dense: its KV cache grows by one position per
-token and finished rows are dropped, so every step has new shapes and a host-side cache copy. That
-suits eager CPU decoding, but a step whose shapes change cannot be captured as one graph, and on a
-GPU the ~1,500 kernel launches of an eager step, not FLOPs or bandwidth, set the time
-(``bench/sampling.py``, ``bench/gpu/gpu_estimate.py``). Here every step has the same shapes:
+Every step has the same shapes, so that it can be compiled and, on a GPU, captured as one CUDA graph
+(``sampling.compile``): transformers' ``StaticCache`` preallocated to ``width + max_new_tokens + 1``
+positions, a preallocated attention-mask buffer, fixed batch slots repacked into power-of-two buckets,
+and attention on the KV heads. The step (decoder body, the adapter of Eq. 8, the LM head and its top-k)
+has no host synchronisation; the Gumbel-max draw follows it eagerly (``_step`` says why).
 
-- the KV cache is transformers' ``StaticCache``: preallocated to ``width + max_new_tokens + 1``
-  positions, written in place at one shared position per step (prompts are left padded to a
-  ``width`` rounded up to a multiple of 64, so every row of a group writes at the same index and
-  groups share a few cache shapes);
-- the attention mask is a preallocated (B, 1, 1, capacity) boolean buffer (transformers uses a 4-D
-  mask as given), with one column switched on per step;
-- batch slots are fixed: a finished row stays in its slot, masked out of everything the host reads,
-  until at most half the slots are live; then the live rows move to the smallest power-of-two
-  bucket that holds them, so a compiled step meets at most log2(B) + 2 shapes and the finished
-  rows' wasted work stays below the live rows' work;
-- the one query token attends on the KV heads (``ctrls.generate.kv_cache.packed_sdpa_attention``; compiled,
-  transformers would copy the cache once per query head);
-- the step (decoder body, the CTRLS adapter of Eq. 8, the LM head and its top-k) is a function of
-  tensors with no host synchronisation, compiled with ``torch.compile`` when ``sampling.compile``
-  asks for it (``reduce-overhead``: CUDA-graph capture); the Gumbel-max draw among the top k from
-  the counter-based streams follows it eagerly (``_step`` says why).
-
-Between steps the host does what the engine does, with the same functions: the stopping rules
-(``ctrls.generate.decoding.advance``) and the state draws s_{t+1} ~ pi~(. | s_t) at step boundaries
-(``redraw_states``, per-row policies and epsilon included). A sample is a function of its seed and
-index alone, so the two paths give the same samples, token for token, up to floating-point batch
-effects (attention over the whole capacity, masked, instead of the live prefix);
-``tests/generate/test_static_decode.py`` compares them on tiny models and on the embedded backbone.
+Between steps the host applies the engine's own stopping rules and state draws, so the two paths give the
+same samples up to floating-point batch effects (``tests/generate/test_static_decode.py``). Why and how:
+the design notes (book/design.md, "Two decode paths") and book/method.md.
 """
 from __future__ import annotations
 

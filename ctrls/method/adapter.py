@@ -2,29 +2,13 @@
 
     E'_{t,i} = E_{t,i} + F_u( GELU([F_d(E_{t,i}); W_z z_t]) )
 
-F_d: d -> r encodes a token's hidden state into a rank-r bottleneck, W_z: D -> r projects the state
-vector z_t (D = k*d, the spectral-embedding space of Eq. 5), and F_u: 2r -> d decodes the fused
-bottleneck back; the skip connection E + ... makes it a U-Net. F_u's weight and bias start at zero,
-so a fresh adapter returns E bit for bit and leaves the backbone's logits unchanged.
-
-Parameters (``StateAdapter.n_params``): r(d + 1) + rD + 2rd + d = O(r(d + D)), with D = k d:
-- SmolLM2-135M (d = 576, D = 2304, r = 64): 258,688 (0.19% of the backbone);
-- Qwen2.5-3B (d = 2048, D = 8192, r = 64): 919,616 (0.03%);
-- Llama-3.2-3B (d = 3072, D = 12288, r = 64): 1,379,392 (0.04%).
-
-With z = s Gamma (a mixture of the K centroids), W_z z = s (Gamma W_z^T): ``forward_s`` uses that
-K x r product and never materialises an (n, D) tensor.
-
-Dtypes: the adapter's weights stay float32. Inputs of another dtype (bf16 on GPU) are cast to
-float32, the adapter runs in float32, and E' is cast back to E's dtype. A fresh adapter computes
-E + 0 in float32 and casts back, which is exact, so the identity holds in every dtype.
-
-Injection point (design notes: book/design.md; config ``adapter.inject_at``): ``"last_hidden"`` (default) rewrites
-the last hidden state (after the final norm) right before the LM head, so the backbone runs
-untouched and its features can be cached; ``"input_embeds"`` rewrites the input embeddings
-instead (Alg. 1's wording), which backpropagates through the frozen backbone.
-``adapted_logits`` computes the logits of either mode, but only ``last_hidden`` is wired into the
-stages: the config refuses ``input_embeds`` when it loads (ctrls.config.schema, INJECT_AT_WHY).
+F_d: d -> r, W_z: D -> r (D = k*d, the space of Eq. 5), F_u: 2r -> d (linear, or an MLP with
+``fusion="mlp"``). F_u's output layer starts at zero, so a fresh adapter returns E bit for bit in every
+dtype (the weights stay float32; E' is cast back to E's dtype). ``forward_s`` takes z = s Gamma as s,
+never building an (n, D) tensor. ``adapted_logits`` computes the logits at either injection point, but only
+``"last_hidden"`` (before the LM head, backbone untouched, features cached) is wired into the stages;
+the config refuses ``input_embeds`` (ctrls.config.schema, INJECT_AT_WHY). Parameter counts and the
+injection point: book/method.md, "ctrls/method/adapter.py"; design notes: book/design.md.
 """
 from __future__ import annotations
 
@@ -60,7 +44,7 @@ class StateAdapter(torch.nn.Module):
         self.state = torch.nn.Linear(state_dim, rank, bias=False)  # W_z
         self.mix = torch.nn.Linear(2 * rank, 2 * rank) if fusion == "mlp" else None  # M (mlp only)
         self.up = torch.nn.Linear(2 * rank, hidden_size)  # F_u's output layer
-        torch.nn.init.zeros_(self.up.weight)
+        torch.nn.init.zeros_(self.up.weight)  # F_u = 0: a fresh adapter returns E, the backbone's own logits
         torch.nn.init.zeros_(self.up.bias)
 
     @property
@@ -82,7 +66,7 @@ class StateAdapter(torch.nn.Module):
 
     @staticmethod
     def n_params(hidden_size: int, state_dim: int, rank: int, fusion: str = "linear") -> int:
-        """r(d + 1) + rD + 2rd + d: F_d, W_z, F_u (see the module docstring for concrete numbers);
+        """r(d + 1) + rD + 2rd + d: F_d, W_z, F_u (book/method.md gives concrete numbers);
         plus 4r^2 + 2r for the ``mlp`` fusion's M."""
         mix = 4 * rank * rank + 2 * rank if fusion == "mlp" else 0
         return rank * (hidden_size + 1) + rank * state_dim + 2 * rank * hidden_size + hidden_size + mix

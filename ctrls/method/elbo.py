@@ -1,37 +1,15 @@
 """Thm. 5.3's evidence lower bound, and the relaxed objective the adapter is trained on.
 
-The model, with z discrete (design notes: book/design.md, "The ELBO (Thm. 5.3) with discrete z"):
-- states z_t in {gamma_1 .. gamma_K} (the k-means centroids); z_0 ~ s_0, the prompt's encoding
-  (x_0, the prompt, is given, not modelled);
-- transition P_theta(z_t = gamma_j | z_{t-1} = gamma_i) = softmax(L)_ij;
-- emission P_omega(x_t | x_<t, z_t): the frozen backbone with the adapter (Eq. 8) applied with z_t
-  at the positions that predict step t's tokens (position rule below);
-- variational posterior Q(z_{0:T}) = prod_t Q(z_t), Q(z_t = gamma_j) = s_tj (the soft assignment
-  Q_phi), Q(z_0) = s_0 = P(z_0), so z_0 adds no KL.
+With z discrete (z_t in the K centroids, z_0 ~ s_0, transitions softmax(L), Q(z_t = gamma_j) = s_tj):
 
-Thm. 5.3 then reads, in nats,
+    log P(x_{1:T} | x_0) >= ELBO = sum_t sum_j s_tj log P_omega(x_t | x_<t, z_t = gamma_j)      (reconstruction)
+                                  - sum_t sum_i s_{t-1,i} KL(s_t || softmax(L)_i)               (expected KL)
 
-    log P(x_{1:T} | x_0) >= ELBO = sum_t sum_j s_tj log P_omega(x_t | x_<t, z_t = gamma_j)             (reconstruction)
-                                  - sum_t sum_i s_{t-1,i} KL(s_t || softmax(L)_i)                      (expected KL)
-
-and ``elbo`` computes exactly that, over every token of every step: the reconstruction exactly over
-the K centroids (``samples=0``) or by Monte Carlo over z_t ~ Q with its standard error
-(``samples=n``); the KL term is the expectation over z_{t-1} ~ Q of the KL to the transition row.
-
-The relaxed objective (``relaxed_terms``, ``relaxed_loss``) is what the adapter is trained on:
-the reconstruction at the mean state z_t = sum_j s_tj gamma_j (the paper's "continuous
-relaxation", Sec. 5.2) minus KL(s_t || s_{t-1} softmax(L)), the KL to the mixture prior. It is
-not a bound on log P(x): the mean-z likelihood is not the expectation over z, and by convexity of
-the KL the mixture-prior KL is at most the expected KL (``expected_kl``). Only ``elbo`` is called
-an ELBO.
-
-Position rule (design notes: book/design.md): if step t's tokens sit at positions a .. b-1, the hidden states at
-positions a-1 .. b-2 predict them and carry z_t. With last-hidden injection the frozen backbone's
-last hidden states are cached once; a step's log-likelihood is then
-sum log_softmax(lm_head(adapter(H, z_t)))[target].
-
-Memory: the LM head's logits (n x V, V up to 152k) are computed ``chunk`` positions at a time, and
-never kept for a backward pass (``_FrozenHeadLogprob``). Peak memory is O(chunk V + P d).
+with P_omega the backbone and the adapter (Eq. 8). ``elbo`` computes it in nats, exactly over the K
+centroids (``samples=0``) or by Monte Carlo with its standard error (``samples=n``); ``relaxed_terms`` /
+``relaxed_loss`` (the mean state, Sec. 5.2, minus the mixture-prior KL) train the adapter: not a bound.
+Positions a-1 .. b-2 carry z_t for step t's tokens a .. b-1; the LM head runs ``chunk`` positions at a
+time (``_FrozenHeadLogprob``). Derivation: book/method.md, "The evidence lower bound (Thm. 5.3)".
 """
 from __future__ import annotations
 

@@ -1,49 +1,14 @@
 """P_theta and pi_theta: the transition model and the Dirichlet policy (Sec. 5.3, 5.4; Eq. 14 and Eq. 16).
 
-One K x K logit matrix L serves both (the design notes (book/design.md, "Transition model and policy")):
-- transition prior: row j of softmax(L) is P_theta(. | state j); for a state distribution s the
-  prior is p = s softmax(L).
-- policy: the next state distribution is a ~ Dir(c p), with mean p and a learned concentration
-  c = exp(log_c). The epsilon-greedy policy pi~ draws from Dir(1, ..., 1), the uniform
-  distribution on the simplex, with probability epsilon; its log-density is exactly
-  log[(1 - eps) Dir(a; c p) + eps Dir(a; 1)], with Dir(a; 1) = Gamma(K) = (K-1)!.
-- entropy bonus H (Eq. 14): the entropy of the categorical p (the paper's discrete sum); the
-  Dirichlet's differential entropy is an option.
-Offline (pretraining, Alg. 1: P_theta "via KL"), L is fitted by ``fit_transitions`` to Thm. 5.3's KL
-term, the expected KL sum_t sum_i s_{t-1,i} KL(s_t || softmax(L)_i) (``expected_kl``), whose exact
-minimiser is the row-normalised soft transition counts (closed form, ``soft_counts_init``; default,
-``policy.fit: expected_kl``). The mixture-prior KL sum_t KL(s_t || s_{t-1} softmax(L)) (``kl_to_prior``,
-the relaxed objective's KL term, at most the expected KL by convexity) is an option
-(``policy.fit: mixture``): gradient refinement from the soft counts. RL then fine-tunes L and log_c only.
-
-Log-actions, never clamped actions (Eq. 16's score must be unbiased):
-after pretraining many Dirichlet parameters c p_j are tiny (~0.03) and a sampled a_j is then
-often far below any float floor (log a_j ~ -1/(c p_j) ~ -30 or less). A log-density evaluated at
-a clamped action moves E[grad log pi~(a | s)] away from 0 (measured: +11.4 for d/d log c on a
-sharp K = 16 row, where the truth is 0), so REINFORCE would learn from an artefact. The sampler
-therefore draws log-Gammas and returns log a = logGamma - logsumexp(logGamma) exactly
-(``sample_log``); the densities are evaluated from log a (``log_prob_log``). ``log_prob`` takes a
-plain simplex vector and is only for actions strictly inside the simplex (it takes log a as is).
-
-Numerical floor (documented, deliberate): ``CONC_FLOOR``: Dirichlet parameters c p are clamped to
-at least 1e-3, so that a vanishing p_j or c never gives an invalid (zero) concentration. The
-sampler and the density use the same clamped parameters, so this changes the policy, not the
-score's mean (it stays exactly 0).
-
-Non-finite input is an error, never a hang: a NaN/Inf in L, log_c, a state or an action raises
-:class:`NonFiniteError` naming the tensor; the Gamma rejection loop is bounded.
-
-Sampling is seeded by a ``torch.Generator``: torch's Gamma/Dirichlet samplers accept none, so
-``sample_dirichlet`` draws Gamma variates with the Marsaglia-Tsang method from ``torch.randn`` /
-``torch.rand`` with the generator (same generator state, same draws, on any device), and
-normalises them in log space (softmax), which stays exact for tiny concentrations.
-
-The decoder (``ctrls.generate.decoding.draw_states``) draws all rows of a batch at once with
-``sample_policy_log_streams`` / ``TransitionPolicy.sample_log_streams``: the same Marsaglia-Tsang
-method, but every uniform (and every normal, by Box-Muller) comes from the row's counter-based
-splitmix64 stream (``streams.stream_uniform``), keyed by (row key, draw index) and a round counter,
-with per-row concentrations (B, K) and per-row epsilon (B,). A row's draw depends on nothing else
-(not its batch-mates, not the batch size, not the device), in a fixed number of vectorised ops.
+One K x K logit matrix L serves both: the prior is p = s softmax(L), the policy draws a ~ Dir(c p),
+c = exp(log_c), the epsilon-greedy pi~ mixes in Dir(1, ..., 1) (exact log-density), and the entropy bonus
+(Eq. 14) is that of the categorical p. ``fit_transitions`` (Alg. 1) fits L to Thm. 5.3's expected KL
+(closed form, ``soft_counts_init``; ``policy.fit: mixture``: the mixture-prior KL, ``kl_to_prior``).
+Densities are evaluated from log-actions, never clamped actions, so that Eq. 16's score stays unbiased
+(``sample_log`` returns log a exactly; ``log_prob_log`` reads it). ``CONC_FLOOR`` clamps c p to at least
+1e-3 in sampler and density alike; non-finite input raises :class:`NonFiniteError`. Draws are seeded by a
+``torch.Generator`` (Marsaglia-Tsang), or by per-row counter-based streams for the decoder
+(``sample_policy_log_streams``). Reasons and measurements: book/method.md, "ctrls/method/policy.py".
 """
 from __future__ import annotations
 
@@ -53,7 +18,7 @@ import torch
 
 from ctrls.method.streams import stream_subkeys, stream_uniform
 
-CONC_FLOOR = 1e-3  # Dirichlet parameters c * p are clamped to at least this
+CONC_FLOOR = 1e-3  # Dirichlet parameters c * p are clamped to at least this: never a zero concentration
 PROB_FLOOR = 1e-12  # probabilities inside logs (entropy, KL)
 MAX_REJECTION_ROUNDS = 200  # Marsaglia-Tsang accepts with probability > 0.95 per round
 
@@ -239,7 +204,7 @@ class TransitionPolicy(torch.nn.Module):
     @torch.no_grad()
     def sample_log(self, s: torch.Tensor, epsilon: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
         """log a (..., K), a ~ pi~(. | s): Dir(c p) with probability 1 - epsilon, else Dir(1, ..., 1).
-        Exact in log space (module docstring); the same ``generator`` state gives the same draws."""
+        Exact in log space (book/method.md); the same ``generator`` state gives the same draws."""
         _check_epsilon(epsilon)
         conc = self.concentration(check_simplex(s, "state s").to(self.L.device))
         dev = generator.device if generator is not None else conc.device

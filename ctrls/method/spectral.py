@@ -1,30 +1,14 @@
 """The spectrum embedding of a reasoning step (Eq. 5).
 
-The paper takes the top-k eigenpairs (lambda_i, q_i) of the d x d Gram matrix G_t = E_t^T E_t of a
-step's token representations E_t (n_t x d) and sets e_t = [sqrt(lambda_1) q_1; ...; sqrt(lambda_k) q_k].
-With the thin SVD E_t = U S V^T we have G_t = V S^2 V^T, so sqrt(lambda_i) q_i = s_i v_i: e_t is the
-first k rows of S V^T, flattened (dimension k*d). That costs O(n_t^2 d) instead of O(d^3)
-(d = 3072 for a 3B model, n_t ~ 40); the d x d matrix is never formed.
+e_t = [sqrt(lambda_1) q_1; ...; sqrt(lambda_k) q_k] from the top-k eigenpairs of G_t = E_t^T E_t is the
+first k rows of S V^T of the thin SVD E_t = U S V^T, flattened (k*d): O(n_t^2 d), never a d x d matrix.
+``spectral_embedding`` does one step by SVD; ``spectral_embeddings`` (the pipeline's) does many, by one
+batched float64 ``eigh`` of the small n x n side E E^T per chunk of zero-padded steps.
 
-Two routes to the same rows:
-- ``spectral_embedding`` (one step): ``torch.linalg.svd(E, full_matrices=False)``.
-- ``spectral_embeddings`` (many steps, what the pipeline uses): the small side of the SVD,
-  E E^T = U S^2 U^T (n x n, float64), by one batched ``eigh`` per chunk of steps; then
-  S V^T = U^T E. In float64 the top-k rows are as accurate as the float32 SVD, and on CPU this is
-  several times faster than a batched SVD (see ``bench/spectral.py``). Steps of a chunk are
-  zero-padded to the chunk's longest step: zero rows of E add zero eigenvalues to E E^T and
-  leave the nonzero part of S V^T unchanged.
-
-Conventions (design notes: book/design.md): each v_i's sign is fixed so that the row sigma_i v_i points along the
-step's token sum E_t^T 1 (the Gram matrix, and Eq. 5, leave the sign free); only where that projection vanishes
-(|cos| < SIGN_COS_TOL, e.g. a step whose tokens sum to ~0) does the largest-magnitude entry decide. The older rule,
-"largest-magnitude entry positive", let two near-equal activations of opposite sign (SmolLM2's dims 199 and 17)
-flip whole steps and made a mirror cluster that held most prompts (``tests/method/test_spectral.py`` keeps the case);
-rows beyond the numerical rank of E_t (always when n_t < k) are zero, where singular values below
-max(n, d) * eps_float32 * s_1 count as zero (numpy's matrix_rank rule at float32 precision: the
-hidden states are float32 at best); E_t is divided by sqrt(n_t) first (flag ``normalize``) so
-that long steps do not dominate the clustering. Outputs are float32 on the inputs' device;
-bfloat16/float16 inputs are upcast first.
+Conventions (design notes: book/design.md): each row sigma_i v_i points along the step's token sum
+E_t^T 1 (the largest-magnitude entry decides only where that projection vanishes, ``SIGN_COS_TOL``);
+rows beyond the numerical rank are zero; E_t is divided by sqrt(n_t) first (``normalize``). Outputs are
+float32 on the inputs' device. Derivation and reasons: book/method.md, "Latent states (Eq. 5)".
 """
 from __future__ import annotations
 
@@ -32,7 +16,9 @@ from typing import Sequence
 
 import torch
 
-RANK_RTOL_EPS = torch.finfo(torch.float32).eps  # singular values below max(n, d) * this * s_1 are zero
+# singular values below max(n, d) * this * s_1 are zero: numpy's matrix_rank rule at float32, since the
+# hidden states are float32 at best
+RANK_RTOL_EPS = torch.finfo(torch.float32).eps
 SIGN_COS_TOL = 1e-4  # below this |cos(row, token sum)| the sign falls back to the largest-magnitude entry
 
 

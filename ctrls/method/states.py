@@ -1,24 +1,13 @@
 """Q_phi: k-means latent states and soft assignments (Sec. 5.2).
 
-K centroids gamma_j are fitted by scikit-learn's KMeans on the spectral embeddings e_t (Eq. 5) of
-all training steps (MiniBatchKMeans above ``minibatch_above`` steps). A step's state distribution
-is s_t = softmax_j(-||e_t - gamma_j||^2 / tau) and its latent vector z_t = sum_j s_tj gamma_j.
+K centroids gamma_j are fitted by scikit-learn's KMeans on the spectral embeddings e_t (Eq. 5) of all
+training steps (MiniBatchKMeans above ``minibatch_above`` steps); a step's state distribution is
+s_t = softmax_j(-||e_t - gamma_j||^2 / tau) and its latent vector z_t = sum_j s_tj gamma_j. By default tau
+is the median squared distance of a training step to its nearest centroid (fallbacks in ``notes``).
 
-tau (the median rule): by default the median, over the training steps, of the squared distance to
-the nearest centroid, so that a typical step puts most, not all, of its mass on its own state. If
-that median is 0 (more than half of the steps sit exactly on a centroid) tau is the mean of the
-nonzero distances, or 1.0 when all are zero; the fallback is recorded in ``StateSpace.notes``.
-
-Numerics: features so large that squared distances overflow float32 (tau = inf, NaN states) are
-refused with a ValueError naming the largest entry; a tau below ``TINY_TAU`` times the typical
-squared distance makes every soft assignment one-hot to float precision, which is kept (it is
-what the data say) but recorded in ``notes`` and logged. Non-finite soft assignments raise.
-
-Fewer distinct steps than K: k-means cannot place K distinct centroids. With ``reduce_k=True``
-(the default, ``states.reduce_k``) K is reduced to the number of distinct steps, a warning is
-logged and the reduction is recorded: ``StateSpace.requested_k`` keeps the K asked for, ``k`` is
-the K used, and ``notes`` holds the sentence the book shows. With ``reduce_k=False`` it is a
-ValueError. Either way, never K centroids of which some are duplicates.
+With fewer distinct steps than K, K is reduced (``reduce_k=True``, the default: ``StateSpace.requested_k``
+keeps the K asked for, ``k`` is the K used, ``notes`` says so) or it is a ValueError; never duplicate
+centroids. Overflowing features and non-finite assignments raise. Details: book/method.md, "ctrls/method/states.py".
 """
 from __future__ import annotations
 

@@ -1,33 +1,12 @@
 """What the paper's own tables can resolve (Tables 1 and 2): intervals and minimal detectable differences.
 
-The paper reports each CTRLS row and Base as percentages, without intervals. Table 1's values are
-multiples of 2.5, i.e. 40 test questions; Table 2's are multiples of 0.2, i.e. 500 (design notes: book/design.md,
-"Table sizes in the paper"). For each CTRLS-vs-Base difference (pass@20 and Succ.) this module gives
-
-- the 95% interval for a difference of two independent proportions at the paper's n, by Newcombe's
-  hybrid score method (Newcombe 1998, method 10): with Wilson score intervals (l_i, u_i) of each rate,
-
-      d = p_1 - p_0,  lo = d - sqrt((p_1 - l_1)^2 + (u_0 - p_0)^2),  hi = d + sqrt((u_1 - p_1)^2 + (p_0 - l_0)^2)
-
-  It stays inside [-1, 1] and is well behaved at 0% and 100%, where the Wald interval collapses to
-  a point. It is *unpaired*: both rows answer the same questions, so a paired analysis is tighter
-  when the rows agree on most questions, but it needs the per-question outcomes, which the paper
-  does not publish. Our own tables have them and use the paired form of the same method
-  (``ctrls.stats.metrics.paired_rate_difference``: Newcombe's method 10 for paired proportions with the
-  continuity-corrected phi, beside an exact McNemar or within-question permutation p-value). The
-  unpaired interval is what the published numbers allow.
-- the minimal detectable difference (MDD) at that n: the smallest change from the Base rate p_0
-  that a two-sided test at alpha = 0.05 detects with power 0.8, on the arcsine scale (Cohen's h,
-  the variance-stabilised effect size h = 2 asin sqrt(p_1) - 2 asin sqrt(p_0)): a two-sample z test
-  with n per arm detects |h| >= h* = (z_{1-alpha/2} + z_{1-beta}) sqrt(2 / n), so
-
-      MDD up   = sin^2(asin sqrt(p_0) + h*/2) - p_0   (NaN when that passes 100%)
-      MDD down = p_0 - sin^2(asin sqrt(p_0) - h*/2)   (NaN when that passes 0%)
-
-  (the far rejection tail is ignored, as usual).
-
-Succ. is treated like pass@20, as a proportion over the table's questions: its published values
-sit on the same question grid (the design notes, book/design.md, note the discrepancy with the per-sample definition).
+The paper reports percentages without intervals, on 40 (Table 1) and 500 (Table 2) test questions (the
+sizes inferred in the design notes, book/design.md, "Table sizes"). For each CTRLS-vs-Base difference
+(pass@20 and Succ.) this module gives Newcombe's *unpaired* hybrid score interval at the paper's n (the
+paper publishes no per-question outcomes; our tables use the paired form) and the minimal detectable
+difference (MDD) up and down from Base, at alpha = 0.05 and power 0.8 on the arcsine scale (Cohen's h).
+Succ. is treated like pass@20, as a proportion over the table's questions. The formulas:
+book/method.md, "ctrls/report/paper_power.py".
 """
 from __future__ import annotations
 
@@ -80,7 +59,7 @@ def paper_comparisons() -> pd.DataFrame:
 def paper_power(alpha: float = ALPHA, power: float = POWER, n: dict[str, int] | None = None) -> pd.DataFrame:
     """One row per CTRLS-vs-Base difference of the paper's Tables 1 and 2: n, both rates, the
     difference and its 95% Newcombe interval (percentage points), whether the interval excludes 0,
-    and the minimal detectable difference up and down from Base at that n (module docstring)."""
+    and the minimal detectable difference up and down from Base at that n (book/method.md)."""
     n = n or PAPER_N
     df = paper_comparisons()
     recs = []

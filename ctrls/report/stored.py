@@ -1,26 +1,12 @@
 """One validating reader for every stored result the book reads: the mechanism studies
-(``studies/results/*.json``: ``studies/steering.py``, ``studies/injection.py``, ``studies/concentration.py``
-and the word-problem pilot of ``studies/word_problems.py``) and the measured GPU-hours
-(``bench/results/gpu_estimate_measured_*.json``).
+(``studies/results/*.json``) and the measured GPU-hours (``bench/results/gpu_estimate_measured_*.json``).
 
-Each kind of file has one schema, here (:data:`SCHEMAS`, written from the committed files, which all pass:
-``tests/report/test_stored.py``). :func:`read` parses a file, its nesting bounded (``MAX_DEPTH``), checks it
-against its kind's schema and returns it. Every problem is one :class:`StoredResultError` (a ValueError)
-that names the file and the field (``points[1].follows_hi``). A schema requires what the readers use:
-
-- types: a number is never a bool or text, an object is an object (``machine`` too), a list a list;
-- finite numbers: no NaN, ±Infinity or null in a field that is read;
-- ranges: rates in [0, 1], differences of rates in [-1, 1], counts integers, hours >= 0; a coincidence
-  rate strictly between 0 and 1 (kappa divides by 1 minus it, the ratio to it by it);
-- intervals that contain their estimates, and hours from 'mean' up to 'cap';
-- K an integer >= 2; a non-empty list or mapping wherever a reader takes its first element.
-
-A field no reader uses is not checked (a stored result keeps whatever else its script wrote), and an
-optional one is checked where present (null is absent).
-
-Where the files are: ``<root>/studies/results/`` and ``<root>/bench/results/``, root being the one given to a
-reader (``root=``), else the environment variable ``CTRLS_RESULTS_DIR`` (a directory laid out like the
-repository, e.g. ``$CTRLS_RESULTS_DIR/studies/results/steering_states.json``), else this repository.
+Each kind of file has one schema (:data:`SCHEMAS`); :func:`read` parses a file (nesting bounded,
+``MAX_DEPTH``), checks it and returns it, and every problem is one :class:`StoredResultError` (a
+ValueError) naming the file and the field (``points[1].follows_hi``). A schema checks only what the
+readers use: types, finite numbers, ranges, intervals that contain their estimates (the list:
+book/method.md, "ctrls/report/stored.py"). Files are read under ``root=``, else ``$CTRLS_RESULTS_DIR``
+(laid out like the repository), else this repository.
 """
 from __future__ import annotations
 

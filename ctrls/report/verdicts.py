@@ -1,26 +1,13 @@
 """Conclusions computed, not typed: the "What this run shows" boxes of the run pages and the claims
 scorecard of the book's first page.
 
-Every sentence here is written from a table the pages also show, with its interval; a verdict
-is read off a Holm-adjusted p-value *and* an interval on the same footing, never typed:
-
-- a paired difference (``ctrls.stats.metrics.paired_rate_difference``: Newcombe's paired interval, an
-  exact McNemar or within-question permutation p) is *higher* / *lower* when its Holm-adjusted
-  p < 0.05 (the family: the table it comes from) and its family interval excludes 0. The family
-  interval is Newcombe's at level 1 - 0.05/m over the table's m comparisons (Bonferroni: all m
-  intervals hold together with probability >= 95%, and Bonferroni is never less conservative than
-  Holm, so an interval that excludes 0 goes with a Holm rejection except where the exact test and
-  the score interval differ, which the verdict then says). Otherwise the verdict is *no detectable
-  difference* with the estimate's direction: "(the estimate is lower: −22.5 points)";
-- the scorecard calls a resolved claimed direction *supported*, the other *contradicted*, and an
-  unresolved one *not supported* (the one label, also the synthetic study's), always with the
-  direction of the estimate ("not supported: the estimate is in the opposite direction (−22.5
-  points)"), and the demo's minimal detectable difference (``ctrls.stats.sizing``) beside it;
-- RL (:func:`rl_verdicts`): held-out accuracy at the last evaluation vs step 0, per setting, on
-  the same evaluation questions, the seeds' samples pooled per question (the comparison is
-  conditional on these runs: the seed-to-seed variance of training is not in the interval),
-  Holm over the settings, the family interval as above: *learned*, *got worse* or *no detectable
-  change* with the estimate's direction.
+Every sentence is written from a table the pages also show. A paired difference is *higher* / *lower*
+only when its Holm-adjusted p < 0.05 *and* its family interval (Newcombe's at 1 - 0.05/m, Bonferroni)
+excludes 0; otherwise *no detectable difference*, with the estimate's direction. The scorecard says
+*supported*, *contradicted* or *not supported* (the one label for an unresolved estimate), beside the
+demo's minimal detectable difference; :func:`rl_verdicts` compares held-out accuracy at the end with
+step 0 (*learned*, *got worse*, *no detectable change*), conditional on the runs. The rules in full:
+book/method.md, "ctrls/report/verdicts.py".
 """
 from __future__ import annotations
 

@@ -1,27 +1,14 @@
 """Alg. 1 (offline CTRLS pretraining) as resumable stages under ``runs/<profile>/pretrain/<pair>/``.
 
-(a) ``collect``:  sample n CoTs per training question from the backbone and keep the correct ones
-                  (App. F); reference solutions are added when ``pretrain.sources`` says so.
-(b) ``features``: one backbone forward per trajectory; cache the last-layer hidden states of its
-                  steps (and of the question, for s_0) on disk.
-(c) ``spectral``: e_t of every step (Eq. 5) and e_0 of every question.
-(d) ``states``:   k-means centroids, tau, soft assignments s_t (Q_phi). The CoTs of a seeded
-                  fraction of the questions (``pretrain.heldout_fraction``) are held out of the
-                  fits of (d), (e) and (f); their steps are assigned states, for evaluation only.
-(e) ``transitions``: fit L by the expected KL, sum_t E_{j~s_{t-1}} KL(s_t || softmax(L_j)) (closed form,
-                  the default ``policy.fit``), or by the mixture-prior KL (``policy.fit: mixture``).
-(f) ``adapter``:  train the adapter on the relaxed objective (``ctrls.method.elbo``: reconstruction at the
-                  mean state) from the cached hidden states (with last-hidden injection the backbone
-                  is not re-run); after epoch 0 (the fresh adapter), every ``pretrain.bound_every``
-                  epochs and after the last, evaluate Thm. 5.3's bound on the training and the
-                  held-out steps, in eval mode, into ``adapter/bound_history.parquet``.
-(g) ``checkpoint``: config.json + model.safetensors, reloadable with ``CTRLSModel.from_pretrained``.
-
-Each stage writes its outputs and then a ``done`` marker keyed by the config it depends on, with
-the sha256 of each output (``ctrls.stages.runs``), so a rerun reuses finished stages whose files are
-intact, and (a) and (b) resume per question after an interruption. (a) commits a question by
-writing its ``_end`` row after its rows; a resumed run first cuts the rows after the last
-committed question off the JSONL, so a question cut by a kill is neither lost nor counted twice.
+(a) ``collect`` correct CoTs (App. F; plus reference solutions, ``pretrain.sources``); (b) ``features``:
+cache each step's last-layer hidden states; (c) ``spectral``: Eq. 5; (d) ``states``: k-means Q_phi, with
+the CoTs of ``pretrain.heldout_fraction`` of the questions held out of (d)-(f); (e) ``transitions``: fit L
+by the expected KL (the default ``policy.fit``; ``mixture``: the mixture-prior KL); (f) ``adapter``: train
+on the relaxed objective from the cached features, with Thm. 5.3's bound on the held-out steps after every
+epoch, early stopping (``pretrain.patience``) and the best held-out epoch kept; the checkpoint
+(``CTRLSModel.from_pretrained``) is written at its end. Each stage ends with a checksummed ``done`` marker
+(``ctrls.stages.runs``); (a) and (b) resume per question. Details: book/method.md,
+"ctrls/stages/pretrain.py".
 """
 from __future__ import annotations
 

@@ -1,35 +1,15 @@
 """Run directories: ``runs/<profile>/<stage>/<backbone>__<dataset>/`` with a ``done`` marker.
 
-Each stage directory holds the resolved config (``config.yaml``), the stage's outputs, and a ``done``
-file written last. A stage is reused when its ``done`` marker carries the same key (a hash of the
-config sections it depends on and of its upstream stages' keys). A directory whose key differs holds
-another config's outputs: it is cleared before the stage starts. An interrupted stage (no ``done``,
-same key) resumes from what it wrote.
-
-What is on disk is verified, not trusted. The ``done`` marker records the sha256 of every output file
-(``files``) and a digest of the outputs of the stages it read (``inputs``). A rerun hashes the outputs
-again: a missing or changed file (or one replaced by a directory) is logged by name, deleted and
-redone, so a stage that resumes per shard (features, exploration parts, RL runs) redoes that shard
-only. A marker without checksums (an older version's) is not trusted: the stage is cleared and runs
-again. A stage whose input stage was redone with other outputs runs again too.
-
-Nothing outside ``run_dir`` is cleared or deleted: a stage directory or an extra output outside it is
-refused (``ctrls.data.names.check_inside``). Every path a ``done`` marker names is resolved (``..`` and
-symbolic links) and must lie strictly inside the stage's directory (not a marker) or an ``extra``
-output. A marker that names another path, or is not the JSON object :meth:`Stage.finish` writes, is
-corrupt: logged, nothing it names is checked or deleted, and the stage (its own directory) is cleared.
-
-One writer per stage: :meth:`Stage.begin` takes an exclusive lock (``fcntl.flock`` on
-``.<stage>.lock`` next to the stage's directory, holding the holder's pid and host) and
-:meth:`Stage.finish` releases it, as does a stage that fails or is interrupted. A second process
-fails at once with :class:`StageBusyError` naming the holder, before it clears anything; a lock left
-by a process that died is taken over. Reading a finished stage takes no lock (the run directory may
-be on a read-only mount). A lock or marker that is a symbolic link is refused, never followed
-(:class:`UnsafeLinkError`); a directory a stage cannot write is :class:`RunDirError`, naming it.
-
-No code from disk: loads at stage boundaries go through :func:`load_torch` (``weights_only=True``
-only: a file that would need the full unpickler is refused with :class:`UnsafeArtifactError`),
-:func:`read_parquet` and :func:`check_safetensors`, whose errors name the file.
+A stage directory holds the resolved ``config.yaml``, its outputs and a ``done`` file written last. A
+stage is reused when its marker carries the same key (a hash of the config sections it depends on and
+of its upstream stages' keys); a directory with another key is cleared first; an interrupted stage
+resumes. The marker records the sha256 of every output and a digest of the inputs it read: a missing or
+changed output is logged, deleted and redone, and a marker without checksums is not trusted.
+Nothing outside ``run_dir`` is cleared (``ctrls.data.names.check_inside``) and a marker naming another
+path is corrupt; :meth:`Stage.begin` takes an exclusive lock (else :class:`StageBusyError`); links are
+refused (:class:`UnsafeLinkError`), an unwritable directory is :class:`RunDirError`; files load through
+:func:`load_torch` (``weights_only=True``, else :class:`UnsafeArtifactError`), :func:`read_parquet` and
+:func:`check_safetensors`. Details: book/method.md, "ctrls/stages/runs.py"; guarantees: book/reliability.md.
 """
 from __future__ import annotations
 

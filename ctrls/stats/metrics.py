@@ -1,54 +1,13 @@
 """The tables' metrics (Sec. 6.2, Tables 1 and 2): pass@k, Succ., their intervals, paired comparisons.
 
-Inputs are boolean matrices of shape (questions, samples). The paper's pass@20 is "at least one
-correct among the 20 samples" (:func:`pass_at_k_paper`); :func:`pass_at_k` averages the unbiased
-estimator of Chen et al. (2021), which equals the paper's definition when k = n. Succ. is the
-fraction of samples with a valid final answer. Values are fractions in [0, 1]; the book shows them x100.
-
-Intervals for rates (what the tables report), sound at 0% and 100%, where a percentile bootstrap
-collapses to a point ("100.0 [100.0, 100.0]" at 40/40):
-
-- :func:`rate_interval`: a rate sum_q m_q / sum_q n_q over Q questions q (m_q successes of n_q
-  trials: pass@n has n_q = 1, Succ. n_q = samples, a match rate n_q = steps) with the Wilson score
-  interval (``ctrls.stats.power.wilson_interval``) at an effective sample size n_eff. The samples of one
-  question are not independent; n_eff = N / deff, with Kish's design effect deff the ratio of the
-  question-clustered variance of the ratio (linearised, residuals e_q = m_q - p n_q, with the
-  small-sample factor Q / (Q - 1)) to the binomial variance of N independent samples (with its
-  N / (N - 1)): n_eff = p(1 - p) N^2 / sum_q e_q^2 x (Q - 1) / Q x N / (N - 1), clipped to [1, N].
-  It is the number of questions when n_q = 1 (plain Wilson) and about N for independent samples.
-  Near 0% and 100% the clustered variance rests on the few minority outcomes (k = min(successes,
-  failures)) and is unreliable: one failure among 160 samples reads as n_eff = N, which made
-  159/160 narrower than 160/160. So n_eff = Q (every question's samples counted as one
-  observation, the conservative end for equal n_q) while k < 2 n_max (n_max the largest n_q),
-  where the interval depends on the counts alone and is monotone in them; from k = 2 n_max it
-  moves linearly to the clustered estimate, reached at k = 4 n_max (no jump). Beyond that n_eff
-  depends on where the minority outcomes fall (spread over questions they read as independent,
-  together as clustered). At 0% and 100% n_eff = Q.
-- :func:`paired_rate_difference`: rate(a) - rate(b) on the same questions, by Newcombe's method for
-  paired proportions (Newcombe 1998, Stat. Med. 17:2635, method 10; the MOVER form of Zou & Donner
-  2008): with Wilson intervals (l, u) of each rate and r the correlation of the two estimates,
-      lo = d - sqrt((p_a - l_a)^2 - 2 r (p_a - l_a)(u_b - p_b) + (u_b - p_b)^2),
-      hi = d + sqrt((u_a - p_a)^2 - 2 r (u_a - p_a)(p_b - l_b) + (p_b - l_b)^2).
-  For one binary outcome per question (a 2x2 table: A both, B a only, C b only, D neither, N
-  questions) r is Newcombe's continuity-corrected phi (Newcombe 1998; Fagerland, Lydersen & Laake
-  2014, Stat. Methods Med. Res. 24:224): phi* = (AD - BC - N/2) / sqrt((A+B)(C+D)(A+C)(B+D)) when
-  AD - BC > N/2, 0 when 0 <= AD - BC <= N/2, the raw phi when AD - BC < 0, and 0 where a margin is
-  empty (:func:`newcombe_paired`). The raw phi under-covers (about 92.5% at 40 questions, paired
-  cells .5/.1/.1/.3) and gives two identical arms a zero-width interval; phi* does neither. For
-  clustered rates the same formula is applied in count units: with S_ab = sum_q e_aq e_bq (which
-  is (AD - BC) / N for binary outcomes), phi* = (S_ab - 1/2) / sqrt(S_aa S_bb) when S_ab > 1/2, etc.
-  The interval stays in [-1, 1].
-  Its p-value: McNemar's exact test (binary outcomes), else a within-question permutation test
-  (each question's a and b outcomes swapped at random), p = (1 + #{|T*| >= |T|}) / (1 + B), so
-  never 0. :func:`format_p` prints a p-value below 1e-4 as "<1e-4", never as 0.
-- :func:`holm`: Holm's step-down adjustment of a family of p-values (Holm 1979); a page that draws
-  verdicts from a family of comparisons draws them from the adjusted p-values.
-
-The bootstrap helpers (:func:`bootstrap_ci`, :func:`metric_with_ci`, :func:`paired_bootstrap`)
-remain for means that are not rates (rubric scores, diversity); over questions, percentile. One
-value has no interval: :func:`bootstrap_ci` then returns NaN bounds (never a zero-width interval).
-
-Degenerate input is an error that names what is wrong, never a number.
+Inputs are boolean matrices (questions, samples); values are fractions in [0, 1]. ``pass_at_k_paper`` is
+the paper's pass@20 (any correct among 20); :func:`pass_at_k` averages Chen et al.'s unbiased estimator.
+Rates get intervals that hold at 0% and 100%: :func:`rate_interval` is Wilson's at a question-clustered
+effective size (n_eff = Q near the ends); :func:`paired_rate_difference` is Newcombe's paired interval
+(method 10, continuity-corrected phi, :func:`newcombe_paired`) with an exact McNemar or within-question
+permutation p (never 0; :func:`format_p`); :func:`holm` adjusts a family. The bootstrap helpers
+(:func:`bootstrap_ci`, ...) remain for means that are not rates. Degenerate input is an error, never a
+number. The formulas and their reasons: book/method.md, "ctrls/stats/metrics.py".
 """
 from __future__ import annotations
 
@@ -176,7 +135,7 @@ def paired_bootstrap(a_matrix: np.ndarray, b_matrix: np.ndarray, metric: Metric,
     return {"diff": float(diff), "lo": lo, "hi": hi, "p_value": float(min(1.0, 2 * other_side))}
 
 
-# ---- rates: Wilson intervals, Newcombe's paired difference, Holm, p-values (module docstring) ----
+# ---- rates: Wilson intervals, Newcombe's paired difference, Holm, p-values (book/method.md) ----
 
 
 def _counts(m, n, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -190,7 +149,7 @@ def _counts(m, n, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _effective(m: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(p, residuals e_q / N, n_eff) of the rate sum m / sum n (module docstring). ``m`` may carry
+    """(p, residuals e_q / N, n_eff) of the rate sum m / sum n (book/method.md). ``m`` may carry
     leading axes (several tables on the same questions, for simulations); ``n`` is per question."""
     m = np.asarray(m, dtype=float)
     n = np.broadcast_to(np.asarray(n, dtype=float), m.shape)
@@ -203,6 +162,7 @@ def _effective(m: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
         small = (Q - 1) / Q * N / (N - 1) if Q > 1 else np.zeros_like(N)  # Q/(Q-1) over N/(N-1)
         clustered = np.where(ss > 0, p * (1 - p) / ss * small, N)  # no spread between questions: N
     clustered = np.clip(clustered, 1.0, N)
+    # near 0% and 100% the clustered variance rests on the few minority outcomes: n_eff = Q there
     k, k0 = np.minimum(M, N - M), 2 * n.max(-1)  # minority count; below k0: Q
     w = np.clip((k - k0) / k0, 0.0, 1.0)  # 0 below 2 n_max, 1 from 4 n_max: no jump
     n_eff = np.where((p <= 0) | (p >= 1), float(Q), Q + (clustered - Q) * w)
@@ -225,7 +185,7 @@ def rate_intervals(m, n, alpha: float = 0.05) -> dict[str, np.ndarray]:
 
 def rate_interval(m, n, alpha: float = 0.05) -> dict[str, float]:
     """{rate, lo, hi, n_eff}: the rate sum_q m_q / sum_q n_q with a Wilson score interval at the
-    effective sample size (module docstring). ``m``, ``n``: successes and trials per question."""
+    effective sample size (book/method.md). ``m``, ``n``: successes and trials per question."""
     m, n = _counts(m, n, "rate_interval")
     r = rate_intervals(m[None, :], n, alpha)
     return {k: float(v[0]) for k, v in r.items()}
@@ -247,7 +207,7 @@ def mcnemar_exact(a: np.ndarray, b: np.ndarray) -> float:
 
 def _phi_star(s_ab, s_aa, s_bb):
     """Newcombe's continuity-corrected phi from the cross- and self-products of the residuals in
-    count units (module docstring): (S_ab - 1/2) / sqrt(S_aa S_bb) above 1/2, 0 on [0, 1/2], the raw
+    count units (book/method.md): (S_ab - 1/2) / sqrt(S_aa S_bb) above 1/2, 0 on [0, 1/2], the raw
     value below 0, and 0 where a rate has no variance."""
     s_ab, den = np.asarray(s_ab, dtype=float), np.sqrt(np.asarray(s_aa, dtype=float) * np.asarray(s_bb, dtype=float))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -287,7 +247,7 @@ def paired_rate_difference(ma, na, mb, nb, alpha: float = 0.05, n_perm: int = 20
                            seed: int = 0) -> dict[str, float]:
     """{diff, lo, hi, p_value, r}: rate(a) - rate(b) on the same questions (row q of each array is
     question q), Newcombe's paired interval with the continuity-corrected phi (``r``) and its
-    p-value (module docstring). For one binary outcome per question it equals
+    p-value (book/method.md). For one binary outcome per question it equals
     :func:`newcombe_paired` of the 2x2 table."""
     ma, na = _counts(ma, na, "paired_rate_difference (a)")
     mb, nb = _counts(mb, nb, "paired_rate_difference (b)")

@@ -1,38 +1,14 @@
 """Sizes chosen by power, before the run: what differences the demo's sizes can detect, with the
 test each page runs.
 
-The demo compares rates measured on the same test questions: CTRLS vs Base (pass@n, Table 1),
-CTRLS vs the fixed-s0 ablation (pass@n and Succ.), held-out accuracy after vs before RL, and the
-rate at which a generated step lands in its sampled state vs Base steps paired with drawn states
-(controllability). Each is a paired comparison over questions, with several samples per question
-that are *not* independent (a question is easy or hard for every sample). This module answers, by
-Monte Carlo, "with ``n_q`` questions x ``m`` samples per arm, what is the power of the page's own
-test to detect a difference of ``delta``, and what is the minimal detectable difference (MDD) at
-80% power?":
-
-- per-question base rates b_q ~ Beta with mean p0 and intra-question correlation ``icc``
-  (a = p0 (1 - icc) / icc, b = (1 - p0)(1 - icc) / icc), fitted to the measured pilot
-  (``studies/word_problems.py``: p0 and icc from its per-question rates, :func:`icc_from_rates`; Succ.
-  with its own icc);
-- the other arm's question rates follow Base's through a Gaussian copula with the between-arm
-  correlation ``rho`` (:func:`between_arm_correlation`: the pilot's where it has two arms, else the
-  run's own Base and CTRLS rows, else 1, the deterministic shift, stated), then move by a logit
-  shift s chosen so that the statistic's mean rises by delta on its own scale (pass@1 or a rate:
-  the mean rate; pass@m: the mean of 1 - (1 - c_q)^m), an effect that respects [0, 1];
-- each arm draws ``m`` Bernoulli samples per question; the per-question statistic is the mean
-  (a rate) or "any correct" (pass@m);
-- the test is the page's: exact McNemar on "any correct" for pass@n, the within-question
-  permutation (swap) test for rates (``ctrls.stats.metrics.paired_rate_difference``), with Holm at the
-  page's family size m (:func:`families`): rejected at Holm's first step, p < 0.05 / m, the other
-  comparisons showing nothing. (The paired t-test, ``test="t"``, stays for reference.) The power is
-  the fraction of ``n_sim`` simulated runs that reject, and the MDD the smallest delta on a 1-point
-  grid whose power reaches 0.8 (NaN when none does before the statistic reaches 1).
-
-Stated approximations: RL's after-vs-before pools the seeds' evaluation samples (m = eval
-samples x seeds) and ignores the seed-to-seed variance of training, so its MDD is optimistic; the
-controllability comparison treats the steps of one question as its samples (m = samples x mean
-steps per chain) and starts from the reference rate measured on the run (chance 1/K where there is
-none).
+The demo's comparisons (CTRLS vs Base as in Table 1, vs the fixed-s0 ablation, after vs before RL,
+controllability) are paired over questions whose samples are not independent. By Monte Carlo (question
+rates from a Beta fitted to the pilot, :func:`icc_from_rates`; the other arm through a Gaussian copula
+with :func:`between_arm_correlation` and a logit shift), this module gives the power of the page's own
+test (exact McNemar or the within-question permutation test, Holm at the page's family size,
+:func:`families`) to detect a difference, and the MDD at 80% power. RL's MDD ignores the seed-to-seed
+variance of training (optimistic). The simulation and its approximations: book/method.md,
+"ctrls/stats/sizing.py".
 """
 from __future__ import annotations
 

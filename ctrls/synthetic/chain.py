@@ -1,51 +1,13 @@
 """A controlled study of Alg. 2 (Eq. 14 and Eq. 16) on a synthetic latent chain whose optimum is known exactly.
 
-The real backbone of the demo almost never earns a reward, so its RL curves are flat. Here the same
-``TransitionPolicy``, ``reinforce_loss`` and ``Trainer`` run on a small "reasoning" MDP in which
-exploration matters and every quantity of interest is known.
-
-**The MDP.** K latent states, horizon T, start state S = 0 (s_0 is its one-hot). States 1..T are the
-correct chain c_1..c_T (c_T the answer), states T+1..2T the easy path e_1..e_T (e_T a plausible
-wrong answer); any further state is a distractor. A chain z_1..z_T earns r[z_T] if every transition
-(z_{t-1}, z_t), z_0 = S, is a rewarding edge, else 0. The edges are S -> c_1, c_i -> c_{i+1}
-(the correct chain), S -> e_1, e_i -> e_{i+1} (the easy path) and c_i -> e_{i+1} (falling off
-the chain onto the easy path); r[c_T] = 1 and r[e_T] = ``easy_reward`` < 1, every other r is 0.
-So reward 1 needs the whole correct chain, and the easy path pays less but is what the prior
-prefers: the tempting local optimum.
-
-**The prior RL starts from** (the "pretrained" transition matrix, L_0 = log P): from S the easy path
-with probability 1 - p_rare and the chain with p_rare; on the chain the next correct state with
-p_follow, else the easy path; the easy path continues; rows of answers and distractors are
-uniform; every row is mixed with ``noise`` uniform mass, so every entry is positive.
-
-**Actions and latent states.** The policy is ``ctrls.method.policy.TransitionPolicy`` as it is:
-a_t ~ pi~(. | s_{t-1}) (the eps-greedy Dirichlet of Eq. 14 and Eq. 16), and s_t = a_t, as in the LLM path
-(design notes, book/design.md: the next state is s_{t+1} = a). The latent state the reward sees is
-z_t = argmax_j a_tj, the state that dominates the draw (exact from log a: the argmax is the same).
-With this reading the policy sees its own state up to the soft mixing s_t softmax(L), as an LLM
-step generated under the mixed z = sum_j a_tj gamma_j would.
-
-**The known optimum** (``optimal_values``): backward induction over the horizon on the latent MDP in
-which the agent picks z_t directly with probability 1 - eps and z_t is uniform over the K states
-with probability eps (an eps-greedy draw from Dir(1, ..., 1) has a uniform argmax, by symmetry):
-
-    V_T(z) = r[z],   V_t(z) = (1 - eps) max_z' E[z, z'] V_{t+1}(z') + (eps / K) sum_z' E[z, z'] V_{t+1}(z')
-
-V*_eps = V_0(S): 1 at eps = 0 (the correct chain); at eps > 0 less, and more than the chain alone
-would give, (1 - eps + eps / K)^T, since a random move onto the easy path still earns its reward.
-It is an upper bound on what any eps-greedy Dirichlet policy earns (a Dirichlet draw only
-approximates a deterministic choice; at eps = 0 the bound is approached as c -> inf with one-hot
-rows).
-
-**Outputs** (``run_study``, stage ``runs/<profile>/synthetic``): a learning curve for every
-(eps, alpha, seed) of the paper's four settings (none, epsilon, entropy, both, with ``rl.epsilon``
-and ``rl.entropy_coef``) and of the sweep grid ``synthetic.epsilons`` x ``synthetic.alphas``, each
-evaluated with the Dirichlet policy itself (eps = 0) on ``synthetic.eval_samples`` chains; and an
-L-recovery experiment: ``ctrls.method.policy.fit_transitions`` on chains sampled from P, its error against
-the number of chains. The verdicts on the paper's claims (intervals over seeds from the data: binomial
-for counts of seeds, Welch where both sides vary, clipped to the quantity's range; a stated
-collapse threshold, the tested recovery rate, Holm's adjustment) are in
-``ctrls.synthetic.claims`` (``claims``, ``claims_text``, ``welch_interval`` are re-exported here).
+The same ``TransitionPolicy``, ``reinforce_loss`` and ``Trainer`` as the LLM path run on a small MDP:
+start 0, a correct chain 1..T (reward 1), an easy path T+1..2T (``easy_reward`` < 1, what the prior
+prefers), distractors beyond. The action is a ~ pi~(. | s) with s_t = a_t, and the reward sees
+z_t = argmax a_t. :func:`optimal_values` gives the exact optimum at each eps by backward induction, an
+upper bound on any eps-greedy Dirichlet policy. The stage (``ctrls.stages.synthetic.run_study``) records
+learning curves and an L-recovery experiment; the verdicts on the paper's claims are in
+``ctrls.synthetic.claims`` (``claims``, ``claims_text``, ``recovery_slope``, ``welch_interval`` are
+re-exported here). The MDP, its prior and the optimum: book/method.md, "ctrls/synthetic/chain.py".
 """
 from __future__ import annotations
 
@@ -91,7 +53,7 @@ class ChainMDP:
 
 
 def reasoning_chain(n_states: int, horizon: int, easy_reward: float) -> ChainMDP:
-    """The study's MDP (module docstring): start 0, correct chain 1..T, easy path T+1..2T, distractors."""
+    """The study's MDP (book/method.md): start 0, correct chain 1..T, easy path T+1..2T, distractors."""
     K, T = n_states, horizon
     if T < 1 or K < 2 * T + 1:
         raise ValueError(f"synthetic.n_states must be >= 2 * synthetic.horizon + 1 = {2 * T + 1} "
@@ -128,7 +90,7 @@ def state_names(mdp: ChainMDP) -> list[str]:
 
 
 def behaviour_prior(mdp: ChainMDP, p_rare: float, p_follow: float, noise: float) -> torch.Tensor:
-    """P (K, K), rows summing to 1: the transition matrix RL starts from (module docstring)."""
+    """P (K, K), rows summing to 1: the transition matrix RL starts from (book/method.md)."""
     for key, v in (("p_rare", p_rare), ("p_follow", p_follow), ("noise", noise)):
         if not 0 <= v <= 1:
             raise ValueError(f"synthetic.{key} must be in [0, 1], got {v}")
@@ -147,7 +109,7 @@ def behaviour_prior(mdp: ChainMDP, p_rare: float, p_follow: float, noise: float)
 
 
 def optimal_values(mdp: ChainMDP, epsilon: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Backward induction (module docstring): V (T+1, K), V[t, z] the optimal expected reward from
+    """Backward induction (book/method.md): V (T+1, K), V[t, z] the optimal expected reward from
     state z after t steps when each step is uniform with probability ``epsilon``, and the greedy
     choice (T, K), argmax_z' E[z, z'] V[t+1, z'] (ties to the lowest index)."""
     if not 0 <= epsilon <= 1:

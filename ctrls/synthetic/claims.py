@@ -2,45 +2,14 @@
 that respect each quantity's range, a stated collapse threshold, a tested recovery rate, and Holm's
 adjustment over the family of claims.
 
-**Intervals over seeds** (:func:`welch_interval`), read from the data. Every quantity the claims use
-is bounded (``bounds``): rewards and fractions of chains lie in [0, 1], an entropy in [0, log K].
-
-- Where an outcome takes only its two extreme values over the seeds (each seed found the chain or
-  not: 0 or 1), the seeds are a count, and its interval is the Wilson score interval of that count
-  (rescaled to the range); a difference of two such counts is Newcombe's hybrid score interval
-  (method 10; 0/8 vs 0/8 reads [-0.32, +0.32]).
-- Where both sides vary over the seeds, the Welch t interval of the difference (of the mean, for
-  one side), clipped to the range of the difference.
-- Otherwise (one side a count, or without spread), each side's own interval (Wilson for a count, t
-  for a varying side, and the whole range for a side that has the same non-extreme value on every
-  seed: no spread, no information) combined by square-and-add (MOVER, Zou & Donner 2008; the seeds
-  of two settings are independent).
-
-So an interval is never a point and stays inside the range, and its width follows the data (the
-worst-case variance bound used before made every interval about +-0.4 whatever the seeds showed).
-Without bounds it is the plain (Welch) t interval, and where the variance is 0 the interval is
-(-inf, inf): no information, never a point.
-
-**p-values and Holm.** Each claim's p-value is the smallest alpha at which its (1 - alpha) interval
-excludes the null value (found by bisection; two-sided), so a claim's verdict agrees with its
-interval at the adjusted level. Verdicts are drawn from Holm-adjusted p-values over all the claims
-of the table (``ctrls.stats.metrics.holm``): *supported* when the adjusted p < 0.05 and the estimate is on
-the claimed side, *contradicted* when it is on the other side, else *not supported* with the
-estimate's direction ("not supported: the estimate is in the opposite direction (−0.12)"), the
-one label the scorecard uses for an unresolved estimate. Beside each per-claim 95% interval
-stands the family interval on the verdict's footing, at level 1 - 0.05/m over the m claims
-(Bonferroni); a claim is resolved only where the Holm-adjusted p and that interval agree (its
-p-value is read off the same interval, so the two disagree only where Holm's later steps reject
-above 0.05/m, which the verdict then says).
-
-**Collapse.** "Without entropy regularisation the policy collapses" needs both: the runs without the
-bonus end with a start-state entropy below ``COLLAPSE_FRACTION`` x log K (a collapsed row), and
-below the entropy runs' (an intersection-union test: its p-value is the larger of the two).
-
-**Recovery of L.** The paper claims no recovery rate: Sec. 5.3 / Thm. 5.3 define the bound and
-Alg. 1 only fits P_theta "via KL". Ours is a check of the fit: that the mean TV error falls at the
-parametric rate n^{-1/2}, an equivalence test (TOST) that the log-log slope lies within
-``RATE_MARGIN`` of -0.5.
+:func:`welch_interval`: Wilson / Newcombe for counts of seeds, Welch t where both sides vary, MOVER
+otherwise, inside the quantity's range (``bounds``) and never a point. A claim's p-value is the smallest
+alpha at which its interval excludes the null; verdicts (*supported*, *contradicted*, *not supported*)
+come from Holm-adjusted p-values beside a Bonferroni family interval. Collapse: the start-state entropy
+below ``COLLAPSE_FRACTION`` x log K and below the entropy runs' (intersection-union). Recovery (the paper
+claims no rate: Alg. 1 fits P_theta "via KL", Sec. 5.3 and Thm. 5.3 define the bound): a TOST that the
+error's log-log slope lies within ``RATE_MARGIN`` of -0.5. In full: book/method.md,
+"ctrls/synthetic/claims.py".
 """
 from __future__ import annotations
 
@@ -62,13 +31,13 @@ ALPHA = 0.05
 
 
 def _two_valued(x: np.ndarray, bounds: tuple[float, float]) -> bool:
-    """Every seed at one of the range's two ends: a count of seeds (module docstring)."""
+    """Every seed at one of the range's two ends: a count of seeds (book/method.md)."""
     lo_b, hi_b = bounds
     return bool(np.all(np.isclose(x, lo_b, rtol=0, atol=1e-9) | np.isclose(x, hi_b, rtol=0, atol=1e-9)))
 
 
 def _side_interval(x: np.ndarray, level: float, bounds: tuple[float, float]) -> tuple[float, float, float]:
-    """(mean, lo, hi) of one side over seeds (module docstring): Wilson for a count of seeds, t for a
+    """(mean, lo, hi) of one side over seeds (book/method.md): Wilson for a count of seeds, t for a
     varying side (clipped to the range), the whole range for a side without spread."""
     lo_b, hi_b = bounds
     n, xbar = len(x), float(x.mean())
@@ -104,7 +73,7 @@ def welch_interval(a: Sequence[float], b: Sequence[float] | None = None, level: 
     """(d, lo, hi): mean(a) - mean(b) over seeds (b = None: mean(a)). With ``bounds`` (the range of
     one observation) an interval read from the data that stays in range and is never a point:
     binomial for counts of seeds, Welch where both sides vary, else square-and-add of each side's
-    own (module docstring); without, the Welch t interval, (-inf, inf) where both variances are 0."""
+    own (book/method.md); without, the Welch t interval, (-inf, inf) where both variances are 0."""
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     a = np.asarray(a, dtype=float)
@@ -185,7 +154,7 @@ def claims(summary: pd.DataFrame, recovery: pd.DataFrame, cfg: Config) -> pd.Dat
     fit, each measured on the study with a per-claim 95% interval over seeds that respects the
     quantity's range, a p-value, its Holm adjustment over the table, the family interval at level
     1 - 0.05/m over the table's m claims ("family CI", Bonferroni: the Holm verdict's footing), and
-    the verdict drawn from both (module docstring)."""
+    the verdict drawn from both (book/method.md)."""
     def runs(eps: float, alpha: float) -> pd.DataFrame:
         return summary[np.isclose(summary.epsilon, eps) & np.isclose(summary.alpha, alpha)]
 
