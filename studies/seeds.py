@@ -99,7 +99,7 @@ def main(argv=None) -> dict:
         r, (f, n, q) = one_seed(cfg, args.margin)
         per.append(r)
         pooled[0].extend(f), pooled[1].extend(n), pooled[2].extend(q)
-        print({"data_seed": r["data_seed"], "kappa": round(r["kappa"]["kappa"], 3), "harm": round(r["harm_fixed_minus_base_pass1"]["diff"], 3)},
+        print({"data_seed": r["data_seed"], "kappa": round(float(r["kappa"]["kappa"]), 3), "harm": round(r["harm_fixed_minus_base_pass1"]["diff"], 3)},
               flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     res = {"machine": machine(), "commit": commit or "?", "profile": args.profile, "overrides": args.override,
