@@ -103,6 +103,7 @@ VIEWPORT = {"width": 1280, "height": 900}
 # 844 high), where a wide table may scroll inside its own box but nothing may widen the page.
 WIDTHS = (1280, 390)
 NARROW = 800  # below this width, scrolling inside an element's own box is allowed
+MIN_WIDTH, MAX_WIDTH = 240, 7680  # a window narrower than a small watch or wider than 8K is a typo, not a device
 
 
 def viewport(width: int) -> dict:
@@ -367,6 +368,8 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
     Raises :class:`SiteCheckError` when the site is not built, Chromium is not installed or
     Playwright is not importable.
     """
+    if isinstance(width, bool) or not isinstance(width, int) or not MIN_WIDTH <= width <= MAX_WIDTH:
+        raise SiteCheckError(f"width must be an integer between {MIN_WIDTH} and {MAX_WIDTH} px, got {width!r}")
     html_dir = Path(html_dir).resolve()
     out_dir = Path(out_dir).resolve()
     if not (html_dir / "index.html").is_file():
@@ -448,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
                          f"screenshots at a width other than {VIEWPORT['width']} go in OUT/<width>px)")
     ap.add_argument("--json", action="store_true", help="print the full report as JSON ({width: report})")
     args = ap.parse_args(argv)
+    for w in args.widths or ():  # refused before a browser starts: a 0 px window "finds" every page broken
+        if not MIN_WIDTH <= w <= MAX_WIDTH:
+            ap.error(f"--width must be between {MIN_WIDTH} and {MAX_WIDTH} px, got {w}")
     reports = {}
     try:
         for w in args.widths or WIDTHS:

@@ -284,3 +284,17 @@ def test_screenshots_only_of_the_pages_named(chromium, tmp_path):
     assert [p.name for p in (tmp_path / "shots").iterdir()] == ["other.png"]
     with pytest.raises(ValueError, match="not checked: \\['gone.html'\\]"):
         check_site(site, tmp_path / "shots", chromium=chromium, shots=("gone.html",))
+
+
+@pytest.mark.parametrize("width", [0, -5, 239, 7681, 10**6])
+def test_a_window_width_no_device_has_is_refused_before_a_browser_starts(width, tmp_path, capsys):
+    """`--width 0` once "checked" the site in a 0 px window and reported every page broken."""
+    from tools.sitecheck import SiteCheckError, check_site, main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "--width", str(width)])
+    assert e.value.code == 2 and f"--width must be between 240 and 7680 px, got {width}" in capsys.readouterr().err
+    with pytest.raises(SiteCheckError, match="width must be an integer between 240 and 7680"):
+        check_site(tmp_path, tmp_path / "shots", width=width)
+    with pytest.raises(SiteCheckError, match="got True"):
+        check_site(tmp_path, tmp_path / "shots", width=True)
