@@ -98,31 +98,32 @@ def test_a_lock_left_by_a_killed_writer_is_taken_over(tmp_path, writer, caplog):
     assert not st.lock_file.exists()
 
 
-def test_the_lock_is_released_on_finish_and_on_an_exception(tmp_path):
-    def free(st):
-        """Another holder (another open file description, as another process has) gets the lock."""
-        other = R._StageLock(st.lock_file, "probe")
-        try:
-            other.acquire()
-        except StageBusyError:
-            return False
-        other.release()
-        return True
+def free(lock_file) -> bool:
+    """Whether another holder (another open file description, as another process has) gets the lock now."""
+    other = R._StageLock(lock_file, "probe")
+    try:
+        other.acquire()
+    except StageBusyError:
+        return False
+    other.release()
+    return True
 
+
+def test_the_lock_is_released_on_finish_and_on_an_exception(tmp_path):
     st = Stage(cfg_at(tmp_path), "a", ("seed",)).begin()
-    assert st.lock_file.exists() and not free(st)
+    assert st.lock_file.exists() and not free(st.lock_file)
     (st.dir / "x").write_text("x")
     st.finish()
-    assert free(st) and not st.lock_file.exists()
+    assert free(st.lock_file) and not st.lock_file.exists()
     assert sorted(os.listdir(st.dir.parent)) == ["a"]  # nothing of the lock is left next to the outputs
     assert "x" in json.loads(st.done_file.read_text())["files"] and len(json.loads(st.done_file.read_text())["files"]) == 1
 
     st = Stage(cfg_at(tmp_path, 1), "a", ("seed",))
     with pytest.raises(RuntimeError, match="stage failed"):
         with st.begin():
-            assert not free(st)
+            assert not free(st.lock_file)
             raise RuntimeError("stage failed")
-    assert free(st) and not st.lock_file.exists()
+    assert free(st.lock_file) and not st.lock_file.exists()
 
 
 def test_the_same_process_may_begin_its_own_stage_again(tmp_path):

@@ -11,22 +11,11 @@ import pytest
 
 import ctrls.stages.runs as R
 from ctrls.config.schema import load_config
-from ctrls.stages.runs import StageBusyError
+from tests.stages.test_runs_lock import free
 
 
 def cfg_at(run_dir):
     return load_config("smoke", [f"run_dir={run_dir}"])
-
-
-def free(lock_file):
-    """Whether another holder gets the lock now."""
-    other = R._StageLock(lock_file, "probe")
-    try:
-        other.acquire()
-    except StageBusyError:
-        return False
-    other.release()
-    return True
 
 
 class Interrupted(KeyboardInterrupt):
