@@ -7,7 +7,8 @@ driven by Playwright), and for each page:
 * records every request the page makes;
 * records every connection the page opens, of every kind, with its type (``connections``): resource
   loads, ``fetch``/``XMLHttpRequest``, ``EventSource``, ``navigator.sendBeacon``, WebSocket,
-  WebTransport, WebRTC ICE servers, workers' requests, ``<link rel=preconnect|dns-prefetch|...>``;
+  WebTransport, WebRTC ICE servers, workers' requests, ``<link rel=preconnect|dns-prefetch|...>``, and
+  the requests of any window the page opens (``window.open``);
   seen three ways: Playwright's request routing (HTTP and WebSocket), the DevTools protocol's
   network events, and hooks on the page's JavaScript connection APIs;
 * aborts every request and WebSocket whose host is not ``127.0.0.1``/``localhost``/``::1`` and
@@ -21,7 +22,8 @@ driven by Playwright), and for each page:
   container (its ``scrollWidth`` exceeds its ``clientWidth``, or its box is wider than its parent's
   content box), and the page itself when it scrolls horizontally; at 1280 px nothing may scroll
   sideways, at 390 px (a phone) a wide table may scroll inside its own box (``overflow-x: auto``),
-  which must itself fit; content cut off by ``overflow-x: hidden`` is *clipped*, at every width;
+  which must itself fit; content cut off by ``overflow-x: hidden``, and any text that a box with
+  ``overflow: hidden`` (either axis) cuts off, is *clipped*, at every width;
 * records as *junk* visible text that a reader should never see: a tqdm progress bar, a bare
   ``nan``/``None`` (a table cell or output line that is only that, ``nan`` anywhere, ``= None``),
   an absolute build path (``/work/``, ``/tmp/``, ``/root/``, ``/home/``), or placeholder and
@@ -244,6 +246,22 @@ def _check_page(context, url: str, shot: Path | None, timeout_ms: int, *, base: 
     page.route("**/*", route)
     page.route_web_socket(lambda u: True, route_ws)
     page.on("websocket", lambda ws: connection("websocket", ws.url))
+    # A window the page opens (window.open, target=_blank) is the page's too: its first request meets
+    # the context's route (the page's own routes take precedence on the page), the rest its own.
+    popups: list = []
+
+    def watch(popup):
+        popups.append(popup)
+        for event, fn in (("request", on_request), ("response", on_response), ("requestfailed", on_failed),
+                          ("console", on_console), ("websocket", lambda ws: connection("websocket", ws.url)),
+                          ("pageerror", lambda exc: console_errors.append(f"uncaught in a popup: {exc}"))):
+            popup.on(event, fn)
+        popup.route("**/*", route)
+        popup.route_web_socket(lambda u: True, route_ws)
+
+    page.on("popup", watch)
+    context.route("**/*", route)
+    context.route_web_socket(lambda u: True, route_ws)
     # the JavaScript APIs' own view (sendBeacon, EventSource, WebRTC ICE servers, ...)
     page.expose_function("__ctrlsConnection", lambda kind, u: connection(str(kind), str(u)))
     page.add_init_script(HOOKS)
@@ -318,6 +336,9 @@ def _check_page(context, url: str, shot: Path | None, timeout_ms: int, *, base: 
         "page_width": inspected["pageWidth"],
         "screenshot": None if shot is None else str(shot),
     }
+    for popup in popups:
+        popup.close()
+    context.unroute("**/*", route)
     page.close()
     return report
 

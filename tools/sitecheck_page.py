@@ -114,7 +114,8 @@ async (timeoutMs) => {
 # Layout and text checks, run in the page after MathJax is done, with ``{scrollOk}``: at a narrow
 # width (390 px) an element may scroll sideways inside its own box (its own or an ancestor's
 # ``overflow-x: auto|scroll``), as long as that box fits its container; at 1280 px nothing may. At
-# every width an element whose content is cut off (``overflow-x: hidden|clip`` on a wider content)
+# every width an element whose content is cut off (``overflow-x: hidden|clip`` on a wider content),
+# and any text that a box with ``overflow: hidden|clip`` (either axis) cuts off,
 # is clipped. Returns {overflow, junk, links, pageWidth}; links are [href attribute, absolute URL,
 # where] for every <a href> of the document.
 INSPECT = r"""
@@ -203,11 +204,43 @@ INSPECT = r"""
       }
     }
     if (why) {
-      overflow.push({element: describe(target), why});
+      overflow.push({element: describe(target), why, node: target});
       // report the innermost offender once: skip its descendants of the same kinds
       el.querySelectorAll(SEL).forEach((c) => seen.add(c));
     }
   }
+  // text cut off by a box that hides what sticks out (overflow hidden or clip, either axis): the
+  // reader never sees it. Boxes of 2 px or less are screen-reader text (MathJax's assistive copy).
+  const HIDES = new Set(['hidden', 'clip']);
+  const reported = overflow.map((o) => o.node).filter(Boolean);
+  for (const box of [root, ...root.querySelectorAll('*')]) {
+    const st = getComputedStyle(box);
+    const hx = HIDES.has(st.overflowX), hy = HIDES.has(st.overflowY);
+    if (!(hx || hy) || !visible(box)) continue;
+    if (!((hx && box.scrollWidth > box.clientWidth + 1) || (hy && box.scrollHeight > box.clientHeight + 1))) continue;
+    const b = box.getBoundingClientRect();
+    if (b.width <= 2 || b.height <= 2) continue;
+    if (reported.some((e) => e === box || box.contains(e) || e.contains(box))) continue;  // said above
+    const left = b.left + (parseFloat(st.borderLeftWidth) || 0), right = left + box.clientWidth;
+    const top = b.top + (parseFloat(st.borderTopWidth) || 0), bottom = top + box.clientHeight;
+    const walk = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
+    let cut = null;
+    for (let t = walk.nextNode(); t && !cut; t = walk.nextNode()) {
+      if (!t.data.trim() || !t.parentElement || !visible(t.parentElement)) continue;
+      const range = document.createRange();
+      range.selectNodeContents(t);
+      for (const r of range.getClientRects()) {
+        if (r.width <= 0 || r.height <= 0) continue;
+        const past = hx && r.right > right + 1 ? `${Math.round(r.right - right)} px past its right edge`
+                   : hx && r.left < left - 1 ? `${Math.round(left - r.left)} px past its left edge`
+                   : hy && r.bottom > bottom + 1 ? `${Math.round(r.bottom - bottom)} px past its bottom edge`
+                   : hy && r.top < top - 1 ? `${Math.round(top - r.top)} px past its top edge` : null;
+        if (past) { cut = `text clipped (overflow: ${st.overflowX} ${st.overflowY}): "${t.data.trim().slice(0, 40)}" ends ${past}`; break; }
+      }
+    }
+    if (cut) { overflow.push({element: describe(box), why: cut, node: box}); reported.push(box); }
+  }
+  overflow.forEach((o) => delete o.node);
   const pageWidth = document.documentElement.scrollWidth;
   if (pageWidth > window.innerWidth + 1) {
     // name what sticks out: the innermost visible elements past the window's right edge

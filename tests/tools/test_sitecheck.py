@@ -107,6 +107,9 @@ _WIDE_PAGE = """<!doctype html>
 <p id="ans">The normalised answer nan was wrong.</p>
 <p id="path">Runs are in /work/main/runs/smoke.</p>
 <div class="cell_output"><div class="output stream highlight-myst-ansi"><div class="highlight"><pre id="none">config = None</pre></div></div></div>
+<h2>Clipped text</h2>
+<p id="cutx" style="width: 120px; white-space: nowrap; overflow: hidden">pass@1 rose from 20.0% to 35.0% on 60 questions</p>
+<div id="cuty" style="height: 1.5em; line-height: 1.2; overflow: hidden"><p style="margin: 0">The first line shows.</p><p style="margin: 0">The second never does.</p></div>
 </article></main>{page_wide}</body></html>
 """
 
@@ -119,13 +122,16 @@ _CLEAN_PAGE = """<!doctype html>
 <div class="cell_input"><pre>if x is None:\n    x = float("nan")</pre></div>
 <div class="highlight-python notranslate"><div class="highlight"><pre>y = None if z else float("nan")</pre></div></div>
 <pre>short code</pre>
+<p style="width: 300px; overflow: hidden">Short enough to fit its box.</p>
+<span style="position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0)">a screen reader's copy of a formula</span>
 </article></main></body></html>
 """
 
 
 def test_checker_reports_overflow_and_junk(chromium, tmp_path):
-    """Every kind of overflow and junk the check knows, each found and named on its page; a clean
-    page with look-alikes (prose 'None of', a URL with /tmp/, code input with None/nan) passes."""
+    """Every kind of overflow and junk the check knows, each found and named on its page (text cut off
+    by an overflow: hidden box too); a clean page with look-alikes (prose 'None of', a URL with /tmp/,
+    code input with None/nan, a box that hides nothing, a screen reader's 1 px copy) passes."""
     from tools.sitecheck import check_site, format_report, main
 
     site = tmp_path / "site"
@@ -149,6 +155,9 @@ def test_checker_reports_overflow_and_junk(chromium, tmp_path):
     assert 'pre#code1 under "Code"' in over, summary
     assert 'div#eq1.math under "Math"' in over, summary
     assert any(o["element"] == "page" for o in bad["overflow"]), summary
+    clipped = {o["element"].split(" ")[0]: o["why"] for o in bad["overflow"]}  # text an overflow: hidden box cuts off
+    assert "past its right edge" in clipped.get("p#cutx", ""), summary
+    assert "The second never does" in clipped.get("div#cuty", "") and "bottom edge" in clipped["div#cuty"], summary
     kinds = {(j["kind"], j["element"].split(" ")[0]) for j in bad["junk"]}
     assert ("progress bar", "pre#bar") in kinds, summary
     assert ("bare nan/None cell", "td") in kinds, summary
@@ -205,6 +214,8 @@ _CONNECTIONS = {
     "worker": "new Worker(URL.createObjectURL(new Blob([\"fetch('http://{h}/worker').catch(() => 0)\"])));",
     "webrtc": "new RTCPeerConnection({{iceServers: [{{urls: 'stun:{h}'}}]}}).createDataChannel('x');",
     "preconnect": "",  # a <link rel=preconnect>: a connection without any request
+    "popup": "window.open('http://{h}/popup');",  # a window the page opens is the page's
+    "popup_fetch": "window.open('popped.html');",  # a local window that then reaches out
 }
 
 
@@ -222,6 +233,8 @@ def leaky_site(chromium, tmp_path_factory):
     site = tmp / "site"
     site.mkdir()
     (site / "index.html").write_text("<!doctype html><html><head><title>Index</title></head><body><h1>Index</h1></body></html>")
+    (site / "popped.html").write_text(f"<!doctype html><html><head><title>Popped</title></head><body>"
+                                      f"<script>fetch('http://{h}/from-popup').catch(() => 0);</script></body></html>")
     for kind, js in _CONNECTIONS.items():
         head = f'<link rel="preconnect" href="http://{h}">' if kind == "preconnect" else ""
         (site / f"{kind}.html").write_text(f"<!doctype html><html><head><title>Leaky</title>{head}</head>"
@@ -239,8 +252,8 @@ def leaky_site(chromium, tmp_path_factory):
 @pytest.mark.parametrize("kind", list(_CONNECTIONS))
 def test_every_kind_of_connection_to_another_host_is_recorded_and_blocked(leaky_site, kind):
     """Issue 34, item 4: a WebSocket, an EventSource, a beacon (and fetch, XHR, a worker's fetch,
-    a WebRTC ICE server, a preconnect) to a non-local host is external: recorded with its type on the
-    page that opened it, the page fails the check, and the host receives no connection at all."""
+    a WebRTC ICE server, a preconnect, a popup window and a popup's own fetch) to a non-local host is
+    external: recorded with its type on the page that opened it, the page fails the check, and the host receives no connection at all."""
     from tools.sitecheck import format_report, page_ok
 
     report, hits, h, status = leaky_site
