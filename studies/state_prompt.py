@@ -40,7 +40,7 @@ from ctrls.data.prompts import encode_prompt, newline_token_ids  # noqa: E402
 from ctrls.errors import ConfigError  # noqa: E402
 from ctrls.generate.controllability import draw_chains, encode_generations  # noqa: E402
 from ctrls.method.backbone import load_backbone  # noqa: E402
-from ctrls.method.state_prompt import StatePrompt, chain_logprob, decode_chain, prompt_cache  # noqa: E402
+from ctrls.method.state_prompt import StatePrompt, chain_logprob, decode_chains, prompt_cache  # noqa: E402
 from ctrls.report.mechanism import null_steps  # noqa: E402
 from ctrls.stages.adapter_train import StepData  # noqa: E402
 from ctrls.stages.common import problems_from_config  # noqa: E402
@@ -117,7 +117,29 @@ def fit(lm, train_items, held_items, K: int, m: int, lr: float, epochs: int, pat
     return sp, {"history": hist, "kept_epoch": best[1], "train_seconds": time.perf_counter() - t0}
 
 
-def steer(cfg, bb, model, sp, problems, n: int, eps: float, seed: int) -> dict:
+def save_vectors(path: str, sp: StatePrompt, fit_info: dict) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"vectors": sp.vectors.detach().contiguous()}, path, metadata={"fit": json.dumps(fit_info)})
+
+
+def load_vectors(path: str, K: int, lm) -> tuple[StatePrompt, dict]:
+    """The vectors and fit history a --save-vectors run wrote (safetensors: no code runs on load)."""
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as f:
+        v, meta = f.get_tensor("vectors"), f.metadata() or {}
+    emb = lm.get_input_embeddings().weight
+    if v.ndim != 3 or v.shape[0] != K or v.shape[2] != emb.shape[1] or not torch.isfinite(v).all():
+        raise SystemExit(f"{path}: vectors of shape {tuple(v.shape)} (finite: {bool(torch.isfinite(v).all())}) "
+                         f"do not fit K = {K} and hidden size {emb.shape[1]}")
+    sp = StatePrompt(K, v.shape[1], emb.detach())
+    with torch.no_grad():
+        sp.vectors.copy_(v)
+    return sp, {**json.loads(meta.get("fit", "{}")), "loaded_from": path}
+
+
+def steer(cfg, bb, model, sp, problems, n: int, eps: float, seed: int, group: int = 16) -> dict:
     tok, lm = bb.tokenizer, bb.model
     nl = set(newline_token_ids(tok))
     stop = {tok.eos_token_id} | ({tok.pad_token_id} if tok.pad_token_id is not None else set())
@@ -129,25 +151,36 @@ def steer(cfg, bb, model, sp, problems, n: int, eps: float, seed: int) -> dict:
         v, i = lg.topk(top_k)
         return int(i[torch.multinomial(torch.softmax(v, -1), 1, generator=g)])
 
+    blank: dict[int, bool] = {}
+
+    def content_of(x: int) -> bool:  # a non-blank token (decoded once per token id)
+        if x not in blank:
+            blank[x] = not tok.decode([x]).strip()
+        return not blank[x]
+
     f, nu, q, step_ix, correct, valid = [], [], [], [], [], []
-    for prob in problems:
-        ids, start = encode_prompt(tok, prob.question, cfg.prompt.use_chat_template, cfg.prompt.few_shot)
-        s0, _ = encode_generations(bb, model, ids, start, [], layer=cfg.backbone.hidden_layer)
-        T = cfg.prompt.max_steps
-        drawn = draw_chains(model.policy, s0, [T] * n, eps, generator=g)
-        indep = draw_chains(model.policy, s0, [T] * n, eps, generator=g)  # the null: same policy, same s_0
-        gens = [decode_chain(lm, ids, lambda t, c=c: int(c[t]), sp,
-                             ends_step=lambda x, content: x in nl and content,
-                             has_content=lambda x: bool(tok.decode([x]).strip()),
+    T = cfg.prompt.max_steps
+    for g0 in range(0, len(problems), group):  # ``group`` questions' chains decoded side by side
+        rows = []
+        for prob in problems[g0:g0 + group]:
+            ids, start = encode_prompt(tok, prob.question, cfg.prompt.use_chat_template, cfg.prompt.few_shot)
+            s0, _ = encode_generations(bb, model, ids, start, [], layer=cfg.backbone.hidden_layer)
+            drawn = draw_chains(model.policy, s0, [T] * n, eps, generator=g)
+            indep = draw_chains(model.policy, s0, [T] * n, eps, generator=g)  # the null: same policy, same s_0
+            rows.append((prob, ids, start, drawn, indep))
+        gens = decode_chains(lm, [ids for _, ids, _, drawn, _ in rows for _ in drawn],
+                             [lambda t, c=c: int(c[t]) for *_, drawn, _ in rows for c in drawn], sp,
+                             ends_step=lambda x, content: x in nl and content, has_content=content_of,
                              max_new_tokens=cfg.sampling.max_new_tokens, max_steps=T, sample=sample, stop=stop)
-                for c in drawn]
-        _, states = encode_generations(bb, model, ids, start, gens, layer=cfg.backbone.hidden_layer)
-        for d, ind, st in zip(drawn, indep, states):
-            for t, e in enumerate(st):
-                f.append(int(d[t] == e)), nu.append(int(ind[t] == e)), q.append(prob.id), step_ix.append(t)
-        for gen in gens:
-            gr = grade(tok.decode(gen.token_ids), prob.answer)
-            correct.append(gr.correct), valid.append(gr.valid)
+        for qi, (prob, ids, start, drawn, indep) in enumerate(rows):
+            mine = gens[qi * n:(qi + 1) * n]
+            _, states = encode_generations(bb, model, ids, start, mine, layer=cfg.backbone.hidden_layer)
+            for d, ind, st in zip(drawn, indep, states):
+                for t, e in enumerate(st):
+                    f.append(int(d[t] == e)), nu.append(int(ind[t] == e)), q.append(prob.id), step_ix.append(t)
+            for gen in mine:
+                gr = grade(tok.decode(gen.token_ids), prob.answer)
+                correct.append(gr.correct), valid.append(gr.valid)
     out = kappa_vs_null(f, nu, q, seed=seed)
     step_ix = np.asarray(step_ix)
     by_step = {}
@@ -171,10 +204,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int, default=8, help="chains per Adam step")
     ap.add_argument("--questions", type=int, default=None, help="test questions (default data.n_test)")
     ap.add_argument("--samples", type=int, default=None, help="samples per question (default grid.n_samples)")
+    ap.add_argument("--group", type=int, default=16, help="questions whose chains are decoded side by side")
     ap.add_argument("--max-chains", type=int, default=None, help="at most this many training and held-out chains (a smoke run)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--save-vectors", default=None, help="write the fitted vectors and the fit's history here (safetensors)")
+    ap.add_argument("--load-vectors", default=None, help="skip the fit: the vectors a --save-vectors run wrote")
+    ap.add_argument("--fit-only", action="store_true", help="stop after the fit (with --save-vectors)")
     args = ap.parse_args(argv)
-    for name in ("vectors", "epochs", "patience", "batch"):  # every argument checked before any work
+    for name in ("vectors", "epochs", "patience", "batch", "group"):  # every argument checked before any work
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if not 0 < args.lr < 10 or any(v is not None and v < 1 for v in (args.questions, args.samples, args.max_chains)):
@@ -193,12 +230,19 @@ def main(argv=None) -> dict:
     train_items, held_items = chains(cfg, data, bb.tokenizer, "train"), chains(cfg, data, bb.tokenizer, "heldout")
     if args.max_chains:
         train_items, held_items = train_items[: args.max_chains], held_items[: args.max_chains]
-    sp, fit_info = fit(bb.model, train_items, held_items, K, args.vectors, args.lr, args.epochs, args.patience,
-                       args.batch, cfg.seed)
+    if args.load_vectors:
+        sp, fit_info = load_vectors(args.load_vectors, K, bb.model)
+    else:
+        sp, fit_info = fit(bb.model, train_items, held_items, K, args.vectors, args.lr, args.epochs, args.patience,
+                           args.batch, cfg.seed)
+    if args.save_vectors:
+        save_vectors(args.save_vectors, sp, fit_info)
+    if args.fit_only:
+        return {"fit": fit_info}
     problems = problems_from_config(cfg, "test")[: args.questions or cfg.data.n_test]
     n, eps = args.samples or cfg.grid.n_samples, cfg.grid.epsilons[0]
     t0 = time.perf_counter()
-    ours = steer(cfg, bb, model, sp, problems, n, eps, cfg.seed)
+    ours = steer(cfg, bb, model, sp, problems, n, eps, cfg.seed, group=args.group)
     ours["seconds"] = time.perf_counter() - t0
     trip = ours.pop("_triple")
     for _ in range(120):  # the exploration stage may still be writing its samples (run side by side)

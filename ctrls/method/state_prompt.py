@@ -8,7 +8,7 @@ et al. 2021, per state):
 
     x_0 | V(z_1) x_1 | V(z_2) x_2 | ...      V(z) = sum_k z_k V_k,  V_k in R^{m x d}
 
-Teacher forcing (:func:`chain_logprob`) and decoding (:func:`decode_chain`, the KV cache holding a
+Teacher forcing (:func:`chain_logprob`) and decoding (:func:`decode_chains`, the KV cache holding a
 state's vectors from the moment the state is drawn) build the same sequence, positions included; the
 read-back of a step is Q_phi on an unadapted pass *without* the vectors
 (``ctrls.generate.controllability.encode_generations``).
@@ -107,48 +107,101 @@ class Decoded:
     states: list[int] = field(default_factory=list)
 
 
-@torch.no_grad()
 def decode_chain(lm, prompt: Sequence[int], draw: Callable[[int], int], prompt_vectors: StatePrompt,
                  ends_step: Callable[[int, bool], bool], has_content: Callable[[int], bool], max_new_tokens: int,
                  max_steps: int, sample: Callable[[torch.Tensor], int], stop: set[int],
                  forced: Sequence[int] | None = None, record: list | None = None) -> Decoded:
-    """Decode one chain with the KV cache: the prompt, then the vectors of state ``draw(t)`` at the start
-    of each step t (until ``max_steps``), then tokens from ``sample(logits)`` (or ``forced`` tokens:
-    teacher forcing through the decoder, for tests; ``record`` then receives each token's log P). A step
-    ends at a token for which ``ends_step(token, step_has_content)`` holds; ``has_content(token)`` marks a
-    non-blank token; a ``stop`` token ends the chain and is not kept."""
+    """One chain: :func:`decode_chains` with one row."""
+    return decode_chains(lm, [prompt], [draw], prompt_vectors, ends_step, has_content, max_new_tokens, max_steps,
+                         sample, stop, forced=None if forced is None else [forced],
+                         record=None if record is None else [record])[0]
+
+
+@torch.no_grad()
+def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable[[int], int]], prompt_vectors: StatePrompt,
+                  ends_step: Callable[[int, bool], bool], has_content: Callable[[int], bool], max_new_tokens: int,
+                  max_steps: int, sample: Callable[[torch.Tensor], int], stop: set[int],
+                  forced: Sequence[Sequence[int]] | None = None, record: list[list] | None = None) -> list[Decoded]:
+    """Decode one chain per row side by side with the KV cache: row r's prompt ``prompts[r]`` (left-padded
+    to the longest), then
+    the vectors of state ``draws[r](t)`` at the start of each step t (until ``max_steps``), then tokens
+    from ``sample(logits)`` (or row r's ``forced`` tokens: teacher forcing through the decoder, for tests;
+    ``record[r]`` then receives each token's log P). A step ends at a token for which
+    ``ends_step(token, step_has_content)`` holds; ``has_content(token)`` marks a non-blank token; a
+    ``stop`` token ends the chain and is not kept. Rows that open a step feed their token and the state's
+    m vectors in one pass; the others pad those slots (masked out of attention, not counted as positions),
+    so each row sees the sequence :func:`chain_logprob` builds."""
     from transformers import DynamicCache
 
     emb = lm.get_input_embeddings()
-    dev = emb.weight.device
+    dev, dt = emb.weight.device, emb.weight.dtype
+    B = len(draws)
     kv = DynamicCache(config=lm.config)
-    out = lm(input_ids=torch.as_tensor([list(prompt)], device=dev), past_key_values=kv, use_cache=True)
-    logits, res = out.logits[0, -1], Decoded([])
-    content, start, step_open = False, 0, False
+    if len(prompts) != B or not all(len(p) for p in prompts):
+        raise ValueError(f"one non-empty prompt per row: {len(prompts)} prompts for {B} rows")
+    P = max(len(p) for p in prompts)
+    mask = torch.as_tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts], device=dev)  # real cache slots
+    pos = torch.as_tensor([len(p) for p in prompts], device=dev)  # each row's next position
+    res = [Decoded([]) for _ in range(B)]
+    content, start, step_open, done = [False] * B, [0] * B, [False] * B, [False] * B
+    limit = [max_new_tokens if forced is None else len(forced[r]) for r in range(B)]
 
-    def open_step():
-        nonlocal logits, step_open
-        k = draw(len(res.states))
-        res.states.append(k)
-        z = F.one_hot(torch.as_tensor(k), prompt_vectors.n_states).float()
-        logits = lm(inputs_embeds=prompt_vectors(z)[None].to(emb.weight.dtype), past_key_values=kv,
-                    use_cache=True).logits[0, -1]
-        step_open = True
+    def vectors(r: int) -> torch.Tensor:  # draw row r's next state: its m vectors
+        k = draws[r](len(res[r].states))
+        res[r].states.append(k)
+        step_open[r] = True
+        return prompt_vectors(F.one_hot(torch.as_tensor(k), prompt_vectors.n_states).float()).to(dt)
 
-    for i in range(max_new_tokens if forced is None else len(forced)):
-        if not step_open and len(res.states) < max_steps:
-            open_step()
-        tok = sample(logits) if forced is None else int(forced[i])
-        if record is not None:
-            record.append(float(F.log_softmax(logits.float(), -1)[tok]))
-        if tok in stop:
+    def forward(rows: list[list[torch.Tensor]], ids=None) -> torch.Tensor:
+        """Feed each row's slots (a row's list may be empty: all padding); the logits at its last real slot."""
+        nonlocal mask
+        if ids is not None:  # the prompts, left-padded: positions count real tokens only
+            pid = (mask.cumsum(1) - 1).clamp(min=0)
+            return lm(input_ids=ids, attention_mask=mask, position_ids=pid, past_key_values=kv, use_cache=True).logits[:, -1]
+        L = max(1, max(len(x) for x in rows))
+        x = torch.zeros((B, L, emb.weight.shape[1]), dtype=dt, device=dev)
+        new = torch.zeros((B, L), dtype=torch.long, device=dev)
+        for r, parts in enumerate(rows):
+            if parts:
+                x[r, :len(parts)] = torch.stack(parts)
+                new[r, :len(parts)] = 1
+        pid = pos[:, None] + (new.cumsum(1) - 1).clamp(min=0)  # padding repeats the last real position
+        mask = torch.cat([mask, new], 1)
+        out = lm(inputs_embeds=x, attention_mask=mask, position_ids=pid, past_key_values=kv, use_cache=True).logits
+        pos.add_(new.sum(1))
+        last = (new.sum(1) - 1).clamp(min=0)
+        return out[torch.arange(B, device=dev), last]
+
+    logits = forward([], ids=torch.as_tensor([[0] * (P - len(p)) + list(p) for p in prompts], device=dev))
+    if max_steps > 0:
+        logits = forward([list(vectors(r)) for r in range(B)])
+    for i in range(max(limit, default=0)):
+        feed: list[list[torch.Tensor]] = [[] for _ in range(B)]
+        for r in range(B):
+            if done[r]:
+                continue
+            if i >= limit[r]:
+                done[r] = True
+                continue
+            tok = sample(logits[r]) if forced is None else int(forced[r][i])
+            if record is not None:
+                record[r].append(float(F.log_softmax(logits[r].float(), -1)[tok]))
+            if tok in stop:
+                done[r] = True
+                continue
+            res[r].token_ids.append(tok)
+            content[r] = content[r] or has_content(tok)
+            feed[r].append(emb.weight[tok])
+            if ends_step(tok, content[r]) and step_open[r]:
+                res[r].spans.append((start[r], len(res[r].token_ids)))
+                start[r], content[r], step_open[r] = len(res[r].token_ids), False, False
+                if len(res[r].states) < max_steps and len(res[r].token_ids) < limit[r]:
+                    feed[r] += list(vectors(r))  # the next step's state, in the same pass
+        if all(done):
             break
-        res.token_ids.append(tok)
-        content = content or has_content(tok)
-        logits = lm(input_ids=torch.as_tensor([[tok]], device=dev), past_key_values=kv, use_cache=True).logits[0, -1]
-        if ends_step(tok, content) and step_open:
-            res.spans.append((start, len(res.token_ids)))
-            start, content, step_open = len(res.token_ids), False, False
-    if step_open and start < len(res.token_ids):
-        res.spans.append((start, len(res.token_ids)))
+        if any(feed):
+            logits = forward(feed)
+    for r in range(B):
+        if step_open[r] and start[r] < len(res[r].token_ids):
+            res[r].spans.append((start[r], len(res[r].token_ids)))
     return res

@@ -4,7 +4,7 @@ the vectors."""
 import pytest
 import torch
 
-from ctrls.method.state_prompt import StatePrompt, chain_logprob, decode_chain, interleave, prompt_cache
+from ctrls.method.state_prompt import StatePrompt, chain_logprob, decode_chain, decode_chains, interleave, prompt_cache
 
 
 def test_interleave_places_each_states_vectors_before_its_step():
@@ -45,6 +45,38 @@ def test_teacher_forcing_equals_decoding_with_the_cache(tiny_llama, max_steps):
     with torch.no_grad():  # the prompt from its cache: the same sequence, the same positions
         lp_cached, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp, cache=prompt_cache(bb.model, [1, 5, 9, 4]))
     assert float(lp_cached) == pytest.approx(want, abs=1e-4)
+
+
+def test_chains_decoded_side_by_side_equal_each_chain_teacher_forced(tiny_llama):
+    """Rows of different prompts (left padding) open their steps at different tokens (padding in
+    between), stop early, or run out of steps: each row's log P per token equals its own teacher-forced
+    sequence, positions included."""
+    bb = tiny_llama
+    torch.manual_seed(3)
+    sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=4)
+    nl, stop = {7}, {8}
+    forced = [[20, 7, 21, 22, 7, 23, 24, 25, 7, 26],  # three steps
+              [30, 31, 32, 33, 7, 34, 7, 35, 8, 99],  # three steps, stops at its 9th token
+              [7, 40, 41, 7, 42, 43, 44, 45, 46, 47]]  # a blank first line: the step goes on
+    states = [[1, 3, 0], [2, 2, 1], [0, 3, 2]]
+    rec = [[], [], []]
+    prompts = [[1, 5, 9, 4], [1, 5, 9, 4], [3, 6]]
+    outs = decode_chains(bb.model, prompts, [lambda t, s=s: s[t] for s in states], sp,
+                         ends_step=lambda tok, content: tok in nl and content, has_content=lambda tok: tok not in nl,
+                         max_new_tokens=10, max_steps=3, sample=lambda lg: int(lg.argmax()), stop=stop,
+                         forced=forced, record=rec)
+    assert outs[1].token_ids == forced[1][:8] and len(rec[1]) == 9  # the stop token is scored, not kept
+    assert [o.spans for o in outs] == [[(0, 2), (2, 5), (5, 9)], [(0, 5), (5, 7), (7, 8)], [(0, 4), (4, 10)]]
+    for r, d in enumerate(outs):
+        z = torch.nn.functional.one_hot(torch.as_tensor(d.states[:len(d.spans)]), 4).float()
+        with torch.no_grad():
+            lp, n = chain_logprob(bb.model, prompts[r], d.token_ids, d.spans, z, sp)
+        assert float(lp) == pytest.approx(sum(rec[r][i] for a, b in d.spans for i in range(a, b)), abs=1e-4)
+        single = []  # one row alone decodes the same
+        decode_chain(bb.model, prompts[r], lambda t, r=r: states[r][t], sp, ends_step=lambda tok, c: tok in nl and c,
+                     has_content=lambda tok: tok not in nl, max_new_tokens=10, max_steps=3,
+                     sample=lambda lg: int(lg.argmax()), stop=stop, forced=forced[r], record=single)
+        assert single == pytest.approx(rec[r], abs=1e-4)
 
 
 def test_the_state_changes_the_step_and_training_moves_only_the_vectors(tiny_llama):
