@@ -308,16 +308,20 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
             f"from {lo} to {hi}, highest for {best.variant}.")
 
 
-def seeds_note(path: Path | None = None) -> str:
+def seeds_note(path: Path | None = None, prompts: list[Path] | None = None) -> str:
     """Finding 3's test numbers: κ pooled over the fresh data seeds no choice saw (``studies/seeds.py``), with
-    its interval and n, and the text-cue bound beside it; "" when the seeds result is not stored."""
+    its interval and n, the state prompt against the adapter on those seeds (``studies/state_prompt.py``,
+    where stored), and the text-cue bound; "" when the seeds result is not stored."""
     from ctrls.report import mechanism
 
     path = Path(path) if path else mechanism.results_dir() / mechanism.SEEDS_RESULT
     if not path.exists():
         return ""
     sentences = mechanism.steering_sentences(mechanism.seeds_frame(path))
-    return f"{sentences[0]} {sentences[-1]}"  # the pooled κ, then the ceiling the backbone allows
+    if prompts is None:
+        prompts = sorted(mechanism.results_dir().glob(mechanism.STATE_PROMPT_RESULTS))
+    state_prompt = mechanism.steering_sentences(None, mechanism.state_prompt_frame(prompts))[:-1] if prompts else []
+    return " ".join([sentences[0], *state_prompt, sentences[-1]])  # pooled κ, the state prompt, the ceiling
 
 
 # ---- 5. the paper's scale -----------------------------------------------------------------------

@@ -315,8 +315,15 @@ def test_seeds_note_gives_the_pooled_test_kappa_with_n_and_the_text_cue_bound(tm
     pooled = {**kappa(0.08, 0.03, 0.13), "questions": 180, "steps": 1500}
     p.write_text(json.dumps({"margin_points": 5, "seeds": [seed(1), seed(2), seed(3)], "pooled_kappa": pooled,
                              "development": [seed(0, k=0.14, lo=0.06, hi=0.21)]}))
-    text = fd.seeds_note(p)
+    text = fd.seeds_note(p, prompts=[])
     assert text.startswith("On 3 fresh data seeds (180 test questions, 1500 steps)")
     assert "κ = 0.08 [0.03, 0.13]" in text and "0.14" not in text
-    assert "95–97%" in text
+    assert "95–97%" in text and "state prompt" not in text
     assert fd.seeds_note(tmp_path / "absent.json") == ""
+    sp = tmp_path / "state_prompt_seed1.json"  # a stored state-prompt run: its κ beside the adapter's, before the bound
+    sp.write_text(json.dumps({"data_seed": 1, "vectors_per_state": 2, "state_prompt": {**kappa(0.41, 0.30, 0.52), "pass1": 0.2},
+                              "adapter": {**kappa(0.08, 0.01, 0.15), "pass1": 0.25},
+                              "state_prompt_minus_adapter": {"diff": 0.33, "lo": 0.2, "hi": 0.46, "p_value": 0.001}}))
+    text = fd.seeds_note(p, prompts=[sp])
+    assert "the state prompt (2 vectors per state) reaches κ = 0.41 [0.30, 0.52]" in text
+    assert "Δκ = +0.33 [+0.20, +0.46]" in text and text.endswith("(37 contexts per cue).")
