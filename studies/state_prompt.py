@@ -192,6 +192,35 @@ def steer(cfg, bb, model, sp, problems, n: int, eps: float, seed: int, group: in
             "samples": len(correct), "_triple": (f, nu, q)}
 
 
+def check_args(args):
+    """The config of ``args``, or SystemExit with one line naming the first bad argument (before any work)."""
+    def refuse(msg):
+        raise SystemExit(f"state_prompt.py: {msg}")
+
+    for name in ("vectors", "epochs", "patience", "batch", "group"):
+        if getattr(args, name) < 1:
+            refuse(f"--{name} {getattr(args, name)}: give an integer >= 1")
+    for name in ("questions", "samples", "max_chains"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            refuse(f"--{name.replace('_', '-')} {v}: give an integer >= 1")
+    if not 0 < args.lr < 10:
+        refuse(f"--lr {args.lr}: give a rate in (0, 10)")
+    if args.load_vectors and not Path(args.load_vectors).is_file():
+        refuse(f"--load-vectors {args.load_vectors}: no such file")
+    if args.fit_only and not args.save_vectors:
+        refuse("--fit-only without --save-vectors would throw the fit away")
+    if not Path(args.run_dir).is_dir():
+        refuse(f"--run-dir {args.run_dir}: no such directory (run `ctrls stage pretrain exploration` first)")
+    try:
+        cfg = load_config(args.profile, {**parse_overrides(args.override), "run_dir": args.run_dir})
+    except ConfigError as e:
+        refuse(str(e).splitlines()[0])
+    if args.questions is not None and args.questions > cfg.data.n_test:
+        refuse(f"--questions {args.questions}: the profile has data.n_test = {cfg.data.n_test} test questions")
+    return cfg
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run-dir", default="runs")
@@ -211,15 +240,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--load-vectors", default=None, help="skip the fit: the vectors a --save-vectors run wrote")
     ap.add_argument("--fit-only", action="store_true", help="stop after the fit (with --save-vectors)")
     args = ap.parse_args(argv)
-    for name in ("vectors", "epochs", "patience", "batch", "group"):  # every argument checked before any work
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if not 0 < args.lr < 10 or any(v is not None and v < 1 for v in (args.questions, args.samples, args.max_chains)):
-        ap.error("--lr must lie in (0, 10); --questions, --samples and --max-chains at least 1")
-    try:
-        cfg = load_config(args.profile, {**parse_overrides(args.override), "run_dir": args.run_dir})
-    except ConfigError as e:
-        ap.error(str(e))
+    cfg = check_args(args)
     torch.manual_seed(cfg.seed)
     bb = load_backbone(cfg.backbone.name, device="cpu", dtype="float32")
     for p in bb.model.parameters():

@@ -2,32 +2,14 @@
 wrong in one line, without a traceback (``--questions -1`` sliced the problems to all but the last and exited 0)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"study_{name}", ROOT / "studies" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.studies.harness import load_study, refused
 
 
 @pytest.fixture(scope="module")
 def injection():
-    return _load("injection")
-
-
-def _refused(main, argv) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    msg = e.value.code
-    assert isinstance(msg, str) and "\n" not in msg and "Traceback" not in msg, msg
-    return msg
+    return load_study("injection")
 
 
 @pytest.fixture
@@ -51,9 +33,9 @@ def no_work(injection, monkeypatch):
     (["--questions", "500"], "data.n_test"),  # more than the profile's test questions: was silently data.n_test
 ])
 def test_injection_refuses_a_bad_argument_before_any_work(injection, no_work, tmp_path, argv, words):
-    msg = _refused(injection.main, ["--run-dir", str(tmp_path), *argv])
+    msg = refused(injection.main, ["--run-dir", str(tmp_path), *argv])
     assert msg.startswith("injection.py: ") and words in msg, msg
 
 
 def test_injection_refuses_a_run_directory_that_does_not_exist(injection, no_work, tmp_path):
-    assert "--run-dir" in _refused(injection.main, ["--run-dir", str(tmp_path / "absent")])
+    assert "--run-dir" in refused(injection.main, ["--run-dir", str(tmp_path / "absent")])

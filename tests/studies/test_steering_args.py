@@ -3,33 +3,16 @@ first point runs, and says what is wrong in one line, without a traceback (a bad
 first had run for minutes; a bad override was a ConfigError traceback)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"study_{name}", ROOT / "studies" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.studies.harness import load_study, refused
 
 
 @pytest.fixture(scope="module")
 def steering():
-    return _load("steering")
-
-
-def _refused(main, argv) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    msg = e.value.code
-    assert isinstance(msg, str) and "\n" not in msg and "Traceback" not in msg, msg
-    return msg
+    return load_study("steering")
 
 
 @pytest.fixture
@@ -49,19 +32,19 @@ def no_work(steering, monkeypatch):
     (["--append"], "--append"),
 ])
 def test_steering_refuses_a_bad_argument_before_any_point(steering, no_work, argv, words):
-    msg = _refused(steering.main, argv)
+    msg = refused(steering.main, argv)
     assert msg.startswith("steering.py: ") and words in msg, msg
 
 
 def test_steering_checks_every_points_config_before_the_first(steering, no_work):
     # data.n_train=100000 is refused for word_problems at the demo's difficulty only at the large point
-    msg = _refused(steering.main, ["--chains", "64", "100000000"])
+    msg = refused(steering.main, ["--chains", "64", "100000000"])
     assert "data.n_train" in msg
 
 
 def test_steering_refuses_an_unreadable_append_file(steering, no_work, tmp_path):
     out = tmp_path / "r.json"
     out.write_text("{not json")
-    assert str(out) in _refused(steering.main, ["--out", str(out), "--append"])
+    assert str(out) in refused(steering.main, ["--out", str(out), "--append"])
     out.write_text(json.dumps({"points": "x"}))
-    assert str(out) in _refused(steering.main, ["--out", str(out), "--append"])
+    assert str(out) in refused(steering.main, ["--out", str(out), "--append"])
