@@ -358,6 +358,12 @@ def page_ok(r: dict) -> bool:
     return not (r["missing"] or r["external"] or r["overflow"] or r["junk"] or r.get("broken_links"))
 
 
+def check_width(width) -> None:
+    """SiteCheckError unless ``width`` is a window width some device has (an integer in MIN_WIDTH..MAX_WIDTH)."""
+    if isinstance(width, bool) or not isinstance(width, int) or not MIN_WIDTH <= width <= MAX_WIDTH:
+        raise SiteCheckError(f"width must be an integer between {MIN_WIDTH} and {MAX_WIDTH} px, got {width!r}")
+
+
 def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
                pages: tuple[str, ...] | list[str] | None = None, *,
                chromium: str | os.PathLike | None = None, timeout_s: float = 60.0,
@@ -389,8 +395,7 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
     Raises :class:`SiteCheckError` when the site is not built, Chromium is not installed or
     Playwright is not importable.
     """
-    if isinstance(width, bool) or not isinstance(width, int) or not MIN_WIDTH <= width <= MAX_WIDTH:
-        raise SiteCheckError(f"width must be an integer between {MIN_WIDTH} and {MAX_WIDTH} px, got {width!r}")
+    check_width(width)
     html_dir = Path(html_dir).resolve()
     out_dir = Path(out_dir).resolve()
     if not (html_dir / "index.html").is_file():
@@ -473,8 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the full report as JSON ({width: report})")
     args = ap.parse_args(argv)
     for w in args.widths or ():  # refused before a browser starts: a 0 px window "finds" every page broken
-        if not MIN_WIDTH <= w <= MAX_WIDTH:
-            ap.error(f"--width must be between {MIN_WIDTH} and {MAX_WIDTH} px, got {w}")
+        try:
+            check_width(w)
+        except SiteCheckError as e:
+            ap.error(f"--{e}")
     reports = {}
     try:
         for w in args.widths or WIDTHS:

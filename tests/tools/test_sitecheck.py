@@ -306,7 +306,7 @@ def test_a_window_width_no_device_has_is_refused_before_a_browser_starts(width, 
 
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path), "--width", str(width)])
-    assert e.value.code == 2 and f"--width must be between 240 and 7680 px, got {width}" in capsys.readouterr().err
+    assert e.value.code == 2 and f"--width must be an integer between 240 and 7680 px, got {width}" in capsys.readouterr().err
     with pytest.raises(SiteCheckError, match="width must be an integer between 240 and 7680"):
         check_site(tmp_path, tmp_path / "shots", width=width)
     with pytest.raises(SiteCheckError, match="got True"):
