@@ -52,7 +52,7 @@ from ctrls.data.prompts import encode_prompt, newline_token_ids, step_spans  # n
 from ctrls.generate.controllability import draw_chains, encode_generations, match_rate  # noqa: E402
 from ctrls.method.adapter import StateAdapter  # noqa: E402
 from ctrls.method.backbone import load_backbone  # noqa: E402
-from ctrls.stages.adapter_train import StepData  # noqa: E402
+from ctrls.stages.adapter_train import StepData, prompted_trajectories  # noqa: E402
 from ctrls.stages.common import problems_from_config
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages  # noqa: E402
 
@@ -89,17 +89,13 @@ def target_module(lm, layer: int | str):
 
 # ---- training data: whole chains, each position's state -----------------------------------------------------
 def chains(cfg, data: StepData, tok, split: str) -> list[dict]:
-    by_id = {p.id: p for p in problems_from_config(cfg, "train")}
     out = []
-    for qi, ti in data.trajectories(split):
-        sh = data.shards[qi]
-        tr = sh["trajectories"][ti]
-        ids, _ = encode_prompt(tok, by_id[sh["qid"]].question, cfg.prompt.use_chat_template, cfg.prompt.few_shot)
+    for qi, ti, qid, tr, ids in prompted_trajectories(cfg, data, tok, split):
         P, y = len(ids), tr["targets"].tolist()
         rows = torch.full((P + len(y),), -1, dtype=torch.long)  # the step row (of data.post) each position carries
         for t, (a, b) in enumerate(tr["spans"].tolist()):
             rows[P - 1 + a: P - 1 + b] = data.row_of[(qi, ti, t)]  # positions a-1 .. b-2 carry z_t
-        out.append({"ids": torch.as_tensor(ids + y), "rows": rows, "qid": sh["qid"], "P": P})
+        out.append({"ids": torch.as_tensor(ids + y), "rows": rows, "qid": qid, "P": P})
     return out
 
 

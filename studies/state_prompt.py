@@ -42,7 +42,7 @@ from ctrls.generate.controllability import draw_chains, encode_generations  # no
 from ctrls.method.backbone import load_backbone  # noqa: E402
 from ctrls.method.state_prompt import StatePrompt, chain_logprob, decode_chains, prompt_cache  # noqa: E402
 from ctrls.report.mechanism import null_steps  # noqa: E402
-from ctrls.stages.adapter_train import StepData  # noqa: E402
+from ctrls.stages.adapter_train import StepData, prompted_trajectories  # noqa: E402
 from ctrls.stages.common import problems_from_config  # noqa: E402
 from ctrls.stages.exploration import load_samples  # noqa: E402
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages  # noqa: E402
@@ -51,12 +51,8 @@ from ctrls.stats.agreement import kappa_difference, kappa_vs_null  # noqa: E402
 
 def chains(cfg, data: StepData, tok, split: str) -> list[dict]:
     """Each pretraining chain of ``split``: prompt ids, chain ids, step spans, each step's posterior state."""
-    by_id = {p.id: p for p in problems_from_config(cfg, "train")}
     out = []
-    for qi, ti in data.trajectories(split):
-        sh = data.shards[qi]
-        tr = sh["trajectories"][ti]
-        ids, _ = encode_prompt(tok, by_id[sh["qid"]].question, cfg.prompt.use_chat_template, cfg.prompt.few_shot)
+    for qi, ti, _, tr, ids in prompted_trajectories(cfg, data, tok, split):
         spans = [tuple(s) for s in tr["spans"].tolist()]
         rows = [data.row_of[(qi, ti, t)] for t in range(len(spans))]
         out.append({"prompt": ids, "chain": tr["targets"].tolist(), "spans": spans,

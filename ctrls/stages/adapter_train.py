@@ -90,6 +90,19 @@ class StepData:
                 for ti in range(len(sh["trajectories"]))]
 
 
+def prompted_trajectories(cfg: Config, data: StepData, tok, split: str):
+    """(question row, trajectory index, question id, trajectory, prompt ids) of each pretraining chain of
+    ``split``, its prompt encoded as the stages encode it: the chains the studies train on."""
+    from ctrls.data.prompts import encode_prompt
+    from ctrls.stages.common import problems_from_config
+
+    by_id = {p.id: p for p in problems_from_config(cfg, "train")}
+    for qi, ti in data.trajectories(split):
+        sh = data.shards[qi]
+        ids, _ = encode_prompt(tok, by_id[sh["qid"]].question, cfg.prompt.use_chat_template, cfg.prompt.few_shot)
+        yield qi, ti, sh["qid"], sh["trajectories"][ti], ids
+
+
 def step_batches(data: StepData, split: str, batch_steps: int, max_tokens: int | None, shuffle_seed: int | None):
     """Yield batches (hidden, targets, step_index, s_post, s_prev, qids) of one split's trajectories;
     steps longer than ``max_tokens`` are truncated (None: every token)."""
