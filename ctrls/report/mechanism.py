@@ -173,6 +173,19 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
     return out
 
 
+def state_prompt_sentence(t: pd.DataFrame) -> str:
+    """:func:`state_prompt_frame` in one sentence for the first page: each seed's kappa of the state prompt
+    and of the adapter with intervals, the questions, and on how many seeds the paired gain holds after Holm."""
+    seeds = [str(s) for s in t["data seed"]]
+    said = seeds[0] if len(seeds) == 1 else f"{', '.join(seeds[:-1])} and {seeds[-1]}"
+    sp = ", ".join(f"{r['state prompt κ']:.2f} [{r['sp lo']:.2f}, {r['sp hi']:.2f}]" for _, r in t.iterrows())
+    ad = ", ".join(f"{r['adapter κ']:.2f} [{r['ad lo']:.2f}, {r['ad hi']:.2f}]" for _, r in t.iterrows())
+    won = int(((t["Δκ lo"] > 0) & (t["p (Holm)"] < 0.05)).sum())
+    return (f"On data seed{'s' if len(t) > 1 else ''} {said} ({'/'.join(str(int(q)) for q in t.questions)} test questions), "
+            f"the state prompt ({int(t['vectors per state'].iloc[0])} vectors per state) reaches κ = {sp} against "
+            f"the adapter's {ad} on the same questions; its paired gain holds (Holm p < 0.05) on {won} of {len(t)}.")
+
+
 def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`state_prompt_frame` for the page: kappa of both variants with intervals and n, the paired
     difference with Holm's p, pass@1 of both, and the state prompt's kappa at steps 1, 2 and 3+."""

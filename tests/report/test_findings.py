@@ -325,5 +325,11 @@ def test_seeds_note_gives_the_pooled_test_kappa_with_n_and_the_text_cue_bound(tm
                               "adapter": {**kappa(0.08, 0.01, 0.15), "pass1": 0.25},
                               "state_prompt_minus_adapter": {"diff": 0.33, "lo": 0.2, "hi": 0.46, "p_value": 0.001}}))
     text = fd.seeds_note(p, prompts=[sp])
-    assert "the state prompt (2 vectors per state) reaches κ = 0.41 [0.30, 0.52]" in text
-    assert "Δκ = +0.33 [+0.20, +0.46]" in text and text.endswith("(37 contexts per cue).")
+    assert "On data seed 1 (60 test questions), the state prompt (2 vectors per state) reaches κ = 0.41 [0.30, 0.52]" in text
+    assert "against the adapter's 0.08 [0.01, 0.15]" in text and "holds (Holm p < 0.05) on 1 of 1." in text
+    assert text.endswith("(37 contexts per cue).")
+    sp2 = tmp_path / "state_prompt_seed2.json"  # two seeds, one sentence: the second's gain does not hold
+    sp2.write_text(sp.read_text().replace('"data_seed": 1', '"data_seed": 2').replace('"lo": 0.2', '"lo": -0.1'))
+    text = fd.seeds_note(p, prompts=[sp, sp2])
+    assert "On data seeds 1 and 2 (60/60 test questions)" in text and "κ = 0.41 [0.30, 0.52], 0.41 [0.30, 0.52]" in text
+    assert "on 1 of 2." in text
