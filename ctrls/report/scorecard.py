@@ -336,7 +336,10 @@ def power_note(cfg: Config) -> str:
             f"McNemar for pass@n, the within-question permutation test for rates) with Holm at the page's family "
             f"size, the power to detect a rise of 10 points and the minimal detectable difference (MDD) at 80% power "
             f"(Monte Carlo, {N_SIM:,} simulated runs; `ctrls.stats.sizing`). Where the power at 10 points is below 0.8, "
-            f"the MDD is the difference this demo can detect; the scorecard quotes these same numbers.")
+            f"the MDD is the difference this demo can detect; the scorecard quotes these same numbers. One row is a "
+            f"design, not a run: the ablation from twice the samples per question, read as the unbiased "
+            f"pass@{cfg.grid.n_samples} (Chen et al. 2021) with the permutation test, beside the McNemar row it would "
+            f"replace.")
 
 
 def _demo_power(cfg: Config) -> pd.DataFrame:

@@ -56,9 +56,26 @@ def icc_from_rates(rates: np.ndarray, m: int) -> float:
     return float(np.clip(var_b / (p * (1 - p)), 0.01, 0.99))
 
 
+def pass_k(stat: str) -> int | None:
+    """k of a "pass@k" statistic (the unbiased estimator from m >= k samples); None for "mean" and "any"."""
+    return int(stat[5:]) if stat.startswith("pass@") and stat[5:].isdigit() else None
+
+
+def unbiased_pass_k(c: np.ndarray, m: int, k: int) -> np.ndarray:
+    """The unbiased pass@k of a question with c correct of m samples: 1 - C(m - c, k) / C(m, k) (Chen et al.
+    2021), computed as a product so that no binomial coefficient is formed."""
+    c = np.asarray(c)
+    out = np.ones(c.shape)
+    for j in range(k):  # C(m - c, k) / C(m, k) = prod_j (m - c - j) / (m - j)
+        out = out * np.clip(m - c - j, 0, None) / (m - j)
+    return 1.0 - out
+
+
 def _on_scale(p: np.ndarray, stat: str, m: int) -> np.ndarray:
-    """A question's expected statistic from its per-sample rate p: p ("mean") or 1 - (1 - p)^m ("any")."""
-    return p if stat == "mean" else 1 - (1 - p) ** m
+    """A question's expected statistic from its per-sample rate p: p ("mean"), 1 - (1 - p)^m ("any"), or
+    1 - (1 - p)^k ("pass@k": what the unbiased estimator from m samples estimates)."""
+    k = pass_k(stat)
+    return p if stat == "mean" else 1 - (1 - p) ** (m if k is None else k)
 
 
 def _shift_for(b: np.ndarray, target: float, stat: str = "mean", m: int = 1) -> float:
@@ -117,7 +134,8 @@ def simulated_power(p0: float, delta: float, n_q: int, m: int, icc: float, stat:
                     n_sim: int = 2000, alpha: float = ALPHA, seed: int = 0, test: str = "t",
                     rho: float = 1.0, family: int = 1, n_perm: int = 2000) -> float:
     """Power of the paired test to detect a rise of ``delta`` in the statistic (``stat`` "mean": a
-    per-sample rate such as pass@1; "any": pass@m, on its own scale) from a base arm whose
+    per-sample rate such as pass@1; "any": pass@m, on its own scale; "pass@k": the unbiased pass@k from
+    the m samples, :func:`unbiased_pass_k`) from a base arm whose
     per-sample rate is ``p0``. NaN when the raised statistic would reach 1.
 
     ``test``: "t" (the paired t-test), or the pages' own tests: "mcnemar" (exact McNemar on "any
@@ -126,8 +144,8 @@ def simulated_power(p0: float, delta: float, n_q: int, m: int, icc: float, stat:
     comparison is rejected at Holm's first step, p < alpha / m (Bonferroni; Holm can only add the
     rare runs where a null comparison is rejected first). ``rho``: the between-arm correlation of the
     questions' rates (:func:`_other_arm`, :func:`between_arm_correlation`)."""
-    if stat not in ("mean", "any"):
-        raise ValueError(f"stat must be 'mean' or 'any', got {stat!r}")
+    if stat not in ("mean", "any") and not (pass_k(stat) and pass_k(stat) <= m):
+        raise ValueError(f"stat must be 'mean', 'any' or 'pass@k' with 1 <= k <= m = {m} samples, got {stat!r}")
     if test not in TESTS:
         raise ValueError(f"test must be one of {TESTS}, got {test!r}")
     if test == "mcnemar" and stat != "any":
@@ -161,7 +179,10 @@ def simulated_power(p0: float, delta: float, n_q: int, m: int, icc: float, stat:
     x0, x1 = rng.binomial(m, base), rng.binomial(m, other)
     if test == "mcnemar":
         return float((_mcnemar_p(x1 > 0, x0 > 0) < level).mean())
-    d = (x1 - x0) / m if stat == "mean" else (x1 > 0).astype(float) - (x0 > 0)
+    if pass_k(stat):  # the per-question difference of the unbiased pass@k estimates
+        d = unbiased_pass_k(x1, m, pass_k(stat)) - unbiased_pass_k(x0, m, pass_k(stat))
+    else:
+        d = (x1 - x0) / m if stat == "mean" else (x1 > 0).astype(float) - (x0 > 0)
     if test == "permutation":
         return float((_swap_p(d, n_perm, rng) < level).mean())
     mean, sd = d.mean(1), d.std(1, ddof=1)
@@ -243,7 +264,8 @@ def demo_comparisons(cfg, p0: float, succ0: float | None = None, steps_per_chain
     """The comparisons of the demo's pages at the profile's sizes, each with the page's own test and
     Holm family (:func:`families`), from the pilot's Base pass@1 ``p0`` and Succ. ``succ0`` (with
     its own intra-question correlation ``icc_succ``): pass@n vs Base (Table 1, exact McNemar), Succ.
-    (the ablation's family, permutation test), the ablation's pass@n (exact McNemar), RL after vs
+    (the ablation's family, permutation test), the ablation's pass@n (exact McNemar) and, as a design
+    not run, the same comparison from twice the samples (the unbiased pass@n, permutation), RL after vs
     before (permutation), controllability against its real reference (``reference``: the rate at
     which Base steps land in chains drawn for them; chance 1/K only where no reference is known)."""
     g, rl = cfg.grid, cfg.rl
@@ -256,6 +278,9 @@ def demo_comparisons(cfg, p0: float, succ0: float | None = None, steps_per_chain
                        "permutation", fam["ablation"], icc_succ),
             Comparison("ablation", f"CTRLS vs fixed s0, pass@{g.n_samples} (ablation)", cfg.data.n_test, g.n_samples,
                        "any", p0, "mcnemar", fam["ablation"]),
+            Comparison("ablation design", f"CTRLS vs fixed s0, unbiased pass@{g.n_samples} from {2 * g.n_samples} "
+                       f"samples (a design, not run: twice the samples)", cfg.data.n_test, 2 * g.n_samples,
+                       f"pass@{g.n_samples}", p0, "permutation", fam["ablation"]),
             Comparison("rl", "after vs before RL, held-out accuracy", rl.eval_questions,
                        rl.eval_samples * len(rl.seeds), "mean", p0, "permutation", fam["rl"]),
             Comparison("controllability", "step lands in its sampled state vs Base steps with drawn states "

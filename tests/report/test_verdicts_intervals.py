@@ -173,7 +173,7 @@ def test_one_mdd_per_claim_and_the_pages_families(monkeypatch):
     cfg = load_config("demo")
     monkeypatch.setattr(sc, "N_SIM", 60)
     table, mdds = sc.demo_power_table(cfg), sc.demo_mdds(cfg)
-    assert len(table) == 5 and set(mdds) == {"pass@n", "succ", "ablation", "rl", "controllability"}
+    assert len(table) == 6 and set(mdds) == {"pass@n", "succ", "ablation", "ablation design", "rl", "controllability"}
     for name, mdd in zip(table.comparison, table["MDD at 80% power (pts)"]):
         key = {c.name: c.key for c in demo_comparisons(cfg, 0.2)}[name]
         assert (math.isnan(mdd) and math.isnan(mdds[key])) or mdds[key] == mdd
@@ -182,6 +182,9 @@ def test_one_mdd_per_claim_and_the_pages_families(monkeypatch):
     assert cs["pass@n"].test == "mcnemar" and cs["pass@n"].family == fam["table1"]
     assert cs["succ"].test == "permutation" and cs["succ"].icc == 0.01 and cs["succ"].family == fam["ablation"]
     assert cs["controllability"].p0 == 0.3 and cs["rl"].family == fam["rl"]
+    n = cfg.grid.n_samples  # the design beside the ablation: twice the samples, the unbiased pass@n, permuted
+    d = cs["ablation design"]
+    assert (d.m, d.stat, d.test, d.family) == (2 * n, f"pass@{n}", "permutation", fam["ablation"])
     g = cfg.grid
     assert fam["table1"] == len(g.backbones) * (len(g.datasets) * len(g.temperatures) * len(g.epsilons)
                                                  + len(g.transfer_datasets))
