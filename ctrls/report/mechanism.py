@@ -94,13 +94,18 @@ def _seed_row(s: dict, path) -> dict:
             "ε − Base hi": _num(e, "hi", path, -1, 1)}
 
 
+def _ci(v, lo, hi, fmt: str = "{:.2f}") -> str:
+    """An estimate with its 95% interval, negative numbers with the book's minus sign."""
+    return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]".replace("-", "−")
+
+
 def seeds_view(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`seeds_frame` for the page: rates and kappa with their intervals and n."""
     def iv(v, lo, hi, scale=1.0, digits=2, sign=False):
         if pd.isna(v):
             return "—"
         f = f"{{:{'+' if sign else ''}.{digits}f}}"
-        return f"{f.format(scale * v)} [{f.format(scale * lo)}, {f.format(scale * hi)}]"
+        return _ci(scale * v, scale * lo, scale * hi, f)
 
     return pd.DataFrame({
         "data seed": t["data seed"], "questions": t.questions, "steps": t.steps,
@@ -150,22 +155,22 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
         out.append(f"On {len(per)} fresh data seeds ({int(pooled.questions)} test questions, {int(pooled.steps)} steps), the "
                    f"ε row's steps land in their drawn state {100 * pooled.follows:.1f}% of the time against "
                    f"{100 * pooled['null']:.1f}% for an independent chain: κ = {pooled.kappa:.2f} "
-                   f"[{pooled['kappa lo']:.2f}, {pooled['kappa hi']:.2f}].")
-        ks = ", ".join(f"{r.kappa:.2f} [{r['kappa lo']:.2f}, {r['kappa hi']:.2f}]" for _, r in per.iterrows())
+                   f"[{pooled['kappa lo']:.2f}, {pooled['kappa hi']:.2f}].".replace("-", "−"))
+        ks = ", ".join(_ci(r.kappa, r["kappa lo"], r["kappa hi"]) for _, r in per.iterrows())
         held = int((per["kappa lo"] > 0).sum())
         out.append(f"Per seed κ is {ks}; its interval excludes 0 on {held} of {len(per)} seeds.")
         ni = int(per["non-inferior"].sum())
         out.append(f"The adapter's harm (fixed s₀ − Base pass@1) is non-inferior at {seeds.attrs.get('margin', 5):g} points "
                    f"on {ni} of {len(per)} seeds.")
         for _, r in dev.iterrows():
-            out.append(f"On data seed {r['data seed']}, where every choice was made, κ = {r.kappa:.2f} "
-                       f"[{r['kappa lo']:.2f}, {r['kappa hi']:.2f}] ({int(r.steps)} steps): a number no test should be read from.")
+            out.append(f"On data seed {r['data seed']}, where every choice was made, κ = "
+                       f"{_ci(r.kappa, r['kappa lo'], r['kappa hi'])} ({int(r.steps)} steps): a number no test should be read from.")
     if prompt is not None and len(prompt):
         for _, r in prompt.iterrows():
             out.append(f"Data seed {r['data seed']}: the state prompt ({r['vectors per state']} vectors per state) reaches "
-                       f"κ = {r['state prompt κ']:.2f} [{r['sp lo']:.2f}, {r['sp hi']:.2f}] ({int(r['sp steps'])} steps) "
-                       f"against the adapter's {r['adapter κ']:.2f} [{r['ad lo']:.2f}, {r['ad hi']:.2f}] on the same "
-                       f"{int(r.questions)} questions: Δκ = {r['Δκ']:+.2f} [{r['Δκ lo']:+.2f}, {r['Δκ hi']:+.2f}], "
+                       f"κ = {_ci(r['state prompt κ'], r['sp lo'], r['sp hi'])} ({int(r['sp steps'])} steps) "
+                       f"against the adapter's {_ci(r['adapter κ'], r['ad lo'], r['ad hi'])} on the same "
+                       f"{int(r.questions)} questions: Δκ = {_ci(r['Δκ'], r['Δκ lo'], r['Δκ hi'], '{:+.2f}')}, "
                        f"Holm p = {r['p (Holm)']:.3g}.")
     lo, hi = TEXT_CUE_BOUND
     out.append(f"The ceiling the backbone allows: a text cue forced at a step's start lands in its target state "
@@ -178,8 +183,8 @@ def state_prompt_sentence(t: pd.DataFrame) -> str:
     and of the adapter with intervals, the questions, and on how many seeds the paired gain holds after Holm."""
     seeds = [str(s) for s in t["data seed"]]
     said = seeds[0] if len(seeds) == 1 else f"{', '.join(seeds[:-1])} and {seeds[-1]}"
-    sp = ", ".join(f"{r['state prompt κ']:.2f} [{r['sp lo']:.2f}, {r['sp hi']:.2f}]" for _, r in t.iterrows())
-    ad = ", ".join(f"{r['adapter κ']:.2f} [{r['ad lo']:.2f}, {r['ad hi']:.2f}]" for _, r in t.iterrows())
+    sp = ", ".join(_ci(r["state prompt κ"], r["sp lo"], r["sp hi"]) for _, r in t.iterrows())
+    ad = ", ".join(_ci(r["adapter κ"], r["ad lo"], r["ad hi"]) for _, r in t.iterrows())
     won = int(((t["Δκ lo"] > 0) & (t["p (Holm)"] < 0.05)).sum())
     return (f"On data seed{'s' if len(t) > 1 else ''} {said} ({'/'.join(str(int(q)) for q in t.questions)} test questions), "
             f"the state prompt ({int(t['vectors per state'].iloc[0])} vectors per state) reaches κ = {sp} against "
@@ -191,7 +196,7 @@ def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
     difference with Holm's p, pass@1 of both, and the state prompt's kappa at steps 1, 2 and 3+."""
     def iv(v, lo, hi, sign=False):
         f = "{:+.2f}" if sign else "{:.2f}"
-        return f"{f.format(v)} [{f.format(lo)}, {f.format(hi)}]"
+        return _ci(v, lo, hi, f)
 
     out = pd.DataFrame({
         "data seed": t["data seed"], "questions": t.questions,

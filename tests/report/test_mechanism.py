@@ -29,7 +29,7 @@ def test_seeds_are_read_with_n_intervals_and_a_pooled_row(tmp_path):
     assert list(t["data seed"]) == [1, 2, "pooled"] and t.steps.iloc[0] == 678
     assert t["p (Holm)"].iloc[:2].tolist() == pytest.approx([0.02, 0.04])
     v = seeds_view(t)
-    assert v["κ [95%]"].iloc[0] == "0.10 [0.03, 0.17]" and v["fixed s0 − Base pass@1 (pts)"].iloc[0] == "-2.0 [-7.0, +3.0]"
+    assert v["κ [95%]"].iloc[0] == "0.10 [0.03, 0.17]" and v["fixed s0 − Base pass@1 (pts)"].iloc[0] == "−2.0 [−7.0, +3.0]"  # the book's minus sign
 
 
 @pytest.mark.parametrize("bad,field", [({"kappa": float("nan")}, "NaN"), ({"k": 0.5, "lo": 0.6, "hi": 0.7}, "interval"),
