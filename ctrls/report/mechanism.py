@@ -119,10 +119,10 @@ def seeds_view(t: pd.DataFrame) -> pd.DataFrame:
                                   for r in zip(t["ε − Base pass@n"], t["ε − Base lo"], t["ε − Base hi"])]})
 
 
-def state_prompt_frame(paths: list[str | Path] | None = None) -> pd.DataFrame:
+def state_prompt_frame(paths: list[str | Path] | None = None, seeds: str | Path | None = None) -> pd.DataFrame:
     """One row per stored state-prompt run: kappa of the state prompt and of the adapter on the same test
-    questions, their paired difference [95%] with its p (Holm over the runs), pass@1 of both, and
-    kappa by step (1, 2, 3+)."""
+    questions, their paired difference [95%] with its p (Holm over the runs), pass@1 of both and of Base
+    on the same seed (from ``seeds``, the stored seeds result), and kappa by step (1, 2, 3+)."""
     paths = [Path(p) for p in paths] if paths else sorted(results_dir().glob(STATE_PROMPT_RESULTS))
     if not paths:
         raise FileNotFoundError(f"no stored state-prompt result ({STATE_PROMPT_RESULTS})")
@@ -141,7 +141,18 @@ def state_prompt_frame(paths: list[str | Path] | None = None) -> pd.DataFrame:
                      "commit": d.get("commit", "?"), "source": str(path)})
     t = pd.DataFrame(rows).sort_values("data seed").reset_index(drop=True)
     t["p (Holm)"] = holm(t["p"])
+    t["Base pass@1"] = t["data seed"].map(_base_pass1(seeds))  # the same seed's questions and samples (seeds.json)
     return t
+
+
+def _base_pass1(path: Path | None) -> dict:
+    """Base's pass@1 per fresh data seed from the stored seeds result ({} when it is not stored)."""
+    path = path or results_dir() / SEEDS_RESULT
+    if not Path(path).is_file():
+        return {}
+    d = _read(Path(path))
+    return {int(s["data_seed"]): _num(s.get("pass1", {}), "Base", path, 0, 1)
+            for s in d.get("seeds") or [] if "Base" in s.get("pass1", {})}
 
 
 def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame | None = None) -> list[str]:
@@ -204,7 +215,8 @@ def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
         "adapter κ (steps)": [f"{iv(a, b, c)} ({int(n)})" for a, b, c, n in zip(t["adapter κ"], t["ad lo"], t["ad hi"], t["ad steps"])],
         "Δκ [95%]": [iv(a, b, c, sign=True) for a, b, c in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
         "p (Holm)": t["p (Holm)"].map(lambda p: f"{p:.3g}"),
-        "pass@1 state prompt (%)": (100 * t["state prompt pass@1"]).round(1), "pass@1 adapter (%)": (100 * t["adapter pass@1"]).round(1)})
+        "pass@1 state prompt (%)": (100 * t["state prompt pass@1"]).round(1), "pass@1 adapter (%)": (100 * t["adapter pass@1"]).round(1),
+        "pass@1 Base (%)": (100 * t["Base pass@1"]).round(1) if "Base pass@1" in t else math.nan})
     for k in ("κ step 1", "κ step 2", "κ steps 3+"):
         if k in t:
             out[f"state prompt {k}"] = t[k].round(2)

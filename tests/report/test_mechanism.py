@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ctrls.report.mechanism import seeds_frame, seeds_view, state_prompt_frame
+from ctrls.report.mechanism import seeds_frame, seeds_view, state_prompt_frame, state_prompt_view
 
 
 def kappa(k=0.1, lo=0.03, hi=0.17, p=0.01):
@@ -50,8 +50,13 @@ def test_state_prompt_runs_are_compared_with_holm(tmp_path):
     d = {"data_seed": 1, "vectors_per_state": 2, "commit": "abc",
          "state_prompt": {**kappa(0.5, 0.4, 0.6), "pass1": 0.2, "by_step": {"step 1": {"kappa": 0.7}}},
          "adapter": {**kappa(), "pass1": 0.25}, "state_prompt_minus_adapter": {"diff": 0.4, "lo": 0.25, "hi": 0.55, "p_value": 0.001}}
-    t = state_prompt_frame([write(tmp_path, d, "state_prompt_seed1.json")])
+    sp = write(tmp_path, d, "state_prompt_seed1.json")
+    seeds = write(tmp_path, {"seeds": [{**seed(1), "pass1": {"Base": 0.225}}, {**seed(2), "pass1": {"Base": 0.4}}]}, "seeds.json")
+    t = state_prompt_frame([sp], seeds=seeds)
     assert t["Δκ"].iloc[0] == 0.4 and t["κ step 1"].iloc[0] == 0.7 and t["p (Holm)"].iloc[0] == 0.001
+    assert t["Base pass@1"].iloc[0] == 0.225  # Base on the same seed, beside the two variants
+    assert state_prompt_view(t)["pass@1 Base (%)"].iloc[0] == 22.5
+    assert state_prompt_frame([sp], seeds=tmp_path / "absent.json")["Base pass@1"].isna().all()
 
 
 def test_the_development_seed_is_shown_beside_outside_the_pool_and_holm(tmp_path):
