@@ -216,7 +216,7 @@ def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
         "Δκ [95%]": [iv(a, b, c, sign=True) for a, b, c in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
         "p (Holm)": t["p (Holm)"].map(lambda p: f"{p:.3g}"),
         "pass@1 state prompt (%)": (100 * t["state prompt pass@1"]).round(1), "pass@1 adapter (%)": (100 * t["adapter pass@1"]).round(1),
-        "pass@1 Base (%)": (100 * t["Base pass@1"]).round(1) if "Base pass@1" in t else math.nan})
+        "pass@1 Base (%)": [("—" if pd.isna(b) else f"{100 * b:.1f}") for b in t.get("Base pass@1", [math.nan] * len(t))]})
     for k in ("κ step 1", "κ step 2", "κ steps 3+"):
         if k in t:
             out[f"state prompt {k}"] = t[k].round(2)
