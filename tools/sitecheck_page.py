@@ -121,6 +121,9 @@ async (timeoutMs) => {
 INSPECT = r"""
 ({scrollOk}) => {
   const root = document.querySelector('main article, article.bd-article, main, [role=main]') || document.body;
+  // the first n characters by code point: slicing UTF-16 units can leave half a surrogate pair (a math
+  // italic letter), which no UTF-8 writer accepts
+  const head = (s, n) => Array.from(s).slice(0, n).join('');
   const visible = (el) => {
     if (!el.getClientRects().length) return false;
     const st = getComputedStyle(el);
@@ -133,14 +136,14 @@ INSPECT = r"""
     for (const h of all) {
       if (h.compareDocumentPosition(el) & Node.DOCUMENT_POSITION_FOLLOWING) best = h; else break;
     }
-    return best ? best.textContent.replace(/[#¶]/g, '').trim().slice(0, 60) : '';
+    return best ? head(best.textContent.replace(/[#¶]/g, '').trim(), 60) : '';
   };
   const describe = (el) => {
     let d = el.tagName.toLowerCase();
     if (el.id) d += '#' + el.id;
     const cls = (typeof el.className === 'string' ? el.className : '').trim().split(/\s+/).filter(Boolean).slice(0, 3);
     if (cls.length) d += '.' + cls.join('.');
-    const text = (el.innerText || el.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 50);
+    const text = head((el.innerText || el.textContent || '').replace(/\s+/g, ' ').trim(), 50);
     const h = heading(el);
     return d + (h ? ` under "${h}"` : '') + (text ? `: "${text}"` : '');
   };
@@ -235,7 +238,7 @@ INSPECT = r"""
                    : hx && r.left < left - 1 ? `${Math.round(left - r.left)} px past its left edge`
                    : hy && r.bottom > bottom + 1 ? `${Math.round(r.bottom - bottom)} px past its bottom edge`
                    : hy && r.top < top - 1 ? `${Math.round(top - r.top)} px past its top edge` : null;
-        if (past) { cut = `text clipped (overflow: ${st.overflowX} ${st.overflowY}): "${t.data.trim().slice(0, 40)}" ends ${past}`; break; }
+        if (past) { cut = `text clipped (overflow: ${st.overflowX} ${st.overflowY}): "${head(t.data.trim(), 40)}" ends ${past}`; break; }
       }
     }
     if (cut) { overflow.push({element: describe(box), why: cut, node: box}); reported.push(box); }
@@ -263,7 +266,7 @@ INSPECT = r"""
   }
 
   const junk = [];
-  const add = (kind, el, text) => junk.push({kind, element: describe(el), text: text.slice(0, 80)});
+  const add = (kind, el, text) => junk.push({kind, element: describe(el), text: head(text, 80)});
   const PROGRESS = /\d{1,3}%\|[^|\n]{0,60}\|\s*\d+\/\d+|\d+(?:\.\d+)?\s*(?:it|s)\/(?:it|s)\]|[█▏▎▍▌▋▊▉]{3,}/;
   const PATH = /(?:^|[\s'"(=:,\[])(\/(?:work|tmp|root|home|Users|private\/var)\/[^\s'"<>)]*)/;
   const NAN = /(?:^|[^\w.])(nan|NaN)(?![\w.])/;
@@ -304,7 +307,7 @@ INSPECT = r"""
     }
   }
   const links = Array.from(document.querySelectorAll('a[href]')).map((a) => {
-    const text = (a.innerText || a.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 40);
+    const text = head((a.innerText || a.textContent || '').replace(/\s+/g, ' ').trim(), 40);
     const h = root.contains(a) ? heading(a) : null;
     const where = h === null ? 'in the navigation' : (h ? `under "${h}"` : 'in the article');
     return [a.getAttribute('href'), a.href, where + (text ? `: "${text}"` : '')];

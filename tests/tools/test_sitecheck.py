@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
 import struct
 import threading
@@ -109,6 +110,7 @@ _WIDE_PAGE = """<!doctype html>
 <div class="cell_output"><div class="output stream highlight-myst-ansi"><div class="highlight"><pre id="none">config = None</pre></div></div></div>
 <h2>Clipped text</h2>
 <p id="cutx" style="width: 120px; white-space: nowrap; overflow: hidden">pass@1 rose from 20.0% to 35.0% on 60 questions</p>
+<p id="cutmath" style="width: 80px; white-space: nowrap; overflow: hidden">{math_text}</p>
 <div id="cuty" style="height: 1.5em; line-height: 1.2; overflow: hidden"><p style="margin: 0">The first line shows.</p><p style="margin: 0">The second never does.</p></div>
 </article></main>{page_wide}</body></html>
 """
@@ -138,10 +140,11 @@ def test_checker_reports_overflow_and_junk(chromium, tmp_path):
     (site / "generated").mkdir(parents=True)
     (site / "bad.html").write_text(_WIDE_PAGE.format(
         cells="x " * 400, code="y = 1  # " + "z" * 300, math="a + " * 200,
-        page_wide="<div style='width:2000px'>wide</div>"))
+        page_wide="<div style='width:2000px'>wide</div>", math_text="a" * 39 + "&#x1D465;" * 20))
+    # (a math italic x at the 40th and 50th characters: a cut between its two UTF-16 halves broke the report)
     (site / "generated" / "clean.html").write_text(_CLEAN_PAGE)
     (site / "index.html").write_text(_CLEAN_PAGE)
-    (site / "search.html").write_text(_WIDE_PAGE.format(cells="", code="", math="", page_wide=""))
+    (site / "search.html").write_text(_WIDE_PAGE.format(cells="", code="", math="", page_wide="", math_text=""))
 
     report = check_site(site, tmp_path / "shots", chromium=chromium, timeout_s=30)
     summary = format_report(report)
@@ -158,6 +161,8 @@ def test_checker_reports_overflow_and_junk(chromium, tmp_path):
     clipped = {o["element"].split(" ")[0]: o["why"] for o in bad["overflow"]}  # text an overflow: hidden box cuts off
     assert "past its right edge" in clipped.get("p#cutx", ""), summary
     assert "The second never does" in clipped.get("div#cuty", "") and "bottom edge" in clipped["div#cuty"], summary
+    assert "a" * 39 + "\U0001d465" in clipped.get("p#cutmath", ""), summary
+    json.dumps(report, ensure_ascii=False).encode("utf-8")  # whole characters only: no half surrogate pair
     kinds = {(j["kind"], j["element"].split(" ")[0]) for j in bad["junk"]}
     assert ("progress bar", "pre#bar") in kinds, summary
     assert ("bare nan/None cell", "td") in kinds, summary
