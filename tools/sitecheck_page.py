@@ -213,13 +213,24 @@ INSPECT = r"""
     }
   }
   // text cut off by a box that hides what sticks out (overflow hidden or clip, either axis): the
-  // reader never sees it. Boxes of 2 px or less are screen-reader text (MathJax's assistive copy).
+  // reader never sees it. Screen-reader text is not shown anyway: boxes of 2 px or less, and text under
+  // a CSS clip or clip-path (MathJax's assistive MathML copy of every formula).
   const HIDES = new Set(['hidden', 'clip']);
   const reported = overflow.map((o) => o.node).filter(Boolean);
+  const clipped = new Map();
+  const unseen = (el) => {  // el or an ancestor is clipped away on purpose
+    if (!el) return false;
+    if (!clipped.has(el)) {
+      const st = getComputedStyle(el);
+      clipped.set(el, (st.clip && st.clip !== 'auto') || (st.clipPath && st.clipPath !== 'none') ||
+                      unseen(el.parentElement));
+    }
+    return clipped.get(el);
+  };
   for (const box of [root, ...root.querySelectorAll('*')]) {
     const st = getComputedStyle(box);
     const hx = HIDES.has(st.overflowX), hy = HIDES.has(st.overflowY);
-    if (!(hx || hy) || !visible(box)) continue;
+    if (!(hx || hy) || !visible(box) || unseen(box)) continue;
     if (!((hx && box.scrollWidth > box.clientWidth + 1) || (hy && box.scrollHeight > box.clientHeight + 1))) continue;
     const b = box.getBoundingClientRect();
     if (b.width <= 2 || b.height <= 2) continue;
@@ -229,7 +240,7 @@ INSPECT = r"""
     const walk = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
     let cut = null;
     for (let t = walk.nextNode(); t && !cut; t = walk.nextNode()) {
-      if (!t.data.trim() || !t.parentElement || !visible(t.parentElement)) continue;
+      if (!t.data.trim() || !t.parentElement || !visible(t.parentElement) || unseen(t.parentElement)) continue;
       const range = document.createRange();
       range.selectNodeContents(t);
       for (const r of range.getClientRects()) {

@@ -126,6 +126,8 @@ _CLEAN_PAGE = """<!doctype html>
 <pre>short code</pre>
 <p style="width: 300px; overflow: hidden">Short enough to fit its box.</p>
 <span style="position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0)">a screen reader's copy of a formula</span>
+<p>The rate <span class="math" style="display: inline-block; width: 12px; height: 1em; overflow: hidden">x<span
+ style="position: absolute; clip: rect(1px, 1px, 1px, 1px); overflow: hidden; white-space: nowrap">MathJax's assistive copy of the formula, as wide as it likes</span></span> rises.</p>
 </article></main></body></html>
 """
 
@@ -133,7 +135,8 @@ _CLEAN_PAGE = """<!doctype html>
 def test_checker_reports_overflow_and_junk(chromium, tmp_path):
     """Every kind of overflow and junk the check knows, each found and named on its page (text cut off
     by an overflow: hidden box too); a clean page with look-alikes (prose 'None of', a URL with /tmp/,
-    code input with None/nan, a box that hides nothing, a screen reader's 1 px copy) passes."""
+    code input with None/nan, a box that hides nothing, a screen reader's 1 px copy, MathJax's clipped
+    assistive copy of a formula inside a box that hides overflow) passes."""
     from tools.sitecheck import check_site, format_report, main
 
     site = tmp_path / "site"
