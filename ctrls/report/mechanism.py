@@ -219,7 +219,7 @@ def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
         "pass@1 Base (%)": [("—" if pd.isna(b) else f"{100 * b:.1f}") for b in t.get("Base pass@1", [math.nan] * len(t))]})
     for k in ("κ step 1", "κ step 2", "κ steps 3+"):
         if k in t:
-            out[f"state prompt {k}"] = t[k].round(2)
+            out[f"state prompt {k}"] = [("—" if pd.isna(v) else f"{v:.2f}".replace("-", "−")) for v in t[k]]
     return out
 
 

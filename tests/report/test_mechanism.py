@@ -56,6 +56,7 @@ def test_state_prompt_runs_are_compared_with_holm(tmp_path):
     assert t["Δκ"].iloc[0] == 0.4 and t["κ step 1"].iloc[0] == 0.7 and t["p (Holm)"].iloc[0] == 0.001
     assert t["Base pass@1"].iloc[0] == 0.225  # Base on the same seed, beside the two variants
     assert state_prompt_view(t)["pass@1 Base (%)"].iloc[0] == "22.5"
+    assert state_prompt_view(t)["state prompt κ step 1"].iloc[0] == "0.70"  # two decimals, as the κ columns
     alone = state_prompt_frame([sp], seeds=tmp_path / "absent.json")  # no seeds result: a dash, never "nan"
     assert alone["Base pass@1"].isna().all() and state_prompt_view(alone)["pass@1 Base (%)"].iloc[0] == "—"
 
