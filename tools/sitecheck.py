@@ -223,12 +223,6 @@ def _check_page(context, url: str, shot: Path | None, timeout_ms: int, *, base: 
         if msg.type == "error":
             console_errors.append(msg.text)
 
-    page.on("request", on_request)
-    page.on("response", on_response)
-    page.on("requestfailed", on_failed)
-    page.on("console", on_console)
-    page.on("pageerror", lambda exc: console_errors.append(f"uncaught: {exc}"))
-
     def route(r):
         if is_local(r.request.url):
             r.continue_()
@@ -243,21 +237,23 @@ def _check_page(context, url: str, shot: Path | None, timeout_ms: int, *, base: 
         else:  # never connected: the page sees a socket that closes
             ws.close(code=1008, reason="blocked by tools.sitecheck: not a local host")
 
-    page.route("**/*", route)
-    page.route_web_socket(lambda u: True, route_ws)
-    page.on("websocket", lambda ws: connection("websocket", ws.url))
+    def attach(p, where: str = "") -> None:
+        """Record p's requests, responses, failures and console errors, and route its connections."""
+        for event, fn in (("request", on_request), ("response", on_response), ("requestfailed", on_failed),
+                          ("console", on_console), ("websocket", lambda ws: connection("websocket", ws.url)),
+                          ("pageerror", lambda exc: console_errors.append(f"uncaught{where}: {exc}"))):
+            p.on(event, fn)
+        p.route("**/*", route)
+        p.route_web_socket(lambda u: True, route_ws)
+
+    attach(page)
     # A window the page opens (window.open, target=_blank) is the page's too: its first request meets
     # the context's route (the page's own routes take precedence on the page), the rest its own.
     popups: list = []
 
     def watch(popup):
         popups.append(popup)
-        for event, fn in (("request", on_request), ("response", on_response), ("requestfailed", on_failed),
-                          ("console", on_console), ("websocket", lambda ws: connection("websocket", ws.url)),
-                          ("pageerror", lambda exc: console_errors.append(f"uncaught in a popup: {exc}"))):
-            popup.on(event, fn)
-        popup.route("**/*", route)
-        popup.route_web_socket(lambda u: True, route_ws)
+        attach(popup, " in a popup")
 
     page.on("popup", watch)
     context.route("**/*", route)
