@@ -152,12 +152,9 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
         step_open[r] = True
         return prompt_vectors(F.one_hot(torch.as_tensor(k), prompt_vectors.n_states).float()).to(dt)
 
-    def forward(rows: list[list[torch.Tensor]], ids=None) -> torch.Tensor:
+    def forward(rows: list[list[torch.Tensor]]) -> torch.Tensor:
         """Feed each row's slots (a row's list may be empty: all padding); the logits at its last real slot."""
         nonlocal mask
-        if ids is not None:  # the prompts, left-padded: positions count real tokens only
-            pid = (mask.cumsum(1) - 1).clamp(min=0)
-            return lm(input_ids=ids, attention_mask=mask, position_ids=pid, past_key_values=kv, use_cache=True).logits[:, -1]
         L = max(1, max(len(x) for x in rows))
         x = torch.zeros((B, L, emb.weight.shape[1]), dtype=dt, device=dev)
         new = torch.zeros((B, L), dtype=torch.long, device=dev)
@@ -172,7 +169,9 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
         last = (new.sum(1) - 1).clamp(min=0)
         return out[torch.arange(B, device=dev), last]
 
-    logits = forward([], ids=torch.as_tensor([[0] * (P - len(p)) + list(p) for p in prompts], device=dev))
+    ids = torch.as_tensor([[0] * (P - len(p)) + list(p) for p in prompts], device=dev)  # left-padded prompts
+    logits = lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),  # real tokens' positions
+                past_key_values=kv, use_cache=True).logits[:, -1]
     if max_steps > 0:
         logits = forward([list(vectors(r)) for r in range(B)])
     for i in range(max(limit, default=0)):

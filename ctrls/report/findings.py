@@ -320,7 +320,7 @@ def seeds_note(path: Path | None = None, prompts: list[Path] | None = None) -> s
     sentences = mechanism.steering_sentences(mechanism.seeds_frame(path))
     if prompts is None:
         prompts = sorted(mechanism.results_dir().glob(mechanism.STATE_PROMPT_RESULTS))
-    state_prompt = [mechanism.state_prompt_sentence(mechanism.state_prompt_frame(prompts))] if prompts else []
+    state_prompt = [mechanism.state_prompt_sentence(mechanism.state_prompt_frame(prompts, seeds=path))] if prompts else []
     return " ".join([sentences[0], *state_prompt, sentences[-1]])  # pooled κ, the state prompt, the ceiling
 
 

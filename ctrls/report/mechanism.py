@@ -165,8 +165,8 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
         pooled = seeds[seeds["data seed"] == "pooled"].iloc[0]
         out.append(f"On {len(per)} fresh data seeds ({int(pooled.questions)} test questions, {int(pooled.steps)} steps), the "
                    f"ε row's steps land in their drawn state {100 * pooled.follows:.1f}% of the time against "
-                   f"{100 * pooled['null']:.1f}% for an independent chain: κ = {pooled.kappa:.2f} "
-                   f"[{pooled['kappa lo']:.2f}, {pooled['kappa hi']:.2f}].".replace("-", "−"))
+                   f"{100 * pooled['null']:.1f}% for an independent chain: κ = "
+                   f"{_ci(pooled.kappa, pooled['kappa lo'], pooled['kappa hi'])}.")
         ks = ", ".join(_ci(r.kappa, r["kappa lo"], r["kappa hi"]) for _, r in per.iterrows())
         held = int((per["kappa lo"] > 0).sum())
         out.append(f"Per seed κ is {ks}; its interval excludes 0 on {held} of {len(per)} seeds.")

@@ -144,7 +144,8 @@ def simulated_power(p0: float, delta: float, n_q: int, m: int, icc: float, stat:
     comparison is rejected at Holm's first step, p < alpha / m (Bonferroni; Holm can only add the
     rare runs where a null comparison is rejected first). ``rho``: the between-arm correlation of the
     questions' rates (:func:`_other_arm`, :func:`between_arm_correlation`)."""
-    if stat not in ("mean", "any") and not (pass_k(stat) and pass_k(stat) <= m):
+    k = pass_k(stat)
+    if stat not in ("mean", "any") and not (k and k <= m):
         raise ValueError(f"stat must be 'mean', 'any' or 'pass@k' with 1 <= k <= m = {m} samples, got {stat!r}")
     if test not in TESTS:
         raise ValueError(f"test must be one of {TESTS}, got {test!r}")
@@ -179,8 +180,8 @@ def simulated_power(p0: float, delta: float, n_q: int, m: int, icc: float, stat:
     x0, x1 = rng.binomial(m, base), rng.binomial(m, other)
     if test == "mcnemar":
         return float((_mcnemar_p(x1 > 0, x0 > 0) < level).mean())
-    if pass_k(stat):  # the per-question difference of the unbiased pass@k estimates
-        d = unbiased_pass_k(x1, m, pass_k(stat)) - unbiased_pass_k(x0, m, pass_k(stat))
+    if k:  # the per-question difference of the unbiased pass@k estimates
+        d = unbiased_pass_k(x1, m, k) - unbiased_pass_k(x0, m, k)
     else:
         d = (x1 - x0) / m if stat == "mean" else (x1 > 0).astype(float) - (x0 > 0)
     if test == "permutation":
