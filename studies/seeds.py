@@ -18,8 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench/common.py
 from common import machine, write_result  # noqa: E402
 
@@ -28,23 +26,16 @@ from ctrls.config.schema import load_config  # noqa: E402
 from ctrls.config.settings import BASE, FIXED, row_label  # noqa: E402
 from ctrls.errors import ConfigError  # noqa: E402
 from ctrls.report.mechanism import null_steps  # noqa: E402
+from ctrls.report.scaled import paired_pass  # noqa: E402
 from ctrls.report.tables import table1  # noqa: E402
 from ctrls.stages.exploration import load_samples  # noqa: E402
 from ctrls.stats.agreement import kappa_vs_null  # noqa: E402
 
 
-def paired_pass1(a, b, seed: int = 0, n_boot: int = 4000) -> dict:
-    """pass@1 of row a minus row b (per-question means over samples, paired by question), with a
-    question-bootstrap 95% interval."""
-    qa, qb = a.groupby("question_id").correct.mean(), b.groupby("question_id").correct.mean()
-    d = (qa - qb.reindex(qa.index)).to_numpy(float)
-    if np.isnan(d).any():
-        raise ValueError("the two rows do not cover the same questions")
-    rng = np.random.default_rng(seed)
-    boot = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return {"diff": float(d.mean()), "lo": float(lo), "hi": float(hi), "questions": len(d),
-            "a": float(qa.mean()), "b": float(qb.mean())}
+def paired_pass1(a, b, seed: int = 0) -> dict:
+    """pass@1 of row a minus row b, paired by question, with a question-bootstrap 95% interval
+    (``ctrls.report.scaled.paired_pass`` at k = 1)."""
+    return paired_pass(a, b, 1, seed=seed)
 
 
 def one_seed(cfg, margin: float, seed: int = 0) -> tuple[dict, tuple]:

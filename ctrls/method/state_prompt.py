@@ -28,9 +28,9 @@ class StatePrompt(torch.nn.Module):
     def __init__(self, n_states: int, n_vectors: int, embeddings: torch.Tensor, seed: int = 0):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        mu, sd = embeddings.float().mean(0), embeddings.float().std(0)
+        mu, sd = embeddings.float().mean(0).cpu(), embeddings.float().std(0).cpu()  # the noise is drawn on the CPU: the same vectors on any device
         noise = torch.randn((n_states, n_vectors, embeddings.shape[1]), generator=g)
-        self.vectors = torch.nn.Parameter(mu + 0.5 * sd * noise)  # distinct per state from the start
+        self.vectors = torch.nn.Parameter((mu + 0.5 * sd * noise).to(embeddings.device))  # distinct per state from the start
 
     @property
     def n_states(self) -> int:

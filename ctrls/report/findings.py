@@ -507,6 +507,24 @@ def findings(cfg: Config, claims: list[Claim], counts: dict, gpu_result: Path | 
     return [paper_finding(counts), *demo_findings(claims, sizes), scale_finding(cfg, gpu_result)]
 
 
+def scaled_section(cfg: Config, path: Path | None = None) -> str:
+    """The first page's section on the demo's task at a larger size (``ctrls.report.scaled``): the stored GPU
+    run beside this build's own exploration samples (the first backbone x dataset; none when the stage has
+    not run)."""
+    from ctrls.report.scaled import scaled_markdown
+    from ctrls.stages.exploration import load_samples
+
+    try:
+        df = load_samples(cfg)
+        df = df[(df.dataset == cfg.grid.datasets[0]) & (df.trained_on == cfg.grid.datasets[0])
+                & (df.backbone == cfg.grid.backbones[0])]
+    except (FileNotFoundError, ValueError, KeyError, AttributeError):
+        df = None
+    eps = cfg.grid.epsilons[0] if cfg.grid.epsilons and cfg.grid.fixed_state else None
+    return scaled_markdown(df if eps is not None else None, eps if eps is not None else 0.1, path,
+                           f"this build, data seed {cfg.data.seed}")
+
+
 def forest_caption() -> str:
     return (f"**Figure {FIGURE}.** The paper's CTRLS − Base differences (dots, with 95% Newcombe intervals at the "
             "paper's inferred n), one row per backbone, dataset and metric. The grey bar behind each dot spans "
@@ -552,6 +570,7 @@ def write_findings(cfg: Config, book: Path, claims: list[Claim] | None = None) -
     path = out / "findings.md"
     path.write_text(findings_markdown(findings(cfg, claims, counts, sizes=run_sizes(cfg)), f"/generated/{FOREST}",
                                       paper_table_markdown(pw)))
+    (out / "scaled.md").write_text(scaled_section(cfg))
     (out / "paper_pair.md").write_text(pair_markdown())  # the run-your-own page's
     (out / "config_keys.md").write_text(config_keys_markdown())
     (out / "gpu_provenance.md").write_text(gpu_provenance_markdown())  # the GPU cost page's
@@ -576,4 +595,4 @@ def gpu_provenance_markdown() -> str:
 
 __all__ = ["HEADS", "config_keys_markdown", "gpu_provenance_markdown", "demo_findings", "findings", "findings_markdown", "headline",
            "mechanism_note", "mechanism_variants", "pair_markdown", "paper_finding", "paper_forest", "paper_table_markdown",
-           "paper_tables", "run_sizes", "scale_finding", "verdict_markdown", "verdict_sentences", "write_findings"]
+           "paper_tables", "run_sizes", "scale_finding", "scaled_section", "verdict_markdown", "verdict_sentences", "write_findings"]

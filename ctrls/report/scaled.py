@@ -1,0 +1,187 @@
+"""The demo's task at a larger size (``studies/scaled_demo.py``, stored from a GPU), beside this build's run.
+
+Both columns are computed by :func:`run_numbers` from a samples frame of the exploration stage: pass@1 of
+Base, fixed s0 and CTRLS(epsilon); the fixed-s0 harm against Base; the exploration claim with the adapter
+held fixed (epsilon - fixed s0, in pass@1 and in the unbiased pass@k of Chen et al. 2021 from the m samples
+of each question, k = min(4, m)); epsilon - Base in the same pass@k; and kappa of the epsilon row's steps
+against the independent-chain null (``ctrls.report.mechanism.null_steps``). Differences are paired by
+question: the mean per-question difference, a question-bootstrap 95% interval and the sign-flip
+permutation p (under H0 a question's two arms are exchangeable, so its difference is as likely negative).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ctrls.config.settings import BASE, FIXED, row_label
+from ctrls.report.mechanism import _interval, _kappa, _num, _read, null_steps, results_dir
+from ctrls.stats.agreement import kappa_vs_null
+from ctrls.stats.sizing import unbiased_pass_k
+
+SCALED_RESULT = "studies/results/scaled_demo_h200.json"
+PASS_K = 4  # the k of the unbiased pass@k compared (the summary page's power design: 8 samples, pass@4)
+
+
+def paired_pass(a: pd.DataFrame, b: pd.DataFrame, k: int = 1, n_boot: int = 4000, n_perm: int = 20000,
+                seed: int = 0) -> dict:
+    """Unbiased pass@k of the samples ``a`` minus those of ``b`` (columns question_id, correct), paired by
+    question; both rows need the same m >= k samples for every question. k = 1 is pass@1 (the mean)."""
+    ca = a.groupby("question_id").correct.agg(["sum", "size"])
+    cb = b.groupby("question_id").correct.agg(["sum", "size"]).reindex(ca.index)
+    if len(ca) == 0 or cb.isna().any().any() or len(b.question_id.unique()) != len(ca):
+        raise ValueError("the two rows do not cover the same questions")
+    m = int(ca["size"].min())
+    if not (ca["size"] == m).all() or not (cb["size"] == m).all() or m < k:
+        raise ValueError(f"a paired pass@{k} needs the same m >= {k} samples for every question in both rows")
+    pa, pb = unbiased_pass_k(ca["sum"].to_numpy(), m, k), unbiased_pass_k(cb["sum"].to_numpy(), m, k)
+    d = pa - pb
+    rng = np.random.default_rng(seed)
+    boot = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(1)  # questions resampled jointly
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    signs = np.where(rng.random((n_perm, len(d))) < 0.5, -1.0, 1.0)
+    p = (1 + (np.abs(signs @ d) >= abs(d.sum()) - 1e-9).sum()) / (1 + n_perm)  # never 0
+    return {"k": k, "samples_per_question": m, "questions": len(d), "a": float(pa.mean()), "b": float(pb.mean()),
+            "diff": float(d.mean()), "lo": float(lo), "hi": float(hi), "p": float(p)}
+
+
+def run_numbers(samples: pd.DataFrame, epsilon: float, k: int | None = None, margin: float = 5.0,
+                seed: int = 0) -> dict:
+    """The numbers of the module docstring for one dataset's exploration samples (Base, fixed s0 and the
+    CTRLS(epsilon) row, each with the same questions and samples); ``margin``: the harm's non-inferiority
+    margin in points, judged on the interval's lower bound."""
+    base, fixed, row = (samples[samples.config == c] for c in (BASE, FIXED, row_label(epsilon)))
+    for name, g in ((BASE, base), (FIXED, fixed), (row_label(epsilon), row)):
+        if g.empty:
+            raise ValueError(f"the samples have no {name!r} row (rerun the exploration stage with grid.fixed_state)")
+    m = int(row.groupby("question_id").size().min())
+    k = min(PASS_K, m) if k is None else k
+    harm = paired_pass(fixed, base, 1, seed=seed)
+    harm["non_inferior"] = bool(harm["lo"] > -margin / 100)
+    return {"questions": int(row.question_id.nunique()), "samples_per_question": m, "epsilon": float(epsilon),
+            "kappa": kappa_vs_null(*null_steps(row, base, epsilon), seed=seed),
+            "harm_fixed_minus_base_pass1": harm,
+            "eps_minus_fixed_pass1": paired_pass(row, fixed, 1, seed=seed),
+            f"eps_minus_fixed_pass{k}": paired_pass(row, fixed, k, seed=seed),
+            f"eps_minus_base_pass{k}": paired_pass(row, base, k, seed=seed),
+            "pass1": {BASE: float(base.correct.mean()), FIXED: float(fixed.correct.mean()),
+                      row_label(epsilon): float(row.correct.mean())}}
+
+
+def _minus(s: str) -> str:
+    return s.replace("-", "−")
+
+
+def _pts(x: dict) -> str:
+    """A difference in points with its interval: "+1.2 [−0.3, +2.7]"."""
+    return _minus(f"{100 * x['diff']:+.1f} [{100 * x['lo']:+.1f}, {100 * x['hi']:+.1f}]")
+
+
+def table_markdown(t: pd.DataFrame) -> str:
+    """A Markdown table of ``t`` (rows: the index), or "" when it has no column."""
+    if t.empty or not len(t.columns):
+        return ""
+    lines = ["| | " + " | ".join(t.columns) + " |", "|---|" + "---:|" * len(t.columns)]
+    lines += [f"| {i} | " + " | ".join(str(v) for v in row) + " |" for i, row in zip(t.index, t.to_numpy())]
+    return "\n".join(lines) + "\n"
+
+
+def _diff(d: dict, key: str, path) -> tuple[float, float, float]:
+    v = d.get(key)
+    if not isinstance(v, dict):
+        raise ValueError(f"{path}: field {key!r} is missing")
+    return _interval(v, "diff", "lo", "hi", path)
+
+
+def _column(r: dict, path) -> dict:
+    """One column of the table from :func:`run_numbers`' dict (checked: finite numbers, intervals holding
+    their estimates), keyed by row name."""
+    m = int(_num(r, "samples_per_question", path, 1))
+    k = min(PASS_K, m)
+    kap = _kappa(r.get("kappa") or {}, path)
+    p1 = r.get("pass1")
+    if not isinstance(p1, dict) or len(p1) != 3:
+        raise ValueError(f"{path}: field 'pass1' must hold the three rows' pass@1")
+    eps = next(c for c in p1 if c not in (BASE, FIXED))
+    ci = lambda t: _pts(dict(zip(("diff", "lo", "hi"), t)))  # noqa: E731
+    return {
+        "questions × samples": f"{int(_num(r, 'questions', path, 1))} × {m}",
+        "pass@1 Base / fixed s₀ / " + "ε (%)": " / ".join(f"{100 * _num(p1, c, path, 0, 1):.1f}" for c in (BASE, FIXED, eps)),
+        "fixed s₀ − Base, pass@1": ci(_diff(r, "harm_fixed_minus_base_pass1", path)),
+        "ε − fixed s₀, pass@1 (the claim)": ci(_diff(r, "eps_minus_fixed_pass1", path)),
+        "k of the unbiased pass@k": str(k),
+        "ε − fixed s₀, pass@k (the claim)": ci(_diff(r, f"eps_minus_fixed_pass{k}", path)),
+        "ε − Base, pass@k": ci(_diff(r, f"eps_minus_base_pass{k}", path)),
+        "κ, ε row vs independent chains (steps)": _minus(f"{kap['kappa']:.2f} [{kap['kappa lo']:.2f}, "
+                                                         f"{kap['kappa hi']:.2f}]") + f" ({kap['steps']:,})",
+    }
+
+
+def stored_scaled(path: str | Path | None = None) -> dict | None:
+    """The stored scaled run (its ``result``, ``machine``, ``commit``, ``overrides``, ``seconds``), or None
+    when the file is absent; a malformed file is a ValueError naming the field."""
+    path = Path(path) if path else results_dir() / SCALED_RESULT
+    if not path.is_file():
+        return None
+    d = _read(path)
+    if not isinstance(d.get("result"), dict) or not isinstance(d.get("machine"), dict):
+        raise ValueError(f"{path}: a scaled run holds the objects 'result' and 'machine'")
+    _column(d["result"], path)  # every shown field checked here, before a page uses it
+    return d
+
+
+def scaled_frame(build: pd.DataFrame | None, epsilon: float, path: str | Path | None = None,
+                 build_label: str = "this build") -> pd.DataFrame:
+    """The table: this build's column (from its exploration samples ``build``, when given) and the stored
+    scaled run's; empty when neither is there."""
+    cols = {}
+    if build is not None and not build.empty:
+        cols[build_label] = _column(run_numbers(build, epsilon), "this build's samples")
+    d = stored_scaled(path)
+    if d is not None:
+        o = d.get("overrides") or {}
+        cols[f"{d['machine'].get('gpu', 'stored run')}, data seed {o.get('data.seed', '?')}"] = _column(d["result"], path)
+    return pd.DataFrame(cols)
+
+
+def scaled_markdown(build: pd.DataFrame | None, epsilon: float, path: str | Path | None = None,
+                    build_label: str = "this build") -> str:
+    """The first page's section: a sentence on each column's claim, the table, and where the stored run
+    comes from; a sentence saying it is not stored when it is not."""
+    d = stored_scaled(path)
+    if d is None:
+        return ("The demo's task has not been run at a larger size on a GPU in this checkout "
+                f"(`{SCALED_RESULT}` is absent; `studies/scaled_demo.py` runs it).\n")
+    r, o, mach = d["result"], d.get("overrides") or {}, d["machine"]
+    m = int(r["samples_per_question"])
+    k = min(PASS_K, m)
+    claim, beside = r[f"eps_minus_fixed_pass{k}"], r[f"eps_minus_base_pass{k}"]
+    kap = _kappa(r["kappa"], path)
+
+    def word(x):
+        return "above" if x["lo"] > 0 else "below" if x["hi"] < 0 else "not distinguishable from"
+    harm = r["harm_fixed_minus_base_pass1"]
+    steer = (" The last-hidden adapter barely steers at this size either (κ's upper bound is below 0.2)."
+             if kap["kappa hi"] < 0.2 else "")
+    lines = [
+        f"The demo's pretraining and exploration were run once at {o.get('data.n_train', '?')} training and "
+        f"{r['questions']} test questions × {m} samples per row on data seed {o.get('data.seed', '?')}, which no "
+        f"choice saw, on one {mach.get('gpu', '?')} (commit `{d.get('commit', '?')}`, "
+        f"{sum((d.get('seconds') or {}).values()):.0f} s for both stages). With the adapter held fixed, "
+        f"exploration is **{word(claim)}** fixed s₀: ε − fixed s₀ in the unbiased pass@{k} is {_pts(claim)} points "
+        f"(sign-flip p = {claim['p']:.2g}). ε − Base in the same pass@{k} is {_pts(beside)} points; the adapter "
+        f"alone (fixed s₀ − Base, pass@1) is {_pts(harm)} points. Steps follow their drawn state with "
+        f"κ = {_minus(format(kap['kappa'], '.2f'))} [{_minus(format(kap['kappa lo'], '.2f'))}, "
+        f"{_minus(format(kap['kappa hi'], '.2f'))}] against independent chains ({kap['steps']:,} steps).{steer}",
+        "",
+        table_markdown(scaled_frame(build, epsilon, path, build_label)),
+        f"Stored in `{SCALED_RESULT}`, with every graded sample beside it (`scaled_demo_h200_samples.parquet`); "
+        "the command is in `studies/scaled_demo.py`. Differences in points, paired by question, with "
+        "question-bootstrap 95% intervals; pass@k is the unbiased estimator from each question's samples.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["PASS_K", "SCALED_RESULT", "paired_pass", "run_numbers", "scaled_frame", "scaled_markdown", "stored_scaled",
+           "table_markdown"]
