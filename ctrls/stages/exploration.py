@@ -204,10 +204,13 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
             continue
         bar.set_postfix_str(f"eta={eta:g} {label}")
         params = sample_params(pc, eta, epsilon=row.epsilon or 0.0, transitions=row.transitions)
-        # one seed per question: its samples do not depend on the chunking or on the process
-        seeds = [seed_of(cfg.seed, bname, ds, eta, label, problems[j].id) for j in todo]
-        gens = sample(bb, [enc[j][0] for j in todo], g.n_samples, params, model=model if row.ctrls else None,
-                      seeds=seeds, prompt_starts=[enc[j][1] for j in todo], read_states=model if readback else None)
+        # one seed per question: its samples do not depend on the process. The whole chunk is sampled again
+        # when one of its parts is missing (a resumed run): the rows decoded beside a question change the
+        # batched arithmetic in its last bits, and so, rarely, a sampled token; only the missing parts are written
+        seeds = [seed_of(cfg.seed, bname, ds, eta, label, problems[j].id) for j in chunk]
+        gens = sample(bb, [enc[j][0] for j in chunk], g.n_samples, params, model=model if row.ctrls else None,
+                      seeds=seeds, prompt_starts=[enc[j][1] for j in chunk], read_states=model if readback else None)
+        gens = [gs for j, gs in zip(chunk, gens) if j in todo]
         meta = {"backbone": bname, "dataset": ds, "temperature": eta, "config": label,
                 "epsilon": math.nan if row.epsilon is None else row.epsilon, "seed": cfg.seed,
                 "trained_on": trained_on or ds}  # the dataset the CTRLS model was pretrained on
