@@ -87,7 +87,10 @@ def logp_per_token(lm, items, sp, K: int, prompts: Prompts) -> float:
     return tot / max(n, 1)
 
 
-def fit(lm, train_items, held_items, K: int, m: int, lr: float, epochs: int, patience: int, batch: int, seed: int):
+def fit(lm, train_items, held_items, K: int, m: int, lr: float, epochs: int, patience: int, batch: int, seed: int,
+        on_best=None):
+    """Adam on the vectors, early stopping on the held-out log P per token; ``on_best(sp, info)`` is called
+    each time an epoch improves it (a checkpoint: a fit killed later keeps its best epoch so far)."""
     sp = StatePrompt(K, m, lm.get_input_embeddings().weight.detach(), seed=seed)
     opt = torch.optim.Adam(sp.parameters(), lr=lr)
     prompts = Prompts(lm)
@@ -106,11 +109,14 @@ def fit(lm, train_items, held_items, K: int, m: int, lr: float, epochs: int, pat
         print(json.dumps(hist[-1]), flush=True)
         if v > best[0]:
             best = (v, ep, sp.vectors.detach().clone())
+            if on_best is not None:
+                on_best(sp, {"history": hist, "kept_epoch": ep, "train_seconds": time.perf_counter() - t0,
+                             "finished": False})
         elif ep - best[1] >= patience:
             break
     with torch.no_grad():
         sp.vectors.copy_(best[2])
-    return sp, {"history": hist, "kept_epoch": best[1], "train_seconds": time.perf_counter() - t0}
+    return sp, {"history": hist, "kept_epoch": best[1], "train_seconds": time.perf_counter() - t0, "finished": True}
 
 
 def save_vectors(path: str, sp: StatePrompt, fit_info: dict) -> None:
@@ -202,6 +208,12 @@ def check_args(args):
             refuse(f"--{name.replace('_', '-')} {v}: give an integer >= 1")
     if not 0 < args.lr < 10:
         refuse(f"--lr {args.lr}: give a rate in (0, 10)")
+    try:
+        dev = torch.device(args.device)
+    except (RuntimeError, TypeError):
+        refuse(f"--device {args.device}: not a torch device (cpu, cuda, cuda:1, ...)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        refuse(f"--device {args.device}: no CUDA device on this machine")
     if args.load_vectors and not Path(args.load_vectors).is_file():
         refuse(f"--load-vectors {args.load_vectors}: no such file")
     if args.fit_only and not args.save_vectors:
@@ -231,14 +243,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--samples", type=int, default=None, help="samples per question (default grid.n_samples)")
     ap.add_argument("--group", type=int, default=16, help="questions whose chains are decoded side by side")
     ap.add_argument("--max-chains", type=int, default=None, help="at most this many training and held-out chains (a smoke run)")
+    ap.add_argument("--device", default="cpu", help="where the backbone runs (cpu, cuda, ...), in float32")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--save-vectors", default=None, help="write the fitted vectors and the fit's history here (safetensors)")
+    ap.add_argument("--save-vectors", default=None, help="write the fitted vectors and the fit's history here (safetensors), "
+                    "also after each epoch that improves the held-out log P")
     ap.add_argument("--load-vectors", default=None, help="skip the fit: the vectors a --save-vectors run wrote")
     ap.add_argument("--fit-only", action="store_true", help="stop after the fit (with --save-vectors)")
     args = ap.parse_args(argv)
     cfg = check_args(args)
     torch.manual_seed(cfg.seed)
-    bb = load_backbone(cfg.backbone.name, device="cpu", dtype="float32")
+    bb = load_backbone(cfg.backbone.name, device=args.device, dtype="float32")
     for p in bb.model.parameters():
         p.requires_grad_(False)
     model = load_pretrained(cfg, bb)
@@ -250,8 +264,9 @@ def main(argv=None) -> dict:
     if args.load_vectors:
         sp, fit_info = load_vectors(args.load_vectors, K, bb.model)
     else:
+        on_best = (lambda sp_, info: save_vectors(args.save_vectors, sp_, info)) if args.save_vectors else None
         sp, fit_info = fit(bb.model, train_items, held_items, K, args.vectors, args.lr, args.epochs, args.patience,
-                           args.batch, cfg.seed)
+                           args.batch, cfg.seed, on_best=on_best)
     if args.save_vectors:
         save_vectors(args.save_vectors, sp, fit_info)
     if args.fit_only:
