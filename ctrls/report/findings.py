@@ -176,7 +176,7 @@ def _unmeasured(c: Claim | None, key: str) -> str | None:
     return f"**{headline(c, key)}**{page}. {WHY.get(label, WHY['not computed'])}"
 
 
-def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict) -> str:
+def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict, scaled: str = "") -> str:
     """Finding 2: CTRLS − Base pass@n (the claim), with the adapter alone and the transitions beyond it,
     in one table: comparison, what it measures, questions, difference in points with its family interval."""
     missing = _unmeasured(c, "pass")
@@ -193,7 +193,7 @@ def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict) -> str:
             f"({term('verdicts', 'how verdicts are read')}).{_mdd_words(c)}")
     if ablation is not None and ablation.estimates:
         text += f" For the transitions beyond the adapter ({term('fixed s0', 'CTRLS − fixed s₀')}) it is *{ablation.label}*."
-    return text + "\n\n" + "\n".join(table)
+    return text + scaled + "\n\n" + "\n".join(table)
 
 
 def control_finding(c: Claim | None, sizes: dict, mechanism: str = "") -> str:
@@ -250,7 +250,9 @@ def demo_findings(claims: list[Claim], sizes: dict | None = None) -> list[str]:
 
     sizes = sizes or {}
     by = {c.claim: c for c in claims}
-    return [pass_finding(by.get(PASS_CLAIM), by.get(ABLATION_CLAIM), sizes),
+    from ctrls.report.scaled import claim_sentence
+
+    return [pass_finding(by.get(PASS_CLAIM), by.get(ABLATION_CLAIM), sizes, claim_sentence()),
             control_finding(by.get(CONTROL_CLAIM), sizes, " ".join(x for x in (mechanism_note(), seeds_note()) if x)),
             rl_finding(by.get(RL_CLAIM), sizes)]
 

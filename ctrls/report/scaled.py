@@ -131,6 +131,19 @@ def stored_scaled(path: str | Path | None = None) -> dict | None:
     return d
 
 
+def claim_sentence(path: str | Path | None = None) -> str:
+    """Finding 2's sentence on the stored scaled run (epsilon - fixed s0 in the unbiased pass@k), or ""."""
+    d = stored_scaled(path)
+    if d is None:
+        return ""
+    r = d["result"]
+    m = int(r["samples_per_question"])
+    k = min(PASS_K, m)
+    return (f" At scale, on one {d['machine'].get('gpu', '?')} with {r['questions']} questions × {m} samples of a data "
+            f"seed no choice saw (the section *The demo's task at scale* below), ε − fixed s₀ in the unbiased "
+            f"pass@{k} is {_pts(r[f'eps_minus_fixed_pass{k}'])} points.")
+
+
 def scaled_frame(build: pd.DataFrame | None, epsilon: float, path: str | Path | None = None,
                  build_label: str = "this build") -> pd.DataFrame:
     """The table: this build's column (from its exploration samples ``build``, when given) and the stored
@@ -183,5 +196,5 @@ def scaled_markdown(build: pd.DataFrame | None, epsilon: float, path: str | Path
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["PASS_K", "SCALED_RESULT", "paired_pass", "run_numbers", "scaled_frame", "scaled_markdown", "stored_scaled",
+__all__ = ["PASS_K", "SCALED_RESULT", "claim_sentence", "paired_pass", "run_numbers", "scaled_frame", "scaled_markdown", "stored_scaled",
            "table_markdown"]

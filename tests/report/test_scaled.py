@@ -99,3 +99,12 @@ def test_the_stored_pass_numbers_are_those_of_its_samples():
                          ("harm_fixed_minus_base_pass1", fixed, base, 1)):
         r = paired_pass(a, b, k)
         assert (r["diff"], r["lo"], r["hi"]) == pytest.approx((d[key]["diff"], d[key]["lo"], d[key]["hi"]), abs=1e-9), key
+
+
+def test_finding_two_carries_the_scaled_claim_when_stored(tmp_path):
+    from ctrls.report.scaled import claim_sentence
+
+    assert claim_sentence(tmp_path / "none.json") == ""
+    d = json.loads((REPO / SCALED_RESULT).read_text())["result"]["eps_minus_fixed_pass4"]
+    s = claim_sentence(stored(tmp_path))
+    assert "600 questions × 8 samples" in s and f"{100 * d['diff']:+.1f}".replace("-", "−") in s
