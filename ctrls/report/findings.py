@@ -524,7 +524,7 @@ def scaled_section(cfg: Config, path: Path | None = None) -> str:
         df = None
     eps = cfg.grid.epsilons[0] if cfg.grid.epsilons and cfg.grid.fixed_state else None
     return scaled_markdown(df if eps is not None else None, eps if eps is not None else 0.1, path,
-                           f"this build, data seed {cfg.data.seed}")
+                           f"this build (profile {cfg.profile}, {cfg.grid.datasets[0]}, data seed {cfg.data.seed})")
 
 
 def forest_caption() -> str:

@@ -154,7 +154,8 @@ def scaled_frame(build: pd.DataFrame | None, epsilon: float, path: str | Path | 
     d = stored_scaled(path)
     if d is not None:
         o = d.get("overrides") or {}
-        cols[f"{d['machine'].get('gpu', 'stored run')}, data seed {o.get('data.seed', '?')}"] = _column(d["result"], path)
+        cols[f"{d['machine'].get('gpu', 'stored run')} (profile {d.get('profile', '?')}, data seed {o.get('data.seed', '?')})"] = \
+            _column(d["result"], path)
     return pd.DataFrame(cols)
 
 
