@@ -34,7 +34,8 @@ def results_dir() -> Path:
     return Path(os.environ.get("CTRLS_RESULTS_DIR", REPO))
 
 
-def _read(path: Path) -> dict:
+def read_result(path: Path) -> dict:
+    """A stored result's JSON object (NaN and Infinity refused), or a ValueError naming the file."""
     try:
         d = json.loads(Path(path).read_text(), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     except (OSError, ValueError) as e:
@@ -44,25 +45,28 @@ def _read(path: Path) -> dict:
     return d
 
 
-def _num(d: dict, key: str, path, lo: float = -math.inf, hi: float = math.inf) -> float:
+def checked_number(d: dict, key: str, path, lo: float = -math.inf, hi: float = math.inf) -> float:
+    """``d[key]`` as a finite number in [lo, hi], or a ValueError naming the file and the field."""
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
         raise ValueError(f"{path}: field {key!r} must be a finite number in [{lo}, {hi}], got {v!r}")
     return float(v)
 
 
-def _interval(d: dict, est: str, lo: str, hi: str, path, bound=(-1.0, 1.0)) -> tuple[float, float, float]:
-    e, a, b = (_num(d, k, path, *bound) for k in (est, lo, hi))
+def checked_interval(d: dict, est: str, lo: str, hi: str, path, bound=(-1.0, 1.0)) -> tuple[float, float, float]:
+    """(estimate, lo, hi) of ``d``, each within ``bound`` and the interval holding its estimate."""
+    e, a, b = (checked_number(d, k, path, *bound) for k in (est, lo, hi))
     if not a <= e <= b:
         raise ValueError(f"{path}: the interval [{a}, {b}] of {est!r} does not contain its estimate {e}")
     return e, a, b
 
 
-def _kappa(k: dict, path) -> dict:
-    kap, lo, hi = _interval(k, "kappa", "kappa lo", "kappa hi", path)
-    return {"steps": int(_num(k, "steps", path, 1)), "questions": int(_num(k, "questions", path, 1)),
-            "follows": _num(k, "follows", path, 0, 1), "null": _num(k, "null", path, 0, 1),
-            "kappa": kap, "kappa lo": lo, "kappa hi": hi, "p": _num(k, "p_value", path, 0, 1)}
+def checked_kappa(k: dict, path) -> dict:
+    """A stored kappa record (``ctrls.stats.agreement.kappa_vs_null``'s), checked field by field."""
+    kap, lo, hi = checked_interval(k, "kappa", "kappa lo", "kappa hi", path)
+    return {"steps": int(checked_number(k, "steps", path, 1)), "questions": int(checked_number(k, "questions", path, 1)),
+            "follows": checked_number(k, "follows", path, 0, 1), "null": checked_number(k, "null", path, 0, 1),
+            "kappa": kap, "kappa lo": lo, "kappa hi": hi, "p": checked_number(k, "p_value", path, 0, 1)}
 
 
 def seeds_frame(path: str | Path | None = None) -> pd.DataFrame:
@@ -71,27 +75,27 @@ def seeds_frame(path: str | Path | None = None) -> pd.DataFrame:
     the fixed-s0 harm (pass@1 minus Base's) [95%] and whether it is non-inferior at the stored margin,
     and epsilon - Base pass@n [Table 1's family interval]."""
     path = Path(path) if path else results_dir() / SEEDS_RESULT
-    d = _read(path)
+    d = read_result(path)
     rows = [_seed_row(s, path) for s in d.get("seeds") or []]
     if not rows:
         raise ValueError(f"{path}: no seeds")
     t = pd.DataFrame(rows)
     t["p (Holm)"] = holm(t["p"])
-    pooled = {"data seed": "pooled", "questions": int(t.questions.sum()), **_kappa(d["pooled_kappa"], path)}
+    pooled = {"data seed": "pooled", "questions": int(t.questions.sum()), **checked_kappa(d["pooled_kappa"], path)}
     dev = [{**_seed_row(s, path), "data seed": f"{int(s['data_seed'])} (development)"} for s in d.get("development") or []]
     t = pd.concat([t, pd.DataFrame([pooled]), pd.DataFrame(dev)], ignore_index=True)  # development: beside, outside Holm and the pool
-    t.attrs.update(commit=d.get("commit", "?"), margin=_num(d, "margin_points", path, 0, 100), source=str(path))
+    t.attrs.update(commit=d.get("commit", "?"), margin=checked_number(d, "margin_points", path, 0, 100), source=str(path))
     return t
 
 
 def _seed_row(s: dict, path) -> dict:
     """One seed of a stored seeds result, validated."""
     h, e = s["harm_fixed_minus_base_pass1"], s["eps_minus_base_pass_n"]
-    hd, hlo, hhi = _interval(h, "diff", "lo", "hi", path)
-    return {"data seed": int(s["data_seed"]), "questions": int(s["questions"]), **_kappa(s["kappa"], path),
+    hd, hlo, hhi = checked_interval(h, "diff", "lo", "hi", path)
+    return {"data seed": int(s["data_seed"]), "questions": int(s["questions"]), **checked_kappa(s["kappa"], path),
             "harm": hd, "harm lo": hlo, "harm hi": hhi, "non-inferior": bool(h["non_inferior"]),
-            "ε − Base pass@n": _num(e, "diff", path, -1, 1), "ε − Base lo": _num(e, "lo", path, -1, 1),
-            "ε − Base hi": _num(e, "hi", path, -1, 1)}
+            "ε − Base pass@n": checked_number(e, "diff", path, -1, 1), "ε − Base lo": checked_number(e, "lo", path, -1, 1),
+            "ε − Base hi": checked_number(e, "hi", path, -1, 1)}
 
 
 def _ci(v, lo, hi, fmt: str = "{:.2f}") -> str:
@@ -128,16 +132,16 @@ def state_prompt_frame(paths: list[str | Path] | None = None, seeds: str | Path 
         raise FileNotFoundError(f"no stored state-prompt result ({STATE_PROMPT_RESULTS})")
     rows = []
     for path in paths:
-        d = _read(path)
-        sp, ad, c = _kappa(d["state_prompt"], path), _kappa(d["adapter"], path), d["state_prompt_minus_adapter"]
-        diff, lo, hi = _interval(c, "diff", "lo", "hi", path, (-2, 2))
+        d = read_result(path)
+        sp, ad, c = checked_kappa(d["state_prompt"], path), checked_kappa(d["adapter"], path), d["state_prompt_minus_adapter"]
+        diff, lo, hi = checked_interval(c, "diff", "lo", "hi", path, (-2, 2))
         by = {f"κ {k}": d["state_prompt"]["by_step"][k]["kappa"] for k in d["state_prompt"].get("by_step", {})}
         rows.append({"data seed": int(d["data_seed"]), "questions": sp["questions"], "vectors per state": int(d["vectors_per_state"]),
                      "state prompt κ": sp["kappa"], "sp lo": sp["kappa lo"], "sp hi": sp["kappa hi"], "sp steps": sp["steps"],
                      "adapter κ": ad["kappa"], "ad lo": ad["kappa lo"], "ad hi": ad["kappa hi"], "ad steps": ad["steps"],
-                     "Δκ": diff, "Δκ lo": lo, "Δκ hi": hi, "p": _num(c, "p_value", path, 0, 1),
-                     "state prompt pass@1": _num(d["state_prompt"], "pass1", path, 0, 1),
-                     "adapter pass@1": _num(d["adapter"], "pass1", path, 0, 1), **by,
+                     "Δκ": diff, "Δκ lo": lo, "Δκ hi": hi, "p": checked_number(c, "p_value", path, 0, 1),
+                     "state prompt pass@1": checked_number(d["state_prompt"], "pass1", path, 0, 1),
+                     "adapter pass@1": checked_number(d["adapter"], "pass1", path, 0, 1), **by,
                      "commit": d.get("commit", "?"), "source": str(path)})
     t = pd.DataFrame(rows).sort_values("data seed").reset_index(drop=True)
     t["p (Holm)"] = holm(t["p"])
@@ -150,8 +154,8 @@ def _base_pass1(path: Path | None) -> dict:
     path = path or results_dir() / SEEDS_RESULT
     if not Path(path).is_file():
         return {}
-    d = _read(Path(path))
-    return {int(s["data_seed"]): _num(s.get("pass1", {}), "Base", path, 0, 1)
+    d = read_result(Path(path))
+    return {int(s["data_seed"]): checked_number(s.get("pass1", {}), "Base", path, 0, 1)
             for s in d.get("seeds") or [] if "Base" in s.get("pass1", {})}
 
 

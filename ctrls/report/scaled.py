@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ctrls.config.settings import BASE, FIXED, row_label
-from ctrls.report.mechanism import _interval, _kappa, _num, _read, null_steps, results_dir
+from ctrls.report.mechanism import checked_interval, checked_kappa, checked_number, null_steps, read_result, results_dir
 from ctrls.stats.agreement import kappa_vs_null
 from ctrls.stats.sizing import unbiased_pass_k
 
@@ -91,23 +91,23 @@ def _diff(d: dict, key: str, path) -> tuple[float, float, float]:
     v = d.get(key)
     if not isinstance(v, dict):
         raise ValueError(f"{path}: field {key!r} is missing")
-    return _interval(v, "diff", "lo", "hi", path)
+    return checked_interval(v, "diff", "lo", "hi", path)
 
 
 def _column(r: dict, path) -> dict:
     """One column of the table from :func:`run_numbers`' dict (checked: finite numbers, intervals holding
     their estimates), keyed by row name."""
-    m = int(_num(r, "samples_per_question", path, 1))
+    m = int(checked_number(r, "samples_per_question", path, 1))
     k = min(PASS_K, m)
-    kap = _kappa(r.get("kappa") or {}, path)
+    kap = checked_kappa(r.get("kappa") or {}, path)
     p1 = r.get("pass1")
     if not isinstance(p1, dict) or len(p1) != 3:
         raise ValueError(f"{path}: field 'pass1' must hold the three rows' pass@1")
     eps = next(c for c in p1 if c not in (BASE, FIXED))
     ci = lambda t: _pts(dict(zip(("diff", "lo", "hi"), t)))  # noqa: E731
     return {
-        "questions × samples": f"{int(_num(r, 'questions', path, 1))} × {m}",
-        "pass@1 Base / fixed s₀ / " + "ε (%)": " / ".join(f"{100 * _num(p1, c, path, 0, 1):.1f}" for c in (BASE, FIXED, eps)),
+        "questions × samples": f"{int(checked_number(r, 'questions', path, 1))} × {m}",
+        "pass@1 Base / fixed s₀ / " + "ε (%)": " / ".join(f"{100 * checked_number(p1, c, path, 0, 1):.1f}" for c in (BASE, FIXED, eps)),
         "fixed s₀ − Base, pass@1": ci(_diff(r, "harm_fixed_minus_base_pass1", path)),
         "ε − fixed s₀, pass@1 (the claim)": ci(_diff(r, "eps_minus_fixed_pass1", path)),
         "k of the unbiased pass@k": str(k),
@@ -124,7 +124,7 @@ def stored_scaled(path: str | Path | None = None) -> dict | None:
     path = Path(path) if path else results_dir() / SCALED_RESULT
     if not path.is_file():
         return None
-    d = _read(path)
+    d = read_result(path)
     if not isinstance(d.get("result"), dict) or not isinstance(d.get("machine"), dict):
         raise ValueError(f"{path}: a scaled run holds the objects 'result' and 'machine'")
     _column(d["result"], path)  # every shown field checked here, before a page uses it
@@ -171,7 +171,7 @@ def scaled_markdown(build: pd.DataFrame | None, epsilon: float, path: str | Path
     m = int(r["samples_per_question"])
     k = min(PASS_K, m)
     claim, beside = r[f"eps_minus_fixed_pass{k}"], r[f"eps_minus_base_pass{k}"]
-    kap = _kappa(r["kappa"], path)
+    kap = checked_kappa(r["kappa"], path)
 
     def word(x):
         return "above" if x["lo"] > 0 else "below" if x["hi"] < 0 else "not distinguishable from"
