@@ -145,13 +145,13 @@ def claim_sentence(path: str | Path | None = None) -> str:
 
 
 def scaled_frame(build: pd.DataFrame | None, epsilon: float, path: str | Path | None = None,
-                 build_label: str = "this build") -> pd.DataFrame:
+                 build_label: str = "this build", stored: dict | None = None) -> pd.DataFrame:
     """The table: this build's column (from its exploration samples ``build``, when given) and the stored
     scaled run's; empty when neither is there."""
     cols = {}
     if build is not None and not build.empty:
         cols[build_label] = _column(run_numbers(build, epsilon), "this build's samples")
-    d = stored_scaled(path)
+    d = stored if stored is not None else stored_scaled(path)  # the record a caller already read and checked
     if d is not None:
         o = d.get("overrides") or {}
         cols[f"{d['machine'].get('gpu', 'stored run')} (profile {d.get('profile', '?')}, data seed {o.get('data.seed', '?')})"] = \
@@ -189,7 +189,7 @@ def scaled_markdown(build: pd.DataFrame | None, epsilon: float, path: str | Path
         f"κ = {_minus(format(kap['kappa'], '.2f'))} [{_minus(format(kap['kappa lo'], '.2f'))}, "
         f"{_minus(format(kap['kappa hi'], '.2f'))}] against independent chains ({kap['steps']:,} steps).{steer}",
         "",
-        table_markdown(scaled_frame(build, epsilon, path, build_label)),
+        table_markdown(scaled_frame(build, epsilon, path, build_label, stored=d)),
         f"Stored in `{SCALED_RESULT}`, with every graded sample beside it (`scaled_demo_h200_samples.parquet`); "
         "the command is in `studies/scaled_demo.py`. Differences in points, paired by question, with "
         "question-bootstrap 95% intervals; pass@k is the unbiased estimator from each question's samples.",
