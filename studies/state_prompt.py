@@ -5,6 +5,8 @@
 1. Fit: the vectors are trained through the frozen backbone on the run's pretraining chains, each step
    under its posterior state (the argmax of Q_phi, as pretraining assigned it); Adam, early stopping on
    the held-out questions' log P per step token (the validation split: pretraining's held-out questions).
+   The library's fit (``ctrls.method.state_prompt.fit``), as the pretraining stage runs it with
+   ``state_prompt.use``; this study adds checkpoints, a fit on a GPU and the paired comparison below.
 2. Steer: the run's test questions are sampled (``grid.n_samples`` each, the profile's temperature and
    top-k) under chains drawn by the run's policy with epsilon = ``grid.epsilons[0]`` from the prompt's
    s_0; every step is read back by Q_phi from an unadapted pass without the vectors.
@@ -19,7 +21,6 @@ Usage (from the repository root, after `ctrls stage pretrain exploration`):
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import subprocess
 import sys
@@ -40,83 +41,14 @@ from ctrls.data.prompts import encode_prompt, newline_token_ids  # noqa: E402
 from ctrls.errors import ConfigError  # noqa: E402
 from ctrls.generate.controllability import draw_chains, encode_generations  # noqa: E402
 from ctrls.method.backbone import load_backbone  # noqa: E402
-from ctrls.method.state_prompt import StatePrompt, chain_logprob, decode_chains, prompt_cache  # noqa: E402
+from ctrls.method.state_prompt import StatePrompt, decode_chains, fit  # noqa: E402
 from ctrls.report.mechanism import null_steps  # noqa: E402
-from ctrls.stages.adapter_train import StepData, prompted_trajectories  # noqa: E402
+from ctrls.stages.adapter_train import StepData  # noqa: E402
 from ctrls.stages.common import problems_from_config  # noqa: E402
 from ctrls.stages.exploration import load_samples  # noqa: E402
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages  # noqa: E402
+from ctrls.stages.state_prompt import prompt_chains  # noqa: E402
 from ctrls.stats.agreement import kappa_difference, kappa_vs_null  # noqa: E402
-
-
-def chains(cfg, data: StepData, tok, split: str) -> list[dict]:
-    """Each pretraining chain of ``split``: prompt ids, chain ids, step spans, each step's posterior state."""
-    out = []
-    for qi, ti, _, tr, ids in prompted_trajectories(cfg, data, tok, split):
-        spans = [tuple(s) for s in tr["spans"].tolist()]
-        rows = [data.row_of[(qi, ti, t)] for t in range(len(spans))]
-        out.append({"prompt": ids, "chain": tr["targets"].tolist(), "spans": spans,
-                    "states": data.post[rows].argmax(1)})
-    return out
-
-
-class Prompts:
-    """Each question's prompt KV cache, computed once; a copy per chain."""
-
-    def __init__(self, lm):
-        self.lm, self.caches = lm, {}
-
-    def __call__(self, c: dict):
-        key = tuple(c["prompt"])
-        if key not in self.caches:
-            self.caches[key] = prompt_cache(self.lm, c["prompt"])
-        return copy.deepcopy(self.caches[key])
-
-
-def logp(lm, c: dict, sp, K: int, prompts: Prompts):
-    return chain_logprob(lm, c["prompt"], c["chain"], c["spans"], torch.nn.functional.one_hot(c["states"], K).float(), sp,
-                         cache=prompts(c))
-
-
-def logp_per_token(lm, items, sp, K: int, prompts: Prompts) -> float:
-    tot, n = 0.0, 0
-    with torch.no_grad():
-        for c in items:
-            lp, k = logp(lm, c, sp, K, prompts)
-            tot, n = tot + float(lp), n + k
-    return tot / max(n, 1)
-
-
-def fit(lm, train_items, held_items, K: int, m: int, lr: float, epochs: int, patience: int, batch: int, seed: int,
-        on_best=None):
-    """Adam on the vectors, early stopping on the held-out log P per token; ``on_best(sp, info)`` is called
-    each time an epoch improves it (a checkpoint: a fit killed later keeps its best epoch so far)."""
-    sp = StatePrompt(K, m, lm.get_input_embeddings().weight.detach(), seed=seed)
-    opt = torch.optim.Adam(sp.parameters(), lr=lr)
-    prompts = Prompts(lm)
-    best = (logp_per_token(lm, held_items, sp, K, prompts), 0, sp.vectors.detach().clone())
-    hist = [{"epoch": 0, "heldout_logp_per_token": best[0]}]
-    g, t0 = torch.Generator().manual_seed(seed), time.perf_counter()
-    for ep in range(1, epochs + 1):
-        order = torch.randperm(len(train_items), generator=g).tolist()
-        for i in range(0, len(order), batch):  # one Adam step per ``batch`` chains: the mean log P per token
-            opt.zero_grad()
-            parts = [logp(lm, train_items[j], sp, K, prompts) for j in order[i:i + batch]]
-            (-sum(lp for lp, _ in parts) / max(1, sum(k for _, k in parts))).backward()
-            opt.step()
-        v = logp_per_token(lm, held_items, sp, K, prompts)
-        hist.append({"epoch": ep, "heldout_logp_per_token": v, "seconds": time.perf_counter() - t0})
-        print(json.dumps(hist[-1]), flush=True)
-        if v > best[0]:
-            best = (v, ep, sp.vectors.detach().clone())
-            if on_best is not None:
-                on_best(sp, {"history": hist, "kept_epoch": ep, "train_seconds": time.perf_counter() - t0,
-                             "finished": False})
-        elif ep - best[1] >= patience:
-            break
-    with torch.no_grad():
-        sp.vectors.copy_(best[2])
-    return sp, {"history": hist, "kept_epoch": best[1], "train_seconds": time.perf_counter() - t0, "finished": True}
 
 
 def save_vectors(path: str, sp: StatePrompt, fit_info: dict) -> None:
@@ -258,7 +190,7 @@ def main(argv=None) -> dict:
     model = load_pretrained(cfg, bb)
     data = StepData.load(pretrain_stages(cfg))
     K = model.centroids.shape[0]
-    train_items, held_items = chains(cfg, data, bb.tokenizer, "train"), chains(cfg, data, bb.tokenizer, "heldout")
+    train_items, held_items = prompt_chains(cfg, data, bb.tokenizer, "train"), prompt_chains(cfg, data, bb.tokenizer, "heldout")
     if args.max_chains:
         train_items, held_items = train_items[: args.max_chains], held_items[: args.max_chains]
     if args.load_vectors:
@@ -266,7 +198,7 @@ def main(argv=None) -> dict:
     else:
         on_best = (lambda sp_, info: save_vectors(args.save_vectors, sp_, info)) if args.save_vectors else None
         sp, fit_info = fit(bb.model, train_items, held_items, K, args.vectors, args.lr, args.epochs, args.patience,
-                           args.batch, cfg.seed, on_best=on_best)
+                           args.batch, cfg.seed, on_best=on_best, on_epoch=lambda row: print(json.dumps(row), flush=True))
     if args.save_vectors:
         save_vectors(args.save_vectors, sp, fit_info)
     if args.fit_only:

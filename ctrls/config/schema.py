@@ -200,6 +200,26 @@ class AdapterConfig:
 
 
 @dataclass
+class StatePromptConfig:
+    """The state prompt (ctrls.method.state_prompt): m learned input vectors per state, inserted at each
+    step boundary, in place of the last-hidden adapter for the exploration grid's fixed-s0 and epsilon rows."""
+
+    use: bool = False
+    """fit the vectors after pretraining (stage ``state_prompt``) and decode the fixed-s0 and epsilon rows with
+    them instead of the adapter (Base rows, the read-back and RL are unchanged: RL refuses the option)"""
+    vectors: int = key(2, between(1, 64))
+    """m, vectors per state"""
+    lr: float = key(0.01, in_range(0, MAX_LR, open_lo=True))
+    """Adam's learning rate on the vectors"""
+    epochs: int = key(8, at_least(1))
+    """at most this many epochs over the pretraining chains"""
+    patience: int = key(2, at_least(1))
+    """stop after this many epochs without a better held-out log P per token; the best epoch is kept"""
+    batch: int = key(8, at_least(1))
+    """chains per Adam step"""
+
+
+@dataclass
 class SamplingConfig:
     """Decoding limits shared by every stage. Token temperatures are per stage:
     ``pretrain.temperature``, ``grid.temperatures`` and ``rl.temperature``."""
@@ -317,6 +337,7 @@ class Config:
     states: StatesConfig = field(default_factory=StatesConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    state_prompt: StatePromptConfig = field(default_factory=StatePromptConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     grid: GridConfig = field(default_factory=GridConfig)

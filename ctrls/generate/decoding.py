@@ -96,7 +96,7 @@ class _Row:
 
 
 
-def _eos_ids(backbone: Backbone) -> set[int]:
+def eos_ids(backbone: Backbone) -> set[int]:
     ids = {backbone.tokenizer.eos_token_id}
     gen = getattr(backbone.model, "generation_config", None)
     e = getattr(gen, "eos_token_id", None)
@@ -197,7 +197,7 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     is_nl = torch.zeros(vocab, dtype=torch.bool)
     is_nl[list(i for i in newline_token_ids(tok) if i < vocab)] = True
     is_eos = torch.zeros(vocab, dtype=torch.bool)
-    is_eos[list(_eos_ids(backbone))] = True
+    is_eos[list(eos_ids(backbone))] = True
 
     # layout of a row: [the prompts' shared prefix (L)] [left padding] [the prompt's own suffix]
     n = len(prompts)

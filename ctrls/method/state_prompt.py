@@ -38,7 +38,7 @@ class StatePrompt(torch.nn.Module):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """(..., K) one-hot or soft states -> (..., m, d) vectors."""
-        return torch.einsum("...k,kmd->...md", z.to(self.vectors.dtype), self.vectors)
+        return torch.einsum("...k,kmd->...md", z.to(self.vectors.device, self.vectors.dtype), self.vectors)
 
 
 def interleave(embeds: torch.Tensor, prompt_len: int, spans: Sequence[tuple[int, int]],
@@ -86,7 +86,7 @@ def chain_logprob(lm, prompt: Sequence[int], chain: Sequence[int], spans: Sequen
     ``cache``: the prompt's KV cache (:func:`prompt_cache`), consumed: only the chain is then run."""
     emb = lm.get_input_embeddings()
     ids = torch.as_tensor([*prompt, *chain], device=emb.weight.device)
-    x, where = interleave(emb(ids), len(prompt), spans, prompt_vectors(states.to(emb.weight.device)))
+    x, where = interleave(emb(ids), len(prompt), spans, prompt_vectors(states).to(emb.weight.dtype))  # the backbone's dtype (bf16 on a GPU)
     P = len(prompt)
     if cache is None:
         logits, offset = lm(inputs_embeds=x[None]).logits[0], 0
@@ -98,39 +98,130 @@ def chain_logprob(lm, prompt: Sequence[int], chain: Sequence[int], spans: Sequen
     return lp, len(want)
 
 
+class PromptCaches:
+    """Each prompt's KV cache (:func:`prompt_cache`), computed once; a copy per chain."""
+
+    def __init__(self, lm):
+        self.lm, self.caches = lm, {}
+
+    def __call__(self, prompt: Sequence[int]):
+        import copy
+
+        key = tuple(prompt)
+        if key not in self.caches:
+            self.caches[key] = prompt_cache(self.lm, prompt)
+        return copy.deepcopy(self.caches[key])
+
+
+@dataclass
+class Chain:
+    """One teacher-forced chain of the fit: prompt ids, chain ids, each step's [a, b) and state (T,)."""
+
+    prompt: list[int]
+    chain: list[int]
+    spans: list[tuple[int, int]]
+    states: torch.Tensor
+
+
+def _logp(lm, c: Chain, sp: StatePrompt, caches: PromptCaches) -> tuple[torch.Tensor, int]:
+    z = F.one_hot(c.states.long(), sp.n_states).float()
+    return chain_logprob(lm, c.prompt, c.chain, c.spans, z, sp, cache=caches(c.prompt))
+
+
+def logp_per_token(lm, chains: Sequence[Chain], sp: StatePrompt, caches: PromptCaches | None = None) -> float:
+    """Mean log P of the chains' step tokens under their states' vectors (teacher forcing)."""
+    caches = caches or PromptCaches(lm)
+    tot, n = 0.0, 0
+    with torch.no_grad():
+        for c in chains:
+            lp, k = _logp(lm, c, sp, caches)
+            tot, n = tot + float(lp), n + k
+    return tot / max(n, 1)
+
+
+def fit(lm, train: Sequence[Chain], heldout: Sequence[Chain], n_states: int, n_vectors: int, lr: float, epochs: int,
+        patience: int, batch: int, seed: int, on_best: Callable | None = None,
+        on_epoch: Callable[[dict], None] | None = None) -> tuple[StatePrompt, dict]:
+    """Adam on the vectors V only (the backbone frozen): maximise the mean log P per step token of the
+    ``train`` chains, each step under its state; early stopping on the ``heldout`` chains' log P per
+    token (``patience`` epochs without a better one), the best epoch's vectors kept (epoch 0: the
+    initial vectors). ``on_best(sp, info)`` runs each time an epoch improves it (a checkpoint), ``on_epoch(row)``
+    after every epoch. Returns (the vectors, {history, kept_epoch, train_seconds, finished})."""
+    import time
+
+    sp = StatePrompt(n_states, n_vectors, lm.get_input_embeddings().weight.detach(), seed=seed)
+    opt = torch.optim.Adam(sp.parameters(), lr=lr)
+    caches = PromptCaches(lm)
+    best = (logp_per_token(lm, heldout, sp, caches), 0, sp.vectors.detach().clone())
+    hist = [{"epoch": 0, "heldout_logp_per_token": best[0]}]
+    g, t0 = torch.Generator().manual_seed(seed), time.perf_counter()
+    for ep in range(1, epochs + 1):
+        order = torch.randperm(len(train), generator=g).tolist()
+        for i in range(0, len(order), batch):  # one Adam step per ``batch`` chains: the mean log P per token
+            opt.zero_grad()
+            parts = [_logp(lm, train[j], sp, caches) for j in order[i:i + batch]]
+            (-sum(lp for lp, _ in parts) / max(1, sum(k for _, k in parts))).backward()
+            opt.step()
+        v = logp_per_token(lm, heldout, sp, caches)
+        if not torch.isfinite(torch.tensor(v)) or not torch.isfinite(sp.vectors).all():
+            raise FloatingPointError(f"state prompt fit: the held-out log P per token is {v} after epoch {ep} "
+                                     f"(learning rate {lr}); lower state_prompt.lr")
+        hist.append({"epoch": ep, "heldout_logp_per_token": v, "seconds": time.perf_counter() - t0})
+        if on_epoch is not None:
+            on_epoch(hist[-1])
+        if v > best[0]:
+            best = (v, ep, sp.vectors.detach().clone())
+            if on_best is not None:
+                on_best(sp, {"history": hist, "kept_epoch": ep, "train_seconds": time.perf_counter() - t0,
+                             "finished": False})
+        elif ep - best[1] >= patience:
+            break
+    with torch.no_grad():
+        sp.vectors.copy_(best[2])
+    return sp, {"history": hist, "kept_epoch": best[1], "train_seconds": time.perf_counter() - t0, "finished": True}
+
+
 @dataclass
 class Decoded:
-    """One sampled chain: its tokens, each step's span and the states it was generated under."""
+    """One sampled chain: its tokens, each step's span, the states it was generated under (one per step
+    opened, so possibly one more than ``spans`` when the chain stopped right after a step) and why it ended
+    (eos, max_tokens, or the reason ``closes_chain`` gave)."""
 
     token_ids: list[int]
     spans: list[tuple[int, int]] = field(default_factory=list)
     states: list[int] = field(default_factory=list)
+    finish: str = "max_tokens"
 
 
 def decode_chain(lm, prompt: Sequence[int], draw: Callable[[int], int], prompt_vectors: StatePrompt,
                  ends_step: Callable[[int, bool], bool], has_content: Callable[[int], bool], max_new_tokens: int,
                  max_steps: int, sample: Callable[[torch.Tensor], int], stop: set[int],
-                 forced: Sequence[int] | None = None, record: list | None = None) -> Decoded:
+                 forced: Sequence[int] | None = None, record: list | None = None,
+                 closes_chain: Callable[[list[int], int], str | None] | None = None) -> Decoded:
     """One chain: :func:`decode_chains` with one row."""
     return decode_chains(lm, [prompt], [draw], prompt_vectors, ends_step, has_content, max_new_tokens, max_steps,
                          sample, stop, forced=None if forced is None else [forced],
-                         record=None if record is None else [record])[0]
+                         record=None if record is None else [record], closes_chain=closes_chain)[0]
 
 
 @torch.no_grad()
 def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable[[int], int]], prompt_vectors: StatePrompt,
                   ends_step: Callable[[int, bool], bool], has_content: Callable[[int], bool], max_new_tokens: int,
-                  max_steps: int, sample: Callable[[torch.Tensor], int], stop: set[int],
-                  forced: Sequence[Sequence[int]] | None = None, record: list[list] | None = None) -> list[Decoded]:
+                  max_steps: int, sample: Callable[[torch.Tensor], int] | Sequence[Callable[[torch.Tensor], int]],
+                  stop: set[int], forced: Sequence[Sequence[int]] | None = None, record: list[list] | None = None,
+                  closes_chain: Callable[[list[int], int], str | None] | None = None) -> list[Decoded]:
     """Decode one chain per row side by side with the KV cache: row r's prompt ``prompts[r]`` (left-padded
     to the longest), then
     the vectors of state ``draws[r](t)`` at the start of each step t (until ``max_steps``), then tokens
     from ``sample(logits)`` (or row r's ``forced`` tokens: teacher forcing through the decoder, for tests;
     ``record[r]`` then receives each token's log P). A step ends at a token for which
     ``ends_step(token, step_has_content)`` holds; ``has_content(token)`` marks a non-blank token; a
-    ``stop`` token ends the chain and is not kept. Rows that open a step feed their token and the state's
+    ``stop`` token ends the chain and is not kept. ``sample`` is one callable for every row or one per row
+    (a row's own random stream: its tokens then do not depend on its batch-mates' draws);
+    ``closes_chain(step_tokens, steps_so_far)``, called when a step closes, returns a reason to end the
+    chain there (the sampler's rules: after the answer line, after T steps) or None. Rows that open a step feed their token and the state's
     m vectors in one pass; the others pad those slots (masked out of attention, not counted as positions),
-    so each row sees the sequence :func:`chain_logprob` builds."""
+    so each row sees the sequence :func:`chain_logprob` builds. A finished row leaves the batch and its cache."""
     from transformers import DynamicCache
 
     emb = lm.get_input_embeddings()
@@ -145,6 +236,9 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
     res = [Decoded([]) for _ in range(B)]
     content, start, step_open, done = [False] * B, [0] * B, [False] * B, [False] * B
     limit = [max_new_tokens if forced is None else len(forced[r]) for r in range(B)]
+    pick = list(sample) if isinstance(sample, (list, tuple)) else [sample] * B
+    if len(pick) != B:
+        raise ValueError(f"{len(pick)} samplers for {B} rows")
 
     def vectors(r: int) -> torch.Tensor:  # draw row r's next state: its m vectors
         k = draws[r](len(res[r].states))
@@ -152,53 +246,72 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
         step_open[r] = True
         return prompt_vectors(F.one_hot(torch.as_tensor(k), prompt_vectors.n_states).float()).to(dt)
 
-    def forward(rows: list[list[torch.Tensor]]) -> torch.Tensor:
-        """Feed each row's slots (a row's list may be empty: all padding); the logits at its last real slot."""
+    alive = list(range(B))  # the rows in the batch, in batch order: a finished row leaves it (and the cache)
+
+    def forward(feed: dict[int, list[torch.Tensor]]) -> dict[int, torch.Tensor]:
+        """Feed each alive row's slots (a row's list may be empty: all padding); the logits at its last real slot."""
         nonlocal mask
-        L = max(1, max(len(x) for x in rows))
-        x = torch.zeros((B, L, emb.weight.shape[1]), dtype=dt, device=dev)
-        new = torch.zeros((B, L), dtype=torch.long, device=dev)
-        for r, parts in enumerate(rows):
-            if parts:
-                x[r, :len(parts)] = torch.stack(parts)
-                new[r, :len(parts)] = 1
+        L = max(1, max(len(feed.get(r, ())) for r in alive))
+        x = torch.zeros((len(alive), L, emb.weight.shape[1]), dtype=dt, device=dev)
+        new = torch.zeros((len(alive), L), dtype=torch.long, device=dev)
+        for j, r in enumerate(alive):
+            if feed.get(r):
+                x[j, :len(feed[r])] = torch.stack(feed[r])
+                new[j, :len(feed[r])] = 1
         pid = pos[:, None] + (new.cumsum(1) - 1).clamp(min=0)  # padding repeats the last real position
         mask = torch.cat([mask, new], 1)
         out = lm(inputs_embeds=x, attention_mask=mask, position_ids=pid, past_key_values=kv, use_cache=True).logits
         pos.add_(new.sum(1))
         last = (new.sum(1) - 1).clamp(min=0)
-        return out[torch.arange(B, device=dev), last]
+        lg = out[torch.arange(len(alive), device=dev), last]
+        return {r: lg[j] for j, r in enumerate(alive)}
+
+    def drop_finished() -> None:
+        """Take finished rows out of the batch: their cache rows, mask rows and positions."""
+        nonlocal alive, mask, pos
+        keep = [j for j, r in enumerate(alive) if not done[r]]
+        if keep and len(keep) < len(alive):
+            idx = torch.as_tensor(keep, device=dev)
+            kv.batch_select_indices(idx)
+            mask, pos, alive = mask[idx], pos[idx], [alive[j] for j in keep]
 
     ids = torch.as_tensor([[0] * (P - len(p)) + list(p) for p in prompts], device=dev)  # left-padded prompts
-    logits = lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),  # real tokens' positions
-                past_key_values=kv, use_cache=True).logits[:, -1]
+    first = lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),  # real tokens' positions
+               past_key_values=kv, use_cache=True).logits[:, -1]
+    logits = {r: first[r] for r in range(B)}
     if max_steps > 0:
-        logits = forward([list(vectors(r)) for r in range(B)])
+        logits = forward({r: list(vectors(r)) for r in range(B)})
     for i in range(max(limit, default=0)):
-        feed: list[list[torch.Tensor]] = [[] for _ in range(B)]
-        for r in range(B):
+        feed: dict[int, list[torch.Tensor]] = {}
+        for r in alive:
             if done[r]:
                 continue
             if i >= limit[r]:
                 done[r] = True
                 continue
-            tok = sample(logits[r]) if forced is None else int(forced[r][i])
+            tok = pick[r](logits[r]) if forced is None else int(forced[r][i])
             if record is not None:
                 record[r].append(float(F.log_softmax(logits[r].float(), -1)[tok]))
             if tok in stop:
-                done[r] = True
+                done[r], res[r].finish = True, "eos"
                 continue
             res[r].token_ids.append(tok)
             content[r] = content[r] or has_content(tok)
-            feed[r].append(emb.weight[tok])
+            feed[r] = [emb.weight[tok]]
             if ends_step(tok, content[r]) and step_open[r]:
                 res[r].spans.append((start[r], len(res[r].token_ids)))
+                why = None if closes_chain is None else closes_chain(res[r].token_ids[start[r]:], len(res[r].spans))
                 start[r], content[r], step_open[r] = len(res[r].token_ids), False, False
+                if why is not None:  # the chain ends with this step: its token is kept, nothing more is fed
+                    done[r], res[r].finish = True, why
+                    del feed[r]
+                    continue
                 if len(res[r].states) < max_steps and len(res[r].token_ids) < limit[r]:
                     feed[r] += list(vectors(r))  # the next step's state, in the same pass
         if all(done):
             break
-        if any(feed):
+        drop_finished()
+        if feed:
             logits = forward(feed)
     for r in range(B):
         if step_open[r] and start[r] < len(res[r].token_ids):

@@ -17,6 +17,9 @@ Results are written per question as parquet parts of the dataset directory
 so nothing is lost or duplicated. A part is reused only if it reads as a parquet file of
 ``grid.n_samples`` rows; once the stage is finished, its ``done`` marker holds every part's sha256,
 and a rerun redoes a part that is missing or changed (``ctrls.stages.runs``).
+
+With ``state_prompt.use`` the fixed-s0 and CTRLS(epsilon) rows are decoded under the state prompt's vectors
+instead of the adapter (``ctrls.stages.state_prompt``); Base rows and the read-back are unchanged.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ from ctrls.stages.common import (
 )
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages
 from ctrls.stages.runs import Stage, file_name, pair_slug, valid_part
+from ctrls.stages.state_prompt import load_state_prompt, sample_state_prompt
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +79,11 @@ def samples_dir(cfg: Config) -> Path:
 
 
 def _stage(cfg: Config) -> Stage:
-    adapters = tuple(pretrain_stages(cfg.for_pair(b, d))["adapter"] for b, d in cfg.pairs())
-    return Stage(cfg, "exploration", KEYS, upstream=tuple(a.key for a in adapters), inputs=adapters)
+    # with state_prompt.use the CTRLS rows come from the state prompt's vectors: its section and fit join the key
+    last = "state_prompt" if cfg.state_prompt.use else "adapter"
+    fitted = tuple(pretrain_stages(cfg.for_pair(b, d))[last] for b, d in cfg.pairs())
+    keys = KEYS + (("state_prompt",) if cfg.state_prompt.use else ())
+    return Stage(cfg, "exploration", keys, upstream=tuple(a.key for a in fitted), inputs=fitted)
 
 
 def stage_summary(cfg: Config) -> dict:
@@ -161,8 +168,10 @@ def _sample_pairs(cfg: Config, out: Path, progress: bool, readback: bool) -> flo
         pc = cfg.for_pair(bname, ds)
         bb = backbone_for(pc, bname)
         model = load_pretrained(pc, bb)
+        sp = (load_state_prompt(pretrain_stages(pc)["state_prompt"], bb, int(model.config.n_states), pc.state_prompt.vectors)
+              if cfg.state_prompt.use else None)
         reencode_s += _sample_grid(cfg, pc, bb, model, problems_from_config(pc, "test"), ds, grid, g.temperatures,
-                                   out, progress, readback=readback)
+                                   out, progress, readback=readback, state_prompt=sp)
         # the transfer rows: this pair's CTRLS model on a few questions of other datasets (e.g. GSM8K)
         rows = [r for r in grid if r.label == BASE or r.epsilon == (g.epsilons[0] if g.epsilons else None)]
         for td in g.transfer_datasets:
@@ -170,17 +179,18 @@ def _sample_pairs(cfg: Config, out: Path, progress: bool, readback: bool) -> flo
             problems = load_problems(td, "test", n=g.transfer_questions, seed=d.seed, data_dir=d.data_dir,
                                      max_bad_fraction=d.max_bad_fraction, difficulty=d.word_problems.difficulty())
             reencode_s += _sample_grid(cfg, pc, bb, model, problems, td, rows, [cfg.rl.temperature], out,
-                                       progress, trained_on=ds, readback=readback)
+                                       progress, trained_on=ds, readback=readback, state_prompt=sp)
     return reencode_s
 
 
 def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, grid: list[GridRow],
                  temperatures: list[float], out: Path, progress: bool, trained_on: str | None = None,
-                 readback: bool = True) -> float:
+                 readback: bool = True, state_prompt=None) -> float:
     """Sample and write every (temperature, row, question) part of one dataset's questions that is not
     already on disk; return the seconds spent on the controllability columns besides sampling. ``ds`` is the
     dataset the questions come from; ``trained_on`` (transfer rows) the dataset the model was
-    pretrained on, when it differs."""
+    pretrained on, when it differs. With ``state_prompt`` (a ``StatePrompt``) the CTRLS rows are decoded
+    under it instead of the adapter (``ctrls.stages.state_prompt.sample_state_prompt``)."""
     from ctrls.stages.distributed import world
 
     w = world()
@@ -208,15 +218,20 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
         # when one of its parts is missing (a resumed run): the rows decoded beside a question change the
         # batched arithmetic in its last bits, and so, rarely, a sampled token; only the missing parts are written
         seeds = [seed_of(cfg.seed, bname, ds, eta, label, problems[j].id) for j in chunk]
-        gens = sample(bb, [enc[j][0] for j in chunk], g.n_samples, params, model=model if row.ctrls else None,
-                      seeds=seeds, prompt_starts=[enc[j][1] for j in chunk], read_states=model if readback else None)
+        if row.ctrls and state_prompt is not None:  # read back by a re-encode: the decoding pass holds the vectors
+            gens = sample_state_prompt(bb, model, state_prompt, [enc[j] for j in chunk], g.n_samples, params, seeds,
+                                       layer=pc.backbone.hidden_layer)
+        else:
+            gens = sample(bb, [enc[j][0] for j in chunk], g.n_samples, params, model=model if row.ctrls else None,
+                          seeds=seeds, prompt_starts=[enc[j][1] for j in chunk], read_states=model if readback else None)
         gens = [gs for j, gs in zip(chunk, gens) if j in todo]
         meta = {"backbone": bname, "dataset": ds, "temperature": eta, "config": label,
                 "epsilon": math.nan if row.epsilon is None else row.epsilon, "seed": cfg.seed,
                 "trained_on": trained_on or ds}  # the dataset the CTRLS model was pretrained on
         for j, gs in zip(todo, gens):
             t0 = time.perf_counter()
-            extra = _controllability_columns(cfg, pc, bb, model, enc[j], gs, row, eta, problems[j].id, readback)
+            extra = _controllability_columns(cfg, pc, bb, model, enc[j], gs, row, eta, problems[j].id,
+                                             readback or (row.ctrls and state_prompt is not None))
             reencode_s += time.perf_counter() - t0
             write_part(pd.DataFrame(generation_rows(gs, problems[j], meta)).assign(**extra), parts[j])
     bar.close()

@@ -6,7 +6,8 @@ the CoTs of ``pretrain.heldout_fraction`` of the questions held out of (d)-(f); 
 by the expected KL (the default ``policy.fit``; ``mixture``: the mixture-prior KL); (f) ``adapter``: train
 on the relaxed objective from the cached features, with Thm. 5.3's bound on the held-out steps after every
 epoch, early stopping (``pretrain.patience``) and the best held-out epoch kept; the checkpoint
-(``CTRLSModel.from_pretrained``) is written at its end. Each stage ends with a checksummed ``done`` marker
+(``CTRLSModel.from_pretrained``) is written at its end; (g) ``state_prompt`` (only with
+``state_prompt.use``): the state prompt's vectors (``ctrls.stages.state_prompt``). Each stage ends with a checksummed ``done`` marker
 (``ctrls.stages.runs``); (a) and (b) resume per question. Details: book/method.md,
 "ctrls/stages/pretrain.py".
 """
@@ -75,6 +76,7 @@ KEYS = {
     "transitions": ("policy",),
     "adapter": ("adapter", "pretrain.epochs", "pretrain.patience", "pretrain.lr", "pretrain.batch_steps", "pretrain.max_tokens_per_step",
                 "pretrain.bound_samples", "pretrain.bound_every"),
+    "state_prompt": ("state_prompt",),  # only with state_prompt.use (ctrls.stages.state_prompt)
 }
 
 
@@ -190,13 +192,16 @@ class PretrainRun:
 
 # the stages whose outputs each stage reads: it runs again when one of them is redone with other outputs
 READS = {"collect": (), "features": ("collect",), "spectral": ("features",), "states": ("spectral", "features"),
-         "transitions": ("states",), "adapter": ("features", "states", "transitions")}
+         "transitions": ("states",), "adapter": ("features", "states", "transitions"),
+         "state_prompt": ("features", "states")}
 
 
 def pretrain_stages(cfg: Config) -> dict[str, Stage]:
     pair = pair_slug(cfg.backbone.name, cfg.data.dataset)
     out, upstream = {}, ()
     for name, keys in KEYS.items():
+        if name == "state_prompt" and not cfg.state_prompt.use:
+            continue  # off: the other stages' keys and directories are those of a run without the option
         # the adapter stage also writes the checkpoint next to its directory
         extra = (cfg.stage_dir("pretrain", pair, "checkpoint"),) if name == "adapter" else ()
         st = Stage(cfg, "pretrain", keys, pair, name, upstream=upstream, inputs=tuple(out[r] for r in READS[name]),
@@ -274,9 +279,13 @@ def _run_stages(cfg: Config, stages: dict[str, Stage], backbone: Backbone | None
             summary = cluster_states(cfg, stages["spectral"].dir, stages["features"].dir, st.dir)
         elif name == "transitions":
             summary = fit_transition_model(cfg, stages["states"].dir, st.dir)
-        else:
+        elif name == "adapter":
             summary = train_adapter(cfg, need_backbone(), stages, st.dir, progress)
             _save_checkpoint(cfg, need_backbone(), stages, st.dir, ckpt)
+        else:  # (g) state_prompt.use: the state prompt's vectors
+            from ctrls.stages.state_prompt import fit_state_prompt
+
+            summary = fit_state_prompt(cfg, need_backbone(), stages, st.dir, progress)
         if w.is_main:
             st.finish(**summary)
 

@@ -122,8 +122,12 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
 
     Data parallel under a launcher (``ctrls.stages.distributed``): trajectory slots, evaluation questions
     and table questions are sharded by rank and gathered; the result equals a single process's."""
+    from ctrls.errors import ConfigError
     from ctrls.stages.distributed import world
 
+    if cfg.state_prompt.use:  # its rollouts, Eq. 16's log-actions and the lockstep batch decode with the adapter
+        raise ConfigError("config key 'state_prompt.use': RL with the state prompt is not built (the RL stage's "
+                          "rollouts decode with the last-hidden adapter); run the rl stage with state_prompt.use=false")
     w = world()
     stage = _rl_stage(cfg)
     if stage.is_done() and not force:

@@ -93,3 +93,69 @@ def test_the_state_changes_the_step_and_training_moves_only_the_vectors(tiny_lla
     assert sp.vectors.grad is not None and sp.vectors.grad[:2].abs().sum() > 0
     assert float(sp.vectors.grad[2].abs().sum()) == 0.0  # state 2 was not used
     assert all(p.grad is None for p in bb.model.parameters())
+
+
+def test_the_fit_checkpoints_each_improving_epoch(monkeypatch):
+    from ctrls.method import state_prompt
+    """on_best is called at exactly the epochs whose held-out log P beats every earlier one, with those
+    vectors: a fit killed later keeps its best epoch so far (--save-vectors writes it each time)."""
+    target = torch.full((3, 2, 8), 0.3)
+
+    def logp(lm, item, sp, caches):  # a stand-in log P: higher as the vectors near a target
+        return -((sp.vectors - target * item) ** 2).sum(), 1
+
+    monkeypatch.setattr(state_prompt, "_logp", logp)
+    monkeypatch.setattr(state_prompt, "PromptCaches", lambda lm: None)
+
+    class LM:
+        def get_input_embeddings(self):
+            return torch.nn.Embedding(10, 8)
+
+    calls = []
+    sp, info = state_prompt.fit(LM(), [1.0, 1.0, 2.0, 0.5], [1.0], 3, 2, 0.05, 6, 6, 2, 0,
+                                on_best=lambda s, i: calls.append((i["kept_epoch"], s.vectors.detach().clone())))
+    h = [e["heldout_logp_per_token"] for e in info["history"]]
+    improving = [e for e in range(1, len(h)) if h[e] > max(h[:e])]
+    assert [c[0] for c in calls] == improving and improving
+    assert torch.equal(calls[-1][1], sp.vectors.detach()) and info["kept_epoch"] == improving[-1] and info["finished"]
+
+
+def test_closes_chain_ends_a_row_at_its_step_and_feeds_nothing_after(tiny_llama):
+    """The sampler's rules through ``closes_chain``: the row whose second step closes with a reason ends
+    there (its closing token kept, nothing decoded or scored after it, the reason recorded); its
+    batch-mate goes on, and still equals its own teacher-forced sequence."""
+    bb = tiny_llama
+    sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=2)
+    nl = {7}
+    forced = [[20, 7, 21, 22, 7, 23, 24, 7, 25, 26], [30, 7, 31, 7, 32, 33, 34, 7, 35, 36]]
+    states = [[1, 2, 3, 0], [0, 1, 2, 3]]
+    rec, seen = [[], []], []
+
+    def closes(step, n):  # row 0's second step holds token 22: "the answer line"
+        seen.append((list(step), n))
+        return "answer" if 22 in step else None
+
+    outs = decode_chains(bb.model, [[1, 5, 9, 4], [3, 6]], [lambda t, s=s: s[t] for s in states], sp,
+                         ends_step=lambda tok, c: tok in nl and c, has_content=lambda tok: tok not in nl,
+                         max_new_tokens=10, max_steps=4, sample=[lambda lg: 0, lambda lg: 0], stop={8},
+                         forced=forced, record=rec, closes_chain=closes)
+    assert outs[0].token_ids == forced[0][:5] and outs[0].finish == "answer" and len(rec[0]) == 5
+    assert outs[0].spans == [(0, 2), (2, 5)] and outs[0].states == [1, 2]  # no state drawn after the last step
+    assert ([21, 22, 7], 2) in seen and outs[1].finish == "max_tokens" and outs[1].token_ids == forced[1]
+    z = torch.nn.functional.one_hot(torch.as_tensor(outs[1].states[:len(outs[1].spans)]), 4).float()
+    with torch.no_grad():
+        lp, _ = chain_logprob(bb.model, [3, 6], outs[1].token_ids, outs[1].spans, z, sp)
+    assert float(lp) == pytest.approx(sum(rec[1][i] for a, b in outs[1].spans for i in range(a, b)), abs=1e-4)
+    with pytest.raises(ValueError, match="3 samplers for 2 rows"):
+        decode_chains(bb.model, [[1, 5], [3, 6]], [lambda t: 0] * 2, sp, ends_step=lambda tok, c: False,
+                      has_content=lambda tok: True, max_new_tokens=2, max_steps=1, sample=[lambda lg: 0] * 3, stop=set())
+
+
+def test_each_row_draws_with_its_own_sampler(tiny_llama):
+    """``sample`` as one callable per row: row r's tokens are its sampler's choices."""
+    bb = tiny_llama
+    sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=2)
+    outs = decode_chains(bb.model, [[1, 5, 9], [1, 5, 9]], [lambda t: 0] * 2, sp, ends_step=lambda tok, c: False,
+                         has_content=lambda tok: True, max_new_tokens=4, max_steps=1,
+                         sample=[lambda lg: 11, lambda lg: int(lg.argmax())], stop=set())
+    assert outs[0].token_ids == [11] * 4 and outs[1].token_ids != [11] * 4

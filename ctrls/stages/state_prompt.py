@@ -1,0 +1,188 @@
+"""The state prompt as a stage option (``state_prompt.use``): fit its vectors after pretraining, and decode
+the exploration grid's CTRLS rows with them instead of the last-hidden adapter.
+
+(g) ``state_prompt``, the pretraining stage after the adapter (``runs/<profile>/pretrain/<pair>/state_prompt/``):
+m vectors per state (``ctrls.method.state_prompt``) fitted through the frozen backbone on the pretraining
+chains, each step under its posterior state (the argmax of Q_phi, as stage (d) assigned it), with early
+stopping on the held-out questions' chains (pretraining's validation split); written as safetensors.
+
+The exploration stage then samples its fixed-s0 and epsilon rows with :func:`sample_state_prompt`: the
+state chain of a sample is drawn before decoding (a_1 ~ pi~(. | s_0), a_{t+1} ~ pi~(. | a_t), hard states,
+``ctrls.generate.controllability.draw_chains``; the fixed-s0 row keeps argmax s_0), the vectors of a_t
+enter the KV cache when step t opens, and the sampler's rules hold (a step ends at a newline after a
+non-blank line, the chain after the answer line, after T steps, at EOS or ``max_new_tokens``). Every
+step's state is read back by Q_phi from an unadapted pass without the vectors (a re-encode: the decoding
+pass holds the vectors, so its hidden states are not the backbone's). Sample m of a question draws its
+tokens from the counter-based stream (seed, m), as the engine does, and its states from the question's
+seed: the same whatever its batch.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ctrls.config.schema import Config
+from ctrls.method.backbone import Backbone
+from ctrls.method.state_prompt import Chain, StatePrompt, decode_chains, fit
+from ctrls.stages.runs import Stage, artifact_error
+
+log = logging.getLogger(__name__)
+
+VECTORS = "vectors.safetensors"
+
+
+def prompt_chains(cfg: Config, data, tok, split: str) -> list[Chain]:
+    """Each pretraining chain of ``split`` ("train" or "heldout") with its prompt as the stages encode it and
+    each step's posterior state (``data``: ``ctrls.stages.adapter_train.StepData``)."""
+    from ctrls.stages.adapter_train import prompted_trajectories
+
+    out = []
+    for qi, ti, _, tr, ids in prompted_trajectories(cfg, data, tok, split):
+        spans = [tuple(s) for s in tr["spans"].tolist()]
+        rows = [data.row_of[(qi, ti, t)] for t in range(len(spans))]
+        out.append(Chain(list(ids), tr["targets"].tolist(), spans, data.post[rows].argmax(1)))
+    return out
+
+
+def fit_state_prompt(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path, progress: bool = True) -> dict:
+    """Stage (g): fit the vectors, write ``out/vectors.safetensors`` (the fit's history in its metadata);
+    the stage's summary."""
+    from safetensors.torch import save_file
+
+    from ctrls.stages.adapter_train import StepData
+
+    sp_cfg = cfg.state_prompt
+    data = StepData.load(stages)
+    K = int(data.post.shape[1])
+    train, held = prompt_chains(cfg, data, bb.tokenizer, "train"), prompt_chains(cfg, data, bb.tokenizer, "heldout")
+    if not train:
+        raise ValueError(f"state prompt: no training chains in {stages['features'].dir}")
+    held = held or train  # no held-out questions (pretrain.heldout_fraction = 0): stop on the training chains
+    for p in bb.model.parameters():
+        p.requires_grad_(False)
+
+    def report(row: dict) -> None:
+        log.info("state prompt epoch %d: held-out log P per token %.4f", row["epoch"], row["heldout_logp_per_token"])
+
+    sp, info = fit(bb.model, train, held, K, sp_cfg.vectors, sp_cfg.lr, sp_cfg.epochs, sp_cfg.patience, sp_cfg.batch,
+                   cfg.seed, on_epoch=report if progress else None)
+    tmp = out / (VECTORS + ".tmp")
+    save_file({"vectors": sp.vectors.detach().float().cpu().contiguous()}, str(tmp), metadata={"fit": json.dumps(info)})
+    tmp.replace(out / VECTORS)
+    return {"n_states": K, "vectors_per_state": sp_cfg.vectors, "train_chains": len(train), "heldout_chains": len(held),
+            "kept_epoch": info["kept_epoch"], "epochs_run": len(info["history"]) - 1,
+            "heldout_logp_per_token": info["history"][info["kept_epoch"]]["heldout_logp_per_token"],
+            "initial_heldout_logp_per_token": info["history"][0]["heldout_logp_per_token"],
+            "train_seconds": round(info["train_seconds"], 1)}
+
+
+def load_state_prompt(st: Stage, bb: Backbone, n_states: int, n_vectors: int) -> StatePrompt:
+    """The fitted vectors of a finished ``state_prompt`` stage ``st`` (``pretrain_stages(cfg)["state_prompt"]``),
+    on the backbone's device; an error naming the file when it is missing, unreadable or does not fit
+    (K, m, hidden size, finite)."""
+    from safetensors import safe_open
+
+    from ctrls.stages.collect import PretrainError
+
+    if not st.is_done():
+        raise PretrainError(f"no finished state prompt fit in {st.dir}"
+                            + (f" ({'; '.join(st.problems)})" if st.problems else "")
+                            + "; run the pretraining stage with state_prompt.use=true")
+    path = st.dir / VECTORS
+    try:
+        with safe_open(str(path), "pt") as f:
+            v = f.get_tensor("vectors")
+    except Exception as e:
+        raise artifact_error(path, e) from e
+    emb = bb.model.get_input_embeddings().weight
+    want = (n_states, n_vectors, emb.shape[1])
+    if tuple(v.shape) != want or not torch.isfinite(v).all():
+        raise artifact_error(path, ValueError(f"vectors of shape {tuple(v.shape)} (finite: {bool(torch.isfinite(v).all())}), "
+                                              f"expected {want}, finite"))
+    sp = StatePrompt(n_states, v.shape[1], emb.detach())
+    with torch.no_grad():
+        sp.vectors.copy_(v.to(sp.vectors.device))
+    return sp
+
+
+def _row_sampler(key: int, temperature: float, top_k: int):
+    """Row ``key``'s token draw: the engine's Gumbel-max on its counter-based stream (counter = tokens so far)."""
+    from ctrls.generate.decoding import candidates, draw_tokens
+
+    n = 0
+
+    def draw(logits: torch.Tensor) -> int:
+        nonlocal n
+        vals, idx = candidates(logits[None].float(), temperature, top_k)
+        tok = draw_tokens(vals, idx, temperature, torch.tensor([key]), torch.tensor([n]))
+        n += 1
+        return int(tok[0])
+
+    return draw
+
+
+@torch.no_grad()
+def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[tuple[list[int], int]], n: int,
+                        params, seeds: Sequence[int], layer: int = -1) -> list[list]:
+    """``n`` samples of each (prompt ids, s_0 start) decoded under the state prompt (module docstring), with
+    ``params`` (``ctrls.generate.decoding.SampleParams``: temperature, top_k, max_new_tokens, max_steps,
+    epsilon, transitions, stop_at_answer). Returns one list of ``Generation`` per prompt, each with
+    ``states`` (s_0, then each step's drawn state, one-hot), ``encoded`` and ``encoded_s0`` (the read-back)."""
+    from ctrls.data.prompts import ANSWER_LINE, newline_token_ids
+    from ctrls.generate.controllability import draw_chains, encode_generations
+    from ctrls.generate.decoding import Generation, eos_ids
+    from ctrls.generate.sampling import seeded
+    from ctrls.method.streams import stream_key
+
+    tok, T, K = bb.tokenizer, params.max_steps, sp.n_states
+    nl = set(newline_token_ids(tok))
+    blank: dict[int, bool] = {}
+
+    def content(x: int) -> bool:  # a non-blank token (decoded once per id)
+        if x not in blank:
+            blank[x] = not tok.decode([x]).strip()
+        return not blank[x]
+
+    def closes(step: list[int], steps: int) -> str | None:  # the engine's rules (ctrls.generate.decoding.advance)
+        if params.stop_at_answer and ANSWER_LINE.search(tok.decode(step)):
+            return "answer"
+        return "max_steps" if steps >= T else None
+
+    s0s, chains = [], []
+    for (ids, start), seed in zip(prompts, seeds):
+        s0, _ = encode_generations(bb, model, ids, start, [], layer=layer)
+        s0s.append(s0)
+        if params.transitions:
+            chains.append(draw_chains(model.policy, s0, [T] * n, params.epsilon,
+                                      generator=seeded(seed, model.policy.L.device)))
+        else:  # the fixed-s0 row: every step under argmax s_0
+            chains.append([[int(s0.argmax())] * T for _ in range(n)])
+    flat = [(i, m) for i in range(len(prompts)) for m in range(n)]
+    decoded = decode_chains(
+        bb.model, [prompts[i][0] for i, _ in flat], [lambda t, c=chains[i][m]: int(c[t]) for i, m in flat], sp,
+        ends_step=lambda x, has: x in nl and has, has_content=content, max_new_tokens=params.max_new_tokens,
+        max_steps=T, sample=[_row_sampler(stream_key(seeds[i], m), params.temperature, params.top_k) for i, m in flat],
+        stop=eos_ids(bb), closes_chain=closes)
+    out: list[list] = [[] for _ in prompts]
+    for (i, m), d in zip(flat, decoded):
+        spans = list(d.spans)
+        if len(spans) > 1 and not tok.decode(d.token_ids[spans[-1][0]:spans[-1][1]]).strip():
+            spans[-2:] = [(spans[-2][0], spans[-1][1])]  # a blank tail joins the last step (as the engine's _end_step)
+        drawn = F.one_hot(torch.as_tensor(d.states[:len(spans)], dtype=torch.long), K).float()
+        states = torch.cat([s0s[i].float().cpu()[None], drawn.reshape(-1, K)])
+        out[i].append(Generation(prompt_index=i, sample_index=m, token_ids=d.token_ids, text=tok.decode(d.token_ids),
+                                 steps=[tok.decode(d.token_ids[a:b]).strip() for a, b in spans], spans=spans,
+                                 finish=d.finish, states=states))
+    for i, (ids, start) in enumerate(prompts):  # the read-back: an unadapted pass without the vectors
+        s0, encoded = encode_generations(bb, model, ids, start, out[i], layer=layer)
+        for g, e in zip(out[i], encoded):
+            g.encoded, g.encoded_s0 = list(e), s0
+    return out
+
+
+__all__ = ["VECTORS", "fit_state_prompt", "load_state_prompt", "prompt_chains", "sample_state_prompt"]

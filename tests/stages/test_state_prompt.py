@@ -1,0 +1,132 @@
+"""``state_prompt.use``: the pretraining stage fits the vectors, the exploration stage decodes its CTRLS rows
+under them (states drawn by the policy, read back without them), Base rows and the other stages' keys stay
+as without the option, a damaged fit is refused by name, and RL refuses the option."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tests.conftest import SMOKE_OVERRIDES, tiny_overrides
+
+OPTION = ["state_prompt.use=true", "state_prompt.epochs=2"]
+
+
+def _cfg(model_dir, run_dir, *extra):
+    from ctrls.config.schema import load_config
+
+    return load_config("smoke", [*SMOKE_OVERRIDES, *tiny_overrides(model_dir), f"run_dir={run_dir}", *extra])
+
+
+@pytest.fixture(scope="module")
+def sp_run(tmp_path_factory, tiny_model_dir):
+    from ctrls.stages.exploration import explore, load_samples
+    from ctrls.stages.pretrain import pretrain
+
+    d = tmp_path_factory.mktemp("state_prompt_runs")
+    cfg = _cfg(tiny_model_dir, d, *OPTION)
+    run = pretrain(cfg.for_pair(*cfg.pairs()[0]), progress=False)
+    explore(cfg, progress=False)
+    return cfg, run, load_samples(cfg)
+
+
+def test_the_fit_is_a_pretraining_stage_with_vectors_per_state(sp_run):
+    from safetensors import safe_open
+
+    cfg, run, _ = sp_run
+    s = run.summaries["state_prompt"]
+    assert s["vectors_per_state"] == 2 and s["train_chains"] >= 1 and 0 <= s["kept_epoch"] <= 2
+    assert s["heldout_logp_per_token"] >= s["initial_heldout_logp_per_token"]  # the kept epoch is the best held-out one
+    with safe_open(str(run.root / "state_prompt" / "vectors.safetensors"), "pt") as f:
+        v = f.get_tensor("vectors")
+    assert v.shape[:2] == (s["n_states"], 2) and torch.isfinite(v).all()
+
+
+def test_the_ctrls_rows_are_drawn_by_the_policy_and_read_back(sp_run, tiny_model_dir):
+    """Every CTRLS sample has one drawn and one read-back state per step; the fixed row's are all s_0; the
+    epsilon row's are the chain the policy draws from the question's seed (an independent redraw)."""
+    from ctrls.config.settings import FIXED, row_label
+    from ctrls.data.prompts import encode_prompt
+    from ctrls.generate.controllability import draw_chains, encode_generations
+    from ctrls.generate.sampling import seeded
+    from ctrls.method.backbone import load_backbone
+    from ctrls.method.streams import seed_of
+    from ctrls.stages.common import problems_from_config
+    from ctrls.stages.pretrain import load_pretrained
+
+    cfg, _, df = sp_run
+    ctrls_rows = df[df.config != "Base"]
+    assert len(ctrls_rows) and set(ctrls_rows.finish) <= {"eos", "answer", "max_steps", "max_tokens"}
+    for r in ctrls_rows.itertuples():
+        assert len(r.states) == len(r.encoded) == len(r.steps) <= cfg.prompt.max_steps
+    fixed = df[df.config == FIXED]
+    assert all(set(r.states) <= {r.s0} for r in fixed.itertuples())
+    pc = cfg.for_pair(*cfg.pairs()[0])
+    bb = load_backbone(str(tiny_model_dir), "cpu", "float32")
+    model = load_pretrained(pc, bb)
+    eps = cfg.grid.epsilons[0]
+    label = row_label(eps)
+    for p in problems_from_config(pc, "test"):
+        ids, start = encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot)
+        s0, _ = encode_generations(bb, model, ids, start, [])
+        for eta in cfg.grid.temperatures:
+            seed = seed_of(cfg.seed, pc.backbone.name, pc.data.dataset, eta, label, p.id)
+            want = draw_chains(model.policy, s0, [cfg.prompt.max_steps] * cfg.grid.n_samples, eps, generator=seeded(seed))
+            got = df[(df.config == label) & (df.question_id == p.id) & (df.temperature == eta)].sort_values("sample_index")
+            assert len(got) == cfg.grid.n_samples
+            for m, r in enumerate(got.itertuples()):
+                assert list(r.states) == want[m][:len(r.states)] and r.s0 == int(s0.argmax())
+
+
+def test_base_rows_and_the_other_stages_are_those_of_a_run_without_the_option(sp_run, tiny_runs):
+    from ctrls.stages.exploration import _stage, load_samples
+    from ctrls.stages.pretrain import pretrain_stages
+
+    cfg, _, df = sp_run
+    _, off_cfg, _ = tiny_runs
+    off = load_samples(off_cfg)
+    key = ["temperature", "question_id", "sample_index"]
+    a = df[df.config == "Base"].sort_values(key)
+    b = off[off.config == "Base"].sort_values(key)
+    assert a.text.tolist() == b.text.tolist() and [list(x) for x in a.encoded] == [list(x) for x in b.encoded]
+    on, no = pretrain_stages(cfg.for_pair(*cfg.pairs()[0])), pretrain_stages(off_cfg.for_pair(*off_cfg.pairs()[0]))
+    assert "state_prompt" not in no and {n: s.key for n, s in no.items()} == {n: on[n].key for n in no}
+    eps = df[df.config != "Base"].sort_values(key)
+    eps_off = off[off.config != "Base"].sort_values(key)
+    assert eps.text.tolist() != eps_off.text.tolist()  # the CTRLS rows are the state prompt's, not the adapter's
+    from ctrls.config.schema import override
+
+    assert _stage(override(off_cfg, {"state_prompt.vectors": 5})).key == _stage(off_cfg).key  # off: the section is not read
+    assert _stage(override(cfg, {"state_prompt.vectors": 5})).key != _stage(cfg).key
+
+
+def test_a_damaged_fit_is_refused_by_name(sp_run, tmp_path):
+    from ctrls.method.backbone import load_backbone
+    from ctrls.stages.pretrain import PretrainError, pretrain_stages
+    from ctrls.stages.runs import ArtifactError
+    from ctrls.stages.state_prompt import load_state_prompt
+
+    cfg, run, _ = sp_run
+    copy = tmp_path / "runs"
+    shutil.copytree(cfg.run_dir, copy)
+    from ctrls.config.schema import override
+
+    c = override(cfg, {"run_dir": str(copy)}).for_pair(*cfg.pairs()[0])
+    bb = load_backbone(cfg.backbone.name, "cpu", "float32")
+    K = run.summaries["state_prompt"]["n_states"]
+    assert load_state_prompt(pretrain_stages(c)["state_prompt"], bb, K, 2).vectors.shape[0] == K
+    with pytest.raises(ArtifactError, match="vectors.safetensors"):
+        load_state_prompt(pretrain_stages(c)["state_prompt"], bb, K + 1, 2)  # vectors for another K
+    path = next(copy.rglob("vectors.safetensors"))
+    path.write_bytes(b"not a safetensors file")
+    with pytest.raises((PretrainError, ArtifactError), match="state_prompt"):
+        load_state_prompt(pretrain_stages(c)["state_prompt"], bb, K, 2)
+
+
+def test_rl_refuses_the_option(sp_run):
+    from ctrls.errors import ConfigError
+    from ctrls.stages.rl import run_rl
+
+    with pytest.raises(ConfigError, match="state_prompt.use"):
+        run_rl(sp_run[0], progress=False)
