@@ -6,6 +6,8 @@
   (``studies/state_prompt.py``), a paired test per seed, Holm over the seeds;
 - ``null_steps``: each epsilon step beside an independent chain's state at that step (the null of the
   controllability table);
+- ``stage_option_frame`` / ``stage_option_sentence``: the state prompt as the stages run it
+  (``state_prompt.use=true``, ``studies/seeds.py`` on those runs), against issue 47's bar;
 - ``TEXT_CUE_BOUND``: the ceiling the backbone allows, measured by forcing text cues (the issue's probe).
 """
 from __future__ import annotations
@@ -23,6 +25,9 @@ from ctrls.stats.metrics import holm
 REPO = Path(__file__).resolve().parents[2]
 SEEDS_RESULT = "studies/results/seeds.json"
 STATE_PROMPT_RESULTS = "studies/results/state_prompt_seed*.json"
+STAGE_OPTION_RESULT = "studies/results/state_prompt_stage.json"  # studies/seeds.py on runs with state_prompt.use=true
+# issue 47's bar for a fresh seed: kappa >= 0.5 with its 95% lower bound above 0.3, the fixed-s0 row within 5 points of Base
+KAPPA_BAR, KAPPA_LO_BAR = 0.5, 0.3
 # A text cue forced at a step's start ("a ± b =", "The answer is", "To solve this problem,") lands in its
 # target state 95-97% of the time (37 contexts each, the demo's backbone and read-back, untrained): what
 # an input-side state could reach on this backbone. Measured outside this repository (issue 47's probe).
@@ -191,6 +196,44 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
     out.append(f"The ceiling the backbone allows: a text cue forced at a step's start lands in its target state "
                f"{100 * lo:.0f}–{100 * hi:.0f}% of the time (37 contexts per cue).")
     return out
+
+
+def stage_option_frame(path: str | Path | None = None) -> pd.DataFrame:
+    """:func:`seeds_frame` of the stored result of runs made with ``state_prompt.use=true`` (the stages'
+    own fit and decode, run by the README's commands); refused when its overrides do not hold the option."""
+    path = Path(path) if path else results_dir() / STAGE_OPTION_RESULT
+    d = read_result(path)
+    if "state_prompt.use=true" not in [str(o).replace(" ", "").lower() for o in d.get("overrides") or []]:
+        raise ValueError(f"{path}: not runs with state_prompt.use=true (overrides {d.get('overrides')})")
+    t = seeds_frame(path)
+    if t["data seed"].map(lambda x: isinstance(x, (int, np.integer))).sum() == 1:  # one seed: its pooled row repeats it
+        attrs, t = t.attrs, t[t["data seed"] != "pooled"].reset_index(drop=True)
+        t.attrs.update(attrs)
+    return t
+
+
+def stage_option_sentence(t: pd.DataFrame) -> str:
+    """:func:`stage_option_frame` in sentences: per fresh seed, the epsilon row's kappa [95%] with its n and the
+    fixed-s0 harm [95%], each held against issue 47's bar (kappa >= 0.5 with its lower bound above 0.3;
+    the harm non-inferior at the stored margin), and by how much a missed part misses."""
+    per = t[t["data seed"].map(lambda x: isinstance(x, (int, np.integer)))]
+    out = []
+    for _, r in per.iterrows():
+        k_ok = r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
+        miss = []
+        if r.kappa < KAPPA_BAR:
+            miss.append(f"κ is {KAPPA_BAR - r.kappa:.3f} short of {KAPPA_BAR}")
+        if r["kappa lo"] <= KAPPA_LO_BAR:
+            miss.append(f"its lower bound is {KAPPA_LO_BAR - r['kappa lo']:.3f} short of {KAPPA_LO_BAR}")
+        margin = t.attrs.get("margin", 5)
+        out.append(
+            f"With `state_prompt.use=true` on data seed {int(r['data seed'])} ({int(r.questions)} test questions, "
+            f"{int(r.steps)} steps of the ε row), steps land in their drawn state {100 * r.follows:.1f}% of the time "
+            f"against {100 * r['null']:.1f}% for an independent chain: κ = {_ci(r.kappa, r['kappa lo'], r['kappa hi'])}"
+            + (" (the bar, κ ≥ 0.5 with its lower bound above 0.3, is met)" if k_ok else f" ({'; '.join(miss)})")
+            + f"; fixed s₀ − Base pass@1 is {_ci(100 * r.harm, 100 * r['harm lo'], 100 * r['harm hi'], '{:+.1f}')} points, "
+            + ("non-inferior" if r["non-inferior"] else "not shown non-inferior") + f" at {margin:g} points.")
+    return " ".join(out)
 
 
 def state_prompt_sentence(t: pd.DataFrame) -> str:

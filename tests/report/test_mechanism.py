@@ -84,3 +84,24 @@ def test_the_sentences_carry_n_and_intervals(tmp_path):
     assert "120 test questions" in s[0] and "1356 steps" in s[0] and "[0.03, 0.17]" in s[0]
     assert "excludes 0 on 1 of 2 seeds" in s[1]
     assert all(len(x.split()) <= 80 for x in s)
+
+
+def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses(tmp_path):
+    from ctrls.report.mechanism import stage_option_frame, stage_option_sentence
+
+    met = seed(6, k=0.55, lo=0.42, hi=0.66)
+    met["harm_fixed_minus_base_pass1"] = {"diff": 0.01, "lo": -0.04, "hi": 0.06, "non_inferior": True}
+    p = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"],
+                         "seeds": [met, seed(7, k=0.46, lo=0.28, hi=0.6)], "pooled_kappa": kappa()})
+    s = stage_option_sentence(stage_option_frame(p))
+    first, second = s.split("With ")[1:]
+    assert "data seed 6" in first and "0.55 [0.42, 0.66]" in first and "is met" in first and "non-inferior at 5" in first
+    assert "+1.0 [−4.0, +6.0] points" in first
+    assert "κ is 0.040 short of 0.5" in second and "lower bound is 0.020 short of 0.3" in second and "not shown" in second
+    one = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"], "seeds": [met],
+                           "pooled_kappa": kappa()}, "one.json")
+    t = stage_option_frame(one)
+    assert list(t["data seed"]) == [6] and t.attrs["commit"] == "abc"  # one seed: no pooled row repeating it
+    q = write(tmp_path, {"margin_points": 5, "overrides": [], "seeds": [met], "pooled_kappa": kappa()}, "plain.json")
+    with pytest.raises(ValueError, match="plain.json.*state_prompt.use=true"):
+        stage_option_frame(q)
