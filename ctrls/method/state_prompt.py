@@ -209,7 +209,7 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
                   ends_step: Callable[[int, bool], bool], has_content: Callable[[int], bool], max_new_tokens: int,
                   max_steps: int, sample: Callable[[torch.Tensor], int] | Sequence[Callable[[torch.Tensor], int]],
                   stop: set[int], forced: Sequence[Sequence[int]] | None = None, record: list[list] | None = None,
-                  closes_chain: Callable[[list[int], int], str | None] | None = None) -> list[Decoded]:
+                  closes_chain: Callable[[list[int], int], str | None] | None = None, cache=None) -> list[Decoded]:
     """Decode one chain per row side by side with the KV cache: row r's prompt ``prompts[r]`` (left-padded
     to the longest), then
     the vectors of state ``draws[r](t)`` at the start of each step t (until ``max_steps``), then tokens
@@ -219,7 +219,9 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
     ``stop`` token ends the chain and is not kept. ``sample`` is one callable for every row or one per row
     (a row's own random stream: its tokens then do not depend on its batch-mates' draws);
     ``closes_chain(step_tokens, steps_so_far)``, called when a step closes, returns a reason to end the
-    chain there (the sampler's rules: after the answer line, after T steps) or None. Rows that open a step feed their token and the state's
+    chain there (the sampler's rules: after the answer line, after T steps) or None. ``cache``: the empty
+    KV cache to decode into (default transformers' ``DynamicCache``; the stages pass the engine's
+    preallocated one, ``ctrls.generate.kv_cache.new_cache``). Rows that open a step feed their token and the state's
     m vectors in one pass; the others pad those slots (masked out of attention, not counted as positions),
     so each row sees the sequence :func:`chain_logprob` builds. A finished row leaves the batch and its cache."""
     from transformers import DynamicCache
@@ -227,7 +229,7 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
     emb = lm.get_input_embeddings()
     dev, dt = emb.weight.device, emb.weight.dtype
     B = len(draws)
-    kv = DynamicCache(config=lm.config)
+    kv = cache if cache is not None else DynamicCache(config=lm.config)
     if len(prompts) != B or not all(len(p) for p in prompts):
         raise ValueError(f"one non-empty prompt per row: {len(prompts)} prompts for {B} rows")
     P = max(len(p) for p in prompts)

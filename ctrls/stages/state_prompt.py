@@ -136,6 +136,7 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     from ctrls.data.prompts import ANSWER_LINE, newline_token_ids
     from ctrls.generate.controllability import draw_chains, encode_generations
     from ctrls.generate.decoding import Generation, eos_ids
+    from ctrls.generate.kv_cache import PACKED_SDPA_ROWS, new_cache, packed_decode_attention
     from ctrls.generate.sampling import seeded
     from ctrls.method.streams import stream_key
 
@@ -163,11 +164,13 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
         else:  # the fixed-s0 row: every step under argmax s_0
             chains.append([[int(s0.argmax())] * T for _ in range(n)])
     flat = [(i, m) for i in range(len(prompts)) for m in range(n)]
-    decoded = decode_chains(
-        bb.model, [prompts[i][0] for i, _ in flat], [lambda t, c=chains[i][m]: int(c[t]) for i, m in flat], sp,
-        ends_step=lambda x, has: x in nl and has, has_content=content, max_new_tokens=params.max_new_tokens,
-        max_steps=T, sample=[_row_sampler(stream_key(seeds[i], m), params.temperature, params.top_k) for i, m in flat],
-        stop=eos_ids(bb), closes_chain=closes)
+    capacity = max(len(p) for p, _ in prompts) + params.max_new_tokens + T * sp.vectors.shape[1]
+    with packed_decode_attention(bb.model, PACKED_SDPA_ROWS):  # the engine's cache; attention on the KV heads (GQA)
+        decoded = decode_chains(
+            bb.model, [prompts[i][0] for i, _ in flat], [lambda t, c=chains[i][m]: int(c[t]) for i, m in flat], sp,
+            ends_step=lambda x, has: x in nl and has, has_content=content, max_new_tokens=params.max_new_tokens,
+            max_steps=T, sample=[_row_sampler(stream_key(seeds[i], m), params.temperature, params.top_k) for i, m in flat],
+            stop=eos_ids(bb), closes_chain=closes, cache=new_cache(bb.model, capacity))
     out: list[list] = [[] for _ in prompts]
     for (i, m), d in zip(flat, decoded):
         spans = list(d.spans)

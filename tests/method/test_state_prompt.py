@@ -159,3 +159,47 @@ def test_each_row_draws_with_its_own_sampler(tiny_llama):
                          has_content=lambda tok: True, max_new_tokens=4, max_steps=1,
                          sample=[lambda lg: 11, lambda lg: int(lg.argmax())], stop=set())
     assert outs[0].token_ids == [11] * 4 and outs[1].token_ids != [11] * 4
+
+
+def test_the_engines_cache_and_packed_attention_decode_the_same_chains(tiny_llama):
+    """``cache=new_cache(...)`` under ``packed_decode_attention(model, PACKED_SDPA_ROWS)`` (what the stage
+    passes: a preallocated cache, attention on the KV heads for one or several query tokens a row; the
+    tiny model has 4 heads on 2 KV heads) scores every token as transformers' DynamicCache and SDPA do,
+    rows opening steps (3 slots) beside rows feeding one token, and rows leaving the batch, included."""
+    from ctrls.generate.kv_cache import PACKED_SDPA_ROWS, new_cache, packed_decode_attention
+
+    bb = tiny_llama
+    sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=4)
+    nl = {7}
+    forced = [[20, 7, 21, 22, 7, 23, 24, 25, 7, 26], [30, 31, 32, 33, 7, 34, 7, 35, 8, 99], [7, 40, 41, 7, 42, 43, 44, 45, 46, 47]]
+    states = [[1, 3, 0], [2, 2, 1], [0, 3, 2]]
+    prompts = [[1, 5, 9, 4], [1, 5, 9, 4], [3, 6]]
+
+    def run(**kw):
+        rec = [[], [], []]
+        outs = decode_chains(bb.model, prompts, [lambda t, s=s: s[t] for s in states], sp,
+                             ends_step=lambda tok, content: tok in nl and content, has_content=lambda tok: tok not in nl,
+                             max_new_tokens=10, max_steps=3, sample=lambda lg: int(lg.argmax()), stop={8},
+                             forced=forced, record=rec, **kw)
+        return outs, rec
+
+    ref, ref_rec = run()
+    calls = []
+    import ctrls.generate.kv_cache as kvc
+
+    real = kvc.torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, *a, **k):  # the packed path ran, with several query tokens a row on some passes
+        calls.append(q.shape[2])
+        return real(q, *a, **k)
+
+    with packed_decode_attention(bb.model, PACKED_SDPA_ROWS):
+        kvc.torch.nn.functional.scaled_dot_product_attention = spy
+        try:
+            got, got_rec = run(cache=new_cache(bb.model, 8))
+        finally:
+            kvc.torch.nn.functional.scaled_dot_product_attention = real
+    assert bb.model.config._attn_implementation == "sdpa" and {2, 6} <= set(calls)  # 2 KV-head groups x 1 or 3 slots  # a small capacity: the buffer grows on the way
+    assert [o.spans for o in got] == [o.spans for o in ref] and [len(r) for r in got_rec] == [10, 9, 10]
+    for a, b in zip(got_rec, ref_rec):
+        assert a == pytest.approx(b, abs=1e-5)
