@@ -223,7 +223,8 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
     KV cache to decode into (default transformers' ``DynamicCache``; the stages pass the engine's
     preallocated one, ``ctrls.generate.kv_cache.new_cache``). Rows that open a step feed their token and the state's
     m vectors in one pass; the others pad those slots (masked out of attention, not counted as positions),
-    so each row sees the sequence :func:`chain_logprob` builds. A finished row leaves the batch and its cache."""
+    so each row sees the sequence :func:`chain_logprob` builds. Rows with one prompt share its prefill;
+    a finished row leaves the batch and its cache."""
     from transformers import DynamicCache
 
     emb = lm.get_input_embeddings()
@@ -277,10 +278,15 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
             kv.batch_select_indices(idx)
             mask, pos, alive = mask[idx], pos[idx], [alive[j] for j in keep]
 
-    ids = torch.as_tensor([[0] * (P - len(p)) + list(p) for p in prompts], device=dev)  # left-padded prompts
-    first = lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),  # real tokens' positions
+    uniq: dict[tuple, int] = {}  # each distinct prompt is run once, its cache then copied to its rows
+    of = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
+    ids = torch.as_tensor([[0] * (P - len(p)) + list(p) for p in uniq], device=dev)  # left-padded prompts
+    m0 = torch.as_tensor([[0] * (P - len(p)) + [1] * len(p) for p in uniq], device=dev)
+    first = lm(input_ids=ids, attention_mask=m0, position_ids=(m0.cumsum(1) - 1).clamp(min=0),  # real tokens' positions
                past_key_values=kv, use_cache=True).logits[:, -1]
-    logits = {r: first[r] for r in range(B)}
+    if len(uniq) < B or of != list(range(B)):
+        kv.batch_select_indices(torch.as_tensor(of, device=dev))
+    logits = {r: first[of[r]] for r in range(B)}
     if max_steps > 0:
         logits = forward({r: list(vectors(r)) for r in range(B)})
     for i in range(max(limit, default=0)):
