@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--run-dir", default=str(ROOT / "runs"))
     r.add_argument("--only", nargs="+", metavar="STAGE", help=f"run only these stages ({', '.join(STAGES)})")
     r.add_argument("--force", nargs="+", metavar="STAGE", help="recompute these stages even if cached")
-    r.add_argument("-o", "--override", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, e.g. rl.steps=3 \"grid.epsilons=[0.1, 0.3]\"")
+    r.add_argument("-o", "--override", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="config overrides, e.g. rl.steps=3 \"grid.epsilons=[0.1, 0.3]\"")
     r.add_argument("--no-book", action="store_true", help="run the notebooks only")
     r.add_argument("--strict", action="store_true", help="build the book with -W (warnings are errors)")
     r.add_argument("--book-dir", default=None, help="build a copy of the book there instead of in book/")
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     st.add_argument("--run-dir", default=str(ROOT / "runs"))
     st.add_argument("--force", action="store_true", help="recompute even if cached")
     st.add_argument("--quiet", action="store_true", help="no progress bars")
-    st.add_argument("-o", "--override", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, e.g. rl.steps=3 \"grid.epsilons=[0.1, 0.3]\"")
+    st.add_argument("-o", "--override", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="config overrides, e.g. rl.steps=3 \"grid.epsilons=[0.1, 0.3]\"")
     st.set_defaults(fn=cmd_stage)
 
     v = sub.add_parser("verify-references", help="rate at which reference solutions verify against gold")
