@@ -232,7 +232,9 @@ def stage_option_sentence(t: pd.DataFrame) -> str:
             f"against {100 * r['null']:.1f}% for an independent chain: κ = {_ci(r.kappa, r['kappa lo'], r['kappa hi'])}"
             + (" (the bar, κ ≥ 0.5 with its lower bound above 0.3, is met)" if k_ok else f" ({'; '.join(miss)})")
             + f"; fixed s₀ − Base pass@1 is {_ci(100 * r.harm, 100 * r['harm lo'], 100 * r['harm hi'], '{:+.1f}')} points, "
-            + ("non-inferior" if r["non-inferior"] else "not shown non-inferior") + f" at {margin:g} points.")
+            + ("non-inferior" if r["non-inferior"] else "not shown non-inferior") + f" at {margin:g} points"
+            + (f" (its estimate is within {margin:g} points, its interval's lower bound is not)"
+               if not r["non-inferior"] and r.harm > -margin / 100 else "") + ".")
     return " ".join(out)
 
 

@@ -315,7 +315,7 @@ def test_seeds_note_gives_the_pooled_test_kappa_with_n_and_the_text_cue_bound(tm
     pooled = {**kappa(0.08, 0.03, 0.13), "questions": 180, "steps": 1500}
     p.write_text(json.dumps({"margin_points": 5, "seeds": [seed(1), seed(2), seed(3)], "pooled_kappa": pooled,
                              "development": [seed(0, k=0.14, lo=0.06, hi=0.21)]}))
-    text = fd.seeds_note(p, prompts=[])
+    text = fd.seeds_note(p, prompts=[], option=tmp_path / "no_option.json")
     assert text.startswith("On 3 fresh data seeds (180 test questions, 1500 steps)")
     assert "κ = 0.08 [0.03, 0.13]" in text and "0.14" not in text
     assert "95–97%" in text and "state prompt" not in text
@@ -333,3 +333,9 @@ def test_seeds_note_gives_the_pooled_test_kappa_with_n_and_the_text_cue_bound(tm
     text = fd.seeds_note(p, prompts=[sp, sp2])
     assert "On data seeds 1 and 2 (60/60 test questions)" in text and "κ = 0.41 [0.30, 0.52], 0.41 [0.30, 0.52]" in text
     assert "on 1 of 2." in text
+    opt = tmp_path / "state_prompt_stage.json"  # the stage option on a further seed: after the study, before the bound
+    opt.write_text(json.dumps({"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"],
+                               "seeds": [seed(6, k=0.63, lo=0.57, hi=0.69)], "pooled_kappa": kappa()}))
+    text = fd.seeds_note(p, prompts=[sp], option=opt)
+    assert text.index("On data seed 1") < text.index("With `state_prompt.use=true` on data seed 6") < text.index("95–97%")
+    assert "κ = 0.63 [0.57, 0.69] (the bar, κ ≥ 0.5 with its lower bound above 0.3, is met)" in text
