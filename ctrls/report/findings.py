@@ -311,10 +311,8 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
 
 
 def seeds_note(path: Path | None = None, prompts: list[Path] | None = None, option: Path | None = None) -> str:
-    """Finding 3's test numbers: κ pooled over the fresh data seeds no choice saw (``studies/seeds.py``), with
-    its interval and n, the state prompt against the adapter on those seeds (``studies/state_prompt.py``,
-    where stored), the state prompt as the stages run it (``state_prompt.use=true``, where stored) and the
-    text-cue bound; "" when the seeds result is not stored."""
+    """Finding 3's test numbers: κ pooled over the fresh data seeds no choice saw (``studies/seeds.py``) with its interval
+    and n; the state prompt beside the adapter (``studies/state_prompt.py``) and through the stages, where stored; the text-cue bound."""
     from ctrls.report import mechanism
 
     path = Path(path) if path else mechanism.results_dir() / mechanism.SEEDS_RESULT
@@ -324,9 +322,7 @@ def seeds_note(path: Path | None = None, prompts: list[Path] | None = None, opti
     if prompts is None:
         prompts = sorted(mechanism.results_dir().glob(mechanism.STATE_PROMPT_RESULTS))
     state_prompt = [mechanism.state_prompt_sentence(mechanism.state_prompt_frame(prompts, seeds=path))] if prompts else []
-    option = Path(option) if option else mechanism.results_dir() / mechanism.STAGE_OPTION_RESULT
-    if option.exists():  # the stage option on a further fresh seed
-        state_prompt.append(mechanism.stage_option_sentence(mechanism.stage_option_frame(option)))
+    state_prompt += mechanism.stage_option_note(option)  # the stage option on a further fresh seed, where stored
     return " ".join([sentences[0], *state_prompt, sentences[-1]])  # pooled κ, the state prompt, the ceiling
 
 

@@ -238,6 +238,12 @@ def stage_option_sentence(t: pd.DataFrame) -> str:
     return " ".join(out)
 
 
+def stage_option_note(path: str | Path | None = None) -> list[str]:
+    """[:func:`stage_option_sentence` of the stored stage-option result], or [] when it is not stored."""
+    path = Path(path) if path else results_dir() / STAGE_OPTION_RESULT
+    return [stage_option_sentence(stage_option_frame(path))] if path.exists() else []
+
+
 def state_prompt_sentence(t: pd.DataFrame) -> str:
     """:func:`state_prompt_frame` in one sentence for the first page: each seed's kappa of the state prompt
     and of the adapter with intervals, the questions, and on how many seeds the paired gain holds after Holm."""
