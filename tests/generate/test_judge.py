@@ -117,6 +117,7 @@ class FakeServer:
 
     def __init__(self, script):
         self.script, self.calls, self.headers, self.bodies = list(script), 0, [], []
+        self.release = threading.Event()  # set at close: a reply still "thinking" ends then, not after its delay
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -128,7 +129,7 @@ class FakeServer:
                 fake.headers.append({k.lower(): v for k, v in self.headers.items()})
                 status, delay, reply = fake.script[min(fake.calls, len(fake.script) - 1)]
                 fake.calls += 1
-                time.sleep(delay)
+                fake.release.wait(delay)
                 ok = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
                       "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}]}
                 body = json.dumps(ok if status == 200 else {"error": {"message": reply}}).encode()
@@ -149,6 +150,7 @@ class FakeServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
     def close(self):
+        self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -193,13 +195,15 @@ def test_persistent_server_error_is_a_clear_error_after_max_retries(server, slee
 
 
 def test_timeouts_are_retried_then_fail_or_succeed(server, sleeps, tmp_path):
-    slow = server([(200, 1.0, GOOD)])
+    # The slow reply never comes in time (60 s); the timeout leaves an instant local reply 1 s, since
+    # 0.2 s once failed under a loaded CI machine.
+    slow = server([(200, 60.0, GOOD)])
     with pytest.raises(JudgeError, match="after 2 attempts.*Timeout"):
-        judge_samples(samples(1), OpenAIBackend("m", base_url=slow.url, timeout_s=0.2, max_retries=1), tmp_path,
+        judge_samples(samples(1), OpenAIBackend("m", base_url=slow.url, timeout_s=1.0, max_retries=1), tmp_path,
                       progress=False)
     assert slow.calls == 2
-    once = server([(200, 1.0, GOOD), (200, 0, GOOD)])
-    out = judge_samples(samples(1), OpenAIBackend("m", base_url=once.url, timeout_s=0.2, max_retries=1), tmp_path,
+    once = server([(200, 60.0, GOOD), (200, 0, GOOD)])
+    out = judge_samples(samples(1), OpenAIBackend("m", base_url=once.url, timeout_s=1.0, max_retries=1), tmp_path,
                         progress=False)
     assert once.calls == 2 and out.overall[0] == 7
 
@@ -533,14 +537,15 @@ def paced():
 
 
 def test_the_timeout_is_wall_clock_per_request_not_per_read(paced, sleeps):
-    """A valid completion at 1 byte per 0.02 s (several seconds in all): every read is quick, the
-    request is not. It held a 2 s-timeout judge for 85 s."""
-    srv = paced(lambda n: (200, {}, completion()), chunk=1, pause=0.02)
+    """A valid completion at 1 byte per 0.1 s (about 20 s a request): every read is quick, the
+    request is not. It held a 2 s-timeout judge for 85 s. The bound (10 s for two 0.3 s attempts)
+    is far from both, so a loaded machine does not fail it."""
+    srv = paced(lambda n: (200, {}, completion()), chunk=1, pause=0.1)
     be = OpenAIBackend("m", base_url=srv.url, timeout_s=0.3, max_retries=1)
     t0 = time.perf_counter()
     with pytest.raises(JudgeError, match=r"after 2 attempts: RequestTimeout: no complete reply within 0.3 s"):
         be.complete(build_prompt("q", "1", ["s"], "1"), 0.1)
-    assert time.perf_counter() - t0 < 2.0 and srv.calls == 2
+    assert time.perf_counter() - t0 < 10.0 and srv.calls == 2
 
 
 def test_a_quick_paced_reply_is_read_whole(paced, sleeps):
