@@ -37,7 +37,7 @@ from ctrls.config.overrides import parse_overrides  # noqa: E402
 from ctrls.config.schema import load_config  # noqa: E402
 from ctrls.config.settings import BASE, row_label  # noqa: E402
 from ctrls.data.answers import grade  # noqa: E402
-from ctrls.data.prompts import encode_prompt, newline_token_ids  # noqa: E402
+from ctrls.data.prompts import content_token, encode_prompt, newline_token_ids  # noqa: E402
 from ctrls.errors import ConfigError  # noqa: E402
 from ctrls.generate.controllability import draw_chains, encode_generations  # noqa: E402
 from ctrls.method.backbone import load_backbone  # noqa: E402
@@ -85,13 +85,6 @@ def steer(cfg, bb, model, sp, problems, n: int, eps: float, seed: int, group: in
         v, i = lg.topk(top_k)
         return int(i[torch.multinomial(torch.softmax(v, -1), 1, generator=g)])
 
-    blank: dict[int, bool] = {}
-
-    def content_of(x: int) -> bool:  # a non-blank token (decoded once per token id)
-        if x not in blank:
-            blank[x] = not tok.decode([x]).strip()
-        return not blank[x]
-
     f, nu, q, step_ix, correct, valid = [], [], [], [], [], []
     T = cfg.prompt.max_steps
     for g0 in range(0, len(problems), group):  # ``group`` questions' chains decoded side by side
@@ -104,7 +97,7 @@ def steer(cfg, bb, model, sp, problems, n: int, eps: float, seed: int, group: in
             rows.append((prob, ids, start, drawn, indep))
         gens = decode_chains(lm, [ids for _, ids, _, drawn, _ in rows for _ in drawn],
                              [lambda t, c=c: int(c[t]) for *_, drawn, _ in rows for c in drawn], sp,
-                             ends_step=lambda x, content: x in nl and content, has_content=content_of,
+                             ends_step=lambda x, content: x in nl and content, has_content=content_token(tok),
                              max_new_tokens=cfg.sampling.max_new_tokens, max_steps=T, sample=sample, stop=stop)
         for qi, (prob, ids, start, drawn, indep) in enumerate(rows):
             mine = gens[qi * n:(qi + 1) * n]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ctrls.errors import ConfigError
 
@@ -150,6 +150,26 @@ def newline_token_ids(tokenizer) -> frozenset[int]:
     return _newline_ids(tokenizer)
 
 
+def content_token(tokenizer) -> Callable[[int], bool]:
+    """``has(token_id)``: whether the token's text is not blank (each id decoded once)."""
+    blank: dict[int, bool] = {}
+
+    def has(x: int) -> bool:
+        if x not in blank:
+            blank[x] = not tokenizer.decode([x]).strip()
+        return not blank[x]
+
+    return has
+
+
+def join_blank_tail(ids: Sequence[int], spans: list[tuple[int, int]], tokenizer) -> list[tuple[int, int]]:
+    """``spans`` with a blank last span joined to the step before it: at the end of a sequence a blank
+    unfinished line is no step (the sampler's rule, ``ctrls.generate.decoding``)."""
+    if len(spans) > 1 and not tokenizer.decode(list(ids[spans[-1][0]:spans[-1][1]])).strip():
+        return spans[:-2] + [(spans[-2][0], spans[-1][1])]
+    return spans
+
+
 def step_spans(ids: Sequence[int], newline_ids: frozenset[int], tokenizer=None,
                max_steps: int | None = None) -> list[tuple[int, int]]:
     """Token spans ``[a, b)`` of the steps in generated ``ids`` (positions relative to ``ids``).
@@ -169,10 +189,7 @@ def step_spans(ids: Sequence[int], newline_ids: frozenset[int], tokenizer=None,
             spans.append((start, i + 1))
             start = i + 1
     if start < len(ids):
-        if blank(start, len(ids)) and spans:
-            spans[-1] = (spans[-1][0], len(ids))
-        else:
-            spans.append((start, len(ids)))
+        spans = join_blank_tail(ids, [*spans, (start, len(ids))], tokenizer) if tokenizer is not None else [*spans, (start, len(ids))]
     if max_steps is not None and len(spans) > max_steps:
         spans = spans[: max_steps - 1] + [(spans[max_steps - 1][0], spans[-1][1])]
     return spans

@@ -133,7 +133,7 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     ``params`` (``ctrls.generate.decoding.SampleParams``: temperature, top_k, max_new_tokens, max_steps,
     epsilon, transitions, stop_at_answer). Returns one list of ``Generation`` per prompt, each with
     ``states`` (s_0, then each step's drawn state, one-hot), ``encoded`` and ``encoded_s0`` (the read-back)."""
-    from ctrls.data.prompts import ANSWER_LINE, newline_token_ids
+    from ctrls.data.prompts import ANSWER_LINE, content_token, join_blank_tail, newline_token_ids
     from ctrls.generate.controllability import draw_chains, encode_generations
     from ctrls.generate.decoding import Generation, eos_ids
     from ctrls.generate.kv_cache import PACKED_SDPA_ROWS, new_cache, packed_decode_attention
@@ -142,12 +142,6 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
 
     tok, T, K = bb.tokenizer, params.max_steps, sp.n_states
     nl = set(newline_token_ids(tok))
-    blank: dict[int, bool] = {}
-
-    def content(x: int) -> bool:  # a non-blank token (decoded once per id)
-        if x not in blank:
-            blank[x] = not tok.decode([x]).strip()
-        return not blank[x]
 
     def closes(step: list[int], steps: int) -> str | None:  # the engine's rules (ctrls.generate.decoding.advance)
         if params.stop_at_answer and ANSWER_LINE.search(tok.decode(step)):
@@ -168,14 +162,12 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     with packed_decode_attention(bb.model, PACKED_SDPA_ROWS):  # the engine's cache; attention on the KV heads (GQA)
         decoded = decode_chains(
             bb.model, [prompts[i][0] for i, _ in flat], [lambda t, c=chains[i][m]: int(c[t]) for i, m in flat], sp,
-            ends_step=lambda x, has: x in nl and has, has_content=content, max_new_tokens=params.max_new_tokens,
+            ends_step=lambda x, has: x in nl and has, has_content=content_token(tok), max_new_tokens=params.max_new_tokens,
             max_steps=T, sample=[_row_sampler(stream_key(seeds[i], m), params.temperature, params.top_k) for i, m in flat],
             stop=eos_ids(bb), closes_chain=closes, cache=new_cache(bb.model, capacity))
     out: list[list] = [[] for _ in prompts]
     for (i, m), d in zip(flat, decoded):
-        spans = list(d.spans)
-        if len(spans) > 1 and not tok.decode(d.token_ids[spans[-1][0]:spans[-1][1]]).strip():
-            spans[-2:] = [(spans[-2][0], spans[-1][1])]  # a blank tail joins the last step (as the engine's _end_step)
+        spans = join_blank_tail(d.token_ids, list(d.spans), tok)  # as the engine's _end_step
         drawn = F.one_hot(torch.as_tensor(d.states[:len(spans)], dtype=torch.long), K).float()
         states = torch.cat([s0s[i].float().cpu()[None], drawn.reshape(-1, K)])
         out[i].append(Generation(prompt_index=i, sample_index=m, token_ids=d.token_ids, text=tok.decode(d.token_ids),
