@@ -50,43 +50,75 @@ def study_runs(cfg: Config) -> list[tuple[Setting, int]]:
 KEYS = ("seed", "synthetic", "rl.baseline", "rl.entropy_grad", "rl.grad_clip", "rl.epsilon", "rl.entropy_coef", "policy")
 
 
-def run_study(cfg: Config, force: bool = False, progress: bool = True) -> Path:
+def run_study(cfg: Config, force: bool = False, progress: bool = True, workers: int | None = None) -> Path:
     """Train every run of ``study_runs`` and the L-recovery experiment; returns ``runs/<profile>/synthetic``
-    with ``curves.parquet`` and ``recovery.parquet``. Reused when ``KEYS`` are unchanged."""
+    with ``curves.parquet`` and ``recovery.parquet``. Reused when ``KEYS`` are unchanged.
+
+    ``workers``: processes for the runs (None: one per core when the study is large enough to repay a
+    worker's start, ``PARALLEL_RUN_STEPS``). Every run draws from its own seeded generators on one thread,
+    so the curves are the same bit for bit whatever the number of workers (tested)."""
     stage = Stage(cfg, "synthetic", KEYS)
     if stage.is_done() and not force:
         return stage.dir
     with stage.begin(force=force):  # gives the lock back if the study fails or is interrupted
-        _study(cfg, stage, progress)
+        _study(cfg, stage, progress, workers)
     return stage.dir
 
 
-def _study(cfg: Config, stage: Stage, progress: bool) -> None:
+# A worker process costs ~5 s to start (it imports torch and the trainer), about 700 run-steps of the
+# study on one core: below this many run-steps the runs stay in this process.
+PARALLEL_RUN_STEPS = 2_000
+
+
+def _one_run(cfg: Config, setting: Setting, seed: int, out: Path) -> pd.DataFrame:
+    """One RL run of the study on the chain MDP (in this process or a worker's), on one thread."""
+    torch.set_num_threads(1)  # K x K tensors: threads only add overhead
+    mdp, P = study_mdp(cfg)
+    policy = TransitionPolicy(mdp.n_states, concentration=cfg.synthetic.concentration)
+    with torch.no_grad():
+        policy.L.copy_(P.log())
+    trainer = Trainer(policy, trainer_config(cfg), setting, seed, out, make_sampler(policy, mdp), 1,
+                      make_evaluator(mdp, cfg.synthetic.eval_samples, seed))
+    return trainer.run(cfg.synthetic.steps, progress=False).assign(
+        setting=setting.name, epsilon=setting.epsilon, alpha=setting.alpha, seed=seed)
+
+
+def _study(cfg: Config, stage: Stage, progress: bool, workers: int | None = None) -> None:
     """The body of :func:`run_study`, between the stage's begin and finish."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
     from tqdm.auto import tqdm
 
-    tc = trainer_config(cfg)
-    mdp, P = study_mdp(cfg)
     runs = study_runs(cfg)
-    frames = []
+    if workers is None:
+        workers = (os.cpu_count() or 1) if len(runs) * cfg.synthetic.steps >= PARALLEL_RUN_STEPS else 1
+    workers = max(1, min(workers, len(runs)))
+    jobs = [(cfg, setting, seed, stage.dir / f"{file_name(setting.name)}__seed{seed}") for setting, seed in runs]
+    bar = tqdm(total=len(jobs), desc="synthetic RL runs", disable=not progress)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # K x K tensors: threads only add overhead
     try:
-        for setting, seed in tqdm(runs, desc="synthetic RL runs", disable=not progress):
-            policy = TransitionPolicy(mdp.n_states, concentration=cfg.synthetic.concentration)
-            with torch.no_grad():
-                policy.L.copy_(P.log())
-            out = stage.dir / f"{file_name(setting.name)}__seed{seed}"
-            trainer = Trainer(policy, tc, setting, seed, out, make_sampler(policy, mdp), 1,
-                              make_evaluator(mdp, cfg.synthetic.eval_samples, seed))
-            frames.append(trainer.run(cfg.synthetic.steps, progress=False).assign(
-                setting=setting.name, epsilon=setting.epsilon, alpha=setting.alpha, seed=seed))
+        if workers == 1:
+            frames = []
+            for job in jobs:
+                frames.append(_one_run(*job))
+                bar.update()
+        else:  # spawn: a fresh interpreter (fork would copy this process's threads' locks)
+            with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+                futures = {pool.submit(_one_run, *job): i for i, job in enumerate(jobs)}
+                frames = [None] * len(jobs)
+                for f in as_completed(futures):
+                    frames[futures[f]] = f.result()
+                    bar.update()
+        torch.set_num_threads(1)
+        _, P = study_mdp(cfg)
         recovery = recovery_study(cfg, P)
     finally:
+        bar.close()
         torch.set_num_threads(threads)
-    pd.concat(frames, ignore_index=True).to_parquet(stage.dir / "curves.parquet")
+    pd.concat(frames, ignore_index=True).to_parquet(stage.dir / "curves.parquet")  # in study_runs' order
     recovery.to_parquet(stage.dir / "recovery.parquet")
-    stage.finish(runs=len(runs))
+    stage.finish(runs=len(runs), workers=workers)
 
 
 def _current(cfg: Config, name: str, what: str) -> Path:
