@@ -8,16 +8,20 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from ctrls.config.schema import Config
 from ctrls.data.problems import Problem, load_problems
-from ctrls.generate.sampling import SampleParams
-from ctrls.method.backbone import Backbone, load_backbone
 from ctrls.stages.distributed import world
 from ctrls.stages.runs import BAD_FILE_HINT, ArtifactError, UnsafeLinkError, read_parquet, refuse_link
+
+if TYPE_CHECKING:  # the modelling stack is imported where it is used: a stage that only reads (and the
+    # synthetic study's worker processes) does not pay for transformers
+    from ctrls.generate.sampling import SampleParams
+    from ctrls.method.backbone import Backbone
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +29,8 @@ log = logging.getLogger(__name__)
 def sample_params(cfg: Config, temperature: float, **changes) -> SampleParams:
     """``SampleParams`` from ``sampling`` and ``prompt`` keys at temperature eta, with ``changes``
     (``epsilon``, ``transitions``, ...) on top."""
+    from ctrls.generate.sampling import SampleParams
+
     s = cfg.sampling
     return SampleParams(temperature=temperature, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
                         max_steps=cfg.prompt.max_steps, batch_size=s.batch_size, decode=s.decode,
@@ -34,6 +40,8 @@ def sample_params(cfg: Config, temperature: float, **changes) -> SampleParams:
 def backbone_for(cfg: Config, name: str | None = None) -> Backbone:
     """The backbone ``name`` (default ``backbone.name``) with the config's dtype and cache, on this
     rank's device (``ctrls.stages.distributed``: ``cuda:<local rank>`` when launched on several GPUs)."""
+    from ctrls.method.backbone import load_backbone
+
     b = cfg.backbone
     return load_backbone(name or b.name, world().device(b.device), b.dtype, b.cache_dir)
 

@@ -22,7 +22,18 @@ from ctrls.config.schema import Config
 from ctrls.method.policy import TransitionPolicy, fit_transitions
 from ctrls.method.reinforce import Sampler, Trajectory, state_usage_entropy
 from ctrls.method.streams import stream_key
-from ctrls.synthetic.claims import claims, claims_text, recovery_slope, welch_interval  # noqa: F401 (the page's API)
+
+_CLAIMS = ("claims", "claims_text", "recovery_slope", "welch_interval")  # the page's API, from ctrls.synthetic.claims
+
+
+def __getattr__(name: str):
+    """``claims``, ``claims_text``, ``recovery_slope`` and ``welch_interval`` of ``ctrls.synthetic.claims``,
+    imported on first use: the study's worker processes need none of them (nor scipy)."""
+    if name in _CLAIMS:
+        from ctrls.synthetic import claims as c
+
+        return getattr(c, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _MASK = 2**63 - 1
 SETTINGS = ("none", "epsilon", "entropy", "both")  # the paper's four RL curves (App. C.1, Figs. 4-5)
