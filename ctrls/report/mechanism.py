@@ -235,6 +235,12 @@ def stage_option_sentence(t: pd.DataFrame) -> str:
             + ("non-inferior" if r["non-inferior"] else "not shown non-inferior") + f" at {margin:g} points"
             + (f" (its estimate is within {margin:g} points, its interval's lower bound is not)"
                if not r["non-inferior"] and r.harm > -margin / 100 else "") + ".")
+    pool = t[t["data seed"] == "pooled"]
+    if len(per) > 1 and len(pool):  # questions of different seeds are different clusters of the bootstrap
+        r = pool.iloc[0]
+        out.append(f"Pooled over the {len(per)} seeds ({int(r.questions)} questions, {int(r.steps)} steps): "
+                   f"{100 * r.follows:.1f}% against {100 * r['null']:.1f}%, κ = {_ci(r.kappa, r['kappa lo'], r['kappa hi'])}"
+                   + (", the bar met." if r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR else ", the bar not met."))
     return " ".join(out)
 
 

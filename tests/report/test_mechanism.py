@@ -99,6 +99,7 @@ def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses
     assert "+1.0 [−4.0, +6.0] points" in first
     assert "κ is 0.040 short of 0.5" in second and "lower bound is 0.020 short of 0.3" in second and "not shown" in second
     assert "its estimate is within 5 points" in second and "its estimate" not in first  # −2.0 [−7.0, +3.0]
+    assert "Pooled over the 2 seeds (60 questions, 678 steps)" in second and "0.10 [0.03, 0.17], the bar not met." in second
     one = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"], "seeds": [met],
                            "pooled_kappa": kappa()}, "one.json")
     t = stage_option_frame(one)
