@@ -74,8 +74,8 @@ def rl_runs(cfg: Config, backbone: str, dataset: str) -> dict[tuple[float, float
     return runs
 
 
-PHASES = ("load", "decode: training samples", "decode: evaluation", "decode: Table 2 samples", "grading",
-          "policy update", "checkpoints")
+PHASES = ("load", "decode: training samples", "decode: training samples with evaluation", "decode: evaluation",
+          "decode: Table 2 samples", "grading", "policy update", "checkpoints")
 
 
 class PhaseClock:
@@ -180,32 +180,32 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
 
         def generate(split, reqs, lockstep, phase):
             with clock(phase):
-                return _generate(split, reqs, lockstep)
+                return _generate([(split, *r) for r in reqs], lockstep)
 
-        def _generate(split, reqs, lockstep):
-            """reqs: [(model or None for Base, question indices, sample ids, epsilon, seeds)]; returns one
-            list of (problem, generations) per request. Lockstep: the CTRLS requests in one call, each
+        def _generate(reqs, lockstep):
+            """reqs: [(split, model or None for Base, question indices, sample ids, epsilon, seeds)]; returns
+            one list of (problem, generations) per request. Lockstep: the CTRLS requests in one call, each
             prompt with its request's policy and epsilon and the shared adapter (``pretrained``)."""
-            problems = train if split == "train" else test
-            together = [j for j, r in enumerate(reqs) if lockstep and r[0] is not None]
+            together = [j for j, r in enumerate(reqs) if lockstep and r[1] is not None]
             chunks = ([together] if together else []) + [[j] for j in range(len(reqs)) if j not in together]
             out: list = [None] * len(reqs)
             for chunk in chunks:
-                flat = [(j, i, ids, seed) for j in chunk for i, ids, seed in zip(reqs[j][1], reqs[j][2], reqs[j][4])]
-                if len(chunk) > 1 or (lockstep and reqs[chunk[0]][0] is not None):
-                    gens = sample(bb, [enc(split, i)[0] for _, i, _, _ in flat], params=params(0.0), model=pretrained,
+                flat = [(j, i, ids, seed) for j in chunk for i, ids, seed in zip(reqs[j][2], reqs[j][3], reqs[j][5])]
+                prompts = [enc(reqs[j][0], i) for j, i, _, _ in flat]
+                if len(chunk) > 1 or (lockstep and reqs[chunk[0]][1] is not None):
+                    gens = sample(bb, [p for p, _ in prompts], params=params(0.0), model=pretrained,
                                   seeds=[s for *_, s in flat], sample_ids=[ids for _, _, ids, _ in flat],
-                                  prompt_starts=[enc(split, i)[1] for _, i, _, _ in flat],
-                                  policies=[reqs[j][0].policy for j, *_ in flat], epsilons=[reqs[j][3] for j, *_ in flat])
+                                  prompt_starts=[st for _, st in prompts],
+                                  policies=[reqs[j][1].policy for j, *_ in flat], epsilons=[reqs[j][4] for j, *_ in flat])
                 else:
-                    m, _, _, eps, _ = reqs[chunk[0]]
-                    gens = sample(bb, [enc(split, i)[0] for _, i, _, _ in flat], params=params(eps), model=m,
+                    _, m, _, _, eps, _ = reqs[chunk[0]]
+                    gens = sample(bb, [p for p, _ in prompts], params=params(eps), model=m,
                                   seeds=[s for *_, s in flat], sample_ids=[ids for _, _, ids, _ in flat],
-                                  prompt_starts=[enc(split, i)[1] for _, i, _, _ in flat])
+                                  prompt_starts=[st for _, st in prompts])
                 for j in chunk:
                     out[j] = []
                 for (j, i, _, _), gs in zip(flat, gens):
-                    out[j].append((problems[i], gs))
+                    out[j].append(((train if reqs[j][0] == "train" else test)[i], gs))
             return out
 
         def trajectories(res) -> list[Trajectory]:
@@ -253,13 +253,24 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
             t.update = clock.wrap("policy update", t.update)  # the instance's own timed Eq. 16 step
             t.save = clock.wrap("checkpoints", t.save)
             trainers[key] = t
+        def train_request(t: Trainer, p):
+            return (t.model, p.questions, p.sample_ids, t.setting.epsilon, p.seeds)
+
+        def sample_and_evaluate(plans, due):
+            """A step's training samples and the evaluations of the policies they are drawn with, in one batch."""
+            with clock("decode: training samples with evaluation"):
+                res = _generate([("train", *train_request(t, p)) for t, p in plans]
+                                + [("test", *eval_request(t, step)) for t, step in due], True)
+            return ([trajectories(r) for r in res[:len(plans)]],
+                    [metrics(t.policy, r) for (t, _), r in zip(due, res[len(plans):])])
+
         if rl.lockstep:
             run_lockstep(list(trainers.values()), rl.steps, progress=progress,
                          sample_many=lambda plans: [trajectories(r) for r in generate(
-                             "train", [(t.model, p.questions, p.sample_ids, t.setting.epsilon, p.seeds) for t, p in plans],
-                             True, "decode: training samples")],
+                             "train", [train_request(t, p) for t, p in plans], True, "decode: training samples")],
                          evaluate_many=lambda due: [metrics(t.policy, r) for (t, _), r in zip(
-                             due, generate("test", [eval_request(t, step) for t, step in due], True, "decode: evaluation"))])
+                             due, generate("test", [eval_request(t, step) for t, step in due], True, "decode: evaluation"))],
+                         sample_and_evaluate=sample_and_evaluate)
         else:
             for t in trainers.values():
                 t.run(rl.steps, progress=progress)

@@ -183,12 +183,17 @@ class Trainer:
     def wants_eval(self, steps: int) -> bool:
         return self.evaluate is not None and (self.step % self.cfg.rl.eval_every == 0 or self.step == steps)
 
+    def eval_missing(self, steps: int) -> bool:
+        """The current step is due an evaluation that the log does not hold: step 0 of a new run, or a
+        checkpoint written before its step's evaluation (``run_lockstep`` with ``sample_and_evaluate``)."""
+        return self.wants_eval(steps) and not any(r.get("kind") == "eval" and r.get("step") == self.step for r in self.log)
+
     def wants_save(self, steps: int) -> bool:
         return self.step % self.cfg.rl.checkpoint_every == 0 or self.step == steps
 
     def run(self, steps: int, progress: bool = True) -> pd.DataFrame:
-        if self.step == 0 and self.evaluate is not None and not self.log:
-            self.record({"step": 0, "kind": "eval", **self.evaluate(self.policy, 0)})
+        if self.eval_missing(steps):
+            self.record({"step": self.step, "kind": "eval", **self.evaluate(self.policy, self.step)})
         bar = tqdm(total=steps, initial=self.step, desc=f"RL {self.setting.name} seed {self.seed}", unit="step",
                    disable=not (progress and self.world.is_main))
         while self.step < steps:
@@ -218,32 +223,52 @@ class Plan:
 
 
 # Lockstep: sample_many([(trainer, plan), ...]) -> one trajectory list per pair, in order, all drawn
-# in one shared batch; evaluate_many([(trainer, step), ...]) -> one metrics dict per pair.
+# in one shared batch; evaluate_many([(trainer, step), ...]) -> one metrics dict per pair;
+# sample_and_evaluate(pairs, due) -> both at once, in one shared batch.
 SampleMany = Callable[[list[tuple[Trainer, Plan]]], list[list[Trajectory]]]
 
 
 EvaluateMany = Callable[[list[tuple[Trainer, int]]], list[dict]]
 
 
+SampleAndEvaluate = Callable[[list[tuple[Trainer, Plan]], list[tuple[Trainer, int]]], tuple[list[list[Trajectory]], list[dict]]]
+
+
 def run_lockstep(trainers: Sequence[Trainer], steps: int, sample_many: SampleMany | None = None,
-                 evaluate_many: EvaluateMany | None = None, progress: bool = True) -> list[pd.DataFrame]:
+                 evaluate_many: EvaluateMany | None = None, progress: bool = True,
+                 sample_and_evaluate: SampleAndEvaluate | None = None) -> list[pd.DataFrame]:
     """Train every trainer to ``steps`` at once: at each step every unfinished run plans its own
     step (``Trainer.step_plan``: the same questions and seeds as alone), the trajectories of all
     runs are sampled together by ``sample_many``, and each run takes its own Adam step; the runs due
     for evaluation are evaluated together by ``evaluate_many``. Each run logs, evaluates and saves
     exactly as ``Trainer.run`` would, so the curves and checkpoints equal the sequential runs'.
     Runs resumed at different steps (a kill between two checkpoints) simply finish at different
-    rounds. Defaults: each trainer's own ``sampler`` / ``evaluate`` (no shared batch)."""
+    rounds. Defaults: each trainer's own ``sampler`` / ``evaluate`` (no shared batch).
+
+    With ``sample_and_evaluate``, an evaluation due before more training (step 0, every
+    ``rl.eval_every``) is drawn in the next step's batch: the policy it evaluates is the one that
+    step samples with, so the small training batch carries the evaluation's rows instead of a
+    decode of its own. A checkpoint due at that step is written before the evaluation; a run
+    resumed from it finds the evaluation missing (``Trainer.eval_missing``) and draws it with the
+    next step's samples again, in the batch the uninterrupted run drew them in."""
     if sample_many is None:
         def sample_many(pairs):
             return [t.sampler(p.questions, p.sample_ids, t.setting.epsilon, p.seeds) if p.slots else [] for t, p in pairs]
     if evaluate_many is None:
         def evaluate_many(pairs):
             return [t.evaluate(t.policy, step) for t, step in pairs]
+
+    def evaluate_now(due: list[Trainer]) -> None:
+        for t, metrics in zip(due, evaluate_many([(t, t.step) for t in due]) if due else []):
+            t.record({"step": t.step, "kind": "eval", **metrics})
+
+    def deferred(due: list[Trainer]) -> list[Trainer]:  # drawn with the next step's samples
+        return [t for t in due if sample_and_evaluate is not None and t.step < steps]
+
     world = trainers[0].world if trainers else None
-    first = [t for t in trainers if t.step == 0 and t.evaluate is not None and not t.log]
-    for t, metrics in zip(first, evaluate_many([(t, 0) for t in first]) if first else []):
-        t.record({"step": 0, "kind": "eval", **metrics})
+    missing = [t for t in trainers if t.eval_missing(steps)]
+    pending = deferred(missing)
+    evaluate_now([t for t in missing if t not in pending])
     bar = tqdm(total=steps * len(trainers), initial=sum(min(t.step, steps) for t in trainers), unit="run-step",
                desc=f"RL lockstep ({len(trainers)} runs)", disable=not (progress and world is not None and world.is_main))
     while True:
@@ -251,12 +276,17 @@ def run_lockstep(trainers: Sequence[Trainer], steps: int, sample_many: SampleMan
         if not active:
             break
         plans = [(t, t.plan()) for t in active]
-        trajs = sample_many(plans)
+        if pending:
+            trajs, evals = sample_and_evaluate(plans, [(t, t.step) for t in pending])
+            for t, metrics in zip(pending, evals):
+                t.record({"step": t.step, "kind": "eval", **metrics})
+        else:
+            trajs = sample_many(plans)
         for (t, p), tr in zip(plans, trajs):
             t.record({"kind": "train", **t.update(p, tr)})
         due = [t for t in active if t.wants_eval(steps)]
-        for t, metrics in zip(due, evaluate_many([(t, t.step) for t in due]) if due else []):
-            t.record({"step": t.step, "kind": "eval", **metrics})
+        pending = deferred(due)
+        evaluate_now([t for t in due if t not in pending])
         for t in active:
             if t.wants_save(steps):
                 t.save()

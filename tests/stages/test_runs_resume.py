@@ -182,15 +182,33 @@ def test_the_rl_stage_records_where_its_time_went(reference, smoke_cfg):
     rec = _rl_stage(cfg).summary()
     prof = rec["profile_s"]
     assert list(prof) == [*PHASES, "other"]
-    assert prof["decode: training samples"] > 0 and prof["decode: evaluation"] > 0 and prof["load"] > 0
+    # eval_every=1: every evaluation but the last is drawn with the next step's samples
+    assert prof["decode: training samples with evaluation"] > 0 and prof["decode: evaluation"] > 0 and prof["load"] > 0
+    assert prof["decode: training samples"] == 0
     assert min(prof.values()) >= 0  # two Adam steps of a 4-state policy: "policy update" rounds to 0.0 s
     assert prof["decode: Table 2 samples"] > 0  # RL_OVR keeps one Table 2 row
     assert sum(prof.values()) == pytest.approx(rec["wall_s"], rel=0.1, abs=1.0)
     md = profile_markdown(cfg)
-    assert f"| decode: training samples | {prof['decode: training samples']:.0f} |" in md
+    assert f"| decode: training samples with evaluation | {prof['decode: training samples with evaluation']:.0f} |" in md
     assert f"took {rec['wall_s']:.0f} s" in md
     empty = smoke_cfg(reference.parent / "never_ran")
     assert "no timed run" in profile_markdown(empty)
+
+
+@pytest.mark.integration
+@requires_data
+def test_rl_in_lockstep_with_merged_evaluations_equals_sequential_runs(reference, smoke_cfg, tmp_path):
+    """rl.lockstep=false: each run alone, its evaluations decoded apart; the reference's lockstep run drew
+    them with the next step's samples (train, test and Base prompts of several policies in one batch)."""
+    from ctrls.config.schema import override
+    from ctrls.stages.rl import run_rl
+
+    copy_stages(reference, tmp_path, "pretrain", "exploration")
+    run_rl(override(smoke_cfg(tmp_path), {"rl.lockstep": False}), progress=False)
+    for f in sorted((reference / "smoke" / "rl").rglob("*.parquet")):
+        pd.testing.assert_frame_equal(pd.read_parquet(f), pd.read_parquet(tmp_path / f.relative_to(reference)),
+                                      check_exact=False, rtol=1e-4, atol=1e-6, obj=str(f.relative_to(reference)))
+    assert len(list((reference / "smoke" / "rl").rglob("curve.parquet")))
 
 
 @pytest.mark.integration

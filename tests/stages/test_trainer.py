@@ -108,6 +108,55 @@ def test_lockstep_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path):
         assert list(train.step) == [1, 2, 3, 4, 5, 6]
 
 
+def merged(calls):
+    """sample_and_evaluate from the MDP's batched sampler and evaluation, recording each call's sizes."""
+    def f(pairs, due):
+        calls.append((len(pairs), [step for _, step in due]))
+        return batched_mdp(pairs), [mdp_eval(t.policy, step) for t, step in due]
+    return f
+
+
+def test_evaluations_drawn_with_the_next_steps_samples_equal_sequential(tmp_path):
+    cfg = cfg_for(6, checkpoint_every=2)
+    seq = mdp_trainers(cfg, tmp_path / "seq")
+    for t in seq:
+        t.run(6, progress=False)
+    calls, alone = [], []
+    lock = mdp_trainers(cfg, tmp_path / "lock")
+    run_lockstep(lock, 6, sample_many=batched_mdp, progress=False, sample_and_evaluate=merged(calls),
+                 evaluate_many=lambda due: alone.append([s for _, s in due]) or [mdp_eval(t.policy, s) for t, s in due])
+    assert_runs_equal(seq, lock)
+    n = len(lock)
+    assert calls == [(n, [0] * n), (n, [2] * n), (n, [4] * n)]  # eval_every=2: steps 0, 2, 4 ride on steps 1, 3, 5
+    assert alone == [[6] * n]  # the last evaluation has no next step: alone
+
+
+def test_merged_evaluations_resume_after_a_kill_losing_and_duplicating_nothing(tmp_path):
+    cfg = cfg_for(6, checkpoint_every=2)
+    full = mdp_trainers(cfg, tmp_path / "full")
+    for t in full:
+        t.run(6, progress=False)
+    cut = mdp_trainers(cfg, tmp_path / "cut")
+    real_save = cut[2].save
+
+    def killed_saving():  # killed while saving step 4: runs 0-1 have their step-4 checkpoint, the rest step 2
+        if cut[2].step == 4:
+            raise KeyboardInterrupt
+        real_save()
+
+    cut[2].save = killed_saving
+    with pytest.raises(KeyboardInterrupt):
+        run_lockstep(cut, 6, sample_many=batched_mdp, progress=False, sample_and_evaluate=merged([]))
+    resumed = mdp_trainers(cfg, tmp_path / "cut")
+    assert [t.step for t in resumed] == [4, 4] + [2] * (len(resumed) - 2)
+    # each checkpoint was written before its step's evaluation (drawn with the next step's samples)
+    assert all(list(pd.DataFrame(t.log).query("kind == 'eval'").step) == list(range(0, t.step, 2)) for t in resumed)
+    calls = []
+    run_lockstep(resumed, 6, sample_many=batched_mdp, progress=False, sample_and_evaluate=merged(calls))
+    assert calls[0] == (len(resumed), [4, 4] + [2] * (len(resumed) - 2))  # the missing evaluations, redrawn first
+    assert_runs_equal(full, resumed)
+
+
 # ---- the real decode batch, on a tiny random-weight model -----------------------------------------
 
 
