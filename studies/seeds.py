@@ -55,7 +55,12 @@ def one_seed(cfg, margin: float, seed: int = 0) -> tuple[dict, tuple]:
                                      "p": float(r["p"])},
            "eps_minus_fixed_pass1": paired_pass1(row, fixed, seed=seed),
            "pass1": {"Base": float(base.correct.mean()), "fixed s0": float(fixed.correct.mean()),
-                     row_label(eps): float(row.correct.mean())}}
+                     row_label(eps): float(row.correct.mean())},
+           # why a row loses: how often it gives an answer at all, and how often it runs all T steps unanswered
+           "max_steps": int(cfg.prompt.max_steps),
+           "valid": {lab: float(x.valid.mean()) for lab, x in (("Base", base), ("fixed s0", fixed), (row_label(eps), row))},
+           "ran_all_steps": {lab: float((x.finish == "max_steps").mean())
+                             for lab, x in (("Base", base), ("fixed s0", fixed), (row_label(eps), row))}}
     f, n, q = trip
     return out, (f, n, [f"{cfg.data.seed}:{x}" for x in q])
 

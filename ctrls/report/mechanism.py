@@ -100,7 +100,17 @@ def _seed_row(s: dict, path) -> dict:
     return {"data seed": int(s["data_seed"]), "questions": int(s["questions"]), **checked_kappa(s["kappa"], path),
             "harm": hd, "harm lo": hlo, "harm hi": hhi, "non-inferior": bool(h["non_inferior"]),
             "ε − Base pass@n": checked_number(e, "diff", path, -1, 1), "ε − Base lo": checked_number(e, "lo", path, -1, 1),
-            "ε − Base hi": checked_number(e, "hi", path, -1, 1)}
+            "ε − Base hi": checked_number(e, "hi", path, -1, 1), **_answer_rates(s, path)}
+
+
+def _answer_rates(s: dict, path) -> dict:
+    """The Base and fixed-s0 rows' answer rates and the fixed-s0 chains that ran all T steps unanswered,
+    where the stored seed has them (``studies/seeds.py`` since the stage option's second seed), else NaN."""
+    v, a = s.get("valid"), s.get("ran_all_steps")
+    if not isinstance(v, dict) or not isinstance(a, dict):
+        return {"Base answers": math.nan, "fixed answers": math.nan, "fixed ran all steps": math.nan, "T": math.nan}
+    return {"Base answers": checked_number(v, "Base", path, 0, 1), "fixed answers": checked_number(v, "fixed s0", path, 0, 1),
+            "fixed ran all steps": checked_number(a, "fixed s0", path, 0, 1), "T": checked_number(s, "max_steps", path, 1)}
 
 
 def _ci(v, lo, hi, fmt: str = "{:.2f}") -> str:
@@ -234,7 +244,11 @@ def stage_option_sentence(t: pd.DataFrame) -> str:
             + f"; fixed s₀ − Base pass@1 is {_ci(100 * r.harm, 100 * r['harm lo'], 100 * r['harm hi'], '{:+.1f}')} points, "
             + ("non-inferior" if r["non-inferior"] else "not shown non-inferior") + f" at {margin:g} points"
             + (f" (its estimate is within {margin:g} points, its interval's lower bound is not)"
-               if not r["non-inferior"] and r.harm > -margin / 100 else "") + ".")
+               if not r["non-inferior"] and r.harm > -margin / 100 else "")
+            + (f": the row held at s₀ gives an answer in {100 * r['fixed answers']:.1f}% of its chains against Base's "
+               f"{100 * r['Base answers']:.1f}%, and {100 * r['fixed ran all steps']:.1f}% run all {int(r['T'])} steps "
+               "unanswered (every step held at s₀, a move that seldom answers)"
+               if r.harm <= -margin / 100 and not pd.isna(r.get("fixed answers", math.nan)) else "") + ".")
     pool = t[t["data seed"] == "pooled"]
     if len(per) > 1 and len(pool):  # questions of different seeds are different clusters of the bootstrap
         r = pool.iloc[0]

@@ -100,6 +100,17 @@ def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses
     assert "κ is 0.040 short of 0.5" in second and "lower bound is 0.020 short of 0.3" in second and "not shown" in second
     assert "its estimate is within 5 points" in second and "its estimate" not in first  # −2.0 [−7.0, +3.0]
     assert "Pooled over the 2 seeds (60 questions, 678 steps)" in second and "0.10 [0.03, 0.17], the bar not met." in second
+    assert "gives an answer" not in s  # stored without answer rates (older results): no reason given
+    bad = seed(8, k=0.63, lo=0.57, hi=0.7)
+    bad["harm_fixed_minus_base_pass1"] = {"diff": -0.1625, "lo": -0.229, "hi": -0.1, "non_inferior": False}
+    bad |= {"max_steps": 8, "valid": {"Base": 0.829, "fixed s0": 0.188, "eps=0.1": 0.98},
+            "ran_all_steps": {"Base": 0.0, "fixed s0": 0.51, "eps=0.1": 0.0}}
+    fine = {**met, "max_steps": 8, "valid": bad["valid"], "ran_all_steps": bad["ran_all_steps"]}
+    two = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"], "seeds": [fine, bad],
+                           "pooled_kappa": kappa()}, "two.json")
+    a, b = stage_option_sentence(stage_option_frame(two)).split("With ")[1:]
+    assert "gives an answer in 18.8% of its chains against Base's 82.9%, and 51.0% run all 8 steps" in b
+    assert "gives an answer" not in a  # within the margin: no reason needed
     one = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"], "seeds": [met],
                            "pooled_kappa": kappa()}, "one.json")
     t = stage_option_frame(one)
