@@ -244,11 +244,11 @@ def stage_option_sentence(t: pd.DataFrame) -> str:
             + f"; fixed s₀ − Base pass@1 is {_ci(100 * r.harm, 100 * r['harm lo'], 100 * r['harm hi'], '{:+.1f}')} points, "
             + ("non-inferior" if r["non-inferior"] else "not shown non-inferior") + f" at {margin:g} points"
             + (f" (its estimate is within {margin:g} points, its interval's lower bound is not)"
-               if not r["non-inferior"] and r.harm > -margin / 100 else "")
-            + (f": the row held at s₀ gives an answer in {100 * r['fixed answers']:.1f}% of its chains against Base's "
-               f"{100 * r['Base answers']:.1f}%, and {100 * r['fixed ran all steps']:.1f}% run all {int(r['T'])} steps "
-               "unanswered (every step held at s₀, a move that seldom answers)"
-               if r.harm <= -margin / 100 and not pd.isna(r.get("fixed answers", math.nan)) else "") + ".")
+               if not r["non-inferior"] and r.harm > -margin / 100 else "") + ".")
+        if r.harm <= -margin / 100 and not pd.isna(r.get("fixed answers", math.nan)):
+            out.append(f"On seed {int(r['data seed'])} the row held at s₀ gives an answer in {100 * r['fixed answers']:.1f}% "
+                       f"of its chains against Base's {100 * r['Base answers']:.1f}%, and {100 * r['fixed ran all steps']:.1f}% "
+                       f"run all {int(r['T'])} steps unanswered: every step is held at s₀, a move that seldom answers.")
     pool = t[t["data seed"] == "pooled"]
     if len(per) > 1 and len(pool):  # questions of different seeds are different clusters of the bootstrap
         r = pool.iloc[0]
@@ -258,10 +258,26 @@ def stage_option_sentence(t: pd.DataFrame) -> str:
     return " ".join(out)
 
 
+def stage_option_summary(t: pd.DataFrame) -> str:
+    """:func:`stage_option_frame` in one sentence for the first page: each seed's kappa [95%], the pooled one with
+    its n against the bar, and each seed's fixed-s0 harm [95%] (the pretraining page says why a seed loses)."""
+    per = t[t["data seed"].map(lambda x: isinstance(x, (int, np.integer)))]
+    pool = t[t["data seed"] == "pooled"]
+    r = pool.iloc[0] if len(per) > 1 and len(pool) else per.iloc[0]
+    seeds = " and ".join(str(int(x)) for x in per["data seed"])
+    met = r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
+    return (f"Through the stages (`state_prompt.use=true`) on fresh data seed{'s' if len(per) > 1 else ''} {seeds}, "
+            f"κ = {', '.join(_ci(x.kappa, x['kappa lo'], x['kappa hi']) for _, x in per.iterrows())}"
+            + (f", pooled {_ci(r.kappa, r['kappa lo'], r['kappa hi'])}" if len(per) > 1 else "")
+            + f" ({int(r.questions)} questions, {int(r.steps)} steps): the bar is {'met' if met else 'not met'}; "
+            f"the row held at s₀ is {', '.join(_ci(100 * x.harm, 100 * x['harm lo'], 100 * x['harm hi'], '{:+.1f}') for _, x in per.iterrows())} "
+            "points of pass@1 against Base (the pretraining page says why).")
+
+
 def stage_option_note(path: str | Path | None = None) -> list[str]:
-    """[:func:`stage_option_sentence` of the stored stage-option result], or [] when it is not stored."""
+    """[:func:`stage_option_summary` of the stored stage-option result], or [] when it is not stored."""
     path = Path(path) if path else results_dir() / STAGE_OPTION_RESULT
-    return [stage_option_sentence(stage_option_frame(path))] if path.exists() else []
+    return [stage_option_summary(stage_option_frame(path))] if path.exists() else []
 
 
 def state_prompt_sentence(t: pd.DataFrame) -> str:

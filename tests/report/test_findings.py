@@ -337,5 +337,5 @@ def test_seeds_note_gives_the_pooled_test_kappa_with_n_and_the_text_cue_bound(tm
     opt.write_text(json.dumps({"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"],
                                "seeds": [seed(6, k=0.63, lo=0.57, hi=0.69)], "pooled_kappa": kappa()}))
     text = fd.seeds_note(p, prompts=[sp], option=opt)
-    assert text.index("On data seed 1") < text.index("With `state_prompt.use=true` on data seed 6") < text.index("95–97%")
-    assert "κ = 0.63 [0.57, 0.69] (the bar, κ ≥ 0.5 with its lower bound above 0.3, is met)" in text
+    assert text.index("On data seed 1") < text.index("Through the stages (`state_prompt.use=true`) on fresh data seed 6") < text.index("95–97%")
+    assert "κ = 0.63 [0.57, 0.69] (60 questions, 678 steps): the bar is met" in text

@@ -87,7 +87,7 @@ def test_the_sentences_carry_n_and_intervals(tmp_path):
 
 
 def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses(tmp_path):
-    from ctrls.report.mechanism import stage_option_frame, stage_option_sentence
+    from ctrls.report.mechanism import stage_option_frame, stage_option_sentence, stage_option_summary
 
     met = seed(6, k=0.55, lo=0.42, hi=0.66)
     met["harm_fixed_minus_base_pass1"] = {"diff": 0.01, "lo": -0.04, "hi": 0.06, "non_inferior": True}
@@ -109,8 +109,12 @@ def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses
     two = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"], "seeds": [fine, bad],
                            "pooled_kappa": kappa()}, "two.json")
     a, b = stage_option_sentence(stage_option_frame(two)).split("With ")[1:]
-    assert "gives an answer in 18.8% of its chains against Base's 82.9%, and 51.0% run all 8 steps" in b
+    assert "On seed 8 the row held at s₀ gives an answer in 18.8% of its chains against Base's 82.9%, and 51.0% run all 8" in b
     assert "gives an answer" not in a  # within the margin: no reason needed
+    short = stage_option_summary(stage_option_frame(two))
+    assert "seeds 6 and 8" in short and "0.55 [0.42, 0.66], 0.63 [0.57, 0.70], pooled 0.10 [0.03, 0.17]" in short
+    assert "the bar is not met" in short and "+1.0 [−4.0, +6.0], −16.2 [−22.9, −10.0] points" in short
+    assert len(short.split()) <= 80
     one = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"], "seeds": [met],
                            "pooled_kappa": kappa()}, "one.json")
     t = stage_option_frame(one)
