@@ -39,7 +39,7 @@ def timed(cfg, merged: bool) -> tuple[float, dict]:
 
 
 def frames(d: Path) -> dict[str, pd.DataFrame]:
-    return {str(f.relative_to(d)): pd.read_parquet(f) for f in sorted(d.rglob("*.parquet"))}
+    return {str(f.relative_to(d)): pd.read_parquet(f) for f in sorted(d.rglob("*.parquet")) if f.is_file()}  # table2.parquet/ is a folder
 
 
 def same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
