@@ -83,31 +83,6 @@ def test_lockstep_equals_sequential_on_the_mdp(tmp_path):
     assert all(list(pd.DataFrame(t.log).query("kind == 'train'").step) == [1, 2, 3, 4, 5, 6] for t in lock)
 
 
-def test_lockstep_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path):
-    cfg = cfg_for(6, checkpoint_every=2)
-    full = mdp_trainers(cfg, tmp_path / "full")
-    for t in full:
-        t.run(6, progress=False)
-    cut = mdp_trainers(cfg, tmp_path / "cut")
-    real_save = cut[2].save
-
-    def killed_saving():  # killed while saving step 4: runs 0-1 have their step-4 checkpoint, the rest step 2
-        if cut[2].step == 4:
-            raise KeyboardInterrupt
-        real_save()
-
-    cut[2].save = killed_saving
-    with pytest.raises(KeyboardInterrupt):
-        run_lockstep(cut, 6, sample_many=batched_mdp, progress=False)
-    resumed = mdp_trainers(cfg, tmp_path / "cut")
-    assert [t.step for t in resumed] == [4, 4] + [2] * (len(resumed) - 2)
-    run_lockstep(resumed, 6, sample_many=batched_mdp, progress=False)
-    assert_runs_equal(full, resumed)
-    for t in resumed:
-        train = pd.DataFrame(t.log).query("kind == 'train'")
-        assert list(train.step) == [1, 2, 3, 4, 5, 6]
-
-
 def merged(calls):
     """sample_and_evaluate from the MDP's batched sampler and evaluation, recording each call's sizes."""
     def f(pairs, due):
@@ -131,7 +106,8 @@ def test_evaluations_drawn_with_the_next_steps_samples_equal_sequential(tmp_path
     assert alone == [[6] * n]  # the last evaluation has no next step: alone
 
 
-def test_merged_evaluations_resume_after_a_kill_losing_and_duplicating_nothing(tmp_path):
+@pytest.mark.parametrize("ride", [False, True], ids=["evaluations apart", "evaluations riding"])
+def test_lockstep_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path, ride):
     cfg = cfg_for(6, checkpoint_every=2)
     full = mdp_trainers(cfg, tmp_path / "full")
     for t in full:
@@ -146,15 +122,19 @@ def test_merged_evaluations_resume_after_a_kill_losing_and_duplicating_nothing(t
 
     cut[2].save = killed_saving
     with pytest.raises(KeyboardInterrupt):
-        run_lockstep(cut, 6, sample_many=batched_mdp, progress=False, sample_and_evaluate=merged([]))
+        run_lockstep(cut, 6, sample_many=batched_mdp, progress=False, **({"sample_and_evaluate": merged([])} if ride else {}))
     resumed = mdp_trainers(cfg, tmp_path / "cut")
     assert [t.step for t in resumed] == [4, 4] + [2] * (len(resumed) - 2)
-    # each checkpoint was written before its step's evaluation (drawn with the next step's samples)
-    assert all(list(pd.DataFrame(t.log).query("kind == 'eval'").step) == list(range(0, t.step, 2)) for t in resumed)
     calls = []
-    run_lockstep(resumed, 6, sample_many=batched_mdp, progress=False, sample_and_evaluate=merged(calls))
-    assert calls[0] == (len(resumed), [4, 4] + [2] * (len(resumed) - 2))  # the missing evaluations, redrawn first
+    if ride:  # each checkpoint was written before its step's evaluation (drawn with the next step's samples)
+        assert all(list(pd.DataFrame(t.log).query("kind == 'eval'").step) == list(range(0, t.step, 2)) for t in resumed)
+    run_lockstep(resumed, 6, sample_many=batched_mdp, progress=False, **({"sample_and_evaluate": merged(calls)} if ride else {}))
+    if ride:
+        assert calls[0] == (len(resumed), [4, 4] + [2] * (len(resumed) - 2))  # the missing evaluations, redrawn first
     assert_runs_equal(full, resumed)
+    for t in resumed:
+        train = pd.DataFrame(t.log).query("kind == 'train'")
+        assert list(train.step) == [1, 2, 3, 4, 5, 6]
 
 
 # ---- the real decode batch, on a tiny random-weight model -----------------------------------------
