@@ -44,6 +44,13 @@ def _check_compile(cfg: Config) -> None:
                       "the engine's shapes change every step; compile the static path (sampling.decode=static)")
 
 
+def _check_position_mask(cfg: Config) -> None:
+    if cfg.grid.position_floor > 0 and not cfg.state_prompt.use:
+        raise refuse("grid.position_floor", cfg.grid.position_floor, "0 with state_prompt.use=false",
+                      "the position mask is built for the state prompt's rows; the adapter's engine draws its states "
+                      "unmasked")
+
+
 def _check_rl_temperature(cfg: Config) -> None:
     if cfg.rl.temperature not in cfg.grid.temperatures:
         raise refuse("rl.temperature", cfg.rl.temperature, f"one of grid.temperatures {cfg.grid.temperatures}",
@@ -185,7 +192,8 @@ def _check_word_problems(cfg: Config) -> None:
 # Each takes the whole config and raises ConfigError naming the key it refuses.
 CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes,
                                                 _check_judge_pair, _check_generated_sizes, _check_pair_dirs, _check_name_lengths,
-                                                _check_labels, _check_word_problems, _check_transfer, _check_compile]
+                                                _check_labels, _check_word_problems, _check_transfer, _check_compile,
+                                                _check_position_mask]
 
 
 def validate(cfg: Config) -> Config:

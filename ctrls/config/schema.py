@@ -260,6 +260,8 @@ class GridConfig:
     transfer_datasets: list[str] = key([], DATASET, unique=True)  # Base vs CTRLS(first epsilon) of the pair's model on a few questions of these datasets
     transfer_questions: int = key(8, between(1, 1000))  # test questions per transfer dataset (at rl.temperature)
     fixed_state: bool = True  # add the "fixed s0" row: the trained adapter with the prompt's s_0 at every step, no transitions (ablation)
+    position_floor: float = key(0.0, between(0, 1))  # > 0: a state can occur at a step index only where >= this share of the pretraining chains' steps are in it (ctrls.method.positions); 0: no mask
+    position_buckets: int = key(3, between(1, 64))  # the mask's step positions: 0, 1, ..., B-2 and >= B-1
 
 
 @dataclass

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ctrls.method.backbone import Backbone
     from ctrls.method.model import CTRLSModel
     from ctrls.method.policy import TransitionPolicy
+    from ctrls.method.positions import PositionMask
 
 
 # ---- re-encoding generated steps with Q_phi ----------------------------------------------------
@@ -96,17 +97,22 @@ def step_states(model: "CTRLSModel", steps: Sequence[torch.Tensor], counts: Sequ
 
 @torch.no_grad()
 def draw_chains(policy: "TransitionPolicy", s0: torch.Tensor, lengths: Sequence[int], epsilon: float,
-                generator: torch.Generator | None = None) -> list[list[int]]:
+                generator: torch.Generator | None = None, mask: "PositionMask | None" = None) -> list[list[int]]:
     """One state chain per entry of ``lengths``: a_1 ~ pi~(. | s_0), a_{t+1} ~ pi~(. | a_t), as the
     sampler draws them (``ctrls.generate.decoding.draw_states``), returned as the argmax of each a_t, ``lengths[i]``
-    states for chain i. The chains are drawn together from one ``generator``."""
+    states for chain i. The chains are drawn together from one ``generator``. With ``mask``
+    (``ctrls.method.positions``) step t's action is restricted to the states that can occur at t."""
     lengths = [int(n) for n in lengths]
     if not lengths or max(lengths) == 0:
         return [[] for _ in lengths]
     prev = s0.to(policy.L.device, policy.L.dtype).reshape(1, -1).expand(len(lengths), -1)
     hard = []
-    for _ in range(max(lengths)):
-        prev = policy.sample(prev, epsilon, generator=generator)  # a_{t+1} ~ pi~(. | a_t) (Sec. 5.4)
+    for t in range(max(lengths)):
+        if mask is None:
+            prev = policy.sample(prev, epsilon, generator=generator)  # a_{t+1} ~ pi~(. | a_t) (Sec. 5.4)
+        else:  # the same draw, renormalised over the states allowed at step t
+            log_a = mask.mask_log(policy.sample_log(prev, epsilon, generator=generator), t)
+            prev = log_a.exp().to(policy.L.dtype)
         hard.append(prev.argmax(-1).cpu())
     H = torch.stack(hard, dim=1).tolist()
     return [row[:n] for row, n in zip(H, lengths)]

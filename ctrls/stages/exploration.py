@@ -50,7 +50,7 @@ from ctrls.stages.common import (
 )
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages
 from ctrls.stages.runs import Stage, file_name, pair_slug, valid_part
-from ctrls.stages.state_prompt import load_state_prompt, sample_state_prompt
+from ctrls.stages.state_prompt import load_state_prompt, position_mask_for, sample_state_prompt
 
 log = logging.getLogger(__name__)
 
@@ -145,22 +145,24 @@ def explore(cfg: Config, force: bool = False, progress: bool = True, readback: b
             stage.begin(force=force)
             out.mkdir(parents=True, exist_ok=True)
         w.barrier()
-        reencode_s = _sample_pairs(cfg, out, progress and w.is_main, readback)
+        masks: dict = {}
+        reencode_s = _sample_pairs(cfg, out, progress and w.is_main, readback, masks)
         w.barrier()
         if w.is_main:
             df = load_samples(cfg, unfinished=True)
             # seconds this process spent on the controllability columns besides sampling (re-encoding, Base's chains)
             stage.finish(samples=len(df), questions=int(df.question_id.nunique()), reencode_s=round(reencode_s, 1),
-                         readback=readback)
+                         readback=readback, **({"position_masks": masks} if masks else {}))
     finally:
         stage.release()  # a failed or interrupted grid gives the lock back (finish released it otherwise)
     w.barrier()
     return out
 
 
-def _sample_pairs(cfg: Config, out: Path, progress: bool, readback: bool) -> float:
+def _sample_pairs(cfg: Config, out: Path, progress: bool, readback: bool, masks: dict) -> float:
     """Sample every pair's grid and transfer rows (the parts not on disk); the seconds spent on the
-    controllability columns besides sampling."""
+    controllability columns besides sampling. Each pair's position mask (``grid.position_floor`` > 0) goes
+    into ``masks``."""
     g = cfg.grid
     grid = grid_rows(cfg)
     reencode_s = 0.0
@@ -170,8 +172,11 @@ def _sample_pairs(cfg: Config, out: Path, progress: bool, readback: bool) -> flo
         model = load_pretrained(pc, bb)
         sp = (load_state_prompt(pretrain_stages(pc)["state_prompt"], bb, int(model.config.n_states), pc.state_prompt.vectors)
               if cfg.state_prompt.use else None)
+        mask = position_mask_for(pc, int(model.config.n_states)) if g.position_floor > 0 else None
+        if mask is not None:
+            masks[pair_slug(bname, ds)] = mask.to_dict()
         reencode_s += _sample_grid(cfg, pc, bb, model, problems_from_config(pc, "test"), ds, grid, g.temperatures,
-                                   out, progress, readback=readback, state_prompt=sp)
+                                   out, progress, readback=readback, state_prompt=sp, mask=mask)
         # the transfer rows: this pair's CTRLS model on a few questions of other datasets (e.g. GSM8K)
         rows = [r for r in grid if r.label == BASE or r.epsilon == (g.epsilons[0] if g.epsilons else None)]
         for td in g.transfer_datasets:
@@ -179,18 +184,20 @@ def _sample_pairs(cfg: Config, out: Path, progress: bool, readback: bool) -> flo
             problems = load_problems(td, "test", n=g.transfer_questions, seed=d.seed, data_dir=d.data_dir,
                                      max_bad_fraction=d.max_bad_fraction, difficulty=d.word_problems.difficulty())
             reencode_s += _sample_grid(cfg, pc, bb, model, problems, td, rows, [cfg.rl.temperature], out,
-                                       progress, trained_on=ds, readback=readback, state_prompt=sp)
+                                       progress, trained_on=ds, readback=readback, state_prompt=sp, mask=mask)
     return reencode_s
 
 
 def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, grid: list[GridRow],
                  temperatures: list[float], out: Path, progress: bool, trained_on: str | None = None,
-                 readback: bool = True, state_prompt=None) -> float:
+                 readback: bool = True, state_prompt=None, mask=None) -> float:
     """Sample and write every (temperature, row, question) part of one dataset's questions that is not
     already on disk; return the seconds spent on the controllability columns besides sampling. ``ds`` is the
     dataset the questions come from; ``trained_on`` (transfer rows) the dataset the model was
     pretrained on, when it differs. With ``state_prompt`` (a ``StatePrompt``) the CTRLS rows are decoded
-    under it instead of the adapter (``ctrls.stages.state_prompt.sample_state_prompt``)."""
+    under it instead of the adapter (``ctrls.stages.state_prompt.sample_state_prompt``); ``mask`` (a
+    ``ctrls.method.positions.PositionMask``) restricts their drawn states and Base's chains to the states
+    that can occur at each step."""
     from ctrls.stages.distributed import world
 
     w = world()
@@ -220,7 +227,7 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
         seeds = [seed_of(cfg.seed, bname, ds, eta, label, problems[j].id) for j in chunk]
         if row.ctrls and state_prompt is not None:  # read back by a re-encode: the decoding pass holds the vectors
             gens = sample_state_prompt(bb, model, state_prompt, [enc[j] for j in chunk], g.n_samples, params, seeds,
-                                       layer=pc.backbone.hidden_layer)
+                                       layer=pc.backbone.hidden_layer, mask=mask)
         else:
             gens = sample(bb, [enc[j][0] for j in chunk], g.n_samples, params, model=model if row.ctrls else None,
                           seeds=seeds, prompt_starts=[enc[j][1] for j in chunk], read_states=model if readback else None)
@@ -231,7 +238,7 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
         for j, gs in zip(todo, gens):
             t0 = time.perf_counter()
             extra = _controllability_columns(cfg, pc, bb, model, enc[j], gs, row, eta, problems[j].id,
-                                             readback or (row.ctrls and state_prompt is not None))
+                                             readback or (row.ctrls and state_prompt is not None), mask=mask)
             reencode_s += time.perf_counter() - t0
             write_part(pd.DataFrame(generation_rows(gs, problems[j], meta)).assign(**extra), parts[j])
     bar.close()
@@ -239,12 +246,12 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
 
 
 def _controllability_columns(cfg: Config, pc: Config, bb, model, prompt: tuple[list[int], int], gens: list[Generation],
-                             row: GridRow, eta: float, qid: str, readback: bool = True) -> dict[str, list]:
+                             row: GridRow, eta: float, qid: str, readback: bool = True, mask=None) -> dict[str, list]:
     """The columns the controllability and diversity tables read, one entry per generation:
     ``encoded`` (Q_phi's state of each step: read back from the sampler's pass with ``readback``, else
     re-encoded), ``s0`` (the prompt's state), ``n_states`` (K); for Base rows ``chains`` / ``chain_eps``:
     one state chain per grid epsilon, drawn from the policy pi~ from the prompt's s_0, as long as the
-    sample (the states it is paired with)."""
+    sample (the states it is paired with), under the CTRLS rows' position ``mask`` when there is one."""
     if readback:  # sample(..., read_states=model) filled them in; a prompt's samples share its s_0
         s0, encoded = gens[0].encoded_s0, [g.encoded for g in gens]
     else:
@@ -256,7 +263,7 @@ def _controllability_columns(cfg: Config, pc: Config, bb, model, prompt: tuple[l
         lengths = [len(e) for e in encoded]
         for eps in cfg.grid.epsilons:
             gen = seeded(seed_of(cfg.seed, pc.backbone.name, pc.data.dataset, eta, "chain", eps, qid), model.policy.L.device)
-            for m, c in enumerate(ctl.draw_chains(model.policy, s0, lengths, eps, generator=gen)):
+            for m, c in enumerate(ctl.draw_chains(model.policy, s0, lengths, eps, generator=gen, mask=mask)):
                 chains[m].append(c)
                 chain_eps[m].append(float(eps))
     return {"encoded": encoded, "s0": [int(s0.argmax())] * n, "n_states": [int(model.config.n_states)] * n,

@@ -110,6 +110,24 @@ def load_state_prompt(st: Stage, bb: Backbone, n_states: int, n_vectors: int) ->
     return sp
 
 
+def position_mask_for(cfg: Config, n_states: int):
+    """The pair's position mask (``ctrls.method.positions``) at ``grid.position_floor`` and
+    ``grid.position_buckets``, from its pretraining chains' training steps (stage (d)'s hard states; the
+    held-out questions' steps are left out): a choice made on training data only."""
+    from ctrls.method.positions import position_mask
+    from ctrls.stages.pretrain import pretrain_stages
+
+    path = pretrain_stages(cfg)["states"].dir / "states.pt"
+    try:
+        st = torch.load(path, weights_only=True)
+        post, index, held = st["s_post"], st["index"], st["heldout"].bool()
+    except Exception as e:
+        raise artifact_error(path, e) from e
+    keep = ~held
+    return position_mask(index[keep, 2], post[keep].argmax(-1), n_states, cfg.grid.position_buckets,
+                         cfg.grid.position_floor)
+
+
 def _row_sampler(key: int, temperature: float, top_k: int):
     """Row ``key``'s token draw: the engine's Gumbel-max on its counter-based stream (counter = tokens so far)."""
     from ctrls.generate.decoding import candidates, draw_tokens
@@ -128,10 +146,12 @@ def _row_sampler(key: int, temperature: float, top_k: int):
 
 @torch.no_grad()
 def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[tuple[list[int], int]], n: int,
-                        params, seeds: Sequence[int], layer: int = -1) -> list[list]:
+                        params, seeds: Sequence[int], layer: int = -1, mask=None) -> list[list]:
     """``n`` samples of each (prompt ids, s_0 start) decoded under the state prompt (module docstring), with
     ``params`` (``ctrls.generate.decoding.SampleParams``: temperature, top_k, max_new_tokens, max_steps,
-    epsilon, transitions, stop_at_answer). Returns one list of ``Generation`` per prompt, each with
+    epsilon, transitions, stop_at_answer). With ``mask`` (``ctrls.method.positions.PositionMask``) the drawn
+    chains keep to the states that can occur at each step, and the fixed-s0 row holds s_0 only where it can
+    (``PositionMask.fixed``). Returns one list of ``Generation`` per prompt, each with
     ``states`` (s_0, then each step's drawn state, one-hot), ``encoded`` and ``encoded_s0`` (the read-back)."""
     from ctrls.data.prompts import ANSWER_LINE, content_token, join_blank_tail, newline_token_ids
     from ctrls.generate.controllability import draw_chains, encode_generations
@@ -154,9 +174,10 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
         s0s.append(s0)
         if params.transitions:
             chains.append(draw_chains(model.policy, s0, [T] * n, params.epsilon,
-                                      generator=seeded(seed, model.policy.L.device)))
-        else:  # the fixed-s0 row: every step under argmax s_0
-            chains.append([[int(s0.argmax())] * T for _ in range(n)])
+                                      generator=seeded(seed, model.policy.L.device), mask=mask))
+        else:  # the fixed-s0 row: every step under argmax s_0 (where it can occur, with a mask)
+            fixed = [int(s0.argmax())] * T if mask is None else mask.fixed(int(s0.argmax()), T)
+            chains.append([list(fixed) for _ in range(n)])
     flat = [(i, m) for i in range(len(prompts)) for m in range(n)]
     capacity = max(len(p) for p, _ in prompts) + params.max_new_tokens + T * sp.vectors.shape[1]
     with packed_decode_attention(bb.model, PACKED_SDPA_ROWS):  # the engine's cache; attention on the KV heads (GQA)
@@ -180,4 +201,4 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     return out
 
 
-__all__ = ["VECTORS", "fit_state_prompt", "load_state_prompt", "prompt_chains", "sample_state_prompt"]
+__all__ = ["VECTORS", "fit_state_prompt", "load_state_prompt", "position_mask_for", "prompt_chains", "sample_state_prompt"]

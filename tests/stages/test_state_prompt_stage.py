@@ -130,3 +130,43 @@ def test_rl_refuses_the_option(sp_run):
 
     with pytest.raises(ConfigError, match="state_prompt.use"):
         run_rl(sp_run[0], progress=False)
+
+
+def test_the_position_mask_restricts_every_drawn_state_and_the_null(sp_run, tmp_path):
+    """``grid.position_floor`` > 0: the CTRLS rows' drawn states and Base's null chains are allowed at their
+    step, the fixed row is ``PositionMask.fixed(s0)``; the mask is the one of the training chains, recorded
+    in the stage's done record; pretraining is not redone (its keys do not hold the grid)."""
+    from ctrls.config.schema import override
+    from ctrls.config.settings import FIXED
+    from ctrls.stages.exploration import _stage, explore, load_samples
+    from ctrls.stages.pretrain import pretrain_stages
+    from ctrls.stages.state_prompt import position_mask_for
+
+    cfg, _, _ = sp_run
+    copy = tmp_path / "runs"
+    shutil.copytree(cfg.run_dir, copy)
+    c = override(cfg, {"run_dir": str(copy), "grid.position_floor": 0.5, "grid.position_buckets": 2})
+    keys = {n: s.key for n, s in pretrain_stages(c.for_pair(*c.pairs()[0])).items()}
+    explore(c, progress=False)
+    assert {n: s.key for n, s in pretrain_stages(c.for_pair(*c.pairs()[0])).items()} == keys
+    df = load_samples(c)
+    K = int(df.n_states.iloc[0])
+    m = position_mask_for(c.for_pair(*c.pairs()[0]), K)
+    assert not m.allowed.all()  # the test needs a state that is masked somewhere
+    rec = _stage(c).summary()["position_masks"]
+    assert list(rec.values())[0]["allowed"] == m.allowed.int().tolist()
+    ok = lambda chain: all(bool(m.allowed[m.bucket(t), s]) for t, s in enumerate(chain))  # noqa: E731
+    ctrls_rows = df[df.config != "Base"]
+    assert len(ctrls_rows) and all(ok(r.states) for r in ctrls_rows.itertuples())
+    base = df[df.config == "Base"]
+    assert all(ok(ch) for r in base.itertuples() for ch in r.chains)
+    for r in df[df.config == FIXED].itertuples():
+        assert list(r.states) == m.fixed(r.s0, len(r.states))
+
+
+def test_the_position_mask_is_refused_without_the_state_prompt(tiny_model_dir, tmp_path):
+    from ctrls.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="grid.position_floor"):
+        _cfg(tiny_model_dir, tmp_path, "grid.position_floor=0.1")
+    _cfg(tiny_model_dir, tmp_path, "grid.position_floor=0.1", *OPTION)
