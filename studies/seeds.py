@@ -28,7 +28,7 @@ from ctrls.errors import ConfigError  # noqa: E402
 from ctrls.report.mechanism import null_steps  # noqa: E402
 from ctrls.report.scaled import paired_pass  # noqa: E402
 from ctrls.report.tables import table1  # noqa: E402
-from ctrls.stages.exploration import load_samples  # noqa: E402
+from ctrls.stages.exploration import load_samples, stage_summary  # noqa: E402
 from ctrls.stats.agreement import kappa_vs_null  # noqa: E402
 
 
@@ -58,6 +58,8 @@ def one_seed(cfg, margin: float, seed: int = 0) -> tuple[dict, tuple]:
                      row_label(eps): float(row.correct.mean())},
            # why a row loses: how often it gives an answer at all, and how often it runs all T steps unanswered
            "max_steps": int(cfg.prompt.max_steps),
+           # with grid.position_floor > 0: each pair's mask of the states that can occur at each step (the stage's record)
+           **({"position_masks": m} if (m := stage_summary(cfg).get("position_masks")) else {}),
            "valid": {lab: float(x.valid.mean()) for lab, x in (("Base", base), ("fixed s0", fixed), (row_label(eps), row))},
            "ran_all_steps": {lab: float((x.finish == "max_steps").mean())
                              for lab, x in (("Base", base), ("fixed s0", fixed), (row_label(eps), row))}}

@@ -8,6 +8,9 @@
   controllability table);
 - ``stage_option_frame`` / ``stage_option_sentence``: the state prompt as the stages run it
   (``state_prompt.use=true``, ``studies/seeds.py`` on those runs), against issue 47's bar;
+- ``position_mask_frame`` / ``position_mask_view``: the same runs' exploration with the position mask
+  (``grid.position_floor``, ``ctrls.method.positions``): the states that mark a position are drawn only where
+  they can occur, and the fixed-s0 row holds s0 only there;
 - ``TEXT_CUE_BOUND``: the ceiling the backbone allows, measured by forcing text cues (the issue's probe).
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 SEEDS_RESULT = "studies/results/seeds.json"
 STATE_PROMPT_RESULTS = "studies/results/state_prompt_seed*.json"
 STAGE_OPTION_RESULT = "studies/results/state_prompt_stage.json"  # studies/seeds.py on runs with state_prompt.use=true
+POSITION_MASK_RESULT = "studies/results/state_prompt_positions.json"  # the same, exploration rerun with grid.position_floor > 0
 # issue 47's bar for a fresh seed: kappa >= 0.5 with its 95% lower bound above 0.3, the fixed-s0 row within 5 points of Base
 KAPPA_BAR, KAPPA_LO_BAR = 0.5, 0.3
 # A text cue forced at a step's start ("a ± b =", "The answer is", "To solve this problem,") lands in its
@@ -222,7 +226,7 @@ def stage_option_frame(path: str | Path | None = None) -> pd.DataFrame:
     return t
 
 
-def stage_option_sentence(t: pd.DataFrame) -> str:
+def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=true`") -> str:
     """:func:`stage_option_frame` in sentences: per fresh seed, the epsilon row's kappa [95%] with its n and the
     fixed-s0 harm [95%], each held against issue 47's bar (kappa >= 0.5 with its lower bound above 0.3;
     the harm non-inferior at the stored margin), and by how much a missed part misses."""
@@ -237,7 +241,7 @@ def stage_option_sentence(t: pd.DataFrame) -> str:
             miss.append(f"its lower bound is {KAPPA_LO_BAR - r['kappa lo']:.3f} short of {KAPPA_LO_BAR}")
         margin = t.attrs.get("margin", 5)
         out.append(
-            f"With `state_prompt.use=true` on data seed {int(r['data seed'])} ({int(r.questions)} test questions, "
+            f"{lead} on data seed {int(r['data seed'])} ({int(r.questions)} test questions, "
             f"{int(r.steps)} steps of the ε row), steps land in their drawn state {100 * r.follows:.1f}% of the time "
             f"against {100 * r['null']:.1f}% for an independent chain: κ = {_ci(r.kappa, r['kappa lo'], r['kappa hi'])}"
             + (" (the bar, κ ≥ 0.5 with its lower bound above 0.3, is met)" if k_ok else f" ({'; '.join(miss)})")
@@ -248,7 +252,9 @@ def stage_option_sentence(t: pd.DataFrame) -> str:
         if r.harm <= -margin / 100 and not pd.isna(r.get("fixed answers", math.nan)):
             out.append(f"On seed {int(r['data seed'])} the row held at s₀ gives an answer in {100 * r['fixed answers']:.1f}% "
                        f"of its chains against Base's {100 * r['Base answers']:.1f}%, and {100 * r['fixed ran all steps']:.1f}% "
-                       f"run all {int(r['T'])} steps unanswered: every step is held at s₀, a move that seldom answers.")
+                       f"run all {int(r['T'])} steps unanswered: "
+                       + ("every step where s₀ can occur is held at it." if "floor" in t.attrs
+                          else "every step is held at s₀, a move that seldom answers."))
     pool = t[t["data seed"] == "pooled"]
     if len(per) > 1 and len(pool):  # questions of different seeds are different clusters of the bootstrap
         r = pool.iloc[0]
@@ -258,7 +264,7 @@ def stage_option_sentence(t: pd.DataFrame) -> str:
     return " ".join(out)
 
 
-def stage_option_summary(t: pd.DataFrame) -> str:
+def stage_option_summary(t: pd.DataFrame, lead: str = "Through the stages (`state_prompt.use=true`)") -> str:
     """:func:`stage_option_frame` in one sentence for the first page: each seed's kappa [95%], the pooled one with
     its n against the bar, and each seed's fixed-s0 harm [95%] (the pretraining page says why a seed loses)."""
     per = t[t["data seed"].map(lambda x: isinstance(x, (int, np.integer)))]
@@ -266,7 +272,7 @@ def stage_option_summary(t: pd.DataFrame) -> str:
     r = pool.iloc[0] if len(per) > 1 and len(pool) else per.iloc[0]
     seeds = " and ".join(str(int(x)) for x in per["data seed"])
     met = r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
-    return (f"Through the stages (`state_prompt.use=true`) on fresh data seed{'s' if len(per) > 1 else ''} {seeds}, "
+    return (f"{lead} on fresh data seed{'s' if len(per) > 1 else ''} {seeds}, "
             f"κ = {', '.join(_ci(x.kappa, x['kappa lo'], x['kappa hi']) for _, x in per.iterrows())}"
             + (f", pooled {_ci(r.kappa, r['kappa lo'], r['kappa hi'])}" if len(per) > 1 else "")
             + f" ({int(r.questions)} questions, {int(r.steps)} steps): the bar is {'met' if met else 'not met'}; "
@@ -274,10 +280,59 @@ def stage_option_summary(t: pd.DataFrame) -> str:
             "points of pass@1 against Base (the pretraining page says why).")
 
 
-def stage_option_note(path: str | Path | None = None) -> list[str]:
-    """[:func:`stage_option_summary` of the stored stage-option result], or [] when it is not stored."""
+def stage_option_note(path: str | Path | None = None, mask: str | Path | None = None) -> list[str]:
+    """[:func:`stage_option_summary` of the stored stage-option result, and of the position-mask result where
+    stored], or [] when neither is stored."""
     path = Path(path) if path else results_dir() / STAGE_OPTION_RESULT
-    return [stage_option_summary(stage_option_frame(path))] if path.exists() else []
+    mask = Path(mask) if mask else results_dir() / POSITION_MASK_RESULT
+    out = [stage_option_summary(stage_option_frame(path))] if path.exists() else []
+    if mask.exists():
+        t = position_mask_frame(mask)
+        out.append(stage_option_summary(t, lead=f"With the position mask (`grid.position_floor={t.attrs['floor']:g}`)"))
+    return out
+
+
+def _override(d: dict, key: str) -> str | None:
+    """The value a stored result's ``overrides`` give ``key`` (the last one), or None."""
+    hit = [str(o).split("=", 1)[1].strip() for o in d.get("overrides") or [] if str(o).split("=", 1)[0].strip() == key]
+    return hit[-1] if hit else None
+
+
+def position_mask_frame(path: str | Path | None = None) -> pd.DataFrame:
+    """:func:`stage_option_frame` of the stored runs explored with the position mask; refused unless their
+    overrides set ``grid.position_floor`` above 0 (``attrs["floor"]``) and every seed stores its mask."""
+    path = Path(path) if path else results_dir() / POSITION_MASK_RESULT
+    d = read_result(path)
+    try:
+        floor = float(_override(d, "grid.position_floor") or 0)
+    except ValueError:
+        floor = math.nan
+    if not 0 < floor <= 1:
+        raise ValueError(f"{path}: not runs with grid.position_floor in (0, 1] (overrides {d.get('overrides')})")
+    if not all(isinstance(s.get("position_masks"), dict) and s["position_masks"] for s in d.get("seeds") or []):
+        raise ValueError(f"{path}: a seed without its stored position mask (studies/seeds.py stores it)")
+    t = stage_option_frame(path)
+    t.attrs["floor"] = floor
+    return t
+
+
+def position_mask_view(path: str | Path | None = None) -> pd.DataFrame:
+    """Each stored seed's mask: per step position, the training chains' steps in each state, marked ✓ where
+    the state can occur there (at least ``floor`` of the position's steps, or the position's most frequent)."""
+    path = Path(path) if path else results_dir() / POSITION_MASK_RESULT
+    d = read_result(path)
+    rows = []
+    for s in d.get("seeds") or []:
+        for pair, m in s["position_masks"].items():
+            counts, allowed = np.asarray(m["counts"], dtype=int), np.asarray(m["allowed"], dtype=bool)
+            if counts.shape != allowed.shape or counts.ndim != 2 or (counts < 0).any():
+                raise ValueError(f"{path}: seed {s.get('data_seed')}'s mask for {pair} is malformed")
+            B = len(counts)
+            for b in range(B):
+                at = f"step {b + 1}" + ("+" if b == B - 1 else "")
+                rows.append({"data seed": int(s["data_seed"]), "position": at, "training steps": int(counts[b].sum()),
+                             **{f"state {k}": f"{counts[b, k]}{' ✓' if allowed[b, k] else ''}" for k in range(counts.shape[1])}})
+    return pd.DataFrame(rows)
 
 
 def state_prompt_sentence(t: pd.DataFrame) -> str:

@@ -122,3 +122,32 @@ def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses
     q = write(tmp_path, {"margin_points": 5, "overrides": [], "seeds": [met], "pooled_kappa": kappa()}, "plain.json")
     with pytest.raises(ValueError, match="plain.json.*state_prompt.use=true"):
         stage_option_frame(q)
+
+
+def test_the_position_mask_result_is_read_with_its_masks_and_refused_without_them(tmp_path):
+    from ctrls.report.mechanism import position_mask_frame, position_mask_view, stage_option_note, stage_option_sentence
+
+    mask = {"allowed": [[0, 1, 1], [1, 0, 1]], "mode": [1, 0], "counts": [[0, 30, 5], [40, 1, 9]]}
+    s6 = {**seed(6, k=0.6, lo=0.5, hi=0.7), "position_masks": {"smollm2__word_problems": mask}}
+    over = ["state_prompt.use=true", "grid.position_floor=0.05"]
+    p = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": over, "seeds": [s6], "pooled_kappa": kappa()})
+    t = position_mask_frame(p)
+    assert t.attrs["floor"] == 0.05 and list(t["data seed"]) == [6]
+    assert stage_option_sentence(t, lead="With the mask").startswith("With the mask on data seed 6")
+    v = position_mask_view(p)
+    assert v.position.tolist() == ["step 1", "step 2+"] and v["training steps"].tolist() == [35, 50]
+    assert v["state 0"].tolist() == ["0", "40 ✓"] and v["state 1"].tolist() == ["30 ✓", "1"]
+    note = stage_option_note(tmp_path / "absent.json", p)
+    assert len(note) == 1 and note[0].startswith("With the position mask (`grid.position_floor=0.05`) on fresh data seed 6")
+    assert len(note[0].split()) <= 80
+    for bad_over, what in ((["state_prompt.use=true"], "position_floor"), (over[:1] + ["grid.position_floor=0"], "position_floor")):
+        q = write(tmp_path, {"margin_points": 5, "overrides": bad_over, "seeds": [s6], "pooled_kappa": kappa()}, "q.json")
+        with pytest.raises(ValueError, match=what):
+            position_mask_frame(q)
+    q = write(tmp_path, {"margin_points": 5, "overrides": over, "seeds": [seed(6)], "pooled_kappa": kappa()}, "nomask.json")
+    with pytest.raises(ValueError, match="nomask.json.*position mask"):
+        position_mask_frame(q)
+    bad = {**s6, "position_masks": {"x": {**mask, "allowed": [[1, 1]]}}}
+    q = write(tmp_path, {"margin_points": 5, "overrides": over, "seeds": [bad], "pooled_kappa": kappa()}, "shape.json")
+    with pytest.raises(ValueError, match="malformed"):
+        position_mask_view(q)
