@@ -59,6 +59,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -426,8 +427,10 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
         try:
             for p in pages:
                 shot = out_dir / screenshot_name(p) if shots is None or p in shots else None
+                t0 = time.perf_counter()
                 report["pages"][p] = _check_page(context, base + p.lstrip("/"), shot, timeout_ms, base=base,
                                                  html_dir=html_dir, scroll_ok=scroll_ok, ids=ids)
+                report["pages"][p]["seconds"] = round(time.perf_counter() - t0, 2)  # where a slow check spends its time
         finally:
             context.close()
     report["ok"] = all(page_ok(r) for r in report["pages"].values())
@@ -438,7 +441,8 @@ def format_report(report: dict) -> str:
     """A short human-readable summary of a :func:`check_site` report."""
     lines = [f"site {report['html_dir']} at {report.get('width', VIEWPORT['width'])} px (browser {report['chromium']})"]
     for page, r in report["pages"].items():
-        lines.append(f"{page}: {r['title']!r} -> {r['final_url']}")
+        lines.append(f"{page}: {r['title']!r} -> {r['final_url']}"
+                     + (f" ({r['seconds']:.1f} s)" if "seconds" in r else ""))
         kinds = {}
         for c in r.get("connections", []):
             kinds.setdefault(c["url"], c["type"])

@@ -152,6 +152,7 @@ def test_checker_reports_overflow_and_junk(chromium, tmp_path):
     report = check_site(site, tmp_path / "shots", chromium=chromium, timeout_s=30)
     summary = format_report(report)
     assert list(report["pages"]) == ["index.html", "bad.html", "generated/clean.html"], summary  # no search.html
+    assert all(r["seconds"] > 0 for r in report["pages"].values()) and "html (" in summary  # each page's time, printed
     assert not report["ok"]
     assert main([str(site), "--out", str(tmp_path / "shots2")]) == 1
 
