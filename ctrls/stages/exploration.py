@@ -19,7 +19,10 @@ so nothing is lost or duplicated. A part is reused only if it reads as a parquet
 and a rerun redoes a part that is missing or changed (``ctrls.stages.runs``).
 
 With ``state_prompt.use`` the fixed-s0 and CTRLS(epsilon) rows are decoded under the state prompt's vectors
-instead of the adapter (``ctrls.stages.state_prompt``); Base rows and the read-back are unchanged.
+instead of the adapter (``ctrls.stages.state_prompt``); Base rows and the read-back are unchanged. With
+``grid.position_floor`` > 0 as well, their drawn states and Base's independent chains keep to the states that
+can occur at each step (``ctrls.method.positions``), and the fixed-s0 row holds s_0 only where it can occur;
+the stage's ``done`` record holds each pair's mask.
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ stopping on the held-out questions' chains (pretraining's validation split); wri
 
 The exploration stage then samples its fixed-s0 and epsilon rows with :func:`sample_state_prompt`: the
 state chain of a sample is drawn before decoding (a_1 ~ pi~(. | s_0), a_{t+1} ~ pi~(. | a_t), hard states,
-``ctrls.generate.controllability.draw_chains``; the fixed-s0 row keeps argmax s_0), the vectors of a_t
+``ctrls.generate.controllability.draw_chains``; the fixed-s0 row keeps argmax s_0; both under the position
+mask of ``grid.position_floor`` when it is set, ``position_mask_for``), the vectors of a_t
 enter the KV cache when step t opens, and the sampler's rules hold (a step ends at a newline after a
 non-blank line, the chain after the answer line, after T steps, at EOS or ``max_new_tokens``). Every
 step's state is read back by Q_phi from an unadapted pass without the vectors (a re-encode: the decoding
