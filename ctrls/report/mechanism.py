@@ -104,7 +104,16 @@ def _seed_row(s: dict, path) -> dict:
     return {"data seed": int(s["data_seed"]), "questions": int(s["questions"]), **checked_kappa(s["kappa"], path),
             "harm": hd, "harm lo": hlo, "harm hi": hhi, "non-inferior": bool(h["non_inferior"]),
             "ε − Base pass@n": checked_number(e, "diff", path, -1, 1), "ε − Base lo": checked_number(e, "lo", path, -1, 1),
-            "ε − Base hi": checked_number(e, "hi", path, -1, 1), **_answer_rates(s, path)}
+            "ε − Base hi": checked_number(e, "hi", path, -1, 1), **_answer_rates(s, path), **_eps_minus_fixed(s, path)}
+
+
+def _eps_minus_fixed(s: dict, path) -> dict:
+    """epsilon - fixed-s0 pass@1 [95%] (the exploration claim with the injection held), NaN where not stored."""
+    e = s.get("eps_minus_fixed_pass1")
+    if not isinstance(e, dict):
+        return {"ε − fixed": math.nan, "ε − fixed lo": math.nan, "ε − fixed hi": math.nan}
+    d, lo, hi = checked_interval(e, "diff", "lo", "hi", path)
+    return {"ε − fixed": d, "ε − fixed lo": lo, "ε − fixed hi": hi}
 
 
 def _answer_rates(s: dict, path) -> dict:
@@ -139,7 +148,9 @@ def seeds_view(t: pd.DataFrame) -> pd.DataFrame:
         f"non-inferior ({t.attrs.get('margin', 5):g} pts)": [("—" if pd.isna(x) else ("yes" if x else "no"))
                                                               for x in t["non-inferior"]],
         "ε − Base pass@n (pts)": [iv(*r, scale=100, digits=1, sign=True)
-                                  for r in zip(t["ε − Base pass@n"], t["ε − Base lo"], t["ε − Base hi"])]})
+                                  for r in zip(t["ε − Base pass@n"], t["ε − Base lo"], t["ε − Base hi"])],
+        "ε − fixed s0 pass@1 (pts)": [iv(*r, scale=100, digits=1, sign=True) for r in
+                                      zip(*(t.get(k, pd.Series([math.nan] * len(t))) for k in ("ε − fixed", "ε − fixed lo", "ε − fixed hi")))]})
 
 
 def state_prompt_frame(paths: list[str | Path] | None = None, seeds: str | Path | None = None) -> pd.DataFrame:
@@ -255,6 +266,14 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
                        f"run all {int(r['T'])} steps unanswered: "
                        + ("every step where s₀ can occur is held at it." if "floor" in t.attrs
                           else "every step is held at s₀, a move that seldom answers."))
+    got = per.dropna(subset=["ε − fixed"]) if "ε − fixed" in per else per.iloc[:0]
+    if len(got):  # the exploration claim with the injection held: drawn transitions against the row held at s0
+        won, lost = int((got["ε − fixed lo"] > 0).sum()), int((got["ε − fixed hi"] < 0).sum())
+        out.append("ε − fixed s₀ pass@1 (drawn transitions against the row held at s₀) is "
+                   + ", ".join(f"{_ci(100 * r['ε − fixed'], 100 * r['ε − fixed lo'], 100 * r['ε − fixed hi'], '{:+.1f}')} "
+                               f"points on seed {int(r['data seed'])}" for _, r in got.iterrows())
+                   + f": the drawn transitions win on {won} and lose on {lost} of {len(got)} "
+                   f"(95% intervals excluding 0).")
     pool = t[t["data seed"] == "pooled"]
     if len(per) > 1 and len(pool):  # questions of different seeds are different clusters of the bootstrap
         r = pool.iloc[0]
@@ -270,13 +289,14 @@ def stage_option_summary(t: pd.DataFrame, lead: str = "Through the stages (`stat
     per = t[t["data seed"].map(lambda x: isinstance(x, (int, np.integer)))]
     pool = t[t["data seed"] == "pooled"]
     r = pool.iloc[0] if len(per) > 1 and len(pool) else per.iloc[0]
-    seeds = " and ".join(str(int(x)) for x in per["data seed"])
+    names = [str(int(x)) for x in per["data seed"]]
+    seeds = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
     met = r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
     return (f"{lead} on fresh data seed{'s' if len(per) > 1 else ''} {seeds}, "
             f"κ = {', '.join(_ci(x.kappa, x['kappa lo'], x['kappa hi']) for _, x in per.iterrows())}"
             + (f", pooled {_ci(r.kappa, r['kappa lo'], r['kappa hi'])}" if len(per) > 1 else "")
             + f" ({int(r.questions)} questions, {int(r.steps)} steps): the bar is {'met' if met else 'not met'}; "
-            f"the row held at s₀ is {', '.join(_ci(100 * x.harm, 100 * x['harm lo'], 100 * x['harm hi'], '{:+.1f}') for _, x in per.iterrows())} "
+            f"the fixed-s₀ row is {', '.join(_ci(100 * x.harm, 100 * x['harm lo'], 100 * x['harm hi'], '{:+.1f}') for _, x in per.iterrows())} "
             "points of pass@1 against Base (the pretraining page says why).")
 
 

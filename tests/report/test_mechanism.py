@@ -151,3 +151,23 @@ def test_the_position_mask_result_is_read_with_its_masks_and_refused_without_the
     q = write(tmp_path, {"margin_points": 5, "overrides": over, "seeds": [bad], "pooled_kappa": kappa()}, "shape.json")
     with pytest.raises(ValueError, match="malformed"):
         position_mask_view(q)
+
+
+def test_eps_minus_fixed_is_shown_per_seed_and_counted_by_its_interval(tmp_path):
+    from ctrls.report.mechanism import stage_option_frame, stage_option_sentence
+
+    a, b, c = seed(6), seed(7), seed(8)
+    a["eps_minus_fixed_pass1"] = {"diff": 0.058, "lo": -0.025, "hi": 0.146}
+    b["eps_minus_fixed_pass1"] = {"diff": -0.275, "lo": -0.3875, "hi": -0.1667}  # c: stored without it
+    p = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"],
+                         "seeds": [a, b, c], "pooled_kappa": kappa()})
+    t = stage_option_frame(p)
+    v = seeds_view(t)
+    assert v["ε − fixed s0 pass@1 (pts)"].tolist()[:3] == ["+5.8 [−2.5, +14.6]", "−27.5 [−38.8, −16.7]", "—"]
+    s = stage_option_sentence(t)
+    assert "+5.8 [−2.5, +14.6] points on seed 6, −27.5 [−38.8, −16.7] points on seed 7: the" in s
+    assert "win on 0 and lose on 1 of 2" in s
+    with pytest.raises(ValueError, match="eps_minus|diff|lo|hi|interval"):
+        b["eps_minus_fixed_pass1"] = {"diff": 0.5, "lo": -0.1, "hi": 0.1}  # the estimate outside its interval
+        stage_option_frame(write(tmp_path, {"margin_points": 5, "overrides": ["state_prompt.use=true"],
+                                            "seeds": [b], "pooled_kappa": kappa()}, "bad.json"))
