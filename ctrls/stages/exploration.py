@@ -175,7 +175,7 @@ def _sample_pairs(cfg: Config, out: Path, progress: bool, readback: bool, masks:
         model = load_pretrained(pc, bb)
         sp = (load_state_prompt(pretrain_stages(pc)["state_prompt"], bb, int(model.config.n_states), pc.state_prompt.vectors)
               if cfg.state_prompt.use else None)
-        mask = position_mask_for(pc, int(model.config.n_states)) if g.position_floor > 0 else None
+        mask = position_mask_for(pc, pretrain_stages(pc)["states"].dir, int(model.config.n_states)) if g.position_floor > 0 else None
         if mask is not None:
             masks[pair_slug(bname, ds)] = mask.to_dict()
         reencode_s += _sample_grid(cfg, pc, bb, model, problems_from_config(pc, "test"), ds, grid, g.temperatures,

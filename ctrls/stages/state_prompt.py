@@ -111,14 +111,13 @@ def load_state_prompt(st: Stage, bb: Backbone, n_states: int, n_vectors: int) ->
     return sp
 
 
-def position_mask_for(cfg: Config, n_states: int):
+def position_mask_for(cfg: Config, states_dir: Path, n_states: int):
     """The pair's position mask (``ctrls.method.positions``) at ``grid.position_floor`` and
     ``grid.position_buckets``, from its pretraining chains' training steps (stage (d)'s hard states; the
     held-out questions' steps are left out): a choice made on training data only."""
     from ctrls.method.positions import position_mask
-    from ctrls.stages.pretrain import pretrain_stages
 
-    path = pretrain_stages(cfg)["states"].dir / "states.pt"
+    path = states_dir / "states.pt"  # stage (d)'s directory: pretrain_stages(cfg)["states"].dir
     try:
         st = torch.load(path, weights_only=True)
         post, index, held = st["s_post"], st["index"], st["heldout"].bool()

@@ -151,7 +151,8 @@ def test_the_position_mask_restricts_every_drawn_state_and_the_null(sp_run, tmp_
     assert {n: s.key for n, s in pretrain_stages(c.for_pair(*c.pairs()[0])).items()} == keys
     df = load_samples(c)
     K = int(df.n_states.iloc[0])
-    m = position_mask_for(c.for_pair(*c.pairs()[0]), K)
+    pc = c.for_pair(*c.pairs()[0])
+    m = position_mask_for(pc, pretrain_stages(pc)["states"].dir, K)
     assert not m.allowed.all()  # the test needs a state that is masked somewhere
     rec = _stage(c).summary()["position_masks"]
     assert list(rec.values())[0]["allowed"] == m.allowed.int().tolist()
