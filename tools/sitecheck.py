@@ -101,6 +101,7 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 # ``<-loopback>``: only the hosts listed bypass the proxy (Chromium would bypass all of 127.0.0.0/8)
 PROXY_BYPASS = "<-loopback>;127.0.0.1;localhost;[::1]"
 
+IDLE_MS = 500  # as Playwright's "networkidle": no request in flight for this long
 VIEWPORT = {"width": 1280, "height": 900}
 # The widths `python -m tools.sitecheck` (make check-site) checks: a laptop, and a phone (390 px,
 # 844 high), where a wide table may scroll inside its own box but nothing may widen the page.
@@ -208,15 +209,24 @@ def _check_page(context, url: str, shot: Path | None, timeout_ms: int, *, base: 
         if not is_local(u) and u not in external:
             external.append(u)
 
+    pending: dict = {}  # request -> url, while in flight (our own idle test: it can name what is pending)
+    quiet = [time.monotonic()]  # when the last request ended
+
     def on_request(req):
         requests.append(req.url)
         connection(req.resource_type, req.url)
+        pending[req] = req.url
+
+    def on_done(req):
+        if pending.pop(req, None) is not None:
+            quiet[0] = time.monotonic()
 
     def on_response(resp):
         if resp.status >= 400:
             missing.setdefault(resp.url, f"HTTP {resp.status}")
 
     def on_failed(req):
+        on_done(req)
         if is_local(req.url):  # external requests fail because we abort them: recorded as external
             missing.setdefault(req.url, req.failure or "failed")
 
@@ -241,6 +251,7 @@ def _check_page(context, url: str, shot: Path | None, timeout_ms: int, *, base: 
     def attach(p, where: str = "") -> None:
         """Record p's requests, responses, failures and console errors, and route its connections."""
         for event, fn in (("request", on_request), ("response", on_response), ("requestfailed", on_failed),
+                          ("requestfinished", on_done),
                           ("console", on_console), ("websocket", lambda ws: connection("websocket", ws.url)),
                           ("pageerror", lambda exc: console_errors.append(f"uncaught{where}: {exc}"))):
             p.on(event, fn)
@@ -293,10 +304,17 @@ def _check_page(context, url: str, shot: Path | None, timeout_ms: int, *, base: 
     warnings: list[str] = []
 
     def settle(what: str):
-        try:
-            page.wait_for_load_state("networkidle", timeout=timeout_ms)
-        except Exception:  # noqa: BLE001 - a page that never goes idle: screenshot it anyway
-            warnings.append(f"network not idle after {timeout_ms} ms ({what})")
+        """Wait until no request has been in flight for IDLE_MS (Playwright's "networkidle", counted here
+        so that a timeout can name what was pending); a page that never goes idle is screenshot anyway."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while pending or time.monotonic() - quiet[0] < IDLE_MS / 1000:
+            if time.monotonic() > deadline:
+                left = sorted(set(pending.values()))
+                warnings.append(f"network not idle after {timeout_ms} ms ({what}): "
+                                + (f"{len(left)} pending: {', '.join(left[:5])}" if left
+                                   else "requests kept starting"))
+                return
+            page.wait_for_timeout(50)  # pumps the page's events
 
     settle("load")
     mathjax = page.evaluate(WAIT_MATHJAX, timeout_ms)
@@ -376,7 +394,7 @@ def check_site(html_dir: str | os.PathLike, out_dir: str | os.PathLike,
     "url"}``: resource types such as ``script``, ``fetch``, ``xhr``, ``eventsource``, ``ping`` (a
     beacon), ``websocket``, ``webtransport``, and ``sendbeacon``, ``webrtc``, ``preconnect``...),
     ``console_errors``, ``mathjax`` ("none", "done", "timeout" or "error: ..."), ``n_math`` (formulas
-    MathJax typeset), ``warnings`` (waits that timed out), ``overflow`` and ``junk`` (lists of
+    MathJax typeset), ``warnings`` (waits that timed out, naming the requests still pending), ``overflow`` and ``junk`` (lists of
     ``{"element", "why"}`` and ``{"kind", "element", "text"}``; see the module's docstring),
     ``page_width``, ``n_links`` and ``broken_links`` (``{"href", "why", "element"}``: a link into
     the site with no such file, or no element with its ``#anchor``'s id; :func:`broken_links`) and

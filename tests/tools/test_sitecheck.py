@@ -308,6 +308,36 @@ def test_screenshots_only_of_the_pages_named(chromium, tmp_path):
         check_site(site, tmp_path / "shots", chromium=chromium, shots=("gone.html",))
 
 
+def test_a_page_that_never_goes_idle_is_named_with_what_was_pending(chromium, tmp_path):
+    """The idle wait counts requests itself: a request that is never answered is named in the warning,
+    a page that keeps starting requests says so, and a quiet page has no warning."""
+    import socket
+
+    from tools.sitecheck import check_site
+
+    hang = socket.socket()  # accepts (the kernel's backlog) and never answers
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(4)
+    port = hang.getsockname()[1]
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("<!doctype html><title>i</title><p>quiet</p>")
+    (site / "hang.html").write_text(
+        f'<!doctype html><title>h</title><script>fetch("http://127.0.0.1:{port}/never")</script>')
+    (site / "poll.html").write_text(
+        '<!doctype html><title>p</title><script>setInterval(() => fetch("index.html"), 100)</script>')
+    try:
+        report = check_site(site, tmp_path / "shots", chromium=chromium, timeout_s=3, shots=())
+    finally:
+        hang.close()
+    pages = report["pages"]
+    assert pages["index.html"]["warnings"] == []
+    assert pages["hang.html"]["warnings"] and all(
+        f"1 pending: http://127.0.0.1:{port}/never" in w for w in pages["hang.html"]["warnings"])
+    assert pages["poll.html"]["warnings"] and all(
+        "requests kept starting" in w or "pending: " in w for w in pages["poll.html"]["warnings"])
+
+
 @pytest.mark.parametrize("width", [0, -5, 239, 7681, 10**6])
 def test_a_window_width_no_device_has_is_refused_before_a_browser_starts(width, tmp_path, capsys):
     """`--width 0` once "checked" the site in a 0 px window and reported every page broken."""
