@@ -20,12 +20,16 @@ import torch
 
 @dataclass(frozen=True)
 class PositionMask:
-    """``allowed`` (B, K) bool: state k can occur at position bucket b; ``mode`` (B,): each bucket's most
-    frequent state; ``counts`` (B, K): the pretraining chains' steps per bucket and state."""
+    """``allowed`` (B, K) bool: state k can occur at position bucket b; ``counts`` (B, K): the pretraining
+    chains' steps per bucket and state."""
 
     allowed: torch.Tensor
-    mode: torch.Tensor
     counts: torch.Tensor
+
+    @property
+    def mode(self) -> torch.Tensor:
+        """(B,) each bucket's most frequent state (the lowest on a tie; 0 for a bucket no chain reaches)."""
+        return self.counts.argmax(1)
 
     @property
     def buckets(self) -> int:
@@ -67,10 +71,9 @@ def position_mask(step_index: torch.Tensor, states: torch.Tensor, n_states: int,
     counts = torch.zeros(buckets, n_states, dtype=torch.long).index_put_((b, s), torch.ones_like(s), accumulate=True)
     total = counts.sum(1, keepdim=True)
     allowed = (counts >= floor * total) & (counts > 0)  # a state no chain put there is never allowed (unless the bucket is empty)
-    mode = counts.argmax(1)
-    allowed[torch.arange(buckets), mode] = True
+    allowed[torch.arange(buckets), counts.argmax(1)] = True  # the bucket's most frequent state
     allowed[total[:, 0] == 0] = True  # no chain reaches this bucket: nothing to say, every state allowed
-    return PositionMask(allowed, mode, counts)
+    return PositionMask(allowed, counts)
 
 
 __all__ = ["PositionMask", "position_mask"]

@@ -228,7 +228,7 @@ def stage_option_frame(path: str | Path | None = None) -> pd.DataFrame:
     own fit and decode, run by the README's commands); refused when its overrides do not hold the option."""
     path = Path(path) if path else results_dir() / STAGE_OPTION_RESULT
     d = read_result(path)
-    if "state_prompt.use=true" not in [str(o).replace(" ", "").lower() for o in d.get("overrides") or []]:
+    if str(_override(d, "state_prompt.use")).lower() != "true":
         raise ValueError(f"{path}: not runs with state_prompt.use=true (overrides {d.get('overrides')})")
     t = seeds_frame(path)
     if t["data seed"].map(lambda x: isinstance(x, (int, np.integer))).sum() == 1:  # one seed: its pooled row repeats it
@@ -331,26 +331,33 @@ def position_mask_frame(path: str | Path | None = None) -> pd.DataFrame:
         raise ValueError(f"{path}: not runs with grid.position_floor in (0, 1] (overrides {d.get('overrides')})")
     if not all(isinstance(s.get("position_masks"), dict) and s["position_masks"] for s in d.get("seeds") or []):
         raise ValueError(f"{path}: a seed without its stored position mask (studies/seeds.py stores it)")
+    masks = {}  # data seed -> {pair: (counts, allowed)}, checked here so that the view needs no second read
+    for s in d.get("seeds") or []:
+        for pair, m in s["position_masks"].items():
+            try:
+                counts, allowed = np.asarray(m["counts"], dtype=int), np.asarray(m["allowed"], dtype=bool)
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{path}: seed {s.get('data_seed')}'s mask for {pair} is malformed ({e})") from None
+            if counts.shape != allowed.shape or counts.ndim != 2 or (counts < 0).any():
+                raise ValueError(f"{path}: seed {s.get('data_seed')}'s mask for {pair} is malformed")
+            masks.setdefault(int(s["data_seed"]), {})[pair] = (counts.tolist(), allowed.tolist())  # lists: attrs are compared
     t = stage_option_frame(path)
-    t.attrs["floor"] = floor
+    t.attrs.update(floor=floor, masks=masks)
     return t
 
 
-def position_mask_view(path: str | Path | None = None) -> pd.DataFrame:
-    """Each stored seed's mask: per step position, the training chains' steps in each state, marked ✓ where
-    the state can occur there (at least ``floor`` of the position's steps, or the position's most frequent)."""
-    path = Path(path) if path else results_dir() / POSITION_MASK_RESULT
-    d = read_result(path)
+def position_mask_view(t: pd.DataFrame) -> pd.DataFrame:
+    """The masks :func:`position_mask_frame` read: per seed and step position, the training chains' steps in
+    each state, marked ✓ where the state can occur there (at least ``floor`` of the position's steps, or the
+    position's most frequent)."""
     rows = []
-    for s in d.get("seeds") or []:
-        for pair, m in s["position_masks"].items():
-            counts, allowed = np.asarray(m["counts"], dtype=int), np.asarray(m["allowed"], dtype=bool)
-            if counts.shape != allowed.shape or counts.ndim != 2 or (counts < 0).any():
-                raise ValueError(f"{path}: seed {s.get('data_seed')}'s mask for {pair} is malformed")
+    for seed, pairs in t.attrs["masks"].items():
+        for counts, allowed in pairs.values():
+            counts, allowed = np.asarray(counts, dtype=int), np.asarray(allowed, dtype=bool)
             B = len(counts)
             for b in range(B):
                 at = f"step {b + 1}" + ("+" if b == B - 1 else "")
-                rows.append({"data seed": int(s["data_seed"]), "position": at, "training steps": int(counts[b].sum()),
+                rows.append({"data seed": seed, "position": at, "training steps": int(counts[b].sum()),
                              **{f"state {k}": f"{counts[b, k]}{' ✓' if allowed[b, k] else ''}" for k in range(counts.shape[1])}})
     return pd.DataFrame(rows)
 

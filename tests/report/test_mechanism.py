@@ -134,7 +134,7 @@ def test_the_position_mask_result_is_read_with_its_masks_and_refused_without_the
     t = position_mask_frame(p)
     assert t.attrs["floor"] == 0.05 and list(t["data seed"]) == [6]
     assert stage_option_sentence(t, lead="With the mask").startswith("With the mask on data seed 6")
-    v = position_mask_view(p)
+    v = position_mask_view(t)
     assert v.position.tolist() == ["step 1", "step 2+"] and v["training steps"].tolist() == [35, 50]
     assert v["state 0"].tolist() == ["0", "40 ✓"] and v["state 1"].tolist() == ["30 ✓", "1"]
     note = stage_option_note(tmp_path / "absent.json", p)
@@ -149,8 +149,8 @@ def test_the_position_mask_result_is_read_with_its_masks_and_refused_without_the
         position_mask_frame(q)
     bad = {**s6, "position_masks": {"x": {**mask, "allowed": [[1, 1]]}}}
     q = write(tmp_path, {"margin_points": 5, "overrides": over, "seeds": [bad], "pooled_kappa": kappa()}, "shape.json")
-    with pytest.raises(ValueError, match="malformed"):
-        position_mask_view(q)
+    with pytest.raises(ValueError, match="shape.json.*malformed"):
+        position_mask_frame(q)
 
 
 def test_eps_minus_fixed_is_shown_per_seed_and_counted_by_its_interval(tmp_path):
