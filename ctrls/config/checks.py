@@ -51,6 +51,12 @@ def _check_position_mask(cfg: Config) -> None:
                       "unmasked")
 
 
+def _check_state_prompt_adapter(cfg: Config) -> None:
+    if cfg.state_prompt.with_adapter and not cfg.state_prompt.use:
+        raise refuse("state_prompt.with_adapter", True, "false with state_prompt.use=false",
+                      "it says how the state prompt's rows are decoded; without the state prompt they use the adapter alone")
+
+
 def _check_rl_temperature(cfg: Config) -> None:
     if cfg.rl.temperature not in cfg.grid.temperatures:
         raise refuse("rl.temperature", cfg.rl.temperature, f"one of grid.temperatures {cfg.grid.temperatures}",
@@ -193,7 +199,7 @@ def _check_word_problems(cfg: Config) -> None:
 CROSS_CHECKS: list[Callable[[Config], None]] = [_check_group_baseline, _check_rl_temperature, _check_subset_sizes,
                                                 _check_judge_pair, _check_generated_sizes, _check_pair_dirs, _check_name_lengths,
                                                 _check_labels, _check_word_problems, _check_transfer, _check_compile,
-                                                _check_position_mask]
+                                                _check_position_mask, _check_state_prompt_adapter]
 
 
 def validate(cfg: Config) -> Config:

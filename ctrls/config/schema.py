@@ -217,6 +217,9 @@ class StatePromptConfig:
     """stop after this many epochs without a better held-out log P per token; the best epoch is kept"""
     batch: int = key(2, at_least(1))
     """chains per Adam step (2: the studies' fits on data seeds 1-5)"""
+    with_adapter: bool = False
+    """apply the pretrained last-hidden adapter (Eq. 8, frozen) as well: the vectors are fitted through it and
+    the rows decoded with both (issue 47, "measure both"); false: the vectors alone"""
 
 
 @dataclass

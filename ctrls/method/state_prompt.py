@@ -11,7 +11,9 @@ et al. 2021, per state):
 Teacher forcing (:func:`chain_logprob`) and decoding (:func:`decode_chains`, the KV cache holding a
 state's vectors from the moment the state is drawn) build the same sequence, positions included; the
 read-back of a step is Q_phi on an unadapted pass *without* the vectors
-(``ctrls.generate.controllability.encode_generations``).
+(``ctrls.generate.controllability.encode_generations``). With a ``head`` (:func:`adapter_head`) the
+last-hidden adapter of Eq. 8 is applied as well: each token is predicted from E'(h, z_t) of its step's
+state, in teacher forcing and in decoding alike (``state_prompt.with_adapter``).
 """
 from __future__ import annotations
 
@@ -67,6 +69,29 @@ def interleave(embeds: torch.Tensor, prompt_len: int, spans: Sequence[tuple[int,
     return torch.cat(parts), torch.as_tensor(where)
 
 
+Head = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (h (n, d), states (n, K)) -> logits (n, V)
+
+
+def adapter_head(lm, adapter, centroids: torch.Tensor) -> Head:
+    """The LM head after the last-hidden adapter (Eq. 8): logits of E'(h, s Gamma) for last hidden states h
+    (n, d) under states s (n, K); a frozen adapter (its weights are not trained here)."""
+    out = lm.get_output_embeddings()
+
+    def head(h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return out(adapter.forward_s(h, s.to(h.device), centroids.to(h.device)))  # Eq. 8, then the LM head
+
+    return head
+
+
+def _run(lm, head: Head | None, **kw) -> torch.Tensor:
+    """The backbone's logits (B, S, V) without a head, its last hidden states (B, S, d) with one."""
+    if head is None:
+        return lm(**kw).logits
+    from ctrls.method.backbone import decoder_body
+
+    return decoder_body(lm)(**kw).last_hidden_state
+
+
 def prompt_cache(lm, prompt: Sequence[int]):
     """The KV cache of the prompt alone (no state vector reaches it), for :func:`chain_logprob`'s ``cache``:
     pass a copy per chain (a forward extends the cache it is given)."""
@@ -80,21 +105,28 @@ def prompt_cache(lm, prompt: Sequence[int]):
 
 
 def chain_logprob(lm, prompt: Sequence[int], chain: Sequence[int], spans: Sequence[tuple[int, int]],
-                  states: torch.Tensor, prompt_vectors: StatePrompt, cache=None) -> tuple[torch.Tensor, int]:
+                  states: torch.Tensor, prompt_vectors: StatePrompt, cache=None,
+                  head: Head | None = None) -> tuple[torch.Tensor, int]:
     """Summed log P of each step's tokens given the prompt, the earlier steps and each step's state
     vectors (teacher forcing); ``states`` (T, K). Gradients reach the vectors only (the backbone is frozen).
-    ``cache``: the prompt's KV cache (:func:`prompt_cache`), consumed: only the chain is then run."""
+    ``cache``: the prompt's KV cache (:func:`prompt_cache`), consumed: only the chain is then run.
+    ``head``: logits from the last hidden states and each token's step state (:func:`adapter_head`)."""
     emb = lm.get_input_embeddings()
     ids = torch.as_tensor([*prompt, *chain], device=emb.weight.device)
     x, where = interleave(emb(ids), len(prompt), spans, prompt_vectors(states).to(emb.weight.dtype))  # the backbone's dtype (bf16 on a GPU)
     P = len(prompt)
     if cache is None:
-        logits, offset = lm(inputs_embeds=x[None]).logits[0], 0
+        out, offset = _run(lm, head, inputs_embeds=x[None])[0], 0
     else:  # positions continue from the cache's length, as in decoding
-        logits, offset = lm(inputs_embeds=x[None, P:], past_key_values=cache, use_cache=True).logits[0], P
+        out, offset = _run(lm, head, inputs_embeds=x[None, P:], past_key_values=cache, use_cache=True)[0], P
     want = [P + i for a, b in spans for i in range(a, b)]  # the step tokens
     src = where[want] - 1 - offset  # each predicted from the position before it (a state vector at a step's start)
-    lp = F.log_softmax(logits[src].float(), -1).gather(1, ids[want][:, None]).sum()
+    if head is None:
+        logits = out[src]
+    else:  # each token under its own step's state
+        step = torch.as_tensor([t for t, (a, b) in enumerate(spans) for _ in range(a, b)], device=states.device)
+        logits = head(out[src], states[step].float())
+    lp = F.log_softmax(logits.float(), -1).gather(1, ids[want][:, None]).sum()
     return lp, len(want)
 
 
@@ -123,46 +155,48 @@ class Chain:
     states: torch.Tensor
 
 
-def _logp(lm, c: Chain, sp: StatePrompt, caches: PromptCaches) -> tuple[torch.Tensor, int]:
+def _logp(lm, c: Chain, sp: StatePrompt, caches: PromptCaches, head: Head | None = None) -> tuple[torch.Tensor, int]:
     z = F.one_hot(c.states.long(), sp.n_states).float()
-    return chain_logprob(lm, c.prompt, c.chain, c.spans, z, sp, cache=caches(c.prompt))
+    return chain_logprob(lm, c.prompt, c.chain, c.spans, z, sp, cache=caches(c.prompt), head=head)
 
 
-def logp_per_token(lm, chains: Sequence[Chain], sp: StatePrompt, caches: PromptCaches | None = None) -> float:
+def logp_per_token(lm, chains: Sequence[Chain], sp: StatePrompt, caches: PromptCaches | None = None,
+                   head: Head | None = None) -> float:
     """Mean log P of the chains' step tokens under their states' vectors (teacher forcing)."""
     caches = caches or PromptCaches(lm)
     tot, n = 0.0, 0
     with torch.no_grad():
         for c in chains:
-            lp, k = _logp(lm, c, sp, caches)
+            lp, k = _logp(lm, c, sp, caches, head)
             tot, n = tot + float(lp), n + k
     return tot / max(n, 1)
 
 
 def fit(lm, train: Sequence[Chain], heldout: Sequence[Chain], n_states: int, n_vectors: int, lr: float, epochs: int,
         patience: int, batch: int, seed: int, on_best: Callable | None = None,
-        on_epoch: Callable[[dict], None] | None = None) -> tuple[StatePrompt, dict]:
+        on_epoch: Callable[[dict], None] | None = None, head: Head | None = None) -> tuple[StatePrompt, dict]:
     """Adam on the vectors V only (the backbone frozen): maximise the mean log P per step token of the
     ``train`` chains, each step under its state; early stopping on the ``heldout`` chains' log P per
     token (``patience`` epochs without a better one), the best epoch's vectors kept (epoch 0: the
     initial vectors). ``on_best(sp, info)`` runs each time an epoch improves it (a checkpoint), ``on_epoch(row)``
-    after every epoch. Returns (the vectors, {history, kept_epoch, train_seconds, finished})."""
+    after every epoch; ``head``: the frozen adapter's (:func:`adapter_head`), trained through.
+    Returns (the vectors, {history, kept_epoch, train_seconds, finished})."""
     import time
 
     sp = StatePrompt(n_states, n_vectors, lm.get_input_embeddings().weight.detach(), seed=seed)
     opt = torch.optim.Adam(sp.parameters(), lr=lr)
     caches = PromptCaches(lm)
-    best = (logp_per_token(lm, heldout, sp, caches), 0, sp.vectors.detach().clone())
+    best = (logp_per_token(lm, heldout, sp, caches, head), 0, sp.vectors.detach().clone())
     hist = [{"epoch": 0, "heldout_logp_per_token": best[0]}]
     g, t0 = torch.Generator().manual_seed(seed), time.perf_counter()
     for ep in range(1, epochs + 1):
         order = torch.randperm(len(train), generator=g).tolist()
         for i in range(0, len(order), batch):  # one Adam step per ``batch`` chains: the mean log P per token
             opt.zero_grad()
-            parts = [_logp(lm, train[j], sp, caches) for j in order[i:i + batch]]
+            parts = [_logp(lm, train[j], sp, caches, head) for j in order[i:i + batch]]
             (-sum(lp for lp, _ in parts) / max(1, sum(k for _, k in parts))).backward()
             opt.step()
-        v = logp_per_token(lm, heldout, sp, caches)
+        v = logp_per_token(lm, heldout, sp, caches, head)
         if not torch.isfinite(torch.tensor(v)) or not torch.isfinite(sp.vectors).all():
             raise FloatingPointError(f"state prompt fit: the held-out log P per token is {v} after epoch {ep} "
                                      f"(learning rate {lr}); lower state_prompt.lr")
@@ -197,11 +231,11 @@ def decode_chain(lm, prompt: Sequence[int], draw: Callable[[int], int], prompt_v
                  ends_step: Callable[[int, bool], bool], has_content: Callable[[int], bool], max_new_tokens: int,
                  max_steps: int, sample: Callable[[torch.Tensor], int], stop: set[int],
                  forced: Sequence[int] | None = None, record: list | None = None,
-                 closes_chain: Callable[[list[int], int], str | None] | None = None) -> Decoded:
+                 closes_chain: Callable[[list[int], int], str | None] | None = None, head: Head | None = None) -> Decoded:
     """One chain: :func:`decode_chains` with one row."""
     return decode_chains(lm, [prompt], [draw], prompt_vectors, ends_step, has_content, max_new_tokens, max_steps,
                          sample, stop, forced=None if forced is None else [forced],
-                         record=None if record is None else [record], closes_chain=closes_chain)[0]
+                         record=None if record is None else [record], closes_chain=closes_chain, head=head)[0]
 
 
 @torch.no_grad()
@@ -209,7 +243,8 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
                   ends_step: Callable[[int, bool], bool], has_content: Callable[[int], bool], max_new_tokens: int,
                   max_steps: int, sample: Callable[[torch.Tensor], int] | Sequence[Callable[[torch.Tensor], int]],
                   stop: set[int], forced: Sequence[Sequence[int]] | None = None, record: list[list] | None = None,
-                  closes_chain: Callable[[list[int], int], str | None] | None = None, cache=None) -> list[Decoded]:
+                  closes_chain: Callable[[list[int], int], str | None] | None = None, cache=None,
+                  head: Head | None = None) -> list[Decoded]:
     """Decode one chain per row side by side with the KV cache: row r's prompt ``prompts[r]`` (left-padded
     to the longest), then
     the vectors of state ``draws[r](t)`` at the start of each step t (until ``max_steps``), then tokens
@@ -224,7 +259,8 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
     preallocated one, ``ctrls.generate.kv_cache.new_cache``). Rows that open a step feed their token and the state's
     m vectors in one pass; the others pad those slots (masked out of attention, not counted as positions),
     so each row sees the sequence :func:`chain_logprob` builds. Rows with one prompt share its prefill;
-    a finished row leaves the batch and its cache."""
+    a finished row leaves the batch and its cache. ``head``: as :func:`chain_logprob`'s, each token under
+    the state of the step it belongs to (the row's last drawn state)."""
     from transformers import DynamicCache
 
     emb = lm.get_input_embeddings()
@@ -263,10 +299,13 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
                 new[j, :len(feed[r])] = 1
         pid = pos[:, None] + (new.cumsum(1) - 1).clamp(min=0)  # padding repeats the last real position
         mask = torch.cat([mask, new], 1)
-        out = lm(inputs_embeds=x, attention_mask=mask, position_ids=pid, past_key_values=kv, use_cache=True).logits
+        out = _run(lm, head, inputs_embeds=x, attention_mask=mask, position_ids=pid, past_key_values=kv, use_cache=True)
         pos.add_(new.sum(1))
         last = (new.sum(1) - 1).clamp(min=0)
         lg = out[torch.arange(len(alive), device=dev), last]
+        if head is not None:  # every alive row has drawn a state (the first forward draws one for each)
+            z = F.one_hot(torch.as_tensor([res[r].states[-1] for r in alive], device=dev), prompt_vectors.n_states)
+            lg = head(lg, z.float())
         return {r: lg[j] for j, r in enumerate(alive)}
 
     def drop_finished() -> None:

@@ -19,7 +19,8 @@ so nothing is lost or duplicated. A part is reused only if it reads as a parquet
 and a rerun redoes a part that is missing or changed (``ctrls.stages.runs``).
 
 With ``state_prompt.use`` the fixed-s0 and CTRLS(epsilon) rows are decoded under the state prompt's vectors
-instead of the adapter (``ctrls.stages.state_prompt``); Base rows and the read-back are unchanged. With
+instead of the adapter (with ``state_prompt.with_adapter``: as well as the adapter; ``ctrls.stages.state_prompt``);
+Base rows and the read-back are unchanged. With
 ``grid.position_floor`` > 0 as well, their drawn states and Base's independent chains keep to the states that
 can occur at each step (``ctrls.method.positions``), and the fixed-s0 row holds s_0 only where it can occur;
 the stage's ``done`` record holds each pair's mask.
@@ -230,7 +231,8 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
         seeds = [seed_of(cfg.seed, bname, ds, eta, label, problems[j].id) for j in chunk]
         if row.ctrls and state_prompt is not None:  # read back by a re-encode: the decoding pass holds the vectors
             gens = sample_state_prompt(bb, model, state_prompt, [enc[j] for j in chunk], g.n_samples, params, seeds,
-                                       layer=pc.backbone.hidden_layer, mask=mask)
+                                       layer=pc.backbone.hidden_layer, mask=mask,
+                                       with_adapter=pc.state_prompt.with_adapter)
         else:
             gens = sample(bb, [enc[j][0] for j in chunk], g.n_samples, params, model=model if row.ctrls else None,
                           seeds=seeds, prompt_starts=[enc[j][1] for j in chunk], read_states=model if readback else None)

@@ -204,7 +204,8 @@ def pretrain_stages(cfg: Config) -> dict[str, Stage]:
             continue  # off: the other stages' keys and directories are those of a run without the option
         # the adapter stage also writes the checkpoint next to its directory
         extra = (cfg.stage_dir("pretrain", pair, "checkpoint"),) if name == "adapter" else ()
-        st = Stage(cfg, "pretrain", keys, pair, name, upstream=upstream, inputs=tuple(out[r] for r in READS[name]),
+        reads = READS[name] + (("adapter",) if name == "state_prompt" and cfg.state_prompt.with_adapter else ())
+        st = Stage(cfg, "pretrain", keys, pair, name, upstream=upstream, inputs=tuple(out[r] for r in reads),
                    extra=extra)
         out[name] = st
         upstream = (st.key,)
@@ -285,7 +286,9 @@ def _run_stages(cfg: Config, stages: dict[str, Stage], backbone: Backbone | None
         else:  # (g) state_prompt.use: the state prompt's vectors
             from ctrls.stages.state_prompt import fit_state_prompt
 
-            summary = fit_state_prompt(cfg, need_backbone(), stages, st.dir, progress)
+            frozen = (load_checkpoint(stages["adapter"].dir.parent / "checkpoint", need_backbone())  # the adapter it fits through
+                      if cfg.state_prompt.with_adapter else None)
+            summary = fit_state_prompt(cfg, need_backbone(), stages, st.dir, progress, adapter_model=frozen)
         if w.is_main:
             st.finish(**summary)
 

@@ -50,9 +50,11 @@ def prompt_chains(cfg: Config, data, tok, split: str) -> list[Chain]:
     return out
 
 
-def fit_state_prompt(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path, progress: bool = True) -> dict:
+def fit_state_prompt(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path, progress: bool = True,
+                     adapter_model=None) -> dict:
     """Stage (g): fit the vectors, write ``out/vectors.safetensors`` (the fit's history in its metadata);
-    the stage's summary."""
+    the stage's summary. ``adapter_model``: the pretrained ``CTRLSModel`` whose frozen adapter the vectors are
+    fitted through (``state_prompt.with_adapter``)."""
     from safetensors.torch import save_file
 
     from ctrls.stages.adapter_train import StepData
@@ -70,16 +72,29 @@ def fit_state_prompt(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: P
     def report(row: dict) -> None:
         log.info("state prompt epoch %d: held-out log P per token %.4f", row["epoch"], row["heldout_logp_per_token"])
 
+    if sp_cfg.with_adapter and adapter_model is None:
+        raise ValueError("state_prompt.with_adapter: fit_state_prompt needs the pretrained adapter (adapter_model)")
+    head = _head(bb, adapter_model) if sp_cfg.with_adapter else None
     sp, info = fit(bb.model, train, held, K, sp_cfg.vectors, sp_cfg.lr, sp_cfg.epochs, sp_cfg.patience, sp_cfg.batch,
-                   cfg.seed, on_epoch=report if progress else None)
+                   cfg.seed, on_epoch=report if progress else None, head=head)
     tmp = out / (VECTORS + ".tmp")
     save_file({"vectors": sp.vectors.detach().float().cpu().contiguous()}, str(tmp), metadata={"fit": json.dumps(info)})
     tmp.replace(out / VECTORS)
-    return {"n_states": K, "vectors_per_state": sp_cfg.vectors, "train_chains": len(train), "heldout_chains": len(held),
+    return {"n_states": K, "vectors_per_state": sp_cfg.vectors, "with_adapter": sp_cfg.with_adapter,
+            "train_chains": len(train), "heldout_chains": len(held),
             "kept_epoch": info["kept_epoch"], "epochs_run": len(info["history"]) - 1,
             "heldout_logp_per_token": info["history"][info["kept_epoch"]]["heldout_logp_per_token"],
             "initial_heldout_logp_per_token": info["history"][0]["heldout_logp_per_token"],
             "train_seconds": round(info["train_seconds"], 1)}
+
+
+def _head(bb: Backbone, model):
+    """The frozen last-hidden adapter of the CTRLS model ``model`` as the state prompt's head."""
+    from ctrls.method.state_prompt import adapter_head
+
+    for p in model.adapter.parameters():
+        p.requires_grad_(False)
+    return adapter_head(bb.model, model.adapter, model.centroids)
 
 
 def load_state_prompt(st: Stage, bb: Backbone, n_states: int, n_vectors: int) -> StatePrompt:
@@ -146,12 +161,13 @@ def _row_sampler(key: int, temperature: float, top_k: int):
 
 @torch.no_grad()
 def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[tuple[list[int], int]], n: int,
-                        params, seeds: Sequence[int], layer: int = -1, mask=None) -> list[list]:
+                        params, seeds: Sequence[int], layer: int = -1, mask=None, with_adapter: bool = False) -> list[list]:
     """``n`` samples of each (prompt ids, s_0 start) decoded under the state prompt (module docstring), with
     ``params`` (``ctrls.generate.decoding.SampleParams``: temperature, top_k, max_new_tokens, max_steps,
     epsilon, transitions, stop_at_answer). With ``mask`` (``ctrls.method.positions.PositionMask``) the drawn
     chains keep to the states that can occur at each step, and the fixed-s0 row holds s_0 only where it can
-    (``PositionMask.fixed``). Returns one list of ``Generation`` per prompt, each with
+    (``PositionMask.fixed``); ``with_adapter``: ``model``'s adapter applied as well (``state_prompt.with_adapter``).
+    Returns one list of ``Generation`` per prompt, each with
     ``states`` (s_0, then each step's drawn state, one-hot), ``encoded`` and ``encoded_s0`` (the read-back)."""
     from ctrls.data.prompts import ANSWER_LINE, content_token, join_blank_tail, newline_token_ids
     from ctrls.generate.controllability import draw_chains, encode_generations
@@ -185,7 +201,8 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
             bb.model, [prompts[i][0] for i, _ in flat], [lambda t, c=chains[i][m]: int(c[t]) for i, m in flat], sp,
             ends_step=lambda x, has: x in nl and has, has_content=content_token(tok), max_new_tokens=params.max_new_tokens,
             max_steps=T, sample=[_row_sampler(stream_key(seeds[i], m), params.temperature, params.top_k) for i, m in flat],
-            stop=eos_ids(bb), closes_chain=closes, cache=new_cache(bb.model, capacity))
+            stop=eos_ids(bb), closes_chain=closes, cache=new_cache(bb.model, capacity),
+            head=_head(bb, model) if with_adapter else None)
     out: list[list] = [[] for _ in prompts]
     for (i, m), d in zip(flat, decoded):
         spans = join_blank_tail(d.token_ids, list(d.spans), tok)  # as the engine's _end_step

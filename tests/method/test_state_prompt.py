@@ -4,7 +4,15 @@ the vectors."""
 import pytest
 import torch
 
-from ctrls.method.state_prompt import StatePrompt, chain_logprob, decode_chain, decode_chains, interleave, prompt_cache
+from ctrls.method.state_prompt import (
+    StatePrompt,
+    adapter_head,
+    chain_logprob,
+    decode_chain,
+    decode_chains,
+    interleave,
+    prompt_cache,
+)
 
 
 def test_interleave_places_each_states_vectors_before_its_step():
@@ -17,12 +25,23 @@ def test_interleave_places_each_states_vectors_before_its_step():
         interleave(emb, 3, [(2, 3), (0, 1)], vec)
 
 
-def _decode(bb, sp, forced, states, record=None, max_steps=3):
+def _decode(bb, sp, forced, states, record=None, max_steps=3, head=None):
     nl = {int(forced[2]), int(forced[5])}  # two tokens of the chain act as newlines
     return decode_chain(bb.model, [1, 5, 9, 4], lambda t: states[t], sp,
                         ends_step=lambda tok, content: tok in nl and content, has_content=lambda tok: tok not in nl,
                         max_new_tokens=len(forced), max_steps=max_steps, sample=lambda lg: int(lg.argmax()), stop=set(),
-                        forced=forced, record=record)
+                        forced=forced, record=record, head=head)
+
+
+def _head(bb, K=4, scale=0.5, seed=0):
+    """The last-hidden adapter's head with a random F_u (scale 0: a fresh adapter, E' = E)."""
+    from ctrls.method.adapter import StateAdapter
+
+    torch.manual_seed(seed)
+    d = bb.model.config.hidden_size
+    ad = StateAdapter(d, 2 * d, rank=8)
+    torch.nn.init.normal_(ad.up.weight, std=scale) if scale else None
+    return adapter_head(bb.model, ad, torch.randn(K, 2 * d)), ad
 
 
 @pytest.mark.parametrize("max_steps", [3, 2])
@@ -45,6 +64,46 @@ def test_teacher_forcing_equals_decoding_with_the_cache(tiny_llama, max_steps):
     with torch.no_grad():  # the prompt from its cache: the same sequence, the same positions
         lp_cached, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp, cache=prompt_cache(bb.model, [1, 5, 9, 4]))
     assert float(lp_cached) == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.parametrize("max_steps", [3, 2])
+def test_with_the_adapter_teacher_forcing_equals_decoding(tiny_llama, max_steps):
+    """With the last-hidden adapter as the head, each token is scored under its own step's state in both
+    passes; a fresh adapter (F_u = 0) leaves log P as without it, a trained one changes it."""
+    bb = tiny_llama
+    torch.manual_seed(0)
+    sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=1)
+    forced, states, head = torch.randint(10, 200, (9,)).tolist(), [2, 0, 3], _head(bb)[0]
+    rec = []
+    d = _decode(bb, sp, forced, states, rec, max_steps, head=head)
+    z = torch.nn.functional.one_hot(torch.as_tensor(d.states), 4).float()
+    want = sum(rec[i] for a, b in d.spans for i in range(a, b))
+    with torch.no_grad():
+        lp, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp, head=head)
+        cached, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp, head=head,
+                                  cache=prompt_cache(bb.model, [1, 5, 9, 4]))
+        plain, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp)
+        fresh, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp, head=_head(bb, scale=0)[0])
+        swapped, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z.flip(0), sp, head=head)
+    assert float(lp) == pytest.approx(want, abs=1e-4) and float(cached) == pytest.approx(want, abs=1e-4)
+    assert float(fresh) == pytest.approx(float(plain), abs=1e-5)
+    assert abs(float(lp) - float(plain)) > 1e-3 and abs(float(swapped) - float(lp)) > 1e-3
+
+
+def test_the_fit_trains_the_vectors_through_a_frozen_adapter(tiny_llama):
+    from ctrls.method.state_prompt import Chain, fit
+
+    bb = tiny_llama
+    head, ad = _head(bb, K=3)
+    before = {k: v.clone() for k, v in ad.state_dict().items()}
+    chains = [Chain([1, 2, 3], [11, 12, 13, 14, 15], [(0, 2), (2, 5)], torch.as_tensor([0, 2])),
+              Chain([4, 5], [16, 17, 18], [(0, 1), (1, 3)], torch.as_tensor([1, 1]))]
+    for p in bb.model.parameters():
+        p.requires_grad_(False)
+    sp, info = fit(bb.model, chains, chains, 3, 2, lr=0.05, epochs=3, patience=3, batch=2, seed=0, head=head)
+    h = [r["heldout_logp_per_token"] for r in info["history"]]
+    assert max(h[1:]) > h[0]  # the fit raised log P through the adapter's head
+    assert all(torch.equal(v, ad.state_dict()[k]) for k, v in before.items())  # the adapter stayed as it was
 
 
 def test_chains_decoded_side_by_side_equal_each_chain_teacher_forced(tiny_llama):
@@ -101,7 +160,7 @@ def test_the_fit_checkpoints_each_improving_epoch(monkeypatch):
     vectors: a fit killed later keeps its best epoch so far (--save-vectors writes it each time)."""
     target = torch.full((3, 2, 8), 0.3)
 
-    def logp(lm, item, sp, caches):  # a stand-in log P: higher as the vectors near a target
+    def logp(lm, item, sp, caches, head=None):  # a stand-in log P: higher as the vectors near a target
         return -((sp.vectors - target * item) ** 2).sum(), 1
 
     monkeypatch.setattr(state_prompt, "_logp", logp)

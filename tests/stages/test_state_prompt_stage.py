@@ -171,3 +171,32 @@ def test_the_position_mask_is_refused_without_the_state_prompt(tiny_model_dir, t
     with pytest.raises(ConfigError, match="grid.position_floor"):
         _cfg(tiny_model_dir, tmp_path, "grid.position_floor=0.1")
     _cfg(tiny_model_dir, tmp_path, "grid.position_floor=0.1", *OPTION)
+
+
+def test_with_the_adapter_the_fit_and_the_decode_go_through_it(sp_run, tmp_path, monkeypatch):
+    """``state_prompt.with_adapter``: only the state prompt's stage is redone (it reads the adapter's), its
+    vectors are fitted through the frozen adapter and the CTRLS rows decoded with it; refused without the option."""
+    from ctrls.config.schema import override
+    from ctrls.errors import ConfigError
+    from ctrls.stages import state_prompt as stage
+    from ctrls.stages.exploration import explore
+    from ctrls.stages.pretrain import pretrain, pretrain_stages
+
+    cfg, _, _ = sp_run
+    copy = tmp_path / "runs"
+    shutil.copytree(cfg.run_dir, copy)
+    c = override(cfg, {"run_dir": str(copy), "state_prompt.with_adapter": True})
+    pc, before = c.for_pair(*c.pairs()[0]), pretrain_stages(cfg.for_pair(*cfg.pairs()[0]))
+    after = pretrain_stages(pc)
+    assert {n for n in after if after[n].key != before[n].key} == {"state_prompt"}
+    heads = []
+    for name in ("fit", "decode_chains"):
+        real = getattr(stage, name)
+        monkeypatch.setattr(stage, name, lambda *a, real=real, **k: heads.append((real.__name__, k.get("head"))) or real(*a, **k))
+    run = pretrain(pc, progress=False)
+    assert run.summaries["state_prompt"]["with_adapter"] is True
+    explore(c, progress=False)
+    assert {n for n, h in heads if h is not None} == {"fit", "decode_chains"}
+    assert all(h is not None for _, h in heads)
+    with pytest.raises(ConfigError, match="state_prompt.with_adapter"):
+        _cfg(tmp_path, tmp_path, "state_prompt.with_adapter=true")
