@@ -7,6 +7,10 @@ over the seeds (questions of different seeds are different clusters).
 No choice was made on these seeds: K, the fusion, the injection point, spectral.k and the data mix were
 chosen earlier on data seed 0's questions, so these are test numbers.
 
+With ``--against`` (runs of another variant on the same data seeds, made with ``--against-override``):
+each seed's paired difference, this variant minus that one, in kappa (``kappa_difference``: a paired
+question bootstrap and a per-question permutation test) and in the epsilon row's pass@1, Holm over the seeds.
+
 Usage (from the repository root, after `ctrls stage pretrain exploration -o data.seed=S --run-dir DIR_S`):
     .venv/bin/python studies/seeds.py --runs 1:/tmp/runs1 2:/tmp/runs2 3:/tmp/runs3 -o "grid.transfer_datasets=[]" \
         --out studies/results/seeds.json
@@ -29,7 +33,8 @@ from ctrls.report.mechanism import null_steps  # noqa: E402
 from ctrls.report.scaled import paired_pass  # noqa: E402
 from ctrls.report.tables import table1  # noqa: E402
 from ctrls.stages.exploration import load_samples, stage_summary  # noqa: E402
-from ctrls.stats.agreement import kappa_vs_null  # noqa: E402
+from ctrls.stats.agreement import kappa_difference, kappa_vs_null  # noqa: E402
+from ctrls.stats.metrics import holm  # noqa: E402
 
 
 def paired_pass1(a, b, seed: int = 0) -> dict:
@@ -67,6 +72,27 @@ def one_seed(cfg, margin: float, seed: int = 0) -> tuple[dict, tuple]:
     return out, (f, n, [f"{cfg.data.seed}:{x}" for x in q])
 
 
+def eps_row(cfg):
+    """The epsilon row's samples of a finished run on its own dataset."""
+    df = load_samples(cfg)
+    return df[(df.dataset == cfg.data.dataset) & (df.config == row_label(cfg.grid.epsilons[0]))]
+
+
+def against(cfgs, others, trips, seed: int = 0) -> list[dict]:
+    """Per data seed, this variant (``cfgs``, its (follows, null, question) ``trips``) minus the other
+    (``others``, the same seeds and questions): kappa and the epsilon row's pass@1, Holm over the seeds."""
+    out = []
+    for cfg, other, trip in zip(cfgs, others, trips):
+        r, t = one_seed(other, 5.0, seed)
+        out.append({"data_seed": cfg.data.seed, "kappa_other": r["kappa"], "pass1_other": r["pass1"],
+                    "kappa_diff": kappa_difference(trip, t, seed=seed),
+                    "eps_pass1_diff": paired_pass1(eps_row(cfg), eps_row(other), seed=seed)})
+    for key, p in (("kappa_diff", "p_value"), ("eps_pass1_diff", "p")):
+        for o, h in zip(out, holm([o[key][p] for o in out])):
+            o[key]["p_holm"] = float(h)
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", nargs="+", required=True, metavar="SEED:RUN_DIR")
@@ -76,26 +102,35 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile", default="demo")
     ap.add_argument("-o", "--override", action="append", default=[])
     ap.add_argument("--margin", type=float, default=5.0, help="non-inferiority margin for the harm, in points")
+    ap.add_argument("--against", nargs="+", default=None, metavar="SEED:RUN_DIR",
+                    help="runs of another variant on the same seeds as --runs, in the same order")
+    ap.add_argument("--against-override", action="append", default=[], help="the other variant's overrides (-o)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     runs = []
-    for item in [*args.runs, *([args.dev] if args.dev else [])]:  # every argument checked before any work
+    for item in [*args.runs, *([args.dev] if args.dev else []), *(args.against or [])]:  # every argument checked before any work
         seed, sep, d = item.partition(":")
         if not sep or not seed.isdigit() or not Path(d).is_dir():
             ap.error(f"--runs and --dev take SEED:RUN_DIR with an existing directory, got {item!r}")
         runs.append((int(seed), d))
     if not 0 < args.margin < 100:
         ap.error(f"--margin must lie in (0, 100) points, got {args.margin}")
+    n_runs, n_dev = len(args.runs), int(bool(args.dev))
+    if args.against and [s for s, _ in runs[n_runs + n_dev:]] != [s for s, _ in runs[:n_runs]]:
+        ap.error("--against takes runs of the same data seeds as --runs, in the same order")
     try:
         cfgs = [load_config(args.profile, {**parse_overrides(args.override), "data.seed": s, "run_dir": d})
-                for s, d in runs[: len(args.runs)]]
-        dev = [load_config(args.profile, {"data.seed": s, "run_dir": d}) for s, d in runs[len(args.runs):]]
+                for s, d in runs[:n_runs]]
+        dev = [load_config(args.profile, {"data.seed": s, "run_dir": d}) for s, d in runs[n_runs:n_runs + n_dev]]
+        others = [load_config(args.profile, {**parse_overrides(args.against_override), "data.seed": s, "run_dir": d})
+                  for s, d in runs[n_runs + n_dev:]]
     except ConfigError as e:
         ap.error(str(e))
-    per, pooled = [], ([], [], [])
+    per, pooled, trips = [], ([], [], []), []
     for cfg in cfgs:
         r, (f, n, q) = one_seed(cfg, args.margin)
         per.append(r)
+        trips.append((f, n, q))
         pooled[0].extend(f), pooled[1].extend(n), pooled[2].extend(q)
         print({"data_seed": r["data_seed"], "kappa": round(float(r["kappa"]["kappa"]), 3), "harm": round(r["harm_fixed_minus_base_pass1"]["diff"], 3)},
               flush=True)
@@ -103,6 +138,8 @@ def main(argv=None) -> dict:
     res = {"machine": machine(), "commit": commit or "?", "profile": args.profile, "overrides": args.override,
            "margin_points": args.margin, "seeds": per, "pooled_kappa": kappa_vs_null(*pooled),
            "development": [one_seed(cfg, args.margin)[0] for cfg in dev]}
+    if others:
+        res["against"] = {"overrides": args.against_override, "seeds": against(cfgs, others, trips)}
     if args.out:
         write_result(res, args.out)
     return res

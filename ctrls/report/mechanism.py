@@ -11,6 +11,8 @@
 - ``position_mask_frame`` / ``position_mask_view``: the same runs' exploration with the position mask
   (``grid.position_floor``, ``ctrls.method.positions``): the states that mark a position are drawn only where
   they can occur, and the fixed-s0 row holds s0 only there;
+- ``with_adapter_frame`` / ``with_adapter_view``: the masked runs again with the frozen adapter applied as
+  well (``state_prompt.with_adapter``), against the state prompt alone on the same questions (``--against``);
 - ``TEXT_CUE_BOUND``: the ceiling the backbone allows, measured by forcing text cues (the issue's probe).
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ SEEDS_RESULT = "studies/results/seeds.json"
 STATE_PROMPT_RESULTS = "studies/results/state_prompt_seed*.json"
 STAGE_OPTION_RESULT = "studies/results/state_prompt_stage.json"  # studies/seeds.py on runs with state_prompt.use=true
 POSITION_MASK_RESULT = "studies/results/state_prompt_positions.json"  # the same, exploration rerun with grid.position_floor > 0
+ADAPTER_RESULT = "studies/results/state_prompt_adapter.json"  # the masked runs with state_prompt.with_adapter, --against them
 # issue 47's bar for a fresh seed: kappa >= 0.5 with its 95% lower bound above 0.3, the fixed-s0 row within 5 points of Base
 KAPPA_BAR, KAPPA_LO_BAR = 0.5, 0.3
 # A text cue forced at a step's start ("a ± b =", "The answer is", "To solve this problem,") lands in its
@@ -360,6 +363,76 @@ def position_mask_view(t: pd.DataFrame) -> pd.DataFrame:
                 rows.append({"data seed": seed, "position": at, "training steps": int(counts[b].sum()),
                              **{f"state {k}": f"{counts[b, k]}{' ✓' if allowed[b, k] else ''}" for k in range(counts.shape[1])}})
     return pd.DataFrame(rows)
+
+
+def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
+    """One row per seed: the state prompt with the frozen last-hidden adapter as well
+    (``state_prompt.with_adapter=true``) against the state prompt alone on the same test questions
+    (``studies/seeds.py --against``): each variant's kappa [95%] and epsilon-row pass@1, and their paired
+    differences [95%] with Holm p over the seeds. Refused unless the stored runs and the ones they are
+    compared with differ in that option alone."""
+    path = Path(path) if path else results_dir() / ADAPTER_RESULT
+    d = read_result(path)
+    other = d.get("against")
+    if str(_override(d, "state_prompt.with_adapter")).lower() != "true" or not isinstance(other, dict):
+        raise ValueError(f"{path}: not runs with state_prompt.with_adapter=true compared --against others "
+                         f"(overrides {d.get('overrides')})")
+    if str(_override(other, "state_prompt.with_adapter")).lower() == "true" or str(_override(other, "state_prompt.use")).lower() != "true":
+        raise ValueError(f"{path}: the runs compared against must use the state prompt without the adapter "
+                         f"(overrides {other.get('overrides')})")
+    mine = {int(s["data_seed"]): s for s in d.get("seeds") or []}
+    rows = []
+    for a in other.get("seeds") or []:
+        s = mine.get(int(a["data_seed"]))
+        if s is None:
+            raise ValueError(f"{path}: seed {a['data_seed']} is compared but not stored")
+        eps = [k for k in s["pass1"] if k.startswith("eps=")]
+        k1, k0 = checked_kappa(s["kappa"], path), checked_kappa(a["kappa_other"], path)
+        dk, dp = a["kappa_diff"], a["eps_pass1_diff"]
+        rows.append({"data seed": int(a["data_seed"]), "questions": k1["questions"], "steps": k1["steps"], "steps alone": k0["steps"],
+                     "κ": k1["kappa"], "κ lo": k1["kappa lo"], "κ hi": k1["kappa hi"],
+                     "κ alone": k0["kappa"], "κ alone lo": k0["kappa lo"], "κ alone hi": k0["kappa hi"],
+                     **dict(zip(("Δκ", "Δκ lo", "Δκ hi"), checked_interval(dk, "diff", "lo", "hi", path, (-2, 2)))),
+                     "Δκ p (Holm)": checked_number(dk, "p_holm", path, 0, 1),
+                     "ε pass@1": checked_number(s["pass1"], eps[0], path, 0, 1) if len(eps) == 1 else math.nan,
+                     "ε pass@1 alone": checked_number(a["pass1_other"], eps[0], path, 0, 1) if len(eps) == 1 else math.nan,
+                     **dict(zip(("Δ pass@1", "Δ pass@1 lo", "Δ pass@1 hi"), checked_interval(dp, "diff", "lo", "hi", path))),
+                     "Δ pass@1 p (Holm)": checked_number(dp, "p_holm", path, 0, 1)})
+    if not rows:
+        raise ValueError(f"{path}: no seeds compared")
+    t = pd.DataFrame(rows).sort_values("data seed").reset_index(drop=True)
+    t.attrs.update(commit=d.get("commit", "?"), source=str(path))
+    return t
+
+
+def with_adapter_view(t: pd.DataFrame) -> pd.DataFrame:
+    """:func:`with_adapter_frame` for the page: intervals, n and Holm p."""
+    pts = lambda v, lo, hi: _ci(100 * v, 100 * lo, 100 * hi, "{:+.1f}")  # noqa: E731
+    return pd.DataFrame({
+        "data seed": t["data seed"], "questions": t.questions, "steps (with / alone)": [f"{a} / {b}" for a, b in zip(t.steps, t["steps alone"])],
+        "κ with the adapter [95%]": [_ci(*r) for r in zip(t["κ"], t["κ lo"], t["κ hi"])],
+        "κ alone [95%]": [_ci(*r) for r in zip(t["κ alone"], t["κ alone lo"], t["κ alone hi"])],
+        "Δκ [95%]": [_ci(*r, "{:+.2f}") for r in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
+        "Δκ p (Holm)": [f"{p:.3g}" for p in t["Δκ p (Holm)"]],
+        "ε pass@1 with / alone (%)": [f"{100 * a:.1f} / {100 * b:.1f}" for a, b in zip(t["ε pass@1"], t["ε pass@1 alone"])],
+        "Δ ε pass@1 (pts)": [pts(*r) for r in zip(t["Δ pass@1"], t["Δ pass@1 lo"], t["Δ pass@1 hi"])],
+        "Δ pass@1 p (Holm)": [f"{p:.3g}" for p in t["Δ pass@1 p (Holm)"]]})
+
+
+def with_adapter_sentence(t: pd.DataFrame) -> str:
+    """:func:`with_adapter_frame` in one sentence: on how many seeds adding the adapter raises or lowers kappa
+    and the epsilon row's pass@1 (interval excluding 0 and Holm p < 0.05), with the mean of each difference."""
+    def count(key):
+        up = int(((t[f"{key} lo"] > 0) & (t[f"{key} p (Holm)"] < 0.05)).sum())
+        down = int(((t[f"{key} hi"] < 0) & (t[f"{key} p (Holm)"] < 0.05)).sum())
+        return up, down
+
+    (ku, kd), (pu, pd_) = count("Δκ"), count("Δ pass@1")
+    n = len(t)
+    return (f"Applying the frozen adapter as well as the state prompt changes κ by {t['Δκ'].mean():+.2f} on average over "
+            f"{n} data seed{'s' if n > 1 else ''} (raised on {ku}, lowered on {kd}, by the interval and Holm p < 0.05) "
+            f"and the ε row's pass@1 by {100 * t['Δ pass@1'].mean():+.1f} points (raised on {pu}, lowered on {pd_})."
+            ).replace("-", "−")
 
 
 def state_prompt_sentence(t: pd.DataFrame) -> str:

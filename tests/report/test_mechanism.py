@@ -171,3 +171,29 @@ def test_eps_minus_fixed_is_shown_per_seed_and_counted_by_its_interval(tmp_path)
         b["eps_minus_fixed_pass1"] = {"diff": 0.5, "lo": -0.1, "hi": 0.1}  # the estimate outside its interval
         stage_option_frame(write(tmp_path, {"margin_points": 5, "overrides": ["state_prompt.use=true"],
                                             "seeds": [b], "pooled_kappa": kappa()}, "bad.json"))
+
+
+def test_the_adapter_comparison_is_read_per_seed_with_holm_and_refused_when_the_variants_differ_otherwise(tmp_path):
+    from ctrls.report.mechanism import with_adapter_frame, with_adapter_sentence, with_adapter_view
+
+    mine = {**seed(8, k=0.7, lo=0.6, hi=0.8), "pass1": {"Base": 0.2, "fixed s0": 0.5, "eps=0.1": 0.35}}
+    vs = {"data_seed": 8, "kappa_other": kappa(0.66, 0.57, 0.73), "pass1_other": {"Base": 0.2, "fixed s0": 0.6, "eps=0.1": 0.3},
+          "kappa_diff": {"diff": 0.04, "lo": -0.02, "hi": 0.1, "p_value": 0.2, "p_holm": 0.4},
+          "eps_pass1_diff": {"diff": 0.05, "lo": 0.01, "hi": 0.09, "p": 0.01, "p_holm": 0.02}}
+    over = ["state_prompt.use=true", "grid.position_floor=0.05", "state_prompt.with_adapter=true"]
+    d = {"commit": "abc", "margin_points": 5, "overrides": over, "seeds": [mine], "pooled_kappa": kappa(),
+         "against": {"overrides": over[:2], "seeds": [vs]}}
+    t = with_adapter_frame(write(tmp_path, d))
+    assert t["κ"].tolist() == [0.7] and t["κ alone"].tolist() == [0.66] and t["ε pass@1 alone"].tolist() == [0.3]
+    v = with_adapter_view(t)
+    assert v["Δκ [95%]"].iloc[0] == "+0.04 [−0.02, +0.10]" and v["Δ ε pass@1 (pts)"].iloc[0] == "+5.0 [+1.0, +9.0]"
+    assert v["Δκ p (Holm)"].iloc[0] == "0.4" and v["steps (with / alone)"].iloc[0] == "678 / 678"
+    said = with_adapter_sentence(t)
+    assert "+0.04" in said and "raised on 0, lowered on 0" in said and "+5.0 points (raised on 1, lowered on 0)" in said
+    for bad, what in (({**d, "overrides": over[:2]}, "with_adapter=true"),
+                      ({**d, "against": {"overrides": over, "seeds": [vs]}}, "without the adapter"),
+                      ({**d, "seeds": [{**mine, "data_seed": 6}]}, "seed 8 is compared but not stored"),
+                      ({**d, "against": {"overrides": over[:2], "seeds": [{**vs, "kappa_diff": {**vs["kappa_diff"], "lo": 0.05}}]}},
+                       "interval")):
+        with pytest.raises(ValueError, match=what):
+            with_adapter_frame(write(tmp_path, bad, "bad.json"))
