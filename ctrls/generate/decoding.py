@@ -178,6 +178,7 @@ class Prefilled:
     state: torch.Tensor | None  # (B, K) the state that conditions each row's first token (CTRLS)
     is_nl: torch.Tensor  # (vocab,) bool
     is_eos: torch.Tensor
+    shared: int = 0  # the cache's first positions, the prompts' shared prefix: the same in every row
 
 
 def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
@@ -254,7 +255,7 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
         for r, a in zip(rows, s0r[expand.to(s0r.device)].float().cpu()):
             r.encoded_s0 = a
     return Prefilled(rows, expand, cache, width, attn[expand].to(dev), pos[expand, -1].to(dev) + 1,
-                     h[expand.to(h.device), -1], state, is_nl, is_eos)
+                     h[expand.to(h.device), -1], state, is_nl, is_eos, L)
 
 
 MIN_SHARED_PREFIX = 32  # tokens: a shorter common prefix is prefilled with the rest of each prompt

@@ -2,6 +2,8 @@
 
 - :class:`PreallocatedLayer` (the engine): a ``DynamicCache`` layer that writes into a preallocated
   buffer instead of concatenating, and drops finished rows in place (``fill_holes``).
+- :func:`shared_prefix_attention` (the engine, on CPU): a decode step attends to the batch's shared
+  prompt prefix once for every row, and to each row's own positions apart.
 - :func:`static_cache` (the static path, ``sampling.decode: static``): transformers' ``StaticCache``,
   filled from a prefill's keys and values; :func:`select_rows` moves its live rows to a smaller
   bucket; :func:`packed_decode_attention` makes a compiled step attend over it on the KV heads.
@@ -9,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import Sequence
 
 import torch
@@ -212,5 +215,61 @@ def packed_decode_attention(model, implementation: str = PACKED_SDPA):
         config._attn_implementation = before
 
 
+PREFIX_SDPA = "ctrls_prefix_sdpa"
+_PREFIX = contextvars.ContextVar("ctrls_shared_prefix", default=0)
+_flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def prefix_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                          is_causal=None, **kwargs):
+    """:func:`packed_sdpa_attention` with the batch's shared prefix (its first ``L`` positions, the same
+    keys and values in every row: ``ctrls.generate.decoding.prefill`` copies them) read once, not once per row.
+
+    A decode step's attention reads every row's whole cache and is bound by memory: at 128 rows of SmolLM2
+    with a 206-token few-shot prefix it was 22% of the exploration stage's time. Here all rows' queries
+    attend to row 0's prefix in one call, each row to its own positions (left padding, its prompt, its
+    tokens) in another, and the two softmaxes are merged by their log-sum-exps: the same attention up to
+    float rounding (the sums run in another order). ``bench/prefix_attention.py`` measures it. One query
+    token per row on CPU with a (B, 1, 1, L) mask or none; anything else goes to :func:`packed_sdpa_attention`."""
+    L = _PREFIX.get()
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (L <= 0 or query.shape[2] != 1 or query.device.type != "cpu" or key.shape[-2] <= L or dropout
+            or kwargs.get("position_bias") is not None or kwargs.get("softcap")
+            or (attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[1:3] != (1, 1)))):
+        return packed_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                     is_causal=is_causal, **kwargs)
+    b, h, _, d = query.shape
+    hk = h // groups
+    qp = query.reshape(b, hk, groups, d)  # query head j*groups + i on KV head j, as repeat_kv pairs them
+    # the prefix: every row's queries against row 0's keys, one (1, hk, b*groups, d) query block
+    o1, l1 = _flash_cpu(qp.transpose(0, 1).reshape(1, hk, b * groups, d), key[:1, :, :L], value[:1, :, :L], scale=scaling)
+    o1, l1 = o1.reshape(hk, b, groups, -1).transpose(0, 1), l1.reshape(hk, b, groups).transpose(0, 1)
+    mask = None
+    if attention_mask is not None:  # the flash kernel takes an additive mask of the query's dtype
+        m = attention_mask[..., L:key.shape[-2]]
+        mask = torch.zeros(m.shape, dtype=query.dtype).masked_fill_(~m, float("-inf")) if m.dtype == torch.bool else m
+    o2, l2 = _flash_cpu(qp, key[:, :, L:], value[:, :, L:], attn_mask=mask, scale=scaling)  # each row's own positions
+    lse = torch.logaddexp(l1, l2)
+    out = o1 * (l1 - lse).exp()[..., None] + o2 * (l2 - lse).exp()[..., None]  # softmax over both parts at once
+    return out.reshape(b, h, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(PREFIX_SDPA, prefix_sdpa_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(PREFIX_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+@contextlib.contextmanager
+def shared_prefix_attention(model, length: int):
+    """Within the block, decode steps of a model on ``sdpa`` attention read the first ``length`` cache
+    positions, which every row shares, once (:func:`prefix_sdpa_attention`); ``length`` 0 changes nothing."""
+    token = _PREFIX.set(length)
+    try:
+        with packed_decode_attention(model, PREFIX_SDPA) if length > 0 else contextlib.nullcontext():
+            yield
+    finally:
+        _PREFIX.reset(token)
+
+
 __all__ = ["PACKED_SDPA", "PACKED_SDPA_ROWS", "PreallocatedLayer", "fill_holes", "new_cache", "packed_decode_attention",
-           "packed_rows_sdpa_attention", "packed_sdpa_attention", "select_rows", "static_cache"]
+           "packed_rows_sdpa_attention", "packed_sdpa_attention", "prefix_sdpa_attention", "select_rows",
+           "shared_prefix_attention", "static_cache"]

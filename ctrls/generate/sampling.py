@@ -34,7 +34,7 @@ from ctrls.generate.decoding import (  # noqa: F401 (re-exported)
 from ctrls.generate.decoding import (
     pick as _pick,  # the engine's token draw (tests replace it here)
 )
-from ctrls.generate.kv_cache import PreallocatedLayer, fill_holes, new_cache  # noqa: F401 (re-exported)
+from ctrls.generate.kv_cache import PreallocatedLayer, fill_holes, new_cache, shared_prefix_attention  # noqa: F401 (re-exported)
 from ctrls.generate.static_decode import STATIC_PAD_TO, decode_static, step_fn  # noqa: F401 (re-exported)
 from ctrls.method.backbone import Backbone, decoder_body
 
@@ -119,15 +119,23 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
             cross_prefix: bool = True, reader: StepReader | None = None) -> list[list[Generation]]:
     """The engine: a growing KV cache whose finished rows are dropped from the batch (``fill_holes``).
     With a ``reader`` every fed token's last hidden state is read (``StepReader``): a row that ended on a
-    token it keeps is fed it once more, then dropped."""
+    token it keeps is fed it once more, then dropped. Each step reads the prompts' shared prefix once for
+    all rows (``ctrls.generate.kv_cache.shared_prefix_attention``)."""
     tok, lm = backbone.tokenizer, backbone.model
-    dev = backbone.device
-    body, head = decoder_body(lm), lm.get_output_embeddings()
     pre = prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
                   params.max_new_tokens + 1, cross_prefix=cross_prefix, reader=reader)
     rows, cache, attn, next_pos, h_last, state = pre.rows, pre.cache, pre.attn, pre.next_pos, pre.h_last, pre.state
     active = list(range(len(rows)))  # row index of each batch position
+    with shared_prefix_attention(lm, pre.shared):  # the shared prefix's keys read once a step, not once per row
+        _steps(backbone, pre, params, model, reader, rows, cache, attn, next_pos, h_last, state, active)
+    return generations(rows, pre.expand, len(prompts), tok, reader)
 
+
+def _steps(backbone: Backbone, pre, params: SampleParams, model, reader, rows, cache, attn, next_pos, h_last, state,
+           active) -> None:
+    """The engine's decode steps after the prefill, until every row has ended (``_decode``)."""
+    tok, lm, dev = backbone.tokenizer, backbone.model, backbone.device
+    body, head = decoder_body(lm), lm.get_output_embeddings()
     for _ in range(params.max_new_tokens):
         hh = model.adapt(h_last, state) if model is not None else h_last
         keys = torch.tensor([rows[ri].key for ri in active], dtype=torch.int64)
@@ -162,7 +170,6 @@ def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
                 pos = fill_holes(live, len(active))
                 attn, next_pos, state, h_last = _take(cache, pos, dev, attn, next_pos, state, h_last)
                 active = [active[j] for j in pos]
-    return generations(rows, pre.expand, len(prompts), tok, reader)
 
 
 def _take(cache, pos: list[int], dev, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
