@@ -33,6 +33,8 @@ def shares(lines, top: int = 40) -> tuple[int, list[tuple[str, float]]]:
         if not line:
             continue
         stack, _, n = line.rpartition(" ")
+        if n.isdigit() and not stack:  # a sample with no Python frame (a native thread)
+            stack = "(no Python frame)"
         if not stack or not n.isdigit():
             raise ValueError(f"not a py-spy raw line: {line[:80]!r}")
         total += int(n)
