@@ -1,7 +1,7 @@
 """What the benchmarks share: the questions, a random-weight CTRLS model, the forced-length sampling
 parameters, and the aten-op counters.
 
-Imported by ``bench/sampling.py``, ``bench/rl.py`` and ``bench/gpu/gpuest`` (each run as a script from the
+Imported by ``bench/sampling.py``, ``bench/rl.py``, ``bench/prefill.py``, ``bench/prefix_attention.py`` and ``bench/gpu/gpuest`` (each run as a script from the
 repository root, so ``bench/`` is on ``sys.path``). Running this file does nothing.
 """
 from __future__ import annotations
@@ -35,6 +35,24 @@ def machine() -> dict:
     """The machine a benchmark ran on: CPU model, torch threads, torch version, load average."""
     return {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "load_average": list(os.getloadavg())}
+
+
+def demo_decode() -> tuple:
+    """(backbone, prompts, params) of the demo's own decode: SmolLM2-135M-Instruct in fp32, 32 word-problem
+    test questions (x 4 samples: 128 rows, the demo's ``sampling.batch_size``) with its 1-shot chat
+    prompt, eta = 0.7, its top-k, token limit and step limit."""
+    from ctrls.config.schema import load_config
+    from ctrls.data.problems import load_problems
+    from ctrls.data.prompts import prompt_ids
+    from ctrls.method.backbone import load_backbone
+
+    bb = load_backbone("smollm2-135m-instruct", device="cpu", dtype="float32")
+    cfg = load_config("demo")
+    probs = load_problems("word_problems", "test", 32, seed=0, difficulty=cfg.data.word_problems.difficulty())
+    prompts = [prompt_ids(bb.tokenizer, q.question, True, cfg.prompt.few_shot) for q in probs]
+    params = SampleParams(temperature=0.7, top_k=cfg.sampling.top_k, max_new_tokens=cfg.sampling.max_new_tokens,
+                          max_steps=cfg.prompt.max_steps, batch_size=cfg.sampling.batch_size)
+    return bb, prompts, params
 
 
 def write_result(res: dict, out: str | None) -> None:

@@ -14,13 +14,9 @@ import argparse
 import contextlib
 import time
 
-from common import machine, write_result
+from common import demo_decode, machine, write_result
 
 import ctrls.generate.sampling as S
-from ctrls.config.schema import load_config
-from ctrls.data.problems import load_problems
-from ctrls.data.prompts import prompt_ids
-from ctrls.method.backbone import load_backbone
 
 SPLIT = S.shared_prefix_attention
 
@@ -40,12 +36,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    bb = load_backbone("smollm2-135m-instruct", device="cpu", dtype="float32")
-    cfg = load_config("demo")
-    probs = load_problems("word_problems", "test", 32, seed=0, difficulty=cfg.data.word_problems.difficulty())
-    prompts = [prompt_ids(bb.tokenizer, q.question, True, cfg.prompt.few_shot) for q in probs]
-    p = S.SampleParams(temperature=0.7, top_k=cfg.sampling.top_k, max_new_tokens=cfg.sampling.max_new_tokens,
-                       max_steps=cfg.prompt.max_steps, batch_size=cfg.sampling.batch_size)
+    bb, prompts, p = demo_decode()
     best, toks = {True: float("inf"), False: float("inf")}, {}
     for _ in range(2):
         for whole in (True, False):
