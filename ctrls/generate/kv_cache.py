@@ -251,6 +251,7 @@ def prefix_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     o2, l2 = _flash_cpu(qp, key[:, :, L:], value[:, :, L:], attn_mask=mask, scale=scaling)  # each row's own positions
     lse = torch.logaddexp(l1, l2)
     out = o1 * (l1 - lse).exp()[..., None] + o2 * (l2 - lse).exp()[..., None]  # softmax over both parts at once
+    out = out.to(query.dtype)  # the log-sum-exps are float32 whatever the query's dtype (bfloat16 with dtype=auto)
     return out.reshape(b, h, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 

@@ -47,6 +47,25 @@ def test_prefix_attention_equals_eager_attention(groups, mask_kind):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_prefix_attention_keeps_a_bfloat16_querys_dtype():
+    """With ``backbone.dtype=auto`` a CPU may decode in bfloat16: the merged output is bfloat16 (the kernel's
+    log-sum-exps are float32) and equals the packed attention within bfloat16's precision."""
+    from ctrls.generate.kv_cache import packed_sdpa_attention, prefix_sdpa_attention, shared_prefix_attention
+
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randn(1, 2, 6, 8, generator=g)
+    q = torch.randn(3, 4, 1, 8, generator=g).bfloat16()
+    k = torch.cat([shared.expand(3, -1, -1, -1), torch.randn(3, 2, 4, 8, generator=g)], 2).bfloat16()
+    v = torch.cat([-shared.expand(3, -1, -1, -1), torch.randn(3, 2, 4, 8, generator=g)], 2).bfloat16()
+    keep = torch.ones(3, 1, 1, 10, dtype=torch.bool)
+    keep[1, ..., 6:8] = False
+    with shared_prefix_attention(_sdpa_model(), 6):
+        out, _ = prefix_sdpa_attention(_module(2), q, k, v, keep, scaling=8 ** -0.5)
+    ref, _ = packed_sdpa_attention(_module(2), q, k, v, keep, scaling=8 ** -0.5)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), rtol=0, atol=3e-2)
+
+
 def test_outside_the_block_the_prefix_attention_is_the_packed_one():
     """Without a shared prefix (outside ``shared_prefix_attention``, or length 0) nothing is split, and the
     model's attention is switched only inside the block, then restored."""
