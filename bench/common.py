@@ -55,6 +55,17 @@ def demo_decode() -> tuple:
     return bb, prompts, params
 
 
+def timed_decode(bb, prompts, params, variant) -> tuple[float, list]:
+    """(seconds, tokens) of one decode of ``prompts``, 4 samples each, seeded by their index, inside the
+    context manager ``variant`` (the setting a benchmark compares)."""
+    from ctrls.generate.sampling import sample
+
+    with variant:
+        t = time.perf_counter()
+        gens = sample(bb, prompts, 4, params, seeds=list(range(len(prompts))))
+        return time.perf_counter() - t, [g.token_ids for gs in gens for g in gs]
+
+
 def write_result(res: dict, out: str | None) -> None:
     """Write a benchmark's JSON result to ``out`` (when given, creating its folder), and print it as the
     last line."""

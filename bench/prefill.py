@@ -11,23 +11,22 @@ Usage: python bench/prefill.py [--out bench/results/prefill.json]
 from __future__ import annotations
 
 import argparse
-import time
+import contextlib
 from dataclasses import replace
 
-from common import demo_decode, machine, write_result
+from common import demo_decode, machine, timed_decode, write_result
 
 import ctrls.generate.decoding as D
 import ctrls.generate.sampling as S
 
 
-def timed(bb, prompts, params, whole: bool):
-    """(seconds, tokens) of one decode; ``whole``: every prompt prefilled whole (no shared prefix)."""
+@contextlib.contextmanager
+def prompts_whole(whole: bool):
+    """Within the block, ``whole``: every prompt prefilled whole (no shared prefix)."""
     keep = D.MIN_SHARED_PREFIX
     D.MIN_SHARED_PREFIX = 10**9 if whole else keep
     try:
-        t = time.perf_counter()
-        gens = S.sample(bb, prompts, 4, params, seeds=list(range(len(prompts))))
-        return time.perf_counter() - t, [g.token_ids for gs in gens for g in gs]
+        yield
     finally:
         D.MIN_SHARED_PREFIX = keep
 
@@ -45,7 +44,7 @@ def main():
         toks = {}
         for _ in range(2):
             for whole in (True, False):
-                t, toks[whole] = timed(bb, prompts, params, whole)
+                t, toks[whole] = timed_decode(bb, prompts, params, prompts_whole(whole))
                 best[whole] = min(best[whole], t)
         res[name] = {"whole_seconds": best[True], "shared_seconds": best[False],
                      "speedup": best[True] / best[False], "tokens_equal": toks[True] == toks[False]}

@@ -12,22 +12,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import time
 
-from common import demo_decode, machine, write_result
+from common import demo_decode, machine, timed_decode, write_result
 
 import ctrls.generate.sampling as S
 
 SPLIT = S.shared_prefix_attention
 
 
-def timed(bb, prompts, params, whole: bool):
-    """(seconds, tokens) of one decode; ``whole``: every row attends over its whole cache (the prefix per row)."""
+@contextlib.contextmanager
+def whole_cache(whole: bool):
+    """Within the block, ``whole``: every row attends over its whole cache (the prefix once per row)."""
     S.shared_prefix_attention = (lambda lm, n: contextlib.nullcontext()) if whole else SPLIT
     try:
-        t = time.perf_counter()
-        gens = S.sample(bb, prompts, 4, params, seeds=list(range(len(prompts))))
-        return time.perf_counter() - t, [g.token_ids for gs in gens for g in gs]
+        yield
     finally:
         S.shared_prefix_attention = SPLIT
 
@@ -40,7 +38,7 @@ def main():
     best, toks = {True: float("inf"), False: float("inf")}, {}
     for _ in range(2):
         for whole in (True, False):
-            t, toks[whole] = timed(bb, prompts, p, whole)
+            t, toks[whole] = timed_decode(bb, prompts, p, whole_cache(whole))
             best[whole] = min(best[whole], t)
     res = {"machine": machine(), "rows": 4 * len(prompts), "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
            "shared_prefix_tokens": S.shared_prefix_length(prompts), "new_tokens": sum(map(len, toks[False])),
