@@ -27,7 +27,6 @@ from ctrls.data.prompts import (
     split_steps,
     step_spans,
 )
-from ctrls.generate.sampling import sample
 from ctrls.method.backbone import Backbone
 from ctrls.stages.common import sample_params
 from ctrls.stages.runs import (
@@ -52,6 +51,8 @@ def collect(cfg: Config, bb: Backbone, problems: list[Problem], out: Path, progr
     if unknown or not cfg.pretrain.sources:
         raise PretrainError(f"pretrain.sources must be a non-empty subset of [samples, reference], got {cfg.pretrain.sources}")
     path = out / "trajectories.jsonl"
+    # here, not at the top: the engine loads transformers, which pages that only read results skip
+    from ctrls.generate.sampling import sample
     from ctrls.stages.distributed import world
 
     w = world()

@@ -31,7 +31,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -42,7 +42,6 @@ from ctrls.data.answers import grade
 from ctrls.data.problems import load_problems
 from ctrls.data.prompts import encode_prompt
 from ctrls.generate import controllability as ctl
-from ctrls.generate.sampling import Generation, sample, seeded
 from ctrls.method.streams import seed_of
 from ctrls.stages.common import (
     backbone_for,
@@ -55,6 +54,9 @@ from ctrls.stages.common import (
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages
 from ctrls.stages.runs import Stage, file_name, pair_slug, valid_part
 from ctrls.stages.state_prompt import load_state_prompt, position_mask_for, sample_state_prompt
+
+if TYPE_CHECKING:
+    from ctrls.generate.sampling import Generation
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +204,8 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
     under it instead of the adapter (``ctrls.stages.state_prompt.sample_state_prompt``); ``mask`` (a
     ``ctrls.method.positions.PositionMask``) restricts their drawn states and Base's chains to the states
     that can occur at each step."""
+    # here, not at the top: the engine loads transformers, which pages that only read samples skip
+    from ctrls.generate.sampling import sample
     from ctrls.stages.distributed import world
 
     w = world()
@@ -257,6 +261,8 @@ def _controllability_columns(cfg: Config, pc: Config, bb, model, prompt: tuple[l
     re-encoded), ``s0`` (the prompt's state), ``n_states`` (K); for Base rows ``chains`` / ``chain_eps``:
     one state chain per grid epsilon, drawn from the policy pi~ from the prompt's s_0, as long as the
     sample (the states it is paired with), under the CTRLS rows' position ``mask`` when there is one."""
+    from ctrls.generate.sampling import seeded  # as in _sample_grid
+
     if readback:  # sample(..., read_states=model) filled them in; a prompt's samples share its s_0
         s0, encoded = gens[0].encoded_s0, [g.encoded for g in gens]
     else:

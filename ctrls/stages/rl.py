@@ -18,7 +18,6 @@ from ctrls.config.schema import Config, override
 from ctrls.config.settings import BASE, Setting, judge_pair, parse_setting
 from ctrls.data.answers import grade
 from ctrls.data.prompts import check_prompts, encode_prompt, model_positions
-from ctrls.generate.sampling import SampleParams, sample
 from ctrls.method.policy import TransitionPolicy
 from ctrls.method.reinforce import Trajectory, state_usage_entropy
 from ctrls.method.streams import seed_of
@@ -152,6 +151,11 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
     """The body of :func:`run_rl`, between the stage's begin and finish; ``clock`` times its phases."""
     # Alg. 2: sample trajectories with pi~ (ctrls.generate.sampling), reward, Eq. 16 update per run
     import copy
+
+    from ctrls.generate.sampling import (  # here: the engine loads transformers, which pages that only read results skip
+        SampleParams,
+        sample,
+    )
 
     rl = cfg.rl
     for bname, ds in cfg.pairs():

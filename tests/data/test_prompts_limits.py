@@ -64,6 +64,7 @@ def test_an_empty_question_is_refused_before_it_is_encoded(question):
 def test_the_collection_stage_refuses_a_prompt_that_does_not_fit_before_decoding(tmp_path, monkeypatch):
     """Stage (a) on a 2,048-position model with max_new_tokens=2100: refused, naming the question;
     the decoder is never called."""
+    import ctrls.generate.sampling as S
     import ctrls.stages.collect as C
 
     class Cfg:
@@ -78,7 +79,7 @@ def test_the_collection_stage_refuses_a_prompt_that_does_not_fit_before_decoding
     def no_decode(*a, **k):
         raise AssertionError("decoded a prompt that does not fit")
 
-    monkeypatch.setattr(C, "sample", no_decode)
+    monkeypatch.setattr(S, "sample", no_decode)  # collect imports the engine when it runs
     cfg = load_config("smoke", [f"run_dir={tmp_path}", "sampling.max_new_tokens=2100", "prompt.use_chat_template=false"])
     p = Problem("q-long", "What is 2 + 2?", "4", ("2 + 2 = 4",), "test", "train")
     with pytest.raises(PromptError, match=r"training question 'q-long' has \d+ tokens; with sampling.max_new_tokens=2100"):
