@@ -152,21 +152,25 @@ def test_import_ctrls_does_not_import_torch():
 REPORT_ONLY = ("04_judge.ipynb", "06_summary.ipynb", "07_synthetic.ipynb")  # pages that read runs, never a language model
 
 
-@pytest.mark.parametrize("notebook", REPORT_ONLY)
-def test_a_report_only_notebook_does_not_import_the_modelling_stack(notebook):
+def test_a_report_only_notebook_does_not_import_the_modelling_stack():
     """Every import of a page that only reads runs (and the judge, whose backends load a model
     themselves when one is used) leaves transformers and the sampling engine unloaded: each kernel of
-    `make book` would spend seconds importing them (#50)."""
+    `make book` would spend seconds importing them (#50). One process imports the pages in turn and
+    names the first whose imports load either."""
     import subprocess
     import sys
 
-    cells = json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]
-    lines = [line for c in cells if c["cell_type"] == "code" for line in "".join(c["source"]).splitlines()
-             if line.startswith(("from ctrls", "import ctrls"))]
-    assert lines, notebook
-    code = "\n".join(lines + ["import sys; print(sorted(m for m in ('transformers', 'ctrls.generate.sampling') if m in sys.modules))"])
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    assert out.split() == ["[]"], f"{notebook} imports {out.strip()}"
+    check = "print({nb!r}, sorted(m for m in ('transformers', 'ctrls.generate.sampling') if m in sys.modules))"
+    code = ["import sys"]
+    for nb in REPORT_ONLY:
+        cells = json.loads((ROOT / "notebooks" / nb).read_text())["cells"]
+        lines = [line for c in cells if c["cell_type"] == "code" for line in "".join(c["source"]).splitlines()
+                 if line.startswith(("from ctrls", "import ctrls"))]
+        assert lines, nb
+        code += lines + [check.format(nb=nb)]
+    out = subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout
+    assert out.splitlines() == [f"{nb} []" for nb in REPORT_ONLY], out
 
 
 def sources() -> list[tuple[str, str, str]]:
