@@ -152,10 +152,8 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
     # Alg. 2: sample trajectories with pi~ (ctrls.generate.sampling), reward, Eq. 16 update per run
     import copy
 
-    from ctrls.generate.sampling import (  # here: the engine loads transformers, which pages that only read results skip
-        SampleParams,
-        sample,
-    )
+    # here, not at the top: the engine loads transformers, which pages that only read results skip
+    from ctrls.generate.sampling import SampleParams, sample
 
     rl = cfg.rl
     for bname, ds in cfg.pairs():

@@ -163,8 +163,7 @@ def test_a_report_only_notebook_does_not_import_the_modelling_stack():
     check = "print({nb!r}, sorted(m for m in ('transformers', 'ctrls.generate.sampling') if m in sys.modules))"
     code = ["import sys"]
     for nb in REPORT_ONLY:
-        cells = json.loads((ROOT / "notebooks" / nb).read_text())["cells"]
-        lines = [line for c in cells if c["cell_type"] == "code" for line in "".join(c["source"]).splitlines()
+        lines = [line for line in notebook_code(ROOT / "notebooks" / nb).splitlines()
                  if line.startswith(("from ctrls", "import ctrls"))]
         assert lines, nb
         code += lines + [check.format(nb=nb)]
@@ -173,14 +172,18 @@ def test_a_report_only_notebook_does_not_import_the_modelling_stack():
     assert out.splitlines() == [f"{nb} []" for nb in REPORT_ONLY], out
 
 
+def notebook_code(nb: Path) -> str:
+    """A notebook's code cells, joined."""
+    cells = json.loads(nb.read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
 def sources() -> list[tuple[str, str, str]]:
     """(file, module name, source) of the library, the benchmarks and the notebooks' code cells."""
     out = [(str(p.relative_to(ROOT)), module_name(p), p.read_text())
            for d in ("ctrls", "bench") for p in sorted((ROOT / d).rglob("*.py"))]
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        cells = json.loads(nb.read_text())["cells"]
-        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-        code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
+        code = "\n".join(line for line in notebook_code(nb).splitlines() if not line.lstrip().startswith(("%", "!")))
         out.append((str(nb.relative_to(ROOT)), "notebook", code))
     return out
 
