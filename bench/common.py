@@ -1,7 +1,8 @@
 """What the benchmarks share: the questions, a random-weight CTRLS model, the forced-length sampling
 parameters, and the aten-op counters.
 
-Imported by ``bench/sampling.py``, ``bench/rl.py``, ``bench/prefill.py``, ``bench/prefix_attention.py`` and ``bench/gpu/gpuest`` (each run as a script from the
+Imported by ``bench/sampling.py``, ``bench/rl.py``, ``bench/prefill.py``, ``bench/prefix_attention.py``,
+``bench/state_prompt_decode.py`` and ``bench/gpu/gpuest`` (each run as a script from the
 repository root, so ``bench/`` is on ``sys.path``). Running this file does nothing.
 """
 from __future__ import annotations

@@ -92,6 +92,16 @@ def _run(lm, head: Head | None, **kw) -> torch.Tensor:
     return decoder_body(lm)(**kw).last_hidden_state
 
 
+def _run_packed(lm, head: Head | None, x: torch.Tensor, pid: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """:func:`_run` of a ragged pass (``ctrls.method.ragged``: x (1, N, d), no cache argument, the layout's
+    cache is written by attention), at the packed slots ``keep`` only: logits (n, V), or last hidden states with a head."""
+    if head is None:
+        return lm(inputs_embeds=x, position_ids=pid, use_cache=False, logits_to_keep=keep).logits[0]
+    from ctrls.method.backbone import decoder_body
+
+    return decoder_body(lm)(inputs_embeds=x, position_ids=pid, use_cache=False).last_hidden_state[0, keep]
+
+
 def prompt_cache(lm, prompt: Sequence[int]):
     """The KV cache of the prompt alone (no state vector reaches it), for :func:`chain_logprob`'s ``cache``:
     pass a copy per chain (a forward extends the cache it is given)."""
@@ -263,6 +273,8 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
     the state of the step it belongs to (the row's last drawn state)."""
     from transformers import DynamicCache
 
+    from ctrls.method.ragged import Layout, causal_padding_mask, ragged_pass, supports_ragged
+
     emb = lm.get_input_embeddings()
     dev, dt = emb.weight.device, emb.weight.dtype
     B = len(draws)
@@ -287,22 +299,32 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
 
     alive = list(range(B))  # the rows in the batch, in batch order: a finished row leaves it (and the cache)
 
+    ragged = supports_ragged(lm)  # the real slots only through the linear layers (ctrls.method.ragged)
+    pad = torch.zeros(emb.weight.shape[1], dtype=dt, device=dev)
+
     def forward(feed: dict[int, list[torch.Tensor]]) -> dict[int, torch.Tensor]:
         """Feed each alive row's slots (a row's list may be empty: all padding); the logits at its last real slot."""
         nonlocal mask
-        L = max(1, max(len(feed.get(r, ())) for r in alive))
-        x = torch.zeros((len(alive), L, emb.weight.shape[1]), dtype=dt, device=dev)
-        new = torch.zeros((len(alive), L), dtype=torch.long, device=dev)
-        for j, r in enumerate(alive):
-            if feed.get(r):
-                x[j, :len(feed[r])] = torch.stack(feed[r])
-                new[j, :len(feed[r])] = 1
+        slots = [feed.get(r) or [pad] for r in alive]  # a row with nothing to feed feeds one pad slot, masked
+        n = torch.as_tensor([len(f) for f in slots], device=dev)
+        L = int(n.max())
+        new = (torch.arange(L, device=dev)[None] < torch.as_tensor([len(feed.get(r, ())) for r in alive], device=dev)[:, None]).long()
         pid = pos[:, None] + (new.cumsum(1) - 1).clamp(min=0)  # padding repeats the last real position
         mask = torch.cat([mask, new], 1)
-        out = _run(lm, head, inputs_embeds=x, attention_mask=mask, position_ids=pid, past_key_values=kv, use_cache=True)
+        if ragged:  # one packed sequence of every row's slots; attention on the rectangle
+            row = torch.repeat_interleave(torch.arange(len(alive), device=dev), n)
+            col = torch.arange(int(n.sum()), device=dev) - (n.cumsum(0) - n)[row]
+            ends = n.cumsum(0) - 1  # each row's last slot in the packed sequence
+            lay = Layout(row, col, L, len(alive), kv, causal_padding_mask(mask, L))
+            with ragged_pass(lm, lay):
+                lg = _run_packed(lm, head, torch.stack([t for f in slots for t in f])[None], pid[row, col][None], ends)
+        else:
+            x = torch.zeros((len(alive), L, emb.weight.shape[1]), dtype=dt, device=dev)
+            for j, f in enumerate(slots):
+                x[j, :len(f)] = torch.stack(f)
+            out = _run(lm, head, inputs_embeds=x, attention_mask=mask, position_ids=pid, past_key_values=kv, use_cache=True)
+            lg = out[torch.arange(len(alive), device=dev), (new.sum(1) - 1).clamp(min=0)]
         pos.add_(new.sum(1))
-        last = (new.sum(1) - 1).clamp(min=0)
-        lg = out[torch.arange(len(alive), device=dev), last]
         if head is not None:  # every alive row has drawn a state (the first forward draws one for each)
             z = F.one_hot(torch.as_tensor([res[r].states[-1] for r in alive], device=dev), prompt_vectors.n_states)
             lg = head(lg, z.float())

@@ -143,7 +143,7 @@ def position_mask_for(cfg: Config, states_dir: Path, n_states: int):
                          cfg.grid.position_floor)
 
 
-def _row_sampler(key: int, temperature: float, top_k: int):
+def row_sampler(key: int, temperature: float, top_k: int):
     """Row ``key``'s token draw: the engine's Gumbel-max on its counter-based stream (counter = tokens so far)."""
     from ctrls.generate.decoding import candidates, draw_tokens
 
@@ -172,7 +172,7 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     from ctrls.data.prompts import ANSWER_LINE, content_token, join_blank_tail, newline_token_ids
     from ctrls.generate.controllability import draw_chains, encode_generations
     from ctrls.generate.decoding import Generation, eos_ids
-    from ctrls.generate.kv_cache import PACKED_SDPA_ROWS, new_cache, packed_decode_attention
+    from ctrls.generate.kv_cache import new_cache
     from ctrls.generate.sampling import seeded
     from ctrls.method.streams import stream_key
 
@@ -196,13 +196,13 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
             chains.append([list(fixed) for _ in range(n)])
     flat = [(i, m) for i in range(len(prompts)) for m in range(n)]
     capacity = max(len(p) for p, _ in prompts) + params.max_new_tokens + T * sp.vectors.shape[1]
-    with packed_decode_attention(bb.model, PACKED_SDPA_ROWS):  # the engine's cache; attention on the KV heads (GQA)
-        decoded = decode_chains(
-            bb.model, [prompts[i][0] for i, _ in flat], [lambda t, c=chains[i][m]: int(c[t]) for i, m in flat], sp,
-            ends_step=lambda x, has: x in nl and has, has_content=content_token(tok), max_new_tokens=params.max_new_tokens,
-            max_steps=T, sample=[_row_sampler(stream_key(seeds[i], m), params.temperature, params.top_k) for i, m in flat],
-            stop=eos_ids(bb), closes_chain=closes, cache=new_cache(bb.model, capacity),
-            head=_head(bb, model) if with_adapter else None)
+    # the engine's preallocated cache; on sdpa, ragged passes (ctrls.method.ragged) put only real slots through the model
+    decoded = decode_chains(
+        bb.model, [prompts[i][0] for i, _ in flat], [lambda t, c=chains[i][m]: int(c[t]) for i, m in flat], sp,
+        ends_step=lambda x, has: x in nl and has, has_content=content_token(tok), max_new_tokens=params.max_new_tokens,
+        max_steps=T, sample=[row_sampler(stream_key(seeds[i], m), params.temperature, params.top_k) for i, m in flat],
+        stop=eos_ids(bb), closes_chain=closes, cache=new_cache(bb.model, capacity),
+        head=_head(bb, model) if with_adapter else None)
     out: list[list] = [[] for _ in prompts]
     for (i, m), d in zip(flat, decoded):
         spans = join_blank_tail(d.token_ids, list(d.spans), tok)  # as the engine's _end_step
@@ -218,4 +218,5 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     return out
 
 
-__all__ = ["VECTORS", "fit_state_prompt", "load_state_prompt", "position_mask_for", "prompt_chains", "sample_state_prompt"]
+__all__ = ["VECTORS", "fit_state_prompt", "load_state_prompt", "position_mask_for", "prompt_chains", "row_sampler",
+           "sample_state_prompt"]
