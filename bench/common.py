@@ -2,7 +2,7 @@
 parameters, and the aten-op counters.
 
 Imported by ``bench/sampling.py``, ``bench/rl.py``, ``bench/prefill.py``, ``bench/prefix_attention.py``,
-``bench/state_prompt_decode.py`` and ``bench/gpu/gpuest`` (each run as a script from the
+``bench/state_prompt_decode.py``, ``bench/state_prompt_fit.py`` and ``bench/gpu/gpuest`` (each run as a script from the
 repository root, so ``bench/`` is on ``sys.path``). Running this file does nothing.
 """
 from __future__ import annotations

@@ -20,6 +20,8 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
+from ctrls.method.ragged import fill_holes  # noqa: F401 (re-exported: the engine drops rows in this order)
+
 
 class PreallocatedLayer(DynamicLayer):
     """A KV-cache layer that writes into a preallocated buffer instead of ``torch.cat``.
@@ -98,17 +100,6 @@ class PreallocatedLayer(DynamicLayer):
             self._compact(keep)
         else:
             self._reindex(indices)
-
-
-def fill_holes(keep: list[int], n_rows: int) -> list[int]:
-    """The rows ``keep`` (of ``n_rows``) in the order the cache keeps them in place: a kept row below
-    len(keep) stays where it is, and each hole below len(keep) takes a kept row from past it. A
-    sample does not depend on its row's position in the batch (its streams are keyed by its own
-    seed and index), so the order is free; this one moves only as many rows as finished."""
-    n = len(keep)
-    kept = set(keep)
-    tail = [j for j in keep if j >= n]
-    return [i if i in kept else tail.pop() for i in range(n)]
 
 
 def new_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:

@@ -100,4 +100,16 @@ def causal_padding_mask(real: torch.Tensor, width: int) -> torch.Tensor:
     return (real.bool()[:, None, None, :] & (j <= i)[None, None])
 
 
-__all__ = ["Layout", "RAGGED_SDPA", "causal_padding_mask", "ragged_pass", "ragged_sdpa_attention", "supports_ragged"]
+def fill_holes(keep: list[int], n_rows: int) -> list[int]:
+    """The rows ``keep`` (of ``n_rows``) in the order the cache keeps them in place: a kept row below
+    len(keep) stays where it is, and each hole below len(keep) takes a kept row from past it. A
+    sample does not depend on its row's position in the batch (its streams are keyed by its own
+    seed and index), so the order is free; this one moves only as many rows as finished."""
+    n = len(keep)
+    kept = set(keep)
+    tail = [j for j in keep if j >= n]
+    return [i if i in kept else tail.pop() for i in range(n)]
+
+
+__all__ = ["Layout", "RAGGED_SDPA", "causal_padding_mask", "fill_holes", "ragged_pass", "ragged_sdpa_attention",
+           "supports_ragged"]

@@ -140,6 +140,15 @@ def chain_logprob(lm, prompt: Sequence[int], chain: Sequence[int], spans: Sequen
     return lp, len(want)
 
 
+def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
+    """The length of the sequences' longest common prefix, leaving each at least one token of its own."""
+    n = min(len(x) for x in seqs) - 1
+    for i in range(max(n, 0)):
+        if any(x[i] != seqs[0][i] for x in seqs):
+            return i
+    return max(n, 0)
+
+
 class PromptCaches:
     """Each prompt's KV cache (:func:`prompt_cache`), computed once; a copy per chain."""
 
@@ -273,7 +282,7 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
     the state of the step it belongs to (the row's last drawn state)."""
     from transformers import DynamicCache
 
-    from ctrls.method.ragged import Layout, causal_padding_mask, ragged_pass, supports_ragged
+    from ctrls.method.ragged import Layout, causal_padding_mask, fill_holes, ragged_pass, supports_ragged
 
     emb = lm.get_input_embeddings()
     dev, dt = emb.weight.device, emb.weight.dtype
@@ -281,8 +290,14 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
     kv = cache if cache is not None else DynamicCache(config=lm.config)
     if len(prompts) != B or not all(len(p) for p in prompts):
         raise ValueError(f"one non-empty prompt per row: {len(prompts)} prompts for {B} rows")
-    P = max(len(p) for p in prompts)
-    mask = torch.as_tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts], device=dev)  # real cache slots
+    uniq: dict[tuple, int] = {}  # each distinct prompt is run once, its cache then copied to its rows
+    of = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
+    U = [list(p) for p in uniq]
+    shared = _common_prefix(U) if len(U) > 1 else 0  # the prompts' shared prefix (few-shot exemplars), run once
+    S = max(len(p) for p in U) - shared
+    # a row's cache: [shared prefix] [left padding] [its prompt's own suffix], then what it decodes
+    layout = torch.as_tensor([[1] * shared + [0] * (S + shared - len(p)) + [1] * (len(p) - shared) for p in U], device=dev)
+    mask = layout[torch.as_tensor(of, device=dev)]  # real cache slots
     pos = torch.as_tensor([len(p) for p in prompts], device=dev)  # each row's next position
     res = [Decoded([]) for _ in range(B)]
     content, start, step_open, done = [False] * B, [0] * B, [False] * B, [False] * B
@@ -334,17 +349,18 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
         """Take finished rows out of the batch: their cache rows, mask rows and positions."""
         nonlocal alive, mask, pos
         keep = [j for j, r in enumerate(alive) if not done[r]]
-        if keep and len(keep) < len(alive):
+        if keep and len(keep) < len(alive):  # in the order that moves only rows into holes (each row has its sampler)
+            keep = fill_holes(keep, len(alive))
             idx = torch.as_tensor(keep, device=dev)
             kv.batch_select_indices(idx)
             mask, pos, alive = mask[idx], pos[idx], [alive[j] for j in keep]
 
-    uniq: dict[tuple, int] = {}  # each distinct prompt is run once, its cache then copied to its rows
-    of = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
-    ids = torch.as_tensor([[0] * (P - len(p)) + list(p) for p in uniq], device=dev)  # left-padded prompts
-    m0 = torch.as_tensor([[0] * (P - len(p)) + [1] * len(p) for p in uniq], device=dev)
-    first = lm(input_ids=ids, attention_mask=m0, position_ids=(m0.cumsum(1) - 1).clamp(min=0),  # real tokens' positions
-               past_key_values=kv, use_cache=True).logits[:, -1]
+    if shared:  # the shared prefix once, its cache copied to each distinct prompt
+        lm(input_ids=torch.as_tensor([U[0][:shared]], device=dev), past_key_values=kv, use_cache=True, logits_to_keep=1)
+        kv.batch_repeat_interleave(len(U))
+    ids = torch.as_tensor([[0] * (S + shared - len(p)) + p[shared:] for p in U], device=dev)  # left-padded suffixes
+    first = lm(input_ids=ids, attention_mask=layout, position_ids=(layout.cumsum(1) - 1).clamp(min=0)[:, shared:],
+               past_key_values=kv, use_cache=True, logits_to_keep=1).logits[:, -1]  # real tokens' positions
     if len(uniq) < B or of != list(range(B)):
         kv.batch_select_indices(torch.as_tensor(of, device=dev))
     logits = {r: first[of[r]] for r in range(B)}

@@ -106,10 +106,11 @@ def test_the_fit_trains_the_vectors_through_a_frozen_adapter(tiny_llama):
     assert all(torch.equal(v, ad.state_dict()[k]) for k, v in before.items())  # the adapter stayed as it was
 
 
-def test_chains_decoded_side_by_side_equal_each_chain_teacher_forced(tiny_llama):
-    """Rows of different prompts (left padding) open their steps at different tokens (padding in
-    between), stop early, or run out of steps: each row's log P per token equals its own teacher-forced
-    sequence, positions included."""
+@pytest.mark.parametrize("prompts", [[[1, 5, 9, 4], [1, 5, 9, 4], [3, 6]], [[1, 5, 9, 4], [1, 5, 9, 4], [1, 5, 2]]])
+def test_chains_decoded_side_by_side_equal_each_chain_teacher_forced(tiny_llama, prompts):
+    """Rows of different prompts (left padding; in the second case after their shared prefix [1, 5], run
+    once) open their steps at different tokens (padding in between), stop early, or run out of steps:
+    each row's log P per token equals its own teacher-forced sequence, positions included."""
     bb = tiny_llama
     torch.manual_seed(3)
     sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=4)
@@ -119,7 +120,6 @@ def test_chains_decoded_side_by_side_equal_each_chain_teacher_forced(tiny_llama)
               [7, 40, 41, 7, 42, 43, 44, 45, 46, 47]]  # a blank first line: the step goes on
     states = [[1, 3, 0], [2, 2, 1], [0, 3, 2]]
     rec = [[], [], []]
-    prompts = [[1, 5, 9, 4], [1, 5, 9, 4], [3, 6]]
     outs = decode_chains(bb.model, prompts, [lambda t, s=s: s[t] for s in states], sp,
                          ends_step=lambda tok, content: tok in nl and content, has_content=lambda tok: tok not in nl,
                          max_new_tokens=10, max_steps=3, sample=lambda lg: int(lg.argmax()), stop=stop,
