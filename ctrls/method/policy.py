@@ -225,18 +225,33 @@ class TransitionPolicy(torch.nn.Module):
         ``sample_log``'s output for log-densities)."""
         return self.sample_log(s, epsilon, generator).exp().to(self.L.dtype)
 
-    def log_prob_log(self, log_a: torch.Tensor, s: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
+    def log_prob_log(self, log_a: torch.Tensor, s: torch.Tensor, epsilon: float = 0.0,
+                     allowed: torch.Tensor | None = None) -> torch.Tensor:
         """log pi~(a | s) (...,) from log a (Eq. 16's log pi~): log[(1 - eps) Dir(a; c p) + eps Gamma(K)],
         by logaddexp. Both densities are on the (K-1)-simplex w.r.t. the same Lebesgue measure;
-        Dir(a; 1) = Gamma(K) = (K-1)!."""
+        Dir(a; 1) = Gamma(K) = (K-1)!. With ``allowed`` (..., K) bool (``ctrls.method.positions``: the
+        draw renormalised over the allowed states A, log a = -inf elsewhere) the density of that draw:
+        the same mixture of Dir(a_A; (c p)_A) and Dir(a_A; 1) = Gamma(|A|) on the allowed coordinates."""
         _check_epsilon(epsilon)
         if log_a.shape[-1] != self.n_states:
             raise ValueError(f"actions have {log_a.shape[-1]} entries, the policy {self.n_states} states")
-        log_a = check_finite(log_a, "log-action log a").to(self.L.dtype)
         alpha = self.concentration(s)
-        log_dir = (torch.lgamma(alpha.sum(-1)) - torch.lgamma(alpha).sum(-1)
-                   + ((alpha - 1) * log_a).sum(-1))  # log Dir(a; c p)
-        log_uniform = torch.full_like(log_dir, math.lgamma(self.n_states))
+        if allowed is None:
+            log_a = check_finite(log_a, "log-action log a").to(self.L.dtype)
+            log_dir = (torch.lgamma(alpha.sum(-1)) - torch.lgamma(alpha).sum(-1)
+                       + ((alpha - 1) * log_a).sum(-1))  # log Dir(a; c p)
+            log_uniform = torch.full_like(log_dir, math.lgamma(self.n_states))
+        else:
+            A = allowed.to(alpha.device, torch.bool).expand_as(alpha)
+            finite = torch.isfinite(log_a)
+            if bool((~A.any(-1)).any()) or bool(torch.where(A, ~finite, finite).any()):
+                raise ValueError("a masked action must allow a state, be finite where allowed and have log a = -inf "
+                                 "exactly where it is not allowed")
+            log_a = log_a.masked_fill(~A, 0.0).to(self.L.dtype)  # 0 x -inf would be nan
+            zero = torch.zeros_like(alpha)
+            log_dir = (torch.lgamma(torch.where(A, alpha, zero).sum(-1)) - torch.where(A, torch.lgamma(alpha), zero).sum(-1)
+                       + torch.where(A, (alpha - 1) * log_a, zero).sum(-1))  # log Dir(a_A; (c p)_A)
+            log_uniform = torch.lgamma(A.sum(-1).to(log_dir.dtype))  # Dir(a_A; 1) = Gamma(|A|)
         if epsilon == 0:
             return log_dir
         if epsilon == 1:

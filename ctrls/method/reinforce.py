@@ -40,11 +40,16 @@ class Trajectory:
     reward: float
     group: int  # index of its question in the step's batch
     log_actions: torch.Tensor | None = None  # (T, K): log a_1, ..., log a_T, exact (policy.sample_log)
+    # (T, K) bool: the states each a_t was drawn over (a position mask, ctrls.method.positions; log a_t = -inf
+    # elsewhere); None: all. log pi~ is then the density of the renormalised draw (TransitionPolicy.log_prob_log)
+    allowed: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.log_actions is not None and self.log_actions.shape != self.states[1:].shape:
             raise ValueError(f"log_actions {tuple(self.log_actions.shape)} do not match the actions "
                              f"{tuple(self.states[1:].shape)} of states")
+        if self.allowed is not None and (self.log_actions is None or self.allowed.shape != self.log_actions.shape):
+            raise ValueError("a trajectory's allowed states need its exact log_actions, of the same shape")
 
     def logs(self) -> torch.Tensor:
         """log a_1..a_T: the exact log-actions when kept, else log of the stored actions (then
@@ -93,13 +98,17 @@ def reinforce_loss(policy: TransitionPolicy, trajs: Sequence[Trajectory], epsilo
     S = torch.full((len(used), T + 1, K), 1.0 / K)
     LA = torch.full((len(used), T, K), -math.log(K))  # log-actions; padding is masked out
     mask = torch.zeros(len(used), T)
+    AL = torch.ones((len(used), T, K), dtype=torch.bool) if any(tr.allowed is not None for tr in used) else None
     for i, tr in enumerate(used):
         S[i, : len(tr.states)] = tr.states
         LA[i, : len(tr.states) - 1] = tr.logs()
         mask[i, : len(tr.states) - 1] = 1
+        if tr.allowed is not None:
+            AL[i, : len(tr.states) - 1] = tr.allowed
     S, LA, mask = S.to(dev), LA.to(dev), mask.to(dev)
     prev, log_act = S[:, :-1].reshape(-1, K), LA.reshape(-1, K)
-    logp = (policy.log_prob_log(log_act, prev, epsilon).view(len(used), T) * mask).sum(1)  # Eq. 16: sum_t log pi~(a_t | s_t)
+    allowed = None if AL is None else AL.reshape(-1, K).to(dev)
+    logp = (policy.log_prob_log(log_act, prev, epsilon, allowed=allowed).view(len(used), T) * mask).sum(1)  # Eq. 16: sum_t log pi~(a_t | s_t)
     H = (policy.entropy(prev, kind=entropy_kind).view(len(used), T) * mask).sum(1)  # sum_t H(pi(s_t))
     ret = torch.tensor([tr.reward for tr in used], device=dev, dtype=logp.dtype) + alpha * H.detach()
     n_used = float(all_sum(torch.tensor(float(len(used)), device=dev)))

@@ -489,3 +489,71 @@ def test_the_transitions_stage_fits_c_and_the_model_uses_it(tmp_path):
         else:
             assert "c" not in tr and "concentration" not in summary
             assert c_model == pytest.approx(20.0, rel=1e-5)
+
+
+def _masked(pol, allowed, eps):
+    """A position-masked draw's log-prob (``allowed`` (K,) bool) and its sampler: ``sample_log`` renormalised
+    over the allowed states, as ``ctrls.method.positions.PositionMask.mask_log`` draws it."""
+    from ctrls.method.positions import PositionMask
+
+    pm = PositionMask(allowed[None], allowed[None].long())
+
+    def draw(ss, g):
+        return pm.mask_log(pol.sample_log(ss, eps, generator=g), 0)
+
+    return draw, (lambda log_a, ss: pol.log_prob_log(log_a, ss, eps, allowed=allowed.expand_as(log_a)))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+def test_a_masked_draws_density_is_the_dirichlet_of_the_allowed_states(eps):
+    """Against torch.distributions on the sub-simplex: (1 - eps) Dir(a_A; (c p)_A) + eps Gamma(|A|)."""
+    torch.manual_seed(0)
+    pol = TransitionPolicy(5, concentration=3.0)
+    with torch.no_grad():
+        pol.L.normal_()
+    allowed = torch.tensor([True, False, True, True, False])
+    draw, logp = _masked(pol, allowed, eps)
+    s = torch.softmax(torch.randn(7, 5), -1)
+    log_a = draw(s, torch.Generator().manual_seed(1))
+    assert torch.isinf(log_a[:, ~allowed]).all() and torch.isfinite(log_a[:, allowed]).all()
+    alpha = pol.concentration(s).detach()[:, allowed].double()
+    ref = torch.distributions.Dirichlet(alpha).log_prob(log_a[:, allowed].exp().double())
+    ref = torch.logaddexp(ref + math.log1p(-eps), torch.full_like(ref, math.lgamma(3) + math.log(eps))) if eps else ref
+    assert logp(log_a, s).double().detach() == pytest.approx(ref.tolist(), abs=1e-4)
+    one = torch.tensor([False, False, True, False, False])  # one state allowed: a point mass, log 1
+    assert pol.log_prob_log(_masked(pol, one, eps)[0](s, torch.Generator()), s, eps, allowed=one.expand(7, 5)).abs().max() < 1e-6
+    with pytest.raises(ValueError, match="= -inf"):
+        pol.log_prob_log(log_a, s, eps, allowed=torch.ones(7, 5, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+def test_the_masked_score_has_mean_zero_and_the_full_normaliser_is_biased(one_thread, eps):
+    """E[grad log pi~(a | s)] = 0 for the masked draw under its own density (REINFORCE's identity); the
+    same z-test rejects a density normalised over all K states instead of the allowed ones."""
+    torch.manual_seed(2)
+    pol = TransitionPolicy(6, concentration=8.0)
+    with torch.no_grad():
+        pol.L.normal_()
+    allowed = torch.tensor([True, True, False, True, False, True])
+    draw, logp = _masked(pol, allowed, eps)
+    s = torch.nn.functional.one_hot(torch.tensor([1]), 6).float()
+
+    def batches(log_prob, n=40, per=500):
+        g, out = torch.Generator().manual_seed(0), []
+        for _ in range(n):
+            ss = s.expand(per, 6)
+            pol.zero_grad()
+            log_prob(draw(ss, g), ss).mean().backward()
+            out.append(torch.cat([pol.L.grad.flatten(), pol.log_c.grad.view(1)]).double())
+        return torch.stack(out)
+
+    z, _, _ = z_scores(batches(logp))
+    assert z.abs().max() < 5.0
+
+    def full_normaliser(log_a, ss):  # the bug a masked density invites: lgamma of the sum over all K states
+        alpha = pol.concentration(ss)
+        return logp(log_a, ss) + torch.lgamma(alpha.sum(-1)) - torch.lgamma(alpha[:, allowed].sum(-1))
+
+    if eps == 0:
+        zb, _, _ = z_scores(batches(full_normaliser))
+        assert zb.abs().max() > 10

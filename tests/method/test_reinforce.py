@@ -382,3 +382,27 @@ def test_reinforce_loss_refuses_a_non_finite_reward(reward):
     trajs[1].reward = reward
     with pytest.raises(NonFiniteError, match="trajectory 1 has reward"):
         reinforce_loss(policy, trajs, 0.0, 0.0)
+
+
+def test_a_masked_trajectory_enters_eq16_with_the_density_of_its_allowed_states():
+    """A trajectory drawn under a position mask: its loss is minus the return times the masked draws'
+    log-density (TransitionPolicy.log_prob_log with ``allowed``); without its ``allowed`` it is refused."""
+    from ctrls.method.positions import PositionMask
+
+    torch.manual_seed(0)
+    pol = TransitionPolicy(4, concentration=5.0)
+    with torch.no_grad():
+        pol.L.normal_()
+    pm = PositionMask(torch.tensor([[True, True, False, True], [False, True, True, True]]), torch.ones(2, 4, dtype=torch.long))
+    g, prev, logs = torch.Generator().manual_seed(1), torch.full((1, 4), 0.25), []
+    for t in range(2):
+        logs.append(pm.mask_log(pol.sample_log(prev, 0.1, generator=g), t)[0])
+        prev = logs[-1].exp()[None]
+    log_a = torch.stack(logs).detach()
+    states = torch.cat([torch.full((1, 4), 0.25), log_a.exp()])
+    allowed = pm.allowed.clone()
+    loss, _ = reinforce_loss(pol, [Trajectory(states, 1.0, 0, log_actions=log_a, allowed=allowed)], 0.1, 0.0)
+    want = -pol.log_prob_log(log_a, states[:-1], 0.1, allowed=allowed).sum()
+    assert float(loss) == pytest.approx(float(want), rel=1e-5)
+    with pytest.raises(ValueError):
+        reinforce_loss(pol, [Trajectory(states, 1.0, 0, log_actions=log_a)], 0.1, 0.0)
