@@ -206,7 +206,7 @@ class StatePromptConfig:
 
     use: bool = False
     """fit the vectors after pretraining (stage ``state_prompt``) and decode the fixed-s0 and epsilon rows with
-    them instead of the adapter (Base rows, the read-back and RL are unchanged: RL refuses the option)"""
+    them instead of the adapter, and RL's rollouts too (Base rows and the read-back are unchanged)"""
     vectors: int = key(2, between(1, 64))
     """m, vectors per state"""
     lr: float = key(0.01, in_range(0, MAX_LR, open_lo=True))

@@ -96,26 +96,40 @@ def step_states(model: "CTRLSModel", steps: Sequence[torch.Tensor], counts: Sequ
 
 
 @torch.no_grad()
+@torch.no_grad()
+def draw_actions(policy: "TransitionPolicy", s0: torch.Tensor, n: int, steps: int, epsilon: float,
+                 generator: torch.Generator | None = None, mask: "PositionMask | None" = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` action chains of ``steps`` draws, a_1 ~ pi~(. | s_0), a_{t+1} ~ pi~(. | a_t), drawn together from one
+    ``generator``: (actions (n, steps, K), their exact logs (n, steps, K), float64). With ``mask``
+    (``ctrls.method.positions``) step t's action is renormalised over the states that can occur at t (log a =
+    -inf elsewhere; its density: ``TransitionPolicy.log_prob_log`` with ``allowed``)."""
+    prev = s0.to(policy.L.device, policy.L.dtype).reshape(1, -1).expand(n, -1)
+    acts, logs = [], []
+    for t in range(steps):
+        log_a = policy.sample_log(prev, epsilon, generator=generator)  # a_{t+1} ~ pi~(. | a_t) (Sec. 5.4)
+        if mask is not None:  # the same draw, renormalised over the states allowed at step t
+            log_a = mask.mask_log(log_a, t)
+        prev = log_a.exp().to(policy.L.dtype)
+        acts.append(prev.cpu())
+        logs.append(log_a.double().cpu())
+    K = policy.n_states
+    if not steps:
+        return torch.zeros((n, 0, K)), torch.zeros((n, 0, K), dtype=torch.float64)
+    return torch.stack(acts, 1), torch.stack(logs, 1)
+
+
 def draw_chains(policy: "TransitionPolicy", s0: torch.Tensor, lengths: Sequence[int], epsilon: float,
                 generator: torch.Generator | None = None, mask: "PositionMask | None" = None) -> list[list[int]]:
-    """One state chain per entry of ``lengths``: a_1 ~ pi~(. | s_0), a_{t+1} ~ pi~(. | a_t), as the
-    sampler draws them (``ctrls.generate.decoding.draw_states``), returned as the argmax of each a_t, ``lengths[i]``
-    states for chain i. The chains are drawn together from one ``generator``. With ``mask``
-    (``ctrls.method.positions``) step t's action is restricted to the states that can occur at t."""
+    """One state chain per entry of ``lengths``: :func:`draw_actions`, as the sampler draws them
+    (``ctrls.generate.decoding.draw_states``), returned as the argmax of each a_t, ``lengths[i]`` states for
+    chain i. The chains are drawn together from one ``generator``. With ``mask`` (``ctrls.method.positions``)
+    step t's action is restricted to the states that can occur at t."""
     lengths = [int(n) for n in lengths]
     if not lengths or max(lengths) == 0:
         return [[] for _ in lengths]
-    prev = s0.to(policy.L.device, policy.L.dtype).reshape(1, -1).expand(len(lengths), -1)
-    hard = []
-    for t in range(max(lengths)):
-        if mask is None:
-            prev = policy.sample(prev, epsilon, generator=generator)  # a_{t+1} ~ pi~(. | a_t) (Sec. 5.4)
-        else:  # the same draw, renormalised over the states allowed at step t
-            log_a = mask.mask_log(policy.sample_log(prev, epsilon, generator=generator), t)
-            prev = log_a.exp().to(policy.L.dtype)
-        hard.append(prev.argmax(-1).cpu())
-    H = torch.stack(hard, dim=1).tolist()
-    return [row[:n] for row, n in zip(H, lengths)]
+    acts, _ = draw_actions(policy, s0, len(lengths), max(lengths), epsilon, generator, mask)
+    return [row[:n] for row, n in zip(acts.argmax(-1).tolist(), lengths)]
 
 
 # ---- the metrics -------------------------------------------------------------------------------------------
@@ -200,5 +214,5 @@ def mean_with_ci(per_question: np.ndarray, n_boot: int = 2000, seed: int = 0) ->
     return bootstrap_ci(per_question, n_boot=n_boot, seed=seed)
 
 
-__all__ = ["encode_generations", "draw_chains", "match_rate", "match_rate_difference", "distinct_answers",
+__all__ = ["draw_actions", "draw_chains", "encode_generations", "match_rate", "match_rate_difference", "distinct_answers",
            "entropy_bits", "state_entropy", "mean_with_ci", "feature_precision"]

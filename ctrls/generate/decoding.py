@@ -68,6 +68,8 @@ class Generation:
     # so it enters the loss, though it starts no step. With transitions=False no state is drawn (None).
     log_actions: torch.Tensor | None = None
     policy_states: torch.Tensor | None = None
+    # (D, K) bool: the states each draw was renormalised over (a position mask, ctrls.method.positions); None: all
+    allowed: torch.Tensor | None = None
     # with sample(..., read_states=model), Base rows too: Q_phi's state of each step (the nearest centroid of its
     # spectral embedding, Sec. 5.2) read back from this decoding pass (StepReader), and the prompt's soft s_0 (K,)
     encoded: list[int] | None = None

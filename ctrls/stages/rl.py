@@ -45,8 +45,12 @@ RL_KEYS = ("seed", "data", "prompt", "sampling", "rl", "grid.n_samples")
 
 
 def _rl_stage(cfg: Config):
-    adapters = tuple(pretrain_stages(cfg.for_pair(b, d))["adapter"] for b, d in cfg.pairs())
-    return Stage(cfg, "rl", RL_KEYS, upstream=tuple(a.key for a in adapters), inputs=adapters)
+    # with state_prompt.use the rollouts decode under the state prompt's vectors (and its position mask):
+    # its section, the mask's keys and its fit join the key, as in the exploration stage
+    last = "state_prompt" if cfg.state_prompt.use else "adapter"
+    fitted = tuple(pretrain_stages(cfg.for_pair(b, d))[last] for b, d in cfg.pairs())
+    keys = RL_KEYS + (("state_prompt", "grid.position_floor", "grid.position_buckets") if cfg.state_prompt.use else ())
+    return Stage(cfg, "rl", keys, upstream=tuple(a.key for a in fitted), inputs=fitted)
 
 
 def table_rows(cfg: Config, backbone: str, dataset: str) -> list[Setting]:
@@ -121,12 +125,8 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
 
     Data parallel under a launcher (``ctrls.stages.distributed``): trajectory slots, evaluation questions
     and table questions are sharded by rank and gathered; the result equals a single process's."""
-    from ctrls.errors import ConfigError
     from ctrls.stages.distributed import world
 
-    if cfg.state_prompt.use:  # its rollouts, Eq. 16's log-actions and the lockstep batch decode with the adapter
-        raise ConfigError("config key 'state_prompt.use': RL with the state prompt is not built (the RL stage's "
-                          "rollouts decode with the last-hidden adapter); run the rl stage with state_prompt.use=false")
     w = world()
     stage = _rl_stage(cfg)
     if stage.is_done() and not force:
@@ -154,6 +154,7 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
 
     # here, not at the top: the engine loads transformers, which pages that only read results skip
     from ctrls.generate.sampling import SampleParams, sample
+    from ctrls.stages.state_prompt import sample_state_prompt
 
     rl = cfg.rl
     for bname, ds in cfg.pairs():
@@ -162,6 +163,7 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
         with clock("load"):
             bb = backbone_for(pc, bname)
             pretrained = load_pretrained(pc, bb)
+            sp, mask = _state_prompt(pc, bb, pretrained)
         train = problems_from_config(pc, "train")
         n_table = rl.n_test if rl.n_test is not None else pc.data.n_test
         test = problems_from_config(override(pc, {"data.n_test": max(n_table, rl.eval_questions)}), "test")
@@ -194,7 +196,13 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
             for chunk in chunks:
                 flat = [(j, i, ids, seed) for j in chunk for i, ids, seed in zip(reqs[j][2], reqs[j][3], reqs[j][5])]
                 prompts = [enc(reqs[j][0], i) for j, i, _, _ in flat]
-                if len(chunk) > 1 or (lockstep and reqs[chunk[0]][1] is not None):
+                if sp is not None and reqs[chunk[0]][1] is not None:  # CTRLS rows under the state prompt
+                    gens = sample_state_prompt(bb, pretrained, sp, prompts, 0, params(0.0), [s for *_, s in flat],
+                                               mask=mask, with_adapter=pc.state_prompt.with_adapter,
+                                               sample_ids=[ids for _, _, ids, _ in flat],
+                                               policies=[reqs[j][1].policy for j, *_ in flat],
+                                               epsilons=[reqs[j][4] for j, *_ in flat], readback=False)
+                elif len(chunk) > 1 or (lockstep and reqs[chunk[0]][1] is not None):
                     gens = sample(bb, [p for p, _ in prompts], params=params(0.0), model=pretrained,
                                   seeds=[s for *_, s in flat], sample_ids=[ids for _, _, ids, _ in flat],
                                   prompt_starts=[st for _, st in prompts],
@@ -213,7 +221,8 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
         def trajectories(res) -> list[Trajectory]:
             # Eq. 16's trajectory: every state draw that conditioned a sampled token (Generation.policy_states)
             return [Trajectory(states=x.policy_states if x.policy_states is not None else x.states[:1],
-                               reward=float(grade(x.text, p.answer).correct), group=gi, log_actions=x.log_actions)
+                               reward=float(grade(x.text, p.answer).correct), group=gi, log_actions=x.log_actions,
+                               allowed=x.allowed)
                     for gi, (p, gs) in enumerate(res) for x in gs]
 
         trajectories = clock.wrap("grading", trajectories)  # rewards: math-verify on every sample
@@ -295,6 +304,19 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
         for (m, label, eps, alpha, seed), res in zip(todo, generate("test", reqs, rl.lockstep, "decode: Table 2 samples")):
             _write_table_part(pc, part(label, eps, alpha), res,
                               {"config": label, "epsilon": eps, "alpha": alpha, "seed": seed})
+
+
+def _state_prompt(cfg: Config, bb, model):
+    """(the fitted state prompt, its position mask) of a pair with ``state_prompt.use`` (the mask only with
+    ``grid.position_floor`` > 0), else (None, None): the rollouts then decode with the adapter."""
+    if not cfg.state_prompt.use:
+        return None, None
+    from ctrls.stages.state_prompt import load_state_prompt, position_mask_for
+
+    K = int(model.config.n_states)
+    st = pretrain_stages(cfg)
+    sp = load_state_prompt(st["state_prompt"], bb, K, cfg.state_prompt.vectors)
+    return sp, position_mask_for(cfg, st["states"].dir, K) if cfg.grid.position_floor > 0 else None
 
 
 def _write_table_part(cfg: Config, part: Path, res, meta: dict) -> None:

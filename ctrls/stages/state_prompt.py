@@ -161,16 +161,22 @@ def row_sampler(key: int, temperature: float, top_k: int):
 
 @torch.no_grad()
 def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[tuple[list[int], int]], n: int,
-                        params, seeds: Sequence[int], layer: int = -1, mask=None, with_adapter: bool = False) -> list[list]:
+                        params, seeds: Sequence[int], layer: int = -1, mask=None, with_adapter: bool = False,
+                        sample_ids: Sequence[Sequence[int]] | None = None, policies: Sequence | None = None,
+                        epsilons: Sequence[float] | None = None, readback: bool = True) -> list[list]:
     """``n`` samples of each (prompt ids, s_0 start) decoded under the state prompt (module docstring), with
     ``params`` (``ctrls.generate.decoding.SampleParams``: temperature, top_k, max_new_tokens, max_steps,
     epsilon, transitions, stop_at_answer). With ``mask`` (``ctrls.method.positions.PositionMask``) the drawn
     chains keep to the states that can occur at each step, and the fixed-s0 row holds s_0 only where it can
     (``PositionMask.fixed``); ``with_adapter``: ``model``'s adapter applied as well (``state_prompt.with_adapter``).
-    Returns one list of ``Generation`` per prompt, each with
-    ``states`` (s_0, then each step's drawn state, one-hot), ``encoded`` and ``encoded_s0`` (the read-back)."""
+    RL (``ctrls.stages.rl``): ``sample_ids`` (each prompt's sample indices, in place of ``range(n)``: a
+    sample's chain and tokens do not depend on which others are drawn), ``policies`` and ``epsilons`` (each
+    prompt's, in place of ``model.policy`` and ``params.epsilon``); ``readback=False`` skips the read-back.
+    Returns one list of ``Generation`` per prompt, each with ``states`` (s_0, then each step's drawn state,
+    one-hot), ``encoded`` and ``encoded_s0`` (the read-back), and, with transitions, Eq. 16's trajectory:
+    ``policy_states`` (s_0, then every action drawn for a step opened), ``log_actions`` and ``allowed``."""
     from ctrls.data.prompts import ANSWER_LINE, content_token, join_blank_tail, newline_token_ids
-    from ctrls.generate.controllability import draw_chains, encode_generations
+    from ctrls.generate.controllability import draw_actions, encode_generations
     from ctrls.generate.decoding import Generation, eos_ids
     from ctrls.generate.kv_cache import new_cache
     from ctrls.generate.sampling import seeded
@@ -178,23 +184,31 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
 
     tok, T, K = bb.tokenizer, params.max_steps, sp.n_states
     nl = set(newline_token_ids(tok))
+    ids_of = [list(range(n)) for _ in prompts] if sample_ids is None else [list(x) for x in sample_ids]
 
     def closes(step: list[int], steps: int) -> str | None:  # the engine's rules (ctrls.generate.decoding.advance)
         if params.stop_at_answer and ANSWER_LINE.search(tok.decode(step)):
             return "answer"
         return "max_steps" if steps >= T else None
 
-    s0s, chains = [], []
-    for (ids, start), seed in zip(prompts, seeds):
+    s0s, chains, drawn_actions = [], [], []
+    for i, ((ids, start), seed) in enumerate(zip(prompts, seeds)):
         s0, _ = encode_generations(bb, model, ids, start, [], layer=layer)
         s0s.append(s0)
-        if params.transitions:
-            chains.append(draw_chains(model.policy, s0, [T] * n, params.epsilon,
-                                      generator=seeded(seed, model.policy.L.device), mask=mask))
+        if params.transitions:  # every sample index up to the largest drawn: the same chains on any shard
+            policy = model.policy if policies is None else policies[i]
+            eps = params.epsilon if epsilons is None else epsilons[i]
+            acts, logs = draw_actions(policy, s0, max(ids_of[i], default=-1) + 1, T, eps,
+                                      generator=seeded(seed, policy.L.device), mask=mask)
+            drawn_actions.append((acts, logs))
+            chains.append({m: acts[m].argmax(-1).tolist() for m in ids_of[i]})
         else:  # the fixed-s0 row: every step under argmax s_0 (where it can occur, with a mask)
             fixed = [int(s0.argmax())] * T if mask is None else mask.fixed(int(s0.argmax()), T)
-            chains.append([list(fixed) for _ in range(n)])
-    flat = [(i, m) for i in range(len(prompts)) for m in range(n)]
+            chains.append({m: list(fixed) for m in ids_of[i]})
+    flat = [(i, m) for i in range(len(prompts)) for m in ids_of[i]]
+    out: list[list] = [[] for _ in prompts]
+    if not flat:
+        return out
     capacity = max(len(p) for p, _ in prompts) + params.max_new_tokens + T * sp.vectors.shape[1]
     # the engine's preallocated cache; on sdpa, ragged passes (ctrls.method.ragged) put only real slots through the model
     decoded = decode_chains(
@@ -203,15 +217,22 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
         max_steps=T, sample=[row_sampler(stream_key(seeds[i], m), params.temperature, params.top_k) for i, m in flat],
         stop=eos_ids(bb), closes_chain=closes, cache=new_cache(bb.model, capacity),
         head=_head(bb, model) if with_adapter else None)
-    out: list[list] = [[] for _ in prompts]
     for (i, m), d in zip(flat, decoded):
         spans = join_blank_tail(d.token_ids, list(d.spans), tok)  # as the engine's _end_step
         drawn = F.one_hot(torch.as_tensor(d.states[:len(spans)], dtype=torch.long), K).float()
         states = torch.cat([s0s[i].float().cpu()[None], drawn.reshape(-1, K)])
-        out[i].append(Generation(prompt_index=i, sample_index=m, token_ids=d.token_ids, text=tok.decode(d.token_ids),
-                                 steps=[tok.decode(d.token_ids[a:b]).strip() for a, b in spans], spans=spans,
-                                 finish=d.finish, states=states))
+        g = Generation(prompt_index=i, sample_index=m, token_ids=d.token_ids, text=tok.decode(d.token_ids),
+                       steps=[tok.decode(d.token_ids[a:b]).strip() for a, b in spans], spans=spans,
+                       finish=d.finish, states=states)
+        if params.transitions:  # every draw that conditioned a token: each state's vectors precede the next token
+            D, (acts, logs) = len(d.states), drawn_actions[i]
+            g.policy_states = torch.cat([s0s[i].float().cpu()[None], acts[m, :D].float()])
+            g.log_actions = logs[m, :D]
+            g.allowed = None if mask is None else torch.stack([mask.allowed[mask.bucket(t)] for t in range(D)]).reshape(D, K)
+        out[i].append(g)
     for i, (ids, start) in enumerate(prompts):  # the read-back: an unadapted pass without the vectors
+        if not readback:
+            break
         s0, encoded = encode_generations(bb, model, ids, start, out[i], layer=layer)
         for g, e in zip(out[i], encoded):
             g.encoded, g.encoded_s0 = list(e), s0

@@ -1,6 +1,6 @@
 """``state_prompt.use``: the pretraining stage fits the vectors, the exploration stage decodes its CTRLS rows
 under them (states drawn by the policy, read back without them), Base rows and the other stages' keys stay
-as without the option, a damaged fit is refused by name, and RL refuses the option."""
+as without the option, a damaged fit is refused by name, and RL trains under it."""
 from __future__ import annotations
 
 import shutil
@@ -124,12 +124,53 @@ def test_a_damaged_fit_is_refused_by_name(sp_run, tmp_path):
         load_state_prompt(pretrain_stages(c)["state_prompt"], bb, K, 2)
 
 
-def test_rl_refuses_the_option(sp_run):
-    from ctrls.errors import ConfigError
-    from ctrls.stages.rl import run_rl
+def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeypatch):
+    """With the option and a position mask the RL stage's CTRLS rollouts are the state prompt's: each
+    trajectory's actions are the chain its policy draws from the question's seed (an independent redraw),
+    renormalised over the mask's states (log a = -inf elsewhere, ``allowed`` the mask's rows), every step
+    decoded under the drawn action's state; the policies train and Table 2's rows keep to the mask. The
+    stage's key holds the option's section, and not without it."""
+    from ctrls.config.schema import override
+    from ctrls.generate.controllability import draw_actions
+    from ctrls.generate.sampling import seeded
+    from ctrls.stages import state_prompt as sps
+    from ctrls.stages.pretrain import pretrain_stages
+    from ctrls.stages.rl import _rl_stage, load_curves, load_table2_samples, run_rl
 
-    with pytest.raises(ConfigError, match="state_prompt.use"):
-        run_rl(sp_run[0], progress=False)
+    cfg, _, _ = sp_run
+    copy = tmp_path / "runs"
+    shutil.copytree(cfg.run_dir, copy)
+    c = override(cfg, {"run_dir": str(copy), "grid.position_floor": 0.5, "grid.position_buckets": 2, "rl.steps": 2})
+    pc = c.for_pair(*c.pairs()[0])
+    real, seen = sps.sample_state_prompt, []
+
+    def spy(bb, model, sp, prompts, n, params, seeds, **kw):
+        out = real(bb, model, sp, prompts, n, params, seeds, **kw)
+        for i, gs in enumerate(out):  # redrawn now: the policy moves after this step's update
+            ids = kw["sample_ids"][i]
+            acts, logs = draw_actions(kw["policies"][i], gs[0].policy_states[0], max(ids) + 1, params.max_steps,
+                                      kw["epsilons"][i], generator=seeded(seeds[i]), mask=kw["mask"])
+            seen.extend((g, acts[g.sample_index], logs[g.sample_index], kw["mask"]) for g in gs)
+        return out
+
+    monkeypatch.setattr(sps, "sample_state_prompt", spy)
+    run_rl(c, progress=False)
+    assert seen and any(len(g.policy_states) > 1 and not g.allowed.all() for g, *_ in seen)  # a masked draw
+    for g, acts, logs, mask in seen:
+        D = len(g.policy_states) - 1
+        assert D >= len(g.steps) and torch.allclose(g.policy_states[1:], acts[:D].float())
+        assert torch.equal(g.log_actions, logs[:D]) and torch.equal(g.allowed, torch.stack([mask.allowed[mask.bucket(t)] for t in range(D)]))
+        assert torch.isinf(g.log_actions[~g.allowed]).all() and torch.isfinite(g.log_actions[g.allowed]).all()
+        assert g.states[1:].argmax(-1).tolist() == acts[:len(g.steps)].argmax(-1).tolist()  # decoded under a_t's state
+    curves = load_curves(c)
+    assert len(curves) and curves.step.max() == 2
+    m = sps.position_mask_for(pc, pretrain_stages(pc)["states"].dir, int(seen[0][0].states.shape[1]))
+    t2 = load_table2_samples(c)
+    rows = t2[t2.config != "Base"]
+    assert len(rows) and all(all(bool(m.allowed[m.bucket(t), s]) for t, s in enumerate(r.states)) for r in rows.itertuples())
+    assert _rl_stage(override(c, {"state_prompt.vectors": 3})).key != _rl_stage(c).key
+    off = override(c, {"state_prompt.use": False, "grid.position_floor": 0.0})
+    assert _rl_stage(override(off, {"state_prompt.vectors": 3})).key == _rl_stage(off).key
 
 
 def test_the_position_mask_restricts_every_drawn_state_and_the_null(sp_run, tmp_path):
