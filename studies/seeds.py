@@ -2,7 +2,8 @@
 one ``data.seed``: new training and test questions, nothing else changed), the epsilon row's kappa
 against the independent-chain null, the fixed-s0 row's pass@1 harm against Base (non-inferiority at
 ``--margin`` points, judged on the interval's lower bound) and epsilon - Base pass@n; then kappa pooled
-over the seeds (questions of different seeds are different clusters).
+over the seeds (questions of different seeds are different clusters). Where a run's RL stage has finished
+too, each Table 2 policy's pass@1 minus Base and minus the pretrained policy's epsilon row (``rl_table2``).
 
 No choice was made on these seeds: K, the fusion, the injection point, spectral.k and the data mix were
 chosen earlier on data seed 0's questions, so these are test numbers.
@@ -68,8 +69,34 @@ def one_seed(cfg, margin: float, seed: int = 0) -> tuple[dict, tuple]:
            "valid": {lab: float(x.valid.mean()) for lab, x in (("Base", base), ("fixed s0", fixed), (row_label(eps), row))},
            "ran_all_steps": {lab: float((x.finish == "max_steps").mean())
                              for lab, x in (("Base", base), ("fixed s0", fixed), (row_label(eps), row))}}
+    if (rl := rl_rows(cfg, seed)) is not None:  # the RL stage ran on this seed too: Table 2's policies
+        out["rl_table2"] = rl
     f, n, q = trip
     return out, (f, n, [f"{cfg.data.seed}:{x}" for x in q])
+
+
+def rl_rows(cfg, seed: int = 0) -> dict | None:
+    """Where the run's RL stage has finished: each Table 2 policy's pass@1 minus Base and minus the pretrained
+    policy's epsilon row (both the exploration stage's, the same test questions), paired by question, Holm over
+    the policies within each comparison; None when the RL stage has not run."""
+    from ctrls.stages.common import NotRunError
+    from ctrls.stages.rl import load_table2_samples
+
+    try:
+        t2 = load_table2_samples(cfg)
+    except (NotRunError, FileNotFoundError):
+        return None
+    df = load_samples(cfg)
+    df = df[df.dataset == cfg.data.dataset]
+    base, pre = df[df.config == BASE], eps_row(cfg)
+    t2 = t2[(t2.dataset == cfg.data.dataset) & (t2.config != BASE)]
+    out = {str(c): {"pass1": float(x.correct.mean()), "samples": int(len(x)),
+                    "minus_base": paired_pass1(x, base, seed=seed), "minus_pretrained_eps": paired_pass1(x, pre, seed=seed)}
+           for c, x in t2.groupby("config", sort=True)}
+    for key in ("minus_base", "minus_pretrained_eps"):
+        for r, h in zip(out.values(), holm([r[key]["p"] for r in out.values()])):
+            r[key]["p_holm"] = float(h)
+    return out
 
 
 def eps_row(cfg):

@@ -49,3 +49,33 @@ def test_each_seeds_differences_are_paired_and_holm_adjusted(seeds, monkeypatch)
         assert o["eps_pass1_diff"]["diff"] == pytest.approx(0.25)
         assert o["kappa_diff"]["p_holm"] >= o["kappa_diff"]["p_value"] and o["eps_pass1_diff"]["p_holm"] >= o["eps_pass1_diff"]["p"]
         assert o["kappa_other"] == {"kappa": 0.0}
+
+
+def test_table2_policies_are_paired_with_base_and_the_pretrained_row(seeds, monkeypatch):
+    """rl_rows: a Table 2 policy right on 3 of 4 samples of every question, Base on none and the pretrained
+    epsilon row on 2: +0.75 and +0.25, paired by question, Holm over the policies; a seed whose RL stage
+    has not run has no RL rows."""
+    import ctrls.stages.rl as rl
+    from ctrls.stages.common import NotRunError
+
+    def rows(config, right, dataset="word_problems"):
+        return pd.DataFrame({"dataset": dataset, "config": config, "question_id": np.repeat(np.arange(20), 4),
+                             "correct": np.tile([True] * right + [False] * (4 - right), 20)})
+
+    cfg = types.SimpleNamespace(data=types.SimpleNamespace(dataset="word_problems", seed=9),
+                                grid=types.SimpleNamespace(epsilons=[0.1]))
+    explored = pd.concat([rows("Base", 0), rows("eps=0.1", 2), rows("Base", 4, "gsm8k")])
+    monkeypatch.setattr(seeds, "load_samples", lambda c: explored)
+    monkeypatch.setattr(rl, "load_table2_samples", lambda c: pd.concat([rows("ε=0.0, H=0.0", 3), rows("ε=0.1, H=0.01", 1)]))
+    out = seeds.rl_rows(cfg)
+    assert set(out) == {"ε=0.0, H=0.0", "ε=0.1, H=0.01"}
+    a = out["ε=0.0, H=0.0"]
+    assert a["pass1"] == 0.75 and a["minus_base"]["diff"] == pytest.approx(0.75) and a["minus_pretrained_eps"]["diff"] == pytest.approx(0.25)
+    assert out["ε=0.1, H=0.01"]["minus_pretrained_eps"]["diff"] == pytest.approx(-0.25)
+    assert all(r[k]["p_holm"] >= r[k]["p"] for r in out.values() for k in ("minus_base", "minus_pretrained_eps"))
+
+    def not_run(c):
+        raise NotRunError("no Table 2 samples")
+
+    monkeypatch.setattr(rl, "load_table2_samples", not_run)
+    assert seeds.rl_rows(cfg) is None
