@@ -71,6 +71,7 @@ def one_seed(cfg, margin: float, seed: int = 0) -> tuple[dict, tuple]:
                              for lab, x in (("Base", base), ("fixed s0", fixed), (row_label(eps), row))}}
     if (rl := rl_rows(cfg, seed)) is not None:  # the RL stage ran on this seed too: Table 2's policies
         out["rl_table2"] = rl
+    out["stage_seconds"] = stage_seconds(cfg)
     f, n, q = trip
     return out, (f, n, [f"{cfg.data.seed}:{x}" for x in q])
 
@@ -97,6 +98,17 @@ def rl_rows(cfg, seed: int = 0) -> dict | None:
         for r, h in zip(out.values(), holm([r[key]["p"] for r in out.values()])):
             r[key]["p_holm"] = float(h)
     return out
+
+
+def stage_seconds(cfg) -> dict:
+    """Each finished stage's wall seconds from its ``done`` record (the state prompt's fit where it ran)."""
+    from ctrls.stages.pretrain import pretrain_stages
+    from ctrls.stages.rl import stage_summary as rl_summary
+
+    fit = pretrain_stages(cfg.for_pair(*cfg.pairs()[0])).get("state_prompt")
+    return {k: v for k, v in {"state_prompt_fit": fit.summary().get("wall_s") if fit is not None else None,
+                              "exploration": stage_summary(cfg).get("wall_s"),
+                              "rl": rl_summary(cfg).get("wall_s")}.items() if v is not None}
 
 
 def eps_row(cfg):

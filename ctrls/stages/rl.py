@@ -356,11 +356,16 @@ def load_table2_samples(cfg: Config) -> pd.DataFrame:
     return pd.concat([read_parquet(f) for f in files], ignore_index=True)
 
 
+def stage_summary(cfg: Config) -> dict:
+    """The RL stage's ``done`` record (wall_s, profile_s per phase, ...), or {} before it ran."""
+    return _rl_stage(cfg).summary()
+
+
 def profile_markdown(cfg: Config) -> str:
     """Where the RL stage's last run spent its time (the ``profile_s`` of its ``done`` record, timed by
     :class:`PhaseClock`): a table of seconds and shares per phase, or one sentence when the stage has
     not run in this run directory (or ran before it was timed)."""
-    rec = _rl_stage(cfg).summary()
+    rec = stage_summary(cfg)
     prof, wall = rec.get("profile_s"), rec.get("wall_s")
     if not prof or not wall:
         return (f"The RL stage has no timed run in this run directory (profile `{cfg.profile}`): "
