@@ -5,7 +5,7 @@ Floor 8: imports every floor below (the stages' readers included); nothing below
 - ``tables``, ``beside_paper``, ``paper``, ``paper_power``: Tables 1-3, ours beside the paper's;
 - ``plots``, ``synthetic_figures``: the figures; ``display``: how a DataFrame shows on a page;
 - ``verdicts``, ``scorecard``, ``findings``: claims, their tests and the first page;
-- ``studies``: readers of the stored mechanism studies (``studies/results``);
+- ``studies``, ``mechanism``, ``steered_rl``: readers of the stored mechanism studies (``studies/results``);
 - ``cases``, ``setup_check``, ``codeindex``, ``provenance``: the other pages and their banners.
 
 A new page: a notebook in ``notebooks/`` that calls one function here per table or figure.

@@ -129,7 +129,7 @@ def _answer_rates(s: dict, path) -> dict:
             "fixed ran all steps": checked_number(a, "fixed s0", path, 0, 1), "T": checked_number(s, "max_steps", path, 1)}
 
 
-def _ci(v, lo, hi, fmt: str = "{:.2f}") -> str:
+def ci_text(v, lo, hi, fmt: str = "{:.2f}") -> str:
     """An estimate with its 95% interval, negative numbers with the book's minus sign."""
     return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]".replace("-", "−")
 
@@ -140,7 +140,7 @@ def seeds_view(t: pd.DataFrame) -> pd.DataFrame:
         if pd.isna(v):
             return "—"
         f = f"{{:{'+' if sign else ''}.{digits}f}}"
-        return _ci(scale * v, scale * lo, scale * hi, f)
+        return ci_text(scale * v, scale * lo, scale * hi, f)
 
     return pd.DataFrame({
         "data seed": t["data seed"], "questions": t.questions, "steps": t.steps,
@@ -203,8 +203,8 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
         out.append(f"On {len(per)} fresh data seeds ({int(pooled.questions)} test questions, {int(pooled.steps)} steps), the "
                    f"ε row's steps land in their drawn state {100 * pooled.follows:.1f}% of the time against "
                    f"{100 * pooled['null']:.1f}% for an independent chain: κ = "
-                   f"{_ci(pooled.kappa, pooled['kappa lo'], pooled['kappa hi'])}.")
-        ks = ", ".join(_ci(r.kappa, r["kappa lo"], r["kappa hi"]) for _, r in per.iterrows())
+                   f"{ci_text(pooled.kappa, pooled['kappa lo'], pooled['kappa hi'])}.")
+        ks = ", ".join(ci_text(r.kappa, r["kappa lo"], r["kappa hi"]) for _, r in per.iterrows())
         held = int((per["kappa lo"] > 0).sum())
         out.append(f"Per seed κ is {ks}; its interval excludes 0 on {held} of {len(per)} seeds.")
         ni = int(per["non-inferior"].sum())
@@ -212,13 +212,13 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
                    f"on {ni} of {len(per)} seeds.")
         for _, r in dev.iterrows():
             out.append(f"On data seed {r['data seed']}, where every choice was made, κ = "
-                       f"{_ci(r.kappa, r['kappa lo'], r['kappa hi'])} ({int(r.steps)} steps): a number no test should be read from.")
+                       f"{ci_text(r.kappa, r['kappa lo'], r['kappa hi'])} ({int(r.steps)} steps): a number no test should be read from.")
     if prompt is not None and len(prompt):
         for _, r in prompt.iterrows():
             out.append(f"Data seed {r['data seed']}: the state prompt ({r['vectors per state']} vectors per state) reaches "
-                       f"κ = {_ci(r['state prompt κ'], r['sp lo'], r['sp hi'])} ({int(r['sp steps'])} steps) "
-                       f"against the adapter's {_ci(r['adapter κ'], r['ad lo'], r['ad hi'])} on the same "
-                       f"{int(r.questions)} questions: Δκ = {_ci(r['Δκ'], r['Δκ lo'], r['Δκ hi'], '{:+.2f}')}, "
+                       f"κ = {ci_text(r['state prompt κ'], r['sp lo'], r['sp hi'])} ({int(r['sp steps'])} steps) "
+                       f"against the adapter's {ci_text(r['adapter κ'], r['ad lo'], r['ad hi'])} on the same "
+                       f"{int(r.questions)} questions: Δκ = {ci_text(r['Δκ'], r['Δκ lo'], r['Δκ hi'], '{:+.2f}')}, "
                        f"Holm p = {r['p (Holm)']:.3g}.")
     lo, hi = TEXT_CUE_BOUND
     out.append(f"The ceiling the backbone allows: a text cue forced at a step's start lands in its target state "
@@ -231,7 +231,7 @@ def stage_option_frame(path: str | Path | None = None) -> pd.DataFrame:
     own fit and decode, run by the README's commands); refused when its overrides do not hold the option."""
     path = Path(path) if path else results_dir() / STAGE_OPTION_RESULT
     d = read_result(path)
-    if str(_override(d, "state_prompt.use")).lower() != "true":
+    if str(stored_override(d, "state_prompt.use")).lower() != "true":
         raise ValueError(f"{path}: not runs with state_prompt.use=true (overrides {d.get('overrides')})")
     t = seeds_frame(path)
     if t["data seed"].map(lambda x: isinstance(x, (int, np.integer))).sum() == 1:  # one seed: its pooled row repeats it
@@ -257,9 +257,9 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
         out.append(
             f"{lead} on data seed {int(r['data seed'])} ({int(r.questions)} test questions, "
             f"{int(r.steps)} steps of the ε row), steps land in their drawn state {100 * r.follows:.1f}% of the time "
-            f"against {100 * r['null']:.1f}% for an independent chain: κ = {_ci(r.kappa, r['kappa lo'], r['kappa hi'])}"
+            f"against {100 * r['null']:.1f}% for an independent chain: κ = {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}"
             + (" (the bar, κ ≥ 0.5 with its lower bound above 0.3, is met)" if k_ok else f" ({'; '.join(miss)})")
-            + f"; fixed s₀ − Base pass@1 is {_ci(100 * r.harm, 100 * r['harm lo'], 100 * r['harm hi'], '{:+.1f}')} points, "
+            + f"; fixed s₀ − Base pass@1 is {ci_text(100 * r.harm, 100 * r['harm lo'], 100 * r['harm hi'], '{:+.1f}')} points, "
             + ("non-inferior" if r["non-inferior"] else "not shown non-inferior") + f" at {margin:g} points"
             + (f" (its estimate is within {margin:g} points, its interval's lower bound is not)"
                if not r["non-inferior"] and r.harm > -margin / 100 else "") + ".")
@@ -273,7 +273,7 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
     if len(got):  # the exploration claim with the injection held: drawn transitions against the row held at s0
         won, lost = int((got["ε − fixed lo"] > 0).sum()), int((got["ε − fixed hi"] < 0).sum())
         out.append("ε − fixed s₀ pass@1 (drawn transitions against the row held at s₀) is "
-                   + ", ".join(f"{_ci(100 * r['ε − fixed'], 100 * r['ε − fixed lo'], 100 * r['ε − fixed hi'], '{:+.1f}')} "
+                   + ", ".join(f"{ci_text(100 * r['ε − fixed'], 100 * r['ε − fixed lo'], 100 * r['ε − fixed hi'], '{:+.1f}')} "
                                f"points on seed {int(r['data seed'])}" for _, r in got.iterrows())
                    + f": the drawn transitions win on {won} and lose on {lost} of {len(got)} "
                    f"(95% intervals excluding 0).")
@@ -281,7 +281,7 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
     if len(per) > 1 and len(pool):  # questions of different seeds are different clusters of the bootstrap
         r = pool.iloc[0]
         out.append(f"Pooled over the {len(per)} seeds ({int(r.questions)} questions, {int(r.steps)} steps): "
-                   f"{100 * r.follows:.1f}% against {100 * r['null']:.1f}%, κ = {_ci(r.kappa, r['kappa lo'], r['kappa hi'])}"
+                   f"{100 * r.follows:.1f}% against {100 * r['null']:.1f}%, κ = {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}"
                    + (", the bar met." if r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR else ", the bar not met."))
     return " ".join(out)
 
@@ -296,10 +296,10 @@ def stage_option_summary(t: pd.DataFrame, lead: str = "Through the stages (`stat
     seeds = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
     met = r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
     return (f"{lead} on fresh data seed{'s' if len(per) > 1 else ''} {seeds}, "
-            f"κ = {', '.join(_ci(x.kappa, x['kappa lo'], x['kappa hi']) for _, x in per.iterrows())}"
-            + (f", pooled {_ci(r.kappa, r['kappa lo'], r['kappa hi'])}" if len(per) > 1 else "")
+            f"κ = {', '.join(ci_text(x.kappa, x['kappa lo'], x['kappa hi']) for _, x in per.iterrows())}"
+            + (f", pooled {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}" if len(per) > 1 else "")
             + f" ({int(r.questions)} questions, {int(r.steps)} steps): the bar is {'met' if met else 'not met'}; "
-            f"the fixed-s₀ row is {', '.join(_ci(100 * x.harm, 100 * x['harm lo'], 100 * x['harm hi'], '{:+.1f}') for _, x in per.iterrows())} "
+            f"the fixed-s₀ row is {', '.join(ci_text(100 * x.harm, 100 * x['harm lo'], 100 * x['harm hi'], '{:+.1f}') for _, x in per.iterrows())} "
             "points of pass@1 against Base (the pretraining page says why).")
 
 
@@ -315,7 +315,7 @@ def stage_option_note(path: str | Path | None = None, mask: str | Path | None = 
     return out
 
 
-def _override(d: dict, key: str) -> str | None:
+def stored_override(d: dict, key: str) -> str | None:
     """The value a stored result's ``overrides`` give ``key`` (the last one), or None."""
     hit = [str(o).split("=", 1)[1].strip() for o in d.get("overrides") or [] if str(o).split("=", 1)[0].strip() == key]
     return hit[-1] if hit else None
@@ -327,7 +327,7 @@ def position_mask_frame(path: str | Path | None = None) -> pd.DataFrame:
     path = Path(path) if path else results_dir() / POSITION_MASK_RESULT
     d = read_result(path)
     try:
-        floor = float(_override(d, "grid.position_floor") or 0)
+        floor = float(stored_override(d, "grid.position_floor") or 0)
     except ValueError:
         floor = math.nan
     if not 0 < floor <= 1:
@@ -374,10 +374,10 @@ def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
     path = Path(path) if path else results_dir() / ADAPTER_RESULT
     d = read_result(path)
     other = d.get("against")
-    if str(_override(d, "state_prompt.with_adapter")).lower() != "true" or not isinstance(other, dict):
+    if str(stored_override(d, "state_prompt.with_adapter")).lower() != "true" or not isinstance(other, dict):
         raise ValueError(f"{path}: not runs with state_prompt.with_adapter=true compared --against others "
                          f"(overrides {d.get('overrides')})")
-    if str(_override(other, "state_prompt.with_adapter")).lower() == "true" or str(_override(other, "state_prompt.use")).lower() != "true":
+    if str(stored_override(other, "state_prompt.with_adapter")).lower() == "true" or str(stored_override(other, "state_prompt.use")).lower() != "true":
         raise ValueError(f"{path}: the runs compared against must use the state prompt without the adapter "
                          f"(overrides {other.get('overrides')})")
     mine = {int(s["data_seed"]): s for s in d.get("seeds") or []}
@@ -407,12 +407,12 @@ def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
 
 def with_adapter_view(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`with_adapter_frame` for the page: intervals, n and Holm p."""
-    pts = lambda v, lo, hi: _ci(100 * v, 100 * lo, 100 * hi, "{:+.1f}")  # noqa: E731
+    pts = lambda v, lo, hi: ci_text(100 * v, 100 * lo, 100 * hi, "{:+.1f}")  # noqa: E731
     return pd.DataFrame({
         "data seed": t["data seed"], "questions": t.questions, "steps (with / alone)": [f"{a} / {b}" for a, b in zip(t.steps, t["steps alone"])],
-        "κ with the adapter [95%]": [_ci(*r) for r in zip(t["κ"], t["κ lo"], t["κ hi"])],
-        "κ alone [95%]": [_ci(*r) for r in zip(t["κ alone"], t["κ alone lo"], t["κ alone hi"])],
-        "Δκ [95%]": [_ci(*r, "{:+.2f}") for r in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
+        "κ with the adapter [95%]": [ci_text(*r) for r in zip(t["κ"], t["κ lo"], t["κ hi"])],
+        "κ alone [95%]": [ci_text(*r) for r in zip(t["κ alone"], t["κ alone lo"], t["κ alone hi"])],
+        "Δκ [95%]": [ci_text(*r, "{:+.2f}") for r in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
         "Δκ p (Holm)": [f"{p:.3g}" for p in t["Δκ p (Holm)"]],
         "ε pass@1 with / alone (%)": [f"{100 * a:.1f} / {100 * b:.1f}" for a, b in zip(t["ε pass@1"], t["ε pass@1 alone"])],
         "Δ ε pass@1 (pts)": [pts(*r) for r in zip(t["Δ pass@1"], t["Δ pass@1 lo"], t["Δ pass@1 hi"])],
@@ -440,8 +440,8 @@ def state_prompt_sentence(t: pd.DataFrame) -> str:
     and of the adapter with intervals, the questions, and on how many seeds the paired gain holds after Holm."""
     seeds = [str(s) for s in t["data seed"]]
     said = seeds[0] if len(seeds) == 1 else f"{', '.join(seeds[:-1])} and {seeds[-1]}"
-    sp = ", ".join(_ci(r["state prompt κ"], r["sp lo"], r["sp hi"]) for _, r in t.iterrows())
-    ad = ", ".join(_ci(r["adapter κ"], r["ad lo"], r["ad hi"]) for _, r in t.iterrows())
+    sp = ", ".join(ci_text(r["state prompt κ"], r["sp lo"], r["sp hi"]) for _, r in t.iterrows())
+    ad = ", ".join(ci_text(r["adapter κ"], r["ad lo"], r["ad hi"]) for _, r in t.iterrows())
     won = int(((t["Δκ lo"] > 0) & (t["p (Holm)"] < 0.05)).sum())
     return (f"On data seed{'s' if len(t) > 1 else ''} {said} ({'/'.join(str(int(q)) for q in t.questions)} test questions), "
             f"the state prompt ({int(t['vectors per state'].iloc[0])} vectors per state) reaches κ = {sp} against "
@@ -453,7 +453,7 @@ def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
     difference with Holm's p, pass@1 of both, and the state prompt's kappa at steps 1, 2 and 3+."""
     def iv(v, lo, hi, sign=False):
         f = "{:+.2f}" if sign else "{:.2f}"
-        return _ci(v, lo, hi, f)
+        return ci_text(v, lo, hi, f)
 
     out = pd.DataFrame({
         "data seed": t["data seed"], "questions": t.questions,

@@ -1,0 +1,86 @@
+"""RL when the state steers: Table 2's policies trained under the state prompt, read for the RL page.
+
+``studies/seeds.py`` on runs made with ``state_prompt.use=true`` whose RL stage ran too (stored in
+``studies/results/state_prompt_rl.json``): per data seed, each Table 2 policy's pass@1 against Base and
+against the pretrained policy's epsilon row on the same test questions (paired by question, Holm over the
+policies), beside the seed's kappa and fixed-s0 harm (``ctrls.report.mechanism.stage_option_frame``) and
+each stage's wall seconds. The pretrained epsilon row is what RL starts from: RL adds something only
+where a policy beats it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ctrls.report.mechanism import checked_interval, checked_number, ci_text, read_result, results_dir, stored_override
+
+RL_RESULT = "studies/results/state_prompt_rl.json"
+VS = {"− Base": "minus_base", "− pretrained ε": "minus_pretrained_eps"}
+
+
+def rl_frame(path: str | Path | None = None) -> pd.DataFrame:
+    """One row per (data seed, Table 2 policy): pass@1 with its samples and questions, and per comparison
+    (``VS``) the paired difference [95%] and its Holm p; refused, naming the file, when the runs were not made
+    with the state prompt or a seed has no RL rows."""
+    path = Path(path) if path else results_dir() / RL_RESULT
+    d = read_result(path)
+    if str(stored_override(d, "state_prompt.use")).lower() != "true":
+        raise ValueError(f"{path}: not runs with state_prompt.use=true (overrides {d.get('overrides')})")
+    rows = []
+    for s in d.get("seeds") or []:
+        rl = s.get("rl_table2")
+        if not isinstance(rl, dict) or not rl:
+            raise ValueError(f"{path}: data seed {s.get('data_seed')!r} has no RL rows (rl_table2): run the rl stage")
+        for name, r in rl.items():
+            row = {"data seed": int(s["data_seed"]), "policy": str(name), "pass@1": checked_number(r, "pass1", path, 0, 1),
+                   "samples": int(checked_number(r, "samples", path, 1))}
+            for label, key in VS.items():
+                diff, lo, hi = checked_interval(r[key], "diff", "lo", "hi", path)
+                row.update({label: diff, f"{label} lo": lo, f"{label} hi": hi,
+                            f"{label} p (Holm)": checked_number(r[key], "p_holm", path, 0, 1),
+                            "questions": int(checked_number(r[key], "questions", path, 1)),
+                            f"{label} b": checked_number(r[key], "b", path, 0, 1)})
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no seeds")
+    t = pd.DataFrame(rows)
+    t.attrs.update(commit=d.get("commit", "?"), source=str(path), machine=d.get("machine", {}),
+                   seconds={int(s["data_seed"]): s.get("stage_seconds", {}) for s in d["seeds"]})
+    return t
+
+
+def rl_view(t: pd.DataFrame) -> pd.DataFrame:
+    """:func:`rl_frame` for the page: pass@1 with n, each difference in points [95%] with its Holm p."""
+    out = pd.DataFrame({"data seed": t["data seed"], "policy": t.policy,
+                        "pass@1 (%)": [f"{100 * v:.1f} (n = {n})" for v, n in zip(t["pass@1"], t.samples)],
+                        "questions": t.questions})
+    for label in VS:
+        out[f"{label} (points)"] = [f"{ci_text(100 * v, 100 * lo, 100 * hi, '{:+.1f}')}, Holm p {p:.3f}" for v, lo, hi, p in
+                                    zip(t[label], t[f"{label} lo"], t[f"{label} hi"], t[f"{label} p (Holm)"])]
+    return out
+
+
+def rl_sentence(t: pd.DataFrame) -> str:
+    """:func:`rl_frame` in sentences a reader can check against the table: per seed, Base's and the pretrained
+    epsilon row's pass@1, how many policies beat each (95% interval above 0), and the stages' seconds."""
+    out = []
+    for seed, g in t.groupby("data seed", sort=True):
+        n = len(g)
+        beat = {label: int((g[f"{label} lo"] > 0).sum()) for label in VS}
+        lost = {label: int((g[f"{label} hi"] < 0).sum()) for label in VS}
+        out.append(f"On data seed {seed} ({int(g.questions.iloc[0])} test questions), Base answers "
+                   f"{100 * g['− Base b'].iloc[0]:.1f}% and the pretrained policy's ε row {100 * g['− pretrained ε b'].iloc[0]:.1f}% "
+                   f"at pass@1. {beat['− Base']} of the {n} RL policies beat Base and {lost['− Base']} lose to it; "
+                   f"{beat['− pretrained ε']} beat the pretrained ε row and {lost['− pretrained ε']} lose to it "
+                   "(95% intervals excluding 0).")
+        if beat["− Base"] and not beat["− pretrained ε"]:
+            out.append("So the gain over Base is the steering state's, already in the pretrained policy; "
+                       "RL added none we can show.")
+        sec = t.attrs.get("seconds", {}).get(seed) or {}
+        if sec:
+            out.append("The stages took " + ", ".join(f"{v:.0f} s ({k.replace('_', ' ')})" for k, v in sec.items()) + ".")
+    return " ".join(out)
+
+
+__all__ = ["RL_RESULT", "rl_frame", "rl_sentence", "rl_view"]
