@@ -140,7 +140,7 @@ def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeyp
     cfg, _, _ = sp_run
     copy = tmp_path / "runs"
     shutil.copytree(cfg.run_dir, copy)
-    c = override(cfg, {"run_dir": str(copy), "grid.position_floor": 0.5, "grid.position_buckets": 2, "rl.steps": 2})
+    c = override(cfg, {"run_dir": str(copy), "grid.position_floor": 0.5, "grid.position_buckets": 2, "rl.steps": 1})
     pc = c.for_pair(*c.pairs()[0])
     real, seen = sps.sample_state_prompt, []
 
@@ -163,7 +163,7 @@ def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeyp
         assert torch.isinf(g.log_actions[~g.allowed]).all() and torch.isfinite(g.log_actions[g.allowed]).all()
         assert g.states[1:].argmax(-1).tolist() == acts[:len(g.steps)].argmax(-1).tolist()  # decoded under a_t's state
     curves = load_curves(c)
-    assert len(curves) and curves.step.max() == 2
+    assert len(curves) and curves.step.max() == 1
     m = sps.position_mask_for(pc, pretrain_stages(pc)["states"].dir, int(seen[0][0].states.shape[1]))
     t2 = load_table2_samples(c)
     rows = t2[t2.config != "Base"]
