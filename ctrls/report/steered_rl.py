@@ -63,7 +63,8 @@ def rl_view(t: pd.DataFrame) -> pd.DataFrame:
 
 def rl_sentence(t: pd.DataFrame) -> str:
     """:func:`rl_frame` in sentences a reader can check against the table: per seed, Base's and the pretrained
-    epsilon row's pass@1, how many policies beat each (95% interval above 0), and the stages' seconds."""
+    epsilon row's pass@1 and how many policies beat each (95% interval above 0). The stages' seconds stay in
+    the frame's attrs (the design notes cite them with the load they ran under)."""
     out = []
     for seed, g in t.groupby("data seed", sort=True):
         n = len(g)
@@ -77,9 +78,6 @@ def rl_sentence(t: pd.DataFrame) -> str:
         if beat["− Base"] and not beat["− pretrained ε"]:
             out.append("So the gain over Base is the steering state's, already in the pretrained policy; "
                        "RL added none we can show.")
-        sec = t.attrs.get("seconds", {}).get(seed) or {}
-        if sec:
-            out.append("The stages took " + ", ".join(f"{v:.0f} s ({k.replace('_', ' ')})" for k, v in sec.items()) + ".")
     return " ".join(out)
 
 
