@@ -277,8 +277,9 @@ def decode_chains(lm, prompts: Sequence[Sequence[int]], draws: Sequence[Callable
     KV cache to decode into (default transformers' ``DynamicCache``; the stages pass the engine's
     preallocated one, ``ctrls.generate.kv_cache.new_cache``). Rows that open a step feed their token and the state's
     m vectors in one pass; the others pad those slots (masked out of attention, not counted as positions),
-    so each row sees the sequence :func:`chain_logprob` builds. Rows with one prompt share its prefill;
-    a finished row leaves the batch and its cache. ``head``: as :func:`chain_logprob`'s, each token under
+    so each row sees the sequence :func:`chain_logprob` builds; on ``sdpa`` models only the real slots go
+    through the linear layers (``ctrls.method.ragged``). Rows with one prompt share its prefill, and the
+    prompts' common prefix is run once; a finished row leaves the batch and its cache. ``head``: as :func:`chain_logprob`'s, each token under
     the state of the step it belongs to (the row's last drawn state)."""
     from transformers import DynamicCache
 
