@@ -69,17 +69,17 @@ def one_seed(cfg, margin: float, seed: int = 0) -> tuple[dict, tuple]:
            "valid": {lab: float(x.valid.mean()) for lab, x in (("Base", base), ("fixed s0", fixed), (row_label(eps), row))},
            "ran_all_steps": {lab: float((x.finish == "max_steps").mean())
                              for lab, x in (("Base", base), ("fixed s0", fixed), (row_label(eps), row))}}
-    if (rl := rl_rows(cfg, seed)) is not None:  # the RL stage ran on this seed too: Table 2's policies
+    if (rl := rl_rows(cfg, base, row, seed)) is not None:  # the RL stage ran on this seed too: Table 2's policies
         out["rl_table2"] = rl
     out["stage_seconds"] = stage_seconds(cfg)
     f, n, q = trip
     return out, (f, n, [f"{cfg.data.seed}:{x}" for x in q])
 
 
-def rl_rows(cfg, seed: int = 0) -> dict | None:
-    """Where the run's RL stage has finished: each Table 2 policy's pass@1 minus Base and minus the pretrained
-    policy's epsilon row (both the exploration stage's, the same test questions), paired by question, Holm over
-    the policies within each comparison; None when the RL stage has not run."""
+def rl_rows(cfg, base, pre, seed: int = 0) -> dict | None:
+    """Where the run's RL stage has finished: each Table 2 policy's pass@1 minus Base (``base``) and minus the
+    pretrained policy's epsilon row (``pre``; both the exploration stage's samples of the same test questions),
+    paired by question, Holm over the policies within each comparison; None when the RL stage has not run."""
     from ctrls.stages.common import NotRunError
     from ctrls.stages.rl import load_table2_samples
 
@@ -87,9 +87,6 @@ def rl_rows(cfg, seed: int = 0) -> dict | None:
         t2 = load_table2_samples(cfg)
     except (NotRunError, FileNotFoundError):
         return None
-    df = load_samples(cfg)
-    df = df[df.dataset == cfg.data.dataset]
-    base, pre = df[df.config == BASE], eps_row(cfg)
     t2 = t2[(t2.dataset == cfg.data.dataset) & (t2.config != BASE)]
     out = {str(c): {"pass1": float(x.correct.mean()), "samples": int(len(x)),
                     "minus_base": paired_pass1(x, base, seed=seed), "minus_pretrained_eps": paired_pass1(x, pre, seed=seed)}

@@ -96,7 +96,6 @@ def step_states(model: "CTRLSModel", steps: Sequence[torch.Tensor], counts: Sequ
 
 
 @torch.no_grad()
-@torch.no_grad()
 def draw_actions(policy: "TransitionPolicy", s0: torch.Tensor, n: int, steps: int, epsilon: float,
                  generator: torch.Generator | None = None, mask: "PositionMask | None" = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -230,9 +230,7 @@ def stage_option_frame(path: str | Path | None = None) -> pd.DataFrame:
     """:func:`seeds_frame` of the stored result of runs made with ``state_prompt.use=true`` (the stages'
     own fit and decode, run by the README's commands); refused when its overrides do not hold the option."""
     path = Path(path) if path else results_dir() / STAGE_OPTION_RESULT
-    d = read_result(path)
-    if str(stored_override(d, "state_prompt.use")).lower() != "true":
-        raise ValueError(f"{path}: not runs with state_prompt.use=true (overrides {d.get('overrides')})")
+    check_state_prompt_runs(read_result(path), path)
     t = seeds_frame(path)
     if t["data seed"].map(lambda x: isinstance(x, (int, np.integer))).sum() == 1:  # one seed: its pooled row repeats it
         attrs, t = t.attrs, t[t["data seed"] != "pooled"].reset_index(drop=True)
@@ -313,6 +311,12 @@ def stage_option_note(path: str | Path | None = None, mask: str | Path | None = 
         t = position_mask_frame(mask)
         out.append(stage_option_summary(t, lead=f"With the position mask (`grid.position_floor={t.attrs['floor']:g}`)"))
     return out
+
+
+def check_state_prompt_runs(d: dict, path) -> None:
+    """Refuse, naming the file, a stored result whose runs were not made with ``state_prompt.use=true``."""
+    if str(stored_override(d, "state_prompt.use")).lower() != "true":
+        raise ValueError(f"{path}: not runs with state_prompt.use=true (overrides {d.get('overrides')})")
 
 
 def stored_override(d: dict, key: str) -> str | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ctrls.report.mechanism import checked_interval, checked_number, ci_text, read_result, results_dir, stored_override
+from ctrls.report.mechanism import check_state_prompt_runs, checked_interval, checked_number, ci_text, read_result, results_dir
 
 RL_RESULT = "studies/results/state_prompt_rl.json"
 VS = {"− Base": "minus_base", "− pretrained ε": "minus_pretrained_eps"}
@@ -25,8 +25,7 @@ def rl_frame(path: str | Path | None = None) -> pd.DataFrame:
     with the state prompt or a seed has no RL rows."""
     path = Path(path) if path else results_dir() / RL_RESULT
     d = read_result(path)
-    if str(stored_override(d, "state_prompt.use")).lower() != "true":
-        raise ValueError(f"{path}: not runs with state_prompt.use=true (overrides {d.get('overrides')})")
+    check_state_prompt_runs(d, path)
     rows = []
     for s in d.get("seeds") or []:
         rl = s.get("rl_table2")
@@ -34,12 +33,12 @@ def rl_frame(path: str | Path | None = None) -> pd.DataFrame:
             raise ValueError(f"{path}: data seed {s.get('data_seed')!r} has no RL rows (rl_table2): run the rl stage")
         for name, r in rl.items():
             row = {"data seed": int(s["data_seed"]), "policy": str(name), "pass@1": checked_number(r, "pass1", path, 0, 1),
-                   "samples": int(checked_number(r, "samples", path, 1))}
+                   "samples": int(checked_number(r, "samples", path, 1)),
+                   "questions": int(checked_number(r["minus_base"], "questions", path, 1))}  # one paired set for both
             for label, key in VS.items():
                 diff, lo, hi = checked_interval(r[key], "diff", "lo", "hi", path)
                 row.update({label: diff, f"{label} lo": lo, f"{label} hi": hi,
                             f"{label} p (Holm)": checked_number(r[key], "p_holm", path, 0, 1),
-                            "questions": int(checked_number(r[key], "questions", path, 1)),
                             f"{label} b": checked_number(r[key], "b", path, 0, 1)})
             rows.append(row)
     if not rows:

@@ -51,9 +51,9 @@ from ctrls.stages.common import (
     read_results,
     sample_params,
 )
-from ctrls.stages.pretrain import load_pretrained, pretrain_stages
+from ctrls.stages.pretrain import fitted_stages, load_pretrained, pretrain_stages
 from ctrls.stages.runs import Stage, file_name, pair_slug, valid_part
-from ctrls.stages.state_prompt import load_state_prompt, position_mask_for, sample_state_prompt
+from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
 
 if TYPE_CHECKING:
     from ctrls.generate.sampling import Generation
@@ -86,8 +86,7 @@ def samples_dir(cfg: Config) -> Path:
 
 def _stage(cfg: Config) -> Stage:
     # with state_prompt.use the CTRLS rows come from the state prompt's vectors: its section and fit join the key
-    last = "state_prompt" if cfg.state_prompt.use else "adapter"
-    fitted = tuple(pretrain_stages(cfg.for_pair(b, d))[last] for b, d in cfg.pairs())
+    fitted = fitted_stages(cfg)
     keys = KEYS + (("state_prompt",) if cfg.state_prompt.use else ())
     return Stage(cfg, "exploration", keys, upstream=tuple(a.key for a in fitted), inputs=fitted)
 
@@ -176,9 +175,7 @@ def _sample_pairs(cfg: Config, out: Path, progress: bool, readback: bool, masks:
         pc = cfg.for_pair(bname, ds)
         bb = backbone_for(pc, bname)
         model = load_pretrained(pc, bb)
-        sp = (load_state_prompt(pretrain_stages(pc)["state_prompt"], bb, int(model.config.n_states), pc.state_prompt.vectors)
-              if cfg.state_prompt.use else None)
-        mask = position_mask_for(pc, pretrain_stages(pc)["states"].dir, int(model.config.n_states)) if g.position_floor > 0 else None
+        sp, mask = pair_state_prompt(pc, bb, model, pretrain_stages(pc))
         if mask is not None:
             masks[pair_slug(bname, ds)] = mask.to_dict()
         reencode_s += _sample_grid(cfg, pc, bb, model, problems_from_config(pc, "test"), ds, grid, g.temperatures,

@@ -30,7 +30,7 @@ from ctrls.stages.common import (
     sample_params,
 )
 from ctrls.stages.exploration import generation_rows, write_part
-from ctrls.stages.pretrain import load_pretrained, pretrain_stages
+from ctrls.stages.pretrain import fitted_stages, load_pretrained, pretrain_stages
 from ctrls.stages.runs import (
     Stage,
     file_name,
@@ -47,8 +47,7 @@ RL_KEYS = ("seed", "data", "prompt", "sampling", "rl", "grid.n_samples")
 def _rl_stage(cfg: Config):
     # with state_prompt.use the rollouts decode under the state prompt's vectors (and its position mask):
     # its section, the mask's keys and its fit join the key, as in the exploration stage
-    last = "state_prompt" if cfg.state_prompt.use else "adapter"
-    fitted = tuple(pretrain_stages(cfg.for_pair(b, d))[last] for b, d in cfg.pairs())
+    fitted = fitted_stages(cfg)
     keys = RL_KEYS + (("state_prompt", "grid.position_floor", "grid.position_buckets") if cfg.state_prompt.use else ())
     return Stage(cfg, "rl", keys, upstream=tuple(a.key for a in fitted), inputs=fitted)
 
@@ -154,7 +153,7 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
 
     # here, not at the top: the engine loads transformers, which pages that only read results skip
     from ctrls.generate.sampling import SampleParams, sample
-    from ctrls.stages.state_prompt import sample_state_prompt
+    from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
 
     rl = cfg.rl
     for bname, ds in cfg.pairs():
@@ -163,7 +162,7 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
         with clock("load"):
             bb = backbone_for(pc, bname)
             pretrained = load_pretrained(pc, bb)
-            sp, mask = _state_prompt(pc, bb, pretrained)
+            sp, mask = pair_state_prompt(pc, bb, pretrained, pretrain_stages(pc))
         train = problems_from_config(pc, "train")
         n_table = rl.n_test if rl.n_test is not None else pc.data.n_test
         test = problems_from_config(override(pc, {"data.n_test": max(n_table, rl.eval_questions)}), "test")
@@ -304,19 +303,6 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
         for (m, label, eps, alpha, seed), res in zip(todo, generate("test", reqs, rl.lockstep, "decode: Table 2 samples")):
             _write_table_part(pc, part(label, eps, alpha), res,
                               {"config": label, "epsilon": eps, "alpha": alpha, "seed": seed})
-
-
-def _state_prompt(cfg: Config, bb, model):
-    """(the fitted state prompt, its position mask) of a pair with ``state_prompt.use`` (the mask only with
-    ``grid.position_floor`` > 0), else (None, None): the rollouts then decode with the adapter."""
-    if not cfg.state_prompt.use:
-        return None, None
-    from ctrls.stages.state_prompt import load_state_prompt, position_mask_for
-
-    K = int(model.config.n_states)
-    st = pretrain_stages(cfg)
-    sp = load_state_prompt(st["state_prompt"], bb, K, cfg.state_prompt.vectors)
-    return sp, position_mask_for(cfg, st["states"].dir, K) if cfg.grid.position_floor > 0 else None
 
 
 def _write_table_part(cfg: Config, part: Path, res, meta: dict) -> None:

@@ -126,6 +126,15 @@ def load_state_prompt(st: Stage, bb: Backbone, n_states: int, n_vectors: int) ->
     return sp
 
 
+def pair_state_prompt(cfg: Config, bb: Backbone, model, st: dict[str, Stage]) -> tuple:
+    """A pair's (fitted state prompt, position mask) for its CTRLS rows, from its pretraining stages ``st``
+    (``pretrain_stages(cfg)``): the vectors with ``state_prompt.use``, the mask with ``grid.position_floor`` > 0
+    (refused at load without the option), each else None."""
+    K = int(model.config.n_states)
+    sp = load_state_prompt(st["state_prompt"], bb, K, cfg.state_prompt.vectors) if cfg.state_prompt.use else None
+    return sp, position_mask_for(cfg, st["states"].dir, K) if cfg.grid.position_floor > 0 else None
+
+
 def position_mask_for(cfg: Config, states_dir: Path, n_states: int):
     """The pair's position mask (``ctrls.method.positions``) at ``grid.position_floor`` and
     ``grid.position_buckets``, from its pretraining chains' training steps (stage (d)'s hard states; the
@@ -230,14 +239,12 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
             g.log_actions = logs[m, :D]
             g.allowed = None if mask is None else torch.stack([mask.allowed[mask.bucket(t)] for t in range(D)]).reshape(D, K)
         out[i].append(g)
-    for i, (ids, start) in enumerate(prompts):  # the read-back: an unadapted pass without the vectors
-        if not readback:
-            break
+    for i, (ids, start) in enumerate(prompts if readback else ()):  # the read-back: an unadapted pass without the vectors
         s0, encoded = encode_generations(bb, model, ids, start, out[i], layer=layer)
         for g, e in zip(out[i], encoded):
             g.encoded, g.encoded_s0 = list(e), s0
     return out
 
 
-__all__ = ["VECTORS", "fit_state_prompt", "load_state_prompt", "position_mask_for", "prompt_chains", "row_sampler",
-           "sample_state_prompt"]
+__all__ = ["VECTORS", "fit_state_prompt", "load_state_prompt", "pair_state_prompt", "position_mask_for", "prompt_chains",
+           "row_sampler", "sample_state_prompt"]

@@ -64,10 +64,10 @@ def test_table2_policies_are_paired_with_base_and_the_pretrained_row(seeds, monk
 
     cfg = types.SimpleNamespace(data=types.SimpleNamespace(dataset="word_problems", seed=9),
                                 grid=types.SimpleNamespace(epsilons=[0.1]))
-    explored = pd.concat([rows("Base", 0), rows("eps=0.1", 2), rows("Base", 4, "gsm8k")])
-    monkeypatch.setattr(seeds, "load_samples", lambda c: explored)
-    monkeypatch.setattr(rl, "load_table2_samples", lambda c: pd.concat([rows("ε=0.0, H=0.0", 3), rows("ε=0.1, H=0.01", 1)]))
-    out = seeds.rl_rows(cfg)
+    base, pre = rows("Base", 0), rows("eps=0.1", 2)
+    monkeypatch.setattr(rl, "load_table2_samples", lambda c: pd.concat(
+        [rows("ε=0.0, H=0.0", 3), rows("ε=0.1, H=0.01", 1), rows("ε=0.0, H=0.0", 4, "gsm8k")]))  # another dataset: left out
+    out = seeds.rl_rows(cfg, base, pre)
     assert set(out) == {"ε=0.0, H=0.0", "ε=0.1, H=0.01"}
     a = out["ε=0.0, H=0.0"]
     assert a["pass1"] == 0.75 and a["minus_base"]["diff"] == pytest.approx(0.75) and a["minus_pretrained_eps"]["diff"] == pytest.approx(0.25)
@@ -78,4 +78,4 @@ def test_table2_policies_are_paired_with_base_and_the_pretrained_row(seeds, monk
         raise NotRunError("no Table 2 samples")
 
     monkeypatch.setattr(rl, "load_table2_samples", not_run)
-    assert seeds.rl_rows(cfg) is None
+    assert seeds.rl_rows(cfg, base, pre) is None
