@@ -23,10 +23,12 @@ from ctrls.data.answers import normalize
 from ctrls.data.problems import load_problems
 from ctrls.data.prompts import encode_prompt
 from ctrls.generate.sampling import sample, seeded
+from ctrls.method.streams import seed_of
 from ctrls.report.paper import PAPER_CASES
 from ctrls.stages.common import backbone_for, sample_params
 from ctrls.stages.exploration import generation_rows
-from ctrls.stages.pretrain import load_pretrained
+from ctrls.stages.pretrain import load_pretrained, pretrain_stages
+from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
 
 
 def _first(g: pd.DataFrame) -> pd.Series:
@@ -165,7 +167,9 @@ def find_paper_cases(cfg) -> dict[str, "object"]:
 
 def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None, cases: dict | None = None) -> pd.DataFrame:
     """Base and CTRLS samples for the paper's MATH case questions with one backbone (default: the
-    first) and its checkpoint: the MATH one if the profile trains it, else its first dataset's.
+    first) and its checkpoint: the MATH one if the profile trains it, else its first dataset's. CTRLS
+    is conditioned as the exploration rows are: under the state prompt (and its position mask) with
+    ``state_prompt.use``, else through the adapter.
     ``cases``: :func:`find_paper_cases`'s result, when the caller has it (reading MATH takes seconds)."""
     bname = backbone or cfg.pairs()[0][0]
     mine = [d for b, d in cfg.pairs() if b == bname]
@@ -183,10 +187,16 @@ def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None, cases: dict
     eta = cfg.grid.temperatures[-1]
     eps = cfg.grid.epsilons[0]
     rows = []
+    sp, mask = pair_state_prompt(pc, bb, model, pretrain_stages(pc))
     for label, m, e in ((BASE, None, 0.0), (f"eps={eps:g}", model, eps)):
         params = sample_params(pc, eta, epsilon=e)
-        gens = sample(bb, [x[0] for x in enc], n, params, model=m, generator=seeded(cfg.seed + 7, bb.device),
-                      prompt_starts=[x[1] for x in enc])
+        if m is not None and sp is not None:  # one seed per case question, as the exploration rows draw theirs
+            seeds = [seed_of(cfg.seed + 7, bname, "math", eta, label, p.id) for p in probs]
+            gens = sample_state_prompt(bb, model, sp, enc, n, params, seeds, layer=pc.backbone.hidden_layer,
+                                       mask=mask, with_adapter=pc.state_prompt.with_adapter)
+        else:
+            gens = sample(bb, [x[0] for x in enc], n, params, model=m, generator=seeded(cfg.seed + 7, bb.device),
+                          prompt_starts=[x[1] for x in enc])
         meta = {"backbone": bname, "dataset": "math", "temperature": eta, "config": label,
                 "epsilon": float("nan") if m is None else e, "checkpoint": f"{bname} · {ds}"}
         for (name, p), gs in zip(cases.items(), gens):

@@ -360,8 +360,10 @@ def profile_markdown(cfg: Config) -> str:
     total = sum(prof.values())
     rows = "\n".join(f"| {p} | {s:.0f} | {100 * s / total:.0f}% |" for p, s in prof.items() if s >= 0.05)
     decode = sum(s for p, s in prof.items() if p.startswith("decode"))
+    how = ("`ctrls.stages.state_prompt.sample_state_prompt`: the chain drawn before decoding, each step under its "
+           "state's vectors, no read-back" if cfg.state_prompt.use else
+           "`ctrls.generate.sampling.sample`, states drawn and read in the same pass: no step is re-encoded")
     return (f"The RL stage's last run took {wall:.0f} s ({runs} runs × {cfg.rl.steps} steps "
             f"{'in lockstep' if cfg.rl.lockstep else 'one after another'}, profile `{cfg.profile}`); "
-            f"{100 * decode / total:.0f}% of it decoded samples (`ctrls.generate.sampling.sample`, states drawn and read "
-            "in the same pass: no step is re-encoded). Timed by `ctrls.stages.rl.PhaseClock`, from the stage's "
-            "`done` record:\n\n| phase | seconds | share |\n|---|---:|---:|\n" + rows + "\n")
+            f"{100 * decode / total:.0f}% of it decoded samples ({how}). Timed by `ctrls.stages.rl.PhaseClock`, "
+            "from the stage's `done` record:\n\n| phase | seconds | share |\n|---|---:|---:|\n" + rows + "\n")

@@ -135,7 +135,7 @@ def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeyp
     from ctrls.generate.sampling import seeded
     from ctrls.stages import state_prompt as sps
     from ctrls.stages.pretrain import pretrain_stages
-    from ctrls.stages.rl import _rl_stage, load_curves, load_table2_samples, run_rl
+    from ctrls.stages.rl import _rl_stage, load_curves, load_table2_samples, profile_markdown, run_rl
 
     cfg, _, _ = sp_run
     copy = tmp_path / "runs"
@@ -168,6 +168,7 @@ def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeyp
     t2 = load_table2_samples(c)
     rows = t2[t2.config != "Base"]
     assert len(rows) and all(all(bool(m.allowed[m.bucket(t), s]) for t, s in enumerate(r.states)) for r in rows.itertuples())
+    assert "sample_state_prompt" in profile_markdown(c) and "sampling.sample" not in profile_markdown(c)
     assert _rl_stage(override(c, {"state_prompt.vectors": 3})).key != _rl_stage(c).key
     off = override(c, {"state_prompt.use": False, "grid.position_floor": 0.0})
     assert _rl_stage(override(off, {"state_prompt.vectors": 3})).key == _rl_stage(off).key
@@ -241,3 +242,28 @@ def test_with_the_adapter_the_fit_and_the_decode_go_through_it(sp_run, tmp_path,
     assert all(h is not None for _, h in heads)
     with pytest.raises(ConfigError, match="state_prompt.with_adapter"):
         _cfg(tmp_path, tmp_path, "state_prompt.with_adapter=true")
+
+
+def test_the_paper_cases_are_decoded_as_the_exploration_rows_are(sp_run, monkeypatch):
+    """Under the option the case studies' CTRLS samples are the state prompt's (one drawn state per step,
+    the policy's chain), and Base's are the engine's, as in the exploration rows."""
+    from ctrls.data.problems import Problem
+    from ctrls.report import cases
+    from ctrls.stages import state_prompt as sps
+
+    cfg, _, _ = sp_run
+    calls = []
+    real = sps.sample_state_prompt
+
+    def spy(*a, **kw):
+        calls.append(len(a[3]))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(cases, "sample_state_prompt", spy)
+    found = {"two": Problem(id="c0", question="Tom has 3 apples and buys 4 more. How many apples?", answer="7",
+                             steps=("3 + 4 = 7",), source="math", split="test")}
+    df = cases.sample_paper_cases(cfg, n=2, cases=found)
+    assert calls == [1]  # one prompt, decoded under the vectors; Base went through the engine
+    eps = df[df.config != "Base"]
+    assert len(eps) == 2 and len(df[df.config == "Base"]) == 2
+    assert all(len(st) >= len(s) for st, s in zip(eps.states, eps.steps))  # a drawn state for every step
