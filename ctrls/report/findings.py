@@ -176,23 +176,25 @@ def _unmeasured(c: Claim | None, key: str) -> str | None:
     return f"**{headline(c, key)}**{page}. {WHY.get(label, WHY['not computed'])}"
 
 
-def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict, scaled: str = "") -> str:
-    """Finding 2: CTRLS − Base pass@n (the claim), with the adapter alone and the transitions beyond it,
+def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict, scaled: str = "",
+                 conditioned: str = "the adapter") -> str:
+    """Finding 2: CTRLS − Base pass@n (the claim), with the ``conditioned`` state alone (fixed s0: "the
+    adapter" or "the state prompt", ``provenance.conditioning_name``) and the transitions beyond it,
     in one table: comparison, what it measures, questions, difference in points with its family interval."""
     missing = _unmeasured(c, "pass")
     if missing:
         return missing
     rows = [(f"{e.label} − Base", "CTRLS against Base (the paper's claim)", e) for e in c.estimates]
     if ablation is not None:
-        rows += [(e.label, "the adapter alone", e) for e in ablation.beside]
-        rows += [(e.label, "the transitions beyond the adapter", e) for e in ablation.estimates]
+        rows += [(e.label, f"{conditioned} alone", e) for e in ablation.beside]
+        rows += [(e.label, f"the transitions beyond {conditioned}", e) for e in ablation.estimates]
     table = ["| comparison | what it measures | questions | pass@n difference, points [family 95% CI] |",
              "|---|---|---:|---:|"]
     table += [f"| {lab} | {what} | {_n(e, sizes)} | {_est(e)} |" for lab, what, e in rows]
     text = (f"**{headline(c, 'pass')}** ({{doc}}`/{c.page}`). The verdict is *{c.label}* for CTRLS − Base "
             f"({term('verdicts', 'how verdicts are read')}).{_mdd_words(c)}")
     if ablation is not None and ablation.estimates:
-        text += f" For the transitions beyond the adapter ({term('fixed s0', 'CTRLS − fixed s₀')}) it is *{ablation.label}*."
+        text += f" For the transitions beyond {conditioned} ({term('fixed s0', 'CTRLS − fixed s₀')}) it is *{ablation.label}*."
     return text + scaled + "\n\n" + "\n".join(table)
 
 
@@ -238,21 +240,16 @@ def rl_finding(c: Claim | None, sizes: dict) -> str:
     return text + "\n\n" + "\n".join(table)
 
 
-def demo_findings(claims: list[Claim], sizes: dict | None = None) -> list[str]:
+def demo_findings(claims: list[Claim], sizes: dict | None = None, conditioned: str = "the adapter") -> list[str]:
     """Findings 2 to 4 from the scorecard's claims (``ctrls.report.scorecard.scorecard``); ``sizes``: this
-    build's numbers of questions, seeds and steps (:func:`run_sizes`)."""
-    from ctrls.report.scorecard import (
-        ABLATION_CLAIM,
-        CONTROL_CLAIM,
-        PASS_CLAIM,
-        RL_CLAIM,
-    )
+    build's numbers of questions, seeds and steps (:func:`run_sizes`); ``conditioned``: :func:`pass_finding`'s."""
+    from ctrls.report.scorecard import ABLATION_CLAIM, CONTROL_CLAIM, PASS_CLAIM, RL_CLAIM
 
     sizes = sizes or {}
     by = {c.claim: c for c in claims}
     from ctrls.report.scaled import claim_sentence
 
-    return [pass_finding(by.get(PASS_CLAIM), by.get(ABLATION_CLAIM), sizes, claim_sentence()),
+    return [pass_finding(by.get(PASS_CLAIM), by.get(ABLATION_CLAIM), sizes, claim_sentence(), conditioned),
             control_finding(by.get(CONTROL_CLAIM), sizes, " ".join(x for x in (mechanism_note(), seeds_note()) if x)),
             rl_finding(by.get(RL_CLAIM), sizes)]
 
@@ -506,7 +503,9 @@ def run_sizes(cfg: Config) -> dict:
 def findings(cfg: Config, claims: list[Claim], counts: dict, gpu_result: Path | None = None,
              sizes: dict | None = None) -> list[str]:
     """The five findings, in order (module docstring)."""
-    return [paper_finding(counts), *demo_findings(claims, sizes), scale_finding(cfg, gpu_result)]
+    from ctrls.report.provenance import conditioning_name
+
+    return [paper_finding(counts), *demo_findings(claims, sizes, conditioning_name(cfg)), scale_finding(cfg, gpu_result)]
 
 
 def scaled_section(cfg: Config, path: Path | None = None) -> str:

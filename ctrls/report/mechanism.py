@@ -201,7 +201,7 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
         per, dev = seeds[fresh], seeds[~fresh & (seeds["data seed"] != "pooled")]
         pooled = seeds[seeds["data seed"] == "pooled"].iloc[0]
         out.append(f"On {len(per)} fresh data seeds ({int(pooled.questions)} test questions, {int(pooled.steps)} steps), the "
-                   f"ε row's steps land in their drawn state {100 * pooled.follows:.1f}% of the time against "
+                   f"adapter's ε row's steps land in their drawn state {100 * pooled.follows:.1f}% of the time against "
                    f"{100 * pooled['null']:.1f}% for an independent chain: κ = "
                    f"{ci_text(pooled.kappa, pooled['kappa lo'], pooled['kappa hi'])}.")
         ks = ", ".join(ci_text(r.kappa, r["kappa lo"], r["kappa hi"]) for _, r in per.iterrows())

@@ -57,8 +57,24 @@ def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: It
     ds = ", ".join(datasets or cfg.grid.datasets)
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     return (f"**Produced by** profile `{cfg.profile}` · backbone `{bb}`, {cfg.dtype_choice().describe()} · data `{ds}` "
-            f"(n_train={cfg.data.n_train}, n_test={cfg.data.n_test}) · seed {cfg.seed} · "
-            f"ctrls {sys.modules['ctrls'].__version__} at commit `{git_commit()}` · torch {torch.__version__} on {dev}")
+            f"(n_train={cfg.data.n_train}, n_test={cfg.data.n_test}) · seed {cfg.seed} · CTRLS steps conditioned by "
+            f"{conditioning(cfg)} · ctrls {sys.modules['ctrls'].__version__} at commit `{git_commit()}` · "
+            f"torch {torch.__version__} on {dev}")
+
+
+def conditioning_name(cfg: Config) -> str:
+    """What conditions this run's CTRLS steps on their state, in two words: "the state prompt"
+    (``state_prompt.use``, ``ctrls.method.state_prompt``) or "the adapter" (the paper's Eq. 8)."""
+    return "the state prompt" if cfg.state_prompt.use else "the adapter"
+
+
+def conditioning(cfg: Config) -> str:
+    """:func:`conditioning_name` with its settings, for the pages' banner."""
+    sp = cfg.state_prompt
+    if not sp.use:
+        return "the last-hidden adapter (Eq. 8)"
+    mask = f", position mask at floor {cfg.grid.position_floor:g}" if cfg.grid.position_floor > 0 else ""
+    return f"the state prompt ({sp.vectors} vectors per state{mask}{', with the adapter' if sp.with_adapter else ''})"
 
 
 ROOT = Path(__file__).resolve().parents[2]

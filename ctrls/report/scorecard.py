@@ -99,7 +99,7 @@ def controllability_claim(ct: pd.DataFrame, mdd: dict, page: str) -> Claim | Non
     """Eq. 8's row from ``tables.controllability_table``: judged on the epsilon rows' kappa against the
     independent-chain null (the row's own read-back against a second chain drawn by the same policy from
     the same s_0: the no-steering null, ``ctrls.stats.agreement``), Holm over the epsilon rows; the
-    fixed-s0 row (the adapter holding one state) is reported beside it and does not enter the verdict.
+    fixed-s0 row (the conditioning holding one state) is reported beside it and does not enter the verdict.
     None when no row has a kappa."""
     eps = ct[ct["κ"].notna()] if "κ" in ct else ct.iloc[:0]
     fixed = ct[(ct.config == FIXED) & ct["Δ vs Base"].notna()] if "Δ vs Base" in ct else ct.iloc[:0]
@@ -143,7 +143,7 @@ def _exploration_gaps(cfg: Config) -> dict[str, str]:
 
 
 PASS_CLAIM = "ε-greedy state transitions raise pass@n over Base"
-ABLATION_CLAIM = "the gain comes from the state transitions, not the adapter alone"
+ABLATION_CLAIM = "the gain comes from the state transitions, not from conditioning on s0 alone"
 CONTROL_CLAIM = "generation follows the sampled latent state"
 RL_CLAIM = "RL on the transition policy raises accuracy"
 PASS_DIR = "↑ CTRLS(ε) − Base, pass@n"
