@@ -25,6 +25,7 @@ import pandas as pd
 from common import machine, write_result
 
 from ctrls.config.schema import load_config
+from ctrls.config.settings import ADAPTER
 from ctrls.stages.exploration import explore, load_samples, stage_summary
 from ctrls.stages.pretrain import pretrain
 
@@ -72,7 +73,7 @@ def main():
                     help="a demo run directory whose pretrain/ to reuse (e.g. runs/demo after make book)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="readback_"))
-    overrides = [f"data.n_test={args.n_test}", f"grid.transfer_questions={args.transfer}"]
+    overrides = [*ADAPTER, f"data.n_test={args.n_test}", f"grid.transfer_questions={args.transfer}"]
 
     def cfg_of(d: Path):
         return load_config("demo", [*overrides, f"run_dir={d}"])

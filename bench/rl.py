@@ -24,6 +24,7 @@ import torch
 from common import QUESTIONS, random_ctrls
 
 from ctrls.config.schema import load_config
+from ctrls.config.settings import ADAPTER
 from ctrls.data.answers import grade
 from ctrls.data.prompts import prompt_ids
 from ctrls.generate.sampling import SampleParams, sample, seeded
@@ -43,7 +44,7 @@ def machine() -> str:
 
 def lockstep_vs_sequential(steps: int | None = None, max_new_tokens: int | None = None) -> dict:
     """Both ways on the same runs; returns the seconds of each and their ratio."""
-    cfg = load_config("demo", [f"rl.steps={steps}"] if steps else [])
+    cfg = load_config("demo", [*ADAPTER, *([f"rl.steps={steps}"] if steps else [])])
     bb = load_backbone(cfg.backbone.name)
     shared = random_ctrls(bb)
     prompts = [prompt_ids(bb.tokenizer, q, few_shot=0) for q in QUESTIONS[:4]]
@@ -100,7 +101,7 @@ def lockstep_vs_sequential(steps: int | None = None, max_new_tokens: int | None 
 
 
 def main(steps=3, G=8):
-    cfg = load_config("demo")
+    cfg = load_config("demo", list(ADAPTER))
     bb = load_backbone(cfg.backbone.name)
     model = random_ctrls(bb)
     policy: TransitionPolicy = model.policy

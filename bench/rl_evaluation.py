@@ -19,7 +19,9 @@ import pandas as pd
 from common import machine, write_result
 
 import ctrls.stages.rl as R
+from ctrls.config.overrides import parse_overrides
 from ctrls.config.schema import load_config
+from ctrls.config.settings import ADAPTER
 
 
 def timed(cfg, merged: bool) -> tuple[float, dict]:
@@ -70,8 +72,8 @@ def main(argv=None) -> dict:
             d = Path(tmp) / name
             for stage in ("pretrain", "exploration"):
                 shutil.copytree(src / stage, d / args.profile / stage, symlinks=True)
-            cfg = load_config(args.profile, [*args.override, f"rl.steps={args.steps}", f"rl.eval_every={args.eval_every}",
-                                             f"run_dir={d}"])
+            cfg = load_config(args.profile, {**parse_overrides(ADAPTER), **parse_overrides([  # the adapter's RL, unless overridden
+                *args.override, f"rl.steps={args.steps}", f"rl.eval_every={args.eval_every}", f"run_dir={d}"])})
             wall, prof = timed(cfg, merged)
             out[name] = frames(Path(prof.pop("_dir")))
             res[f"{name}_s"], res[f"{name}_phases_s"] = round(wall, 1), prof

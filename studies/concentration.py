@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench/
 from common import machine, write_result
 
 from ctrls.config.schema import load_config
+from ctrls.config.settings import ADAPTER
 from ctrls.method.policy import fit_concentration
 from ctrls.report import tables
 from ctrls.stages import exploration as ex
@@ -44,7 +45,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="concentration_"))
-    over = ["grid.transfer_datasets=[]", "grid.epsilons=[0.0,0.1]", "grid.fixed_state=false"]
+    over = [*ADAPTER, "grid.transfer_datasets=[]", "grid.epsilons=[0.0,0.1]", "grid.fixed_state=false"]
     base = tmp / "pretrained"
     if args.pretrained:
         shutil.copytree(Path(args.pretrained) / "pretrain", base / "demo" / "pretrain")

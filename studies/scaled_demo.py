@@ -32,6 +32,7 @@ from common import machine, write_result  # noqa: E402
 
 from ctrls.config.overrides import parse_overrides  # noqa: E402
 from ctrls.config.schema import load_config  # noqa: E402
+from ctrls.config.settings import ADAPTER  # noqa: E402
 from ctrls.errors import ConfigError  # noqa: E402
 from ctrls.report.scaled import run_numbers  # noqa: E402
 
@@ -83,7 +84,7 @@ def main(argv=None) -> dict:
              "data.n_test": demo.data.n_test * args.scale, "grid.n_samples": args.samples,
              "grid.transfer_datasets": [], "sampling.batch_size": args.batch_size}
     try:
-        cfg = load_config("demo", {**sizes, **parse_overrides(args.override), "run_dir": str(Path(args.run_dir).resolve())})
+        cfg = load_config("demo", {**parse_overrides(ADAPTER), **sizes, **parse_overrides(args.override), "run_dir": str(Path(args.run_dir).resolve())})
     except ConfigError as e:
         ap.error(str(e))
     seconds = {}

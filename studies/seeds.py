@@ -135,6 +135,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--dev", default=None, metavar="SEED:RUN_DIR",
                     help="the development run (the seed every choice was made on, the profile's own settings): "
                          "reported beside, outside the pooled kappa")
+    ap.add_argument("--dev-override", action="append", default=[], metavar="KEY=VALUE",
+                    help="the development run's config overrides (its own, not --override's)")
     ap.add_argument("--profile", default="demo")
     ap.add_argument("-o", "--override", action="append", default=[])
     ap.add_argument("--margin", type=float, default=5.0, help="non-inferiority margin for the harm, in points")
@@ -157,7 +159,8 @@ def main(argv=None) -> dict:
     try:
         cfgs = [load_config(args.profile, {**parse_overrides(args.override), "data.seed": s, "run_dir": d})
                 for s, d in runs[:n_runs]]
-        dev = [load_config(args.profile, {"data.seed": s, "run_dir": d}) for s, d in runs[n_runs:n_runs + n_dev]]
+        dev = [load_config(args.profile, {**parse_overrides(args.dev_override), "data.seed": s, "run_dir": d})
+               for s, d in runs[n_runs:n_runs + n_dev]]
         others = [load_config(args.profile, {**parse_overrides(args.against_override), "data.seed": s, "run_dir": d})
                   for s, d in runs[n_runs + n_dev:]]
     except ConfigError as e:

@@ -35,7 +35,7 @@ from common import machine, write_result  # noqa: E402
 
 from ctrls.config.overrides import parse_overrides  # noqa: E402
 from ctrls.config.schema import load_config  # noqa: E402
-from ctrls.config.settings import BASE, row_label  # noqa: E402
+from ctrls.config.settings import ADAPTER, BASE, row_label  # noqa: E402
 from ctrls.data.answers import grade  # noqa: E402
 from ctrls.data.prompts import content_token, encode_prompt, newline_token_ids  # noqa: E402
 from ctrls.errors import ConfigError  # noqa: E402
@@ -146,7 +146,8 @@ def check_args(args):
     if not Path(args.run_dir).is_dir():
         refuse(f"--run-dir {args.run_dir}: no such directory (run `ctrls stage pretrain exploration` first)")
     try:
-        cfg = load_config(args.profile, {**parse_overrides(args.override), "run_dir": args.run_dir})
+        # the run's CTRLS rows are the adapter's (this study compares the state prompt with them), unless overridden
+        cfg = load_config(args.profile, {**parse_overrides(ADAPTER), **parse_overrides(args.override), "run_dir": args.run_dir})
     except ConfigError as e:
         refuse(str(e).splitlines()[0])
     if args.questions is not None and args.questions > cfg.data.n_test:

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench/
 from common import machine, write_result  # noqa: E402
 
 from ctrls.config.schema import load_config  # noqa: E402
+from ctrls.config.settings import ADAPTER  # noqa: E402
 from ctrls.report import tables  # noqa: E402
 from ctrls.stages.exploration import explore, load_samples  # noqa: E402
 from ctrls.stages.pretrain import pretrain  # noqa: E402
@@ -90,8 +91,9 @@ OWN_KEYS = ("run_dir", "data.n_train", "pretrain.sources", "grid.transfer_datase
 
 
 def point_overrides(n: int, sources: str, overrides: list[str], run_dir: str) -> list[str]:
-    """The demo profile's overrides of one point: this study's own keys (``OWN_KEYS``), then the user's."""
-    return [f"run_dir={run_dir}", f"data.n_train={n}", f"pretrain.sources=[{sources}]", "grid.transfer_datasets=[]",
+    """The demo profile's overrides of one point: the adapter's conditioning (``ADAPTER``: the study is the
+    adapter's), this study's own keys (``OWN_KEYS``), then the user's."""
+    return [*ADAPTER, f"run_dir={run_dir}", f"data.n_train={n}", f"pretrain.sources=[{sources}]", "grid.transfer_datasets=[]",
             "grid.fixed_state=true"] + overrides
 
 

@@ -48,3 +48,13 @@ def test_steering_refuses_an_unreadable_append_file(steering, no_work, tmp_path)
     assert str(out) in refused(steering.main, ["--out", str(out), "--append"])
     out.write_text(json.dumps({"points": "x"}))
     assert str(out) in refused(steering.main, ["--out", str(out), "--append"])
+
+
+def test_a_point_is_the_adapters_though_the_demo_decodes_through_the_state_prompt(steering):
+    """The demo's CTRLS rows are the state prompt's; the steering study measures the adapter, so every point
+    runs with ``ADAPTER``'s overrides (its stored results keep their meaning)."""
+    from ctrls.config.schema import load_config
+
+    assert load_config("demo").state_prompt.use
+    cfg = load_config("demo", steering.point_overrides(75, "samples", [], "/tmp/point"))
+    assert not cfg.state_prompt.use and cfg.grid.position_floor == 0
