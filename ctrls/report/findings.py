@@ -33,6 +33,7 @@ from ctrls.config.schema import Config
 from ctrls.report import stored  # the one validating reader of stored results (and where they are: $CTRLS_RESULTS_DIR)
 from ctrls.report.glossary import term
 from ctrls.report.paper import PAPER_TABLE2
+from ctrls.report.provenance import conditioning_name
 from ctrls.report.verdicts import NOT_SUPPORTED, Claim
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -503,8 +504,6 @@ def run_sizes(cfg: Config) -> dict:
 def findings(cfg: Config, claims: list[Claim], counts: dict, gpu_result: Path | None = None,
              sizes: dict | None = None) -> list[str]:
     """The five findings, in order (module docstring)."""
-    from ctrls.report.provenance import conditioning_name
-
     return [paper_finding(counts), *demo_findings(claims, sizes, conditioning_name(cfg)), scale_finding(cfg, gpu_result)]
 
 
@@ -523,7 +522,8 @@ def scaled_section(cfg: Config, path: Path | None = None) -> str:
         df = None
     eps = cfg.grid.epsilons[0] if cfg.grid.epsilons and cfg.grid.fixed_state else None
     return scaled_markdown(df if eps is not None else None, eps if eps is not None else 0.1, path,
-                           f"this build (profile {cfg.profile}, {cfg.grid.datasets[0]}, data seed {cfg.data.seed})")
+                           f"this build (profile {cfg.profile}, {cfg.grid.datasets[0]}, data seed {cfg.data.seed}, "
+                           f"{conditioning_name(cfg)})")
 
 
 def forest_caption() -> str:

@@ -140,7 +140,7 @@ def claim_sentence(path: str | Path | None = None) -> str:
     m = int(r["samples_per_question"])
     k = min(PASS_K, m)
     return (f" At scale, on one {d['machine'].get('gpu', '?')} with {r['questions']} questions × {m} samples of a data "
-            f"seed no choice saw (the section *The demo's task at scale* below), ε − fixed s₀ in the unbiased "
+            f"seed no choice saw (the section *The demo's task at scale* below), the adapter's ε − fixed s₀ in the unbiased "
             f"pass@{k} is {_pts(r[f'eps_minus_fixed_pass{k}'])} points.")
 
 
