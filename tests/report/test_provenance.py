@@ -33,3 +33,18 @@ def test_the_pretraining_page_lists_every_stored_study_once():
             studies.STATES_RESULT, studies.FUSION_RESULT]
     note = provenance.stored_note(rels)
     assert all(f"`{r}`" in note for r in rels) and note.count("| `studies/") == len(set(rels))
+
+
+def test_the_banner_names_the_conditioning_of_the_ctrls_rows():
+    """The demo decodes its CTRLS rows under the state prompt and its position mask, smoke (and an override)
+    through the adapter: every page's banner says which, with the settings that matter."""
+    from ctrls.config.schema import load_config
+    from ctrls.report.provenance import conditioning_name, provenance
+
+    demo, smoke = load_config("demo"), load_config("smoke")
+    assert "conditioned by the state prompt (2 vectors per state, position mask at floor 0.05)" in provenance(demo)
+    assert "conditioned by the last-hidden adapter (Eq. 8)" in provenance(smoke)
+    off = load_config("demo", ["state_prompt.use=false", "grid.position_floor=0"])
+    assert conditioning_name(off) == "the adapter" and conditioning_name(demo) == "the state prompt"
+    both = load_config("demo", ["state_prompt.with_adapter=true", "state_prompt.vectors=3"])
+    assert "(3 vectors per state, position mask at floor 0.05, with the adapter)" in provenance(both)
