@@ -60,6 +60,8 @@ def one_seed(cfg, margin: float, seed: int = 0) -> tuple[dict, tuple]:
            "eps_minus_base_pass_n": {"diff": float(r["Δ pass@n vs Base"]), "lo": float(r["Δ lo"]), "hi": float(r["Δ hi"]),
                                      "p": float(r["p"])},
            "eps_minus_fixed_pass1": paired_pass1(row, fixed, seed=seed),
+           # the exploration claim in the book's own metric (pass@n, n = the samples per question), paired by question
+           "eps_minus_fixed_pass_n": paired_pass(row, fixed, int(cfg.grid.n_samples), seed=seed),
            "pass1": {"Base": float(base.correct.mean()), "fixed s0": float(fixed.correct.mean()),
                      row_label(eps): float(row.correct.mean())},
            # why a row loses: how often it gives an answer at all, and how often it runs all T steps unanswered
