@@ -176,7 +176,10 @@ def main(argv=None) -> dict:
         print({"data_seed": r["data_seed"], "kappa": round(float(r["kappa"]["kappa"]), 3), "harm": round(r["harm_fixed_minus_base_pass1"]["diff"], 3)},
               flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    c = cfgs[0]  # the variant the runs were made with, whatever the profile's defaults were at the time
     res = {"machine": machine(), "commit": commit or "?", "profile": args.profile, "overrides": args.override,
+           "settings": {"state_prompt.use": c.state_prompt.use, "state_prompt.with_adapter": c.state_prompt.with_adapter,
+                        "grid.position_floor": c.grid.position_floor},
            "margin_points": args.margin, "seeds": per, "pooled_kappa": kappa_vs_null(*pooled),
            "development": [one_seed(cfg, args.margin)[0] for cfg in dev]}
     if others:

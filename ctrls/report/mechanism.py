@@ -32,6 +32,7 @@ SEEDS_RESULT = "studies/results/seeds.json"
 STATE_PROMPT_RESULTS = "studies/results/state_prompt_seed*.json"
 STAGE_OPTION_RESULT = "studies/results/state_prompt_stage.json"  # studies/seeds.py on runs with state_prompt.use=true
 POSITION_MASK_RESULT = "studies/results/state_prompt_positions.json"  # the same, exploration rerun with grid.position_floor > 0
+DEFAULT_RESULT = "studies/results/state_prompt_default_seed10.json"  # the demo's defaults (the state prompt, masked) on data seed 10
 ADAPTER_RESULT = "studies/results/state_prompt_adapter.json"  # the masked runs with state_prompt.with_adapter, --against them
 # issue 47's bar for a fresh seed: kappa >= 0.5 with its 95% lower bound above 0.3, the fixed-s0 row within 5 points of Base
 KAPPA_BAR, KAPPA_LO_BAR = 0.5, 0.3
@@ -320,7 +321,13 @@ def check_state_prompt_runs(d: dict, path) -> None:
 
 
 def stored_override(d: dict, key: str) -> str | None:
-    """The value a stored result's ``overrides`` give ``key`` (the last one), or None."""
+    """The value ``key`` had in a stored result's runs: its ``settings`` (``studies/seeds.py`` records them since
+    the demo's defaults changed), else the last of its ``overrides`` that sets it, else None. Booleans as
+    "true"/"false", as an override writes them."""
+    settings = d.get("settings") if isinstance(d.get("settings"), dict) else {}
+    if key in settings:
+        v = settings[key]
+        return str(v).lower() if isinstance(v, bool) else str(v)
     hit = [str(o).split("=", 1)[1].strip() for o in d.get("overrides") or [] if str(o).split("=", 1)[0].strip() == key]
     return hit[-1] if hit else None
 

@@ -197,3 +197,22 @@ def test_the_adapter_comparison_is_read_per_seed_with_holm_and_refused_when_the_
                        "interval")):
         with pytest.raises(ValueError, match=what):
             with_adapter_frame(write(tmp_path, bad, "bad.json"))
+
+
+def test_a_result_made_with_the_defaults_is_read_by_its_recorded_settings(tmp_path):
+    """Since the demo's defaults are the state prompt with its mask, runs made with no override record the
+    variant they used (``settings``, studies/seeds.py); the readers take it over the overrides, which are empty."""
+    from ctrls.report.mechanism import position_mask_frame, stage_option_frame, stored_override
+
+    mask = {"allowed": [[0, 1, 1], [1, 0, 1]], "mode": [1, 0], "counts": [[0, 30, 5], [40, 1, 9]]}
+    s10 = {**seed(10, k=0.57, lo=0.5, hi=0.64), "position_masks": {"smollm2__word_problems": mask}}
+    on = {"state_prompt.use": True, "state_prompt.with_adapter": False, "grid.position_floor": 0.05}
+    p = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": [], "settings": on, "seeds": [s10],
+                         "pooled_kappa": kappa()})
+    assert position_mask_frame(p).attrs["floor"] == 0.05 and list(stage_option_frame(p)["data seed"]) == [10]
+    assert stored_override({"settings": on, "overrides": ["state_prompt.use=false"]}, "state_prompt.use") == "true"
+    assert stored_override({"overrides": ["state_prompt.use=false"]}, "state_prompt.use") == "false"  # before settings
+    off = write(tmp_path, {"margin_points": 5, "overrides": [], "settings": {**on, "state_prompt.use": False},
+                           "seeds": [s10], "pooled_kappa": kappa()}, "off.json")
+    with pytest.raises(ValueError, match="off.json.*state_prompt.use=true"):
+        stage_option_frame(off)
