@@ -110,6 +110,13 @@ def stage_seconds(cfg) -> dict:
                               "rl": rl_summary(cfg).get("wall_s")}.items() if v is not None}
 
 
+def variant(cfg) -> dict:
+    """The settings that say which variant runs were made with, whatever the profile's defaults were at the
+    time (``ctrls.report.mechanism.stored_setting`` reads them before the overrides)."""
+    return {"state_prompt.use": cfg.state_prompt.use, "state_prompt.with_adapter": cfg.state_prompt.with_adapter,
+            "grid.position_floor": cfg.grid.position_floor}
+
+
 def eps_row(cfg):
     """The epsilon row's samples of a finished run on its own dataset."""
     df = load_samples(cfg)
@@ -176,14 +183,13 @@ def main(argv=None) -> dict:
         print({"data_seed": r["data_seed"], "kappa": round(float(r["kappa"]["kappa"]), 3), "harm": round(r["harm_fixed_minus_base_pass1"]["diff"], 3)},
               flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    c = cfgs[0]  # the variant the runs were made with, whatever the profile's defaults were at the time
     res = {"machine": machine(), "commit": commit or "?", "profile": args.profile, "overrides": args.override,
-           "settings": {"state_prompt.use": c.state_prompt.use, "state_prompt.with_adapter": c.state_prompt.with_adapter,
-                        "grid.position_floor": c.grid.position_floor},
+           "settings": variant(cfgs[0]),
            "margin_points": args.margin, "seeds": per, "pooled_kappa": kappa_vs_null(*pooled),
            "development": [one_seed(cfg, args.margin)[0] for cfg in dev]}
     if others:
-        res["against"] = {"overrides": args.against_override, "seeds": against(cfgs, others, trips)}
+        res["against"] = {"overrides": args.against_override, "settings": variant(others[0]),
+                          "seeds": against(cfgs, others, trips)}
     if args.out:
         write_result(res, args.out)
     return res

@@ -316,11 +316,16 @@ def stage_option_note(path: str | Path | None = None, mask: str | Path | None = 
 
 def check_state_prompt_runs(d: dict, path) -> None:
     """Refuse, naming the file, a stored result whose runs were not made with ``state_prompt.use=true``."""
-    if str(stored_override(d, "state_prompt.use")).lower() != "true":
-        raise ValueError(f"{path}: not runs with state_prompt.use=true (overrides {d.get('overrides')})")
+    if str(stored_setting(d, "state_prompt.use")).lower() != "true":
+        raise ValueError(f"{path}: not runs with state_prompt.use=true ({_variant_text(d)})")
 
 
-def stored_override(d: dict, key: str) -> str | None:
+def _variant_text(d: dict) -> str:
+    """What a refusal names of a stored result's variant: its recorded ``settings``, else its ``overrides``."""
+    return f"settings {d['settings']}" if isinstance(d.get("settings"), dict) else f"overrides {d.get('overrides')}"
+
+
+def stored_setting(d: dict, key: str) -> str | None:
     """The value ``key`` had in a stored result's runs: its ``settings`` (``studies/seeds.py`` records them since
     the demo's defaults changed), else the last of its ``overrides`` that sets it, else None. Booleans as
     "true"/"false", as an override writes them."""
@@ -338,11 +343,11 @@ def position_mask_frame(path: str | Path | None = None) -> pd.DataFrame:
     path = Path(path) if path else results_dir() / POSITION_MASK_RESULT
     d = read_result(path)
     try:
-        floor = float(stored_override(d, "grid.position_floor") or 0)
+        floor = float(stored_setting(d, "grid.position_floor") or 0)
     except ValueError:
         floor = math.nan
     if not 0 < floor <= 1:
-        raise ValueError(f"{path}: not runs with grid.position_floor in (0, 1] (overrides {d.get('overrides')})")
+        raise ValueError(f"{path}: not runs with grid.position_floor in (0, 1] ({_variant_text(d)})")
     if not all(isinstance(s.get("position_masks"), dict) and s["position_masks"] for s in d.get("seeds") or []):
         raise ValueError(f"{path}: a seed without its stored position mask (studies/seeds.py stores it)")
     masks = {}  # data seed -> {pair: (counts, allowed)}, checked here so that the view needs no second read
@@ -385,12 +390,12 @@ def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
     path = Path(path) if path else results_dir() / ADAPTER_RESULT
     d = read_result(path)
     other = d.get("against")
-    if str(stored_override(d, "state_prompt.with_adapter")).lower() != "true" or not isinstance(other, dict):
+    if str(stored_setting(d, "state_prompt.with_adapter")).lower() != "true" or not isinstance(other, dict):
         raise ValueError(f"{path}: not runs with state_prompt.with_adapter=true compared --against others "
-                         f"(overrides {d.get('overrides')})")
-    if str(stored_override(other, "state_prompt.with_adapter")).lower() == "true" or str(stored_override(other, "state_prompt.use")).lower() != "true":
+                         f"({_variant_text(d)})")
+    if str(stored_setting(other, "state_prompt.with_adapter")).lower() == "true" or str(stored_setting(other, "state_prompt.use")).lower() != "true":
         raise ValueError(f"{path}: the runs compared against must use the state prompt without the adapter "
-                         f"(overrides {other.get('overrides')})")
+                         f"({_variant_text(other)})")
     mine = {int(s["data_seed"]): s for s in d.get("seeds") or []}
     rows = []
     for a in other.get("seeds") or []:

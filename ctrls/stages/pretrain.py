@@ -212,12 +212,12 @@ def pretrain_stages(cfg: Config) -> dict[str, Stage]:
     return out
 
 
-
 def fitted_stages(cfg: Config) -> tuple[Stage, ...]:
     """Each pair's stage whose fit the CTRLS rows decode with: the state prompt's (``state_prompt.use``), else
     the adapter's; the downstream stages (exploration, RL) key on them and read them."""
     last = "state_prompt" if cfg.state_prompt.use else "adapter"
     return tuple(pretrain_stages(cfg.for_pair(b, d))[last] for b, d in cfg.pairs())
+
 
 def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False, progress: bool = True,
              until: str | None = None) -> PretrainRun:

@@ -202,7 +202,7 @@ def test_the_adapter_comparison_is_read_per_seed_with_holm_and_refused_when_the_
 def test_a_result_made_with_the_defaults_is_read_by_its_recorded_settings(tmp_path):
     """Since the demo's defaults are the state prompt with its mask, runs made with no override record the
     variant they used (``settings``, studies/seeds.py); the readers take it over the overrides, which are empty."""
-    from ctrls.report.mechanism import position_mask_frame, stage_option_frame, stored_override
+    from ctrls.report.mechanism import position_mask_frame, stage_option_frame, stored_setting
 
     mask = {"allowed": [[0, 1, 1], [1, 0, 1]], "mode": [1, 0], "counts": [[0, 30, 5], [40, 1, 9]]}
     s10 = {**seed(10, k=0.57, lo=0.5, hi=0.64), "position_masks": {"smollm2__word_problems": mask}}
@@ -210,9 +210,28 @@ def test_a_result_made_with_the_defaults_is_read_by_its_recorded_settings(tmp_pa
     p = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": [], "settings": on, "seeds": [s10],
                          "pooled_kappa": kappa()})
     assert position_mask_frame(p).attrs["floor"] == 0.05 and list(stage_option_frame(p)["data seed"]) == [10]
-    assert stored_override({"settings": on, "overrides": ["state_prompt.use=false"]}, "state_prompt.use") == "true"
-    assert stored_override({"overrides": ["state_prompt.use=false"]}, "state_prompt.use") == "false"  # before settings
+    assert stored_setting({"settings": on, "overrides": ["state_prompt.use=false"]}, "state_prompt.use") == "true"
+    assert stored_setting({"overrides": ["state_prompt.use=false"]}, "state_prompt.use") == "false"  # before settings
     off = write(tmp_path, {"margin_points": 5, "overrides": [], "settings": {**on, "state_prompt.use": False},
                            "seeds": [s10], "pooled_kappa": kappa()}, "off.json")
-    with pytest.raises(ValueError, match="off.json.*state_prompt.use=true"):
-        stage_option_frame(off)
+    with pytest.raises(ValueError, match=r"off.json.*state_prompt.use=true \(settings \{'state_prompt.use': False"):
+        stage_option_frame(off)  # the refusal names the recorded settings, not the empty overrides
+
+
+def test_runs_compared_against_are_read_by_their_recorded_settings_too(tmp_path):
+    """``--against`` runs made with the demo's defaults carry no overrides either: the with-adapter reader
+    takes their recorded settings (the state prompt alone), and refuses them when those say otherwise."""
+    from ctrls.report.mechanism import with_adapter_frame
+
+    mine = {**seed(8, k=0.7, lo=0.6, hi=0.8), "pass1": {"Base": 0.2, "fixed s0": 0.5, "eps=0.1": 0.35}}
+    vs = {"data_seed": 8, "kappa_other": kappa(0.66, 0.57, 0.73), "pass1_other": {"Base": 0.2, "fixed s0": 0.6, "eps=0.1": 0.3},
+          "kappa_diff": {"diff": 0.04, "lo": -0.02, "hi": 0.1, "p_value": 0.2, "p_holm": 0.4},
+          "eps_pass1_diff": {"diff": 0.05, "lo": 0.01, "hi": 0.09, "p": 0.01, "p_holm": 0.02}}
+    alone = {"state_prompt.use": True, "state_prompt.with_adapter": False, "grid.position_floor": 0.05}
+    d = {"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.with_adapter=true"],
+         "settings": {**alone, "state_prompt.with_adapter": True}, "seeds": [mine], "pooled_kappa": kappa(),
+         "against": {"overrides": [], "settings": alone, "seeds": [vs]}}
+    assert with_adapter_frame(write(tmp_path, d))["κ alone"].tolist() == [0.66]
+    bad = {**d, "against": {"overrides": [], "settings": {**alone, "state_prompt.use": False}, "seeds": [vs]}}
+    with pytest.raises(ValueError, match="without the adapter"):
+        with_adapter_frame(write(tmp_path, bad, "bad.json"))
