@@ -35,9 +35,39 @@ def feature_precision(h: torch.Tensor) -> torch.Tensor:
     return h.float().to(torch.float16).float()
 
 
+class PromptPasses:
+    """The prompts' passes of :func:`encode_generations`, each run once: s_0 of every prompt seen, and the KV
+    cache of the last ``keep`` (a later read-back of that prompt's generations decodes on it). Valid for one
+    Q_phi (``model.encode``) and one backbone: the RL runs share the pretrained encoder, and the exploration
+    stage's rows share a pair's. A memo of the same pass on the same input: the same numbers, bit for bit."""
+
+    def __init__(self, keep: int = 0):
+        self.keep = keep  # KV caches kept (each a prompt's length x layers x 2 x KV width); 0 keeps s_0 only
+        self.s0: dict[tuple, torch.Tensor] = {}
+        self.caches: dict[tuple, object] = {}  # insertion order: the oldest is dropped first
+        self.passes = 0  # prompt passes run (tests and benchmarks count them)
+
+    def cache(self, key: tuple):
+        """A copy of the prompt's kept KV cache (the caller's read-back repeats it per generation), or None."""
+        import copy
+
+        return copy.deepcopy(self.caches[key]) if key in self.caches else None
+
+    def put(self, key: tuple, s0: torch.Tensor, cache) -> None:
+        import copy
+
+        self.s0[key] = s0
+        if self.keep > 0:
+            self.caches.pop(key, None)
+            self.caches[key] = copy.deepcopy(cache)
+            while len(self.caches) > self.keep:
+                self.caches.pop(next(iter(self.caches)))
+
+
 @torch.no_grad()
 def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequence[int], start: int,
-                       generations: Sequence, layer: int = -1) -> tuple[torch.Tensor, list[list[int]]]:
+                       generations: Sequence, layer: int = -1,
+                       passes: PromptPasses | None = None) -> tuple[torch.Tensor, list[list[int]]]:
     """Q_phi of one prompt and of every step of its generations (objects with ``token_ids`` and
     ``spans``, e.g. :class:`ctrls.generate.sampling.Generation`).
 
@@ -47,6 +77,8 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
     Step t's hidden states are those of its own tokens, computed in context; ``layer`` is
     ``backbone.hidden_layer``. One forward of the prompt, then one of all the generations on the
     prompt's KV cache (right-padded: causal attention, so padding never reaches a real token).
+    ``passes`` (:class:`PromptPasses`): the prompt's pass is taken from it when it holds what is needed
+    (s_0, and the KV cache when there are generations), else run and kept there.
     """
     from transformers import DynamicCache
 
@@ -59,11 +91,19 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
     def pick(out):
         return out.hidden_states[layer] if want else out.last_hidden_state
 
-    cache = DynamicCache(config=lm.config)
-    out = body(input_ids=torch.as_tensor([list(prompt)], device=dev), past_key_values=cache, use_cache=True,
-               output_hidden_states=want)
-    s0 = model.encode([pick(out)[0, start:P]])[0]  # as the sampler encodes s_0 (no float16 rounding)
     gens = [g for g in generations if len(g.token_ids)]
+    key = (tuple(int(t) for t in prompt), int(start), layer)
+    cache = None if passes is None or not gens else passes.cache(key)
+    if passes is not None and key in passes.s0 and (cache is not None or not gens):
+        s0 = passes.s0[key]  # the prompt's pass ran before: its s_0 (and its KV cache, copied)
+    else:
+        cache = DynamicCache(config=lm.config)
+        out = body(input_ids=torch.as_tensor([list(prompt)], device=dev), past_key_values=cache, use_cache=True,
+                   output_hidden_states=want)
+        s0 = model.encode([pick(out)[0, start:P]])[0]  # as the sampler encodes s_0 (no float16 rounding)
+        if passes is not None:
+            passes.passes += 1
+            passes.put(key, s0, cache)
     steps: list[torch.Tensor] = []
     if gens:
         n, G = len(gens), max(len(g.token_ids) for g in gens)
@@ -213,5 +253,5 @@ def mean_with_ci(per_question: np.ndarray, n_boot: int = 2000, seed: int = 0) ->
     return bootstrap_ci(per_question, n_boot=n_boot, seed=seed)
 
 
-__all__ = ["draw_actions", "draw_chains", "encode_generations", "match_rate", "match_rate_difference", "distinct_answers",
+__all__ = ["PromptPasses", "draw_actions", "draw_chains", "encode_generations", "match_rate", "match_rate_difference", "distinct_answers",
            "entropy_bits", "state_entropy", "mean_with_ci", "feature_precision"]

@@ -215,8 +215,11 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
     enc = {j: encode_prompt(bb.tokenizer, problems[j].question, pc.prompt.use_chat_template, pc.prompt.few_shot)
            for j in mine}
     per_chunk = max(1, pc.sampling.batch_size // g.n_samples)
-    jobs = [(eta, row, mine[i:i + per_chunk]) for eta in temperatures for row in grid
-            for i in range(0, len(mine), per_chunk)]
+    # a chunk's rows one after another: the CTRLS rows under the state prompt share its prompts' passes (s_0 and
+    # the read-back's KV cache: ctrls.generate.controllability.PromptPasses); each row's samples are the same in any order
+    jobs = [(eta, row, mine[i:i + per_chunk]) for eta in temperatures for i in range(0, len(mine), per_chunk)
+            for row in grid]
+    passes = ctl.PromptPasses(keep=per_chunk) if state_prompt is not None else None
     bar = tqdm(jobs, desc=f"exploration {slug_}", unit="batch", disable=not progress)
     for eta, row, chunk in bar:
         label = row.label
@@ -233,7 +236,7 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
         if row.ctrls and state_prompt is not None:  # read back by a re-encode: the decoding pass holds the vectors
             gens = sample_state_prompt(bb, model, state_prompt, [enc[j] for j in chunk], g.n_samples, params, seeds,
                                        layer=pc.backbone.hidden_layer, mask=mask,
-                                       with_adapter=pc.state_prompt.with_adapter)
+                                       with_adapter=pc.state_prompt.with_adapter, passes=passes)
         else:
             gens = sample(bb, [enc[j][0] for j in chunk], g.n_samples, params, model=model if row.ctrls else None,
                           seeds=seeds, prompt_starts=[enc[j][1] for j in chunk], read_states=model if readback else None)

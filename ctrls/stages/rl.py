@@ -152,6 +152,7 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
     import copy
 
     # here, not at the top: the engine loads transformers, which pages that only read results skip
+    from ctrls.generate.controllability import PromptPasses
     from ctrls.generate.sampling import SampleParams, sample
     from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
 
@@ -168,6 +169,8 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
         test = problems_from_config(override(pc, {"data.n_test": max(n_table, rl.eval_questions)}), "test")
         n_table, n_eval = min(n_table, len(test)), min(rl.eval_questions, len(test))
         encoded: dict[tuple[str, int], tuple[list[int], int]] = {}
+        # each prompt's s_0 pass once for every run, step and table row (all share the pretrained Q_phi); no read-back here
+        passes = PromptPasses(keep=0)
 
         def enc(split: str, i: int) -> tuple[list[int], int]:
             if (split, i) not in encoded:
@@ -200,7 +203,8 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
                                                mask=mask, with_adapter=pc.state_prompt.with_adapter,
                                                sample_ids=[ids for _, _, ids, _ in flat],
                                                policies=[reqs[j][1].policy for j, *_ in flat],
-                                               epsilons=[reqs[j][4] for j, *_ in flat], readback=False)
+                                               epsilons=[reqs[j][4] for j, *_ in flat], readback=False,
+                                               passes=passes)
                 elif len(chunk) > 1 or (lockstep and reqs[chunk[0]][1] is not None):
                     gens = sample(bb, [p for p, _ in prompts], params=params(0.0), model=pretrained,
                                   seeds=[s for *_, s in flat], sample_ids=[ids for _, _, ids, _ in flat],

@@ -172,7 +172,8 @@ def row_sampler(key: int, temperature: float, top_k: int):
 def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[tuple[list[int], int]], n: int,
                         params, seeds: Sequence[int], layer: int = -1, mask=None, with_adapter: bool = False,
                         sample_ids: Sequence[Sequence[int]] | None = None, policies: Sequence | None = None,
-                        epsilons: Sequence[float] | None = None, readback: bool = True) -> list[list]:
+                        epsilons: Sequence[float] | None = None, readback: bool = True,
+                        passes=None) -> list[list]:
     """``n`` samples of each (prompt ids, s_0 start) decoded under the state prompt (module docstring), with
     ``params`` (``ctrls.generate.decoding.SampleParams``: temperature, top_k, max_new_tokens, max_steps,
     epsilon, transitions, stop_at_answer). With ``mask`` (``ctrls.method.positions.PositionMask``) the drawn
@@ -181,11 +182,14 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     RL (``ctrls.stages.rl``): ``sample_ids`` (each prompt's sample indices, in place of ``range(n)``: a
     sample's chain and tokens do not depend on which others are drawn), ``policies`` and ``epsilons`` (each
     prompt's, in place of ``model.policy`` and ``params.epsilon``); ``readback=False`` skips the read-back.
+    ``passes`` (``ctrls.generate.controllability.PromptPasses``, for ``model``'s Q_phi): each prompt's pass is run
+    once across the calls that share it (s_0 before decoding, the read-back's KV cache after); by default, once
+    within this call.
     Returns one list of ``Generation`` per prompt, each with ``states`` (s_0, then each step's drawn state,
     one-hot), ``encoded`` and ``encoded_s0`` (the read-back), and, with transitions, Eq. 16's trajectory:
     ``policy_states`` (s_0, then every action drawn for a step opened), ``log_actions`` and ``allowed``."""
     from ctrls.data.prompts import ANSWER_LINE, content_token, join_blank_tail, newline_token_ids
-    from ctrls.generate.controllability import draw_actions, encode_generations
+    from ctrls.generate.controllability import PromptPasses, draw_actions, encode_generations
     from ctrls.generate.decoding import Generation, eos_ids
     from ctrls.generate.kv_cache import new_cache
     from ctrls.generate.sampling import seeded
@@ -200,9 +204,11 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
             return "answer"
         return "max_steps" if steps >= T else None
 
+    if passes is None:  # the read-back decodes on the KV cache of the pass that gave s_0
+        passes = PromptPasses(keep=len(prompts) if readback else 0)
     s0s, chains, drawn_actions = [], [], []
     for i, ((ids, start), seed) in enumerate(zip(prompts, seeds)):
-        s0, _ = encode_generations(bb, model, ids, start, [], layer=layer)
+        s0, _ = encode_generations(bb, model, ids, start, [], layer=layer, passes=passes)
         s0s.append(s0)
         if params.transitions:  # every sample index up to the largest drawn: the same chains on any shard
             policy = model.policy if policies is None else policies[i]
@@ -240,7 +246,7 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
             g.allowed = None if mask is None else torch.stack([mask.allowed[mask.bucket(t)] for t in range(D)]).reshape(D, K)
         out[i].append(g)
     for i, (ids, start) in enumerate(prompts if readback else ()):  # the read-back: an unadapted pass without the vectors
-        s0, encoded = encode_generations(bb, model, ids, start, out[i], layer=layer)
+        s0, encoded = encode_generations(bb, model, ids, start, out[i], layer=layer, passes=passes)
         for g, e in zip(out[i], encoded):
             g.encoded, g.encoded_s0 = list(e), s0
     return out

@@ -197,3 +197,31 @@ def test_encode_generations_equals_one_sequence_at_a_time(tiny_llama, layer):
     assert torch.allclose(s0, ref_s0.float().cpu(), atol=1e-5)
     # the test can tell: the state of step t comes from its own tokens, not the previous step's
     assert states != [[st[0], *st[:-1]] if st else [] for st in states]
+
+
+def test_prompt_passes_run_a_prompt_once_with_the_same_states(tiny_llama):
+    """``PromptPasses``: s_0 and the read-back of a prompt's generations equal those of a fresh pass, and the
+    prompt is run once while its KV cache is kept; past ``keep`` prompts the oldest is run again."""
+    from ctrls.method.states import fit_states
+
+    bb = tiny_llama
+    tok = bb.tokenizer
+    prompts = [tok(q)["input_ids"] for q in ("Tom has 3 apples. How many?", "Ann has 5 pears and eats 2. How many?")]
+    rng = np.random.default_rng(1)
+    gens = [_Gen(rng.integers(100, 5000, size=n).tolist(), [(0, 4), (4, n)]) for n in (9, 13)]
+    d, k = bb.hidden_size, 2
+    probe = _model(torch.zeros(4, k * d), d, k)
+    hs = [bb.hidden_states(torch.tensor([prompts[0] + g.token_ids]))[0].float() for g in gens]
+    model = _model(fit_states(probe.embed([h[len(prompts[0]):] for h in hs] * 2), 4, seed=0).centroids, d, k)
+    want = [ctl.encode_generations(bb, model, p, 2, gens) for p in prompts]
+    memo = ctl.PromptPasses(keep=1)
+    s0, none = ctl.encode_generations(bb, model, prompts[0], 2, [], passes=memo)
+    assert torch.equal(s0, want[0][0]) and none == [] and memo.passes == 1
+    for _ in range(2):  # the read-back decodes on the kept cache, and leaves it as it was
+        s0, states = ctl.encode_generations(bb, model, prompts[0], 2, gens, passes=memo)
+        assert torch.equal(s0, want[0][0]) and states == want[0][1] and memo.passes == 1
+    s0, states = ctl.encode_generations(bb, model, prompts[1], 2, gens, passes=memo)  # evicts prompt 0's cache
+    assert torch.equal(s0, want[1][0]) and states == want[1][1] and memo.passes == 2
+    assert torch.equal(ctl.encode_generations(bb, model, prompts[0], 2, [], passes=memo)[0], want[0][0])
+    assert memo.passes == 2  # s_0 alone needs no cache
+    assert ctl.encode_generations(bb, model, prompts[0], 2, gens, passes=memo)[1] == want[0][1] and memo.passes == 3

@@ -142,10 +142,12 @@ def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeyp
     shutil.copytree(cfg.run_dir, copy)
     c = override(cfg, {"run_dir": str(copy), "grid.position_floor": 0.5, "grid.position_buckets": 2, "rl.steps": 1})
     pc = c.for_pair(*c.pairs()[0])
-    real, seen = sps.sample_state_prompt, []
+    real, seen, passes, distinct = sps.sample_state_prompt, [], set(), set()
 
     def spy(bb, model, sp, prompts, n, params, seeds, **kw):
         out = real(bb, model, sp, prompts, n, params, seeds, **kw)
+        passes.add(kw["passes"])
+        distinct.update(tuple(p) for p, _ in prompts)
         for i, gs in enumerate(out):  # redrawn now: the policy moves after this step's update
             ids = kw["sample_ids"][i]
             acts, logs = draw_actions(kw["policies"][i], gs[0].policy_states[0], max(ids) + 1, params.max_steps,
@@ -155,6 +157,8 @@ def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeyp
 
     monkeypatch.setattr(sps, "sample_state_prompt", spy)
     run_rl(c, progress=False)
+    (shared,) = passes  # every rollout, evaluation and table row shares the prompts' s_0 passes
+    assert shared.passes == len(distinct) and not shared.caches  # each prompt run once; no read-back, no cache kept
     assert seen and any(len(g.policy_states) > 1 and not g.allowed.all() for g, *_ in seen)  # a masked draw
     for g, acts, logs, mask in seen:
         D = len(g.policy_states) - 1
@@ -267,3 +271,36 @@ def test_the_paper_cases_are_decoded_as_the_exploration_rows_are(sp_run, monkeyp
     eps = df[df.config != "Base"]
     assert len(eps) == 2 and len(df[df.config == "Base"]) == 2
     assert all(len(st) >= len(s) for st, s in zip(eps.states, eps.steps))  # a drawn state for every step
+
+
+def test_shared_prompt_passes_give_the_samples_of_fresh_ones(sp_run, tiny_model_dir):
+    """Rows that share their prompts' passes (``PromptPasses``: the exploration stage's ε then fixed rows, the RL
+    runs) draw and decode the samples, and read back the states, of calls that run every pass themselves,
+    with each distinct prompt's pass run once: s_0 before decoding, the read-back on the kept KV cache."""
+    from ctrls.data.prompts import encode_prompt
+    from ctrls.generate.controllability import PromptPasses
+    from ctrls.method.backbone import load_backbone
+    from ctrls.stages.common import problems_from_config, sample_params
+    from ctrls.stages.pretrain import load_pretrained, pretrain_stages
+    from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
+
+    cfg, _, _ = sp_run
+    pc = cfg.for_pair(*cfg.pairs()[0])
+    bb = load_backbone(str(tiny_model_dir), "cpu", "float32")
+    model = load_pretrained(pc, bb)
+    sp, mask = pair_state_prompt(pc, bb, model, pretrain_stages(pc))
+    probs = problems_from_config(pc, "test")[:2]
+    enc = [encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot) for p in probs]
+    prompts = enc + enc[:1]  # a prompt twice in one call
+    shared, rows = PromptPasses(keep=len(prompts)), []
+    for transitions, eps in ((True, 0.3), (False, 0.0)):  # the ε row, then the fixed-s0 row
+        params = sample_params(pc, 0.7, epsilon=eps, transitions=transitions)
+        alone = sample_state_prompt(bb, model, sp, prompts, 2, params, [5, 6, 7], mask=mask)
+        with_shared = sample_state_prompt(bb, model, sp, prompts, 2, params, [5, 6, 7], mask=mask, passes=shared)
+        rows.append((alone, with_shared))
+    assert shared.passes == len(enc)  # one pass per distinct prompt for both rows and both read-backs
+    for alone, with_shared in rows:
+        for a, b in zip(sum(alone, []), sum(with_shared, [])):
+            assert a.token_ids == b.token_ids and torch.equal(a.states, b.states)
+            assert a.encoded == b.encoded and torch.equal(a.encoded_s0, b.encoded_s0)
+    assert sum(len(g.encoded) for gs in rows[0][0] for g in gs) > 2  # read-backs with steps to compare
