@@ -191,6 +191,18 @@ def logp_per_token(lm, chains: Sequence[Chain], sp: StatePrompt, caches: PromptC
     return tot / max(n, 1)
 
 
+def accumulate_gradient(lm, chains: Sequence[Chain], sp: StatePrompt, caches: PromptCaches,
+                        head: Head | None = None) -> None:
+    """The gradient of minus the chains' mean log P per step token into ``sp.vectors.grad``: one chain's graph
+    at a time, so the backbone's activations of one chain are held, not of the batch. The chains run last to
+    first, the order in which autograd sums one graph's chains into the leaf: the gradient equals the one
+    graph's to the bit (``tests/method/test_state_prompt.py``)."""
+    n = max(1, sum(b - a for c in chains for a, b in c.spans))  # the step tokens (chain_logprob's count)
+    for c in reversed(chains):
+        lp, _ = _logp(lm, c, sp, caches, head)
+        (-lp / n).backward()
+
+
 def fit(lm, train: Sequence[Chain], heldout: Sequence[Chain], n_states: int, n_vectors: int, lr: float, epochs: int,
         patience: int, batch: int, seed: int, on_best: Callable | None = None,
         on_epoch: Callable[[dict], None] | None = None, head: Head | None = None) -> tuple[StatePrompt, dict]:
@@ -212,8 +224,7 @@ def fit(lm, train: Sequence[Chain], heldout: Sequence[Chain], n_states: int, n_v
         order = torch.randperm(len(train), generator=g).tolist()
         for i in range(0, len(order), batch):  # one Adam step per ``batch`` chains: the mean log P per token
             opt.zero_grad()
-            parts = [_logp(lm, train[j], sp, caches, head) for j in order[i:i + batch]]
-            (-sum(lp for lp, _ in parts) / max(1, sum(k for _, k in parts))).backward()
+            accumulate_gradient(lm, [train[j] for j in order[i:i + batch]], sp, caches, head)
             opt.step()
         v = logp_per_token(lm, heldout, sp, caches, head)
         if not torch.isfinite(torch.tensor(v)) or not torch.isfinite(sp.vectors).all():

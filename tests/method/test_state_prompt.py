@@ -1,6 +1,8 @@
 """The state prompt: teacher forcing equals decoding with the KV cache (the same sequence, positions
 included), the interleaving puts each state's vectors right before its step, and training moves only
 the vectors."""
+from typing import NamedTuple
+
 import pytest
 import torch
 
@@ -161,7 +163,11 @@ def test_the_fit_checkpoints_each_improving_epoch(monkeypatch):
     target = torch.full((3, 2, 8), 0.3)
 
     def logp(lm, item, sp, caches, head=None):  # a stand-in log P: higher as the vectors near a target
-        return -((sp.vectors - target * item) ** 2).sum(), 1
+        return -((sp.vectors - target * item.scale) ** 2).sum(), 1
+
+    class Item(NamedTuple):  # a stand-in chain of one step token
+        scale: float
+        spans: list = [(0, 1)]
 
     monkeypatch.setattr(state_prompt, "_logp", logp)
     monkeypatch.setattr(state_prompt, "PromptCaches", lambda lm: None)
@@ -171,7 +177,7 @@ def test_the_fit_checkpoints_each_improving_epoch(monkeypatch):
             return torch.nn.Embedding(10, 8)
 
     calls = []
-    sp, info = state_prompt.fit(LM(), [1.0, 1.0, 2.0, 0.5], [1.0], 3, 2, 0.05, 6, 6, 2, 0,
+    sp, info = state_prompt.fit(LM(), [Item(1.0), Item(1.0), Item(2.0), Item(0.5)], [Item(1.0)], 3, 2, 0.05, 6, 6, 2, 0,
                                 on_best=lambda s, i: calls.append((i["kept_epoch"], s.vectors.detach().clone())))
     h = [e["heldout_logp_per_token"] for e in info["history"]]
     improving = [e for e in range(1, len(h)) if h[e] > max(h[:e])]
@@ -262,3 +268,29 @@ def test_the_engines_cache_and_packed_attention_decode_the_same_chains(tiny_llam
     assert [o.spans for o in got] == [o.spans for o in ref] and [len(r) for r in got_rec] == [10, 9, 10]
     for a, b in zip(got_rec, ref_rec):
         assert a == pytest.approx(b, abs=1e-5)
+
+
+@pytest.mark.parametrize("with_head", [False, True])
+def test_the_fits_gradient_one_chain_at_a_time_equals_the_batchs_graph(tiny_llama, with_head):
+    """``accumulate_gradient`` (one chain's graph at a time, to hold one chain's activations) gives the
+    gradient of one graph over the batch's mean log P per token, to the bit, with and without the adapter's
+    head; the chains are those of the fit (shared prompts through ``PromptCaches``, unequal lengths)."""
+    from ctrls.method.state_prompt import Chain, PromptCaches, _logp, accumulate_gradient
+
+    bb = tiny_llama
+    for p in bb.model.parameters():
+        p.requires_grad_(False)
+    head = _head(bb, K=3)[0] if with_head else None
+    g = torch.Generator().manual_seed(0)
+    chains = []
+    for n in (5, 9, 3, 12, 7):
+        cut = int(torch.randint(1, n, (1,), generator=g))
+        chains.append(Chain([1, 2, 3] if n % 2 else [4, 5], torch.randint(10, 400, (n,), generator=g).tolist(),
+                            [(0, cut), (cut, n)], torch.randint(0, 3, (2,), generator=g)))
+    caches = PromptCaches(bb.model)
+    sp = StatePrompt(3, 2, bb.model.get_input_embeddings().weight.detach(), seed=1)
+    parts = [_logp(bb.model, c, sp, caches, head) for c in chains]  # the reference: one graph, as the fit had
+    (-sum(lp for lp, _ in parts) / sum(k for _, k in parts)).backward()
+    want, sp.vectors.grad = sp.vectors.grad.clone(), None
+    accumulate_gradient(bb.model, chains, sp, caches, head)
+    assert torch.equal(sp.vectors.grad, want) and want.abs().sum() > 0
