@@ -91,13 +91,7 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     eps = list(epsilons) if epsilons is not None else [None] * len(prompts)
     out: list[list[Generation]] = [[] for _ in prompts]
     if share_prefix:  # prompts in groups of at most batch_size sequences (at least one prompt each)
-        jobs = [[(i, ids[i])] for i in range(len(prompts)) if ids[i]]
-        groups: list[list[tuple[int, list[int]]]] = []
-        for job in jobs:
-            if groups and sum(len(m) for _, m in groups[-1]) + len(job[0][1]) <= params.batch_size:
-                groups[-1] += job
-            else:
-                groups.append(job)
+        groups = [[(i, ids[i]) for i in g] for g in row_groups([len(m) for m in ids], params.batch_size)]
     else:  # reference path: every sample re-encodes its prompt
         flat = [(i, [m]) for i in range(len(prompts)) for m in ids[i]]
         groups = [flat[j:j + params.batch_size] for j in range(0, len(flat), params.batch_size)]
@@ -111,6 +105,20 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
             out[i].extend(gs)
     return out
 
+
+def row_groups(rows_per_prompt: Sequence[int], batch_size: int) -> list[list[int]]:
+    """The prompts (indices, in order) decoded together, given each prompt's rows (its samples): each group at
+    most ``batch_size`` rows (``sampling.batch_size``), a prompt's rows never split, a prompt with more rows
+    than that alone, and a prompt without rows in no group."""
+    groups: list[list[int]] = []
+    for i, n in enumerate(rows_per_prompt):
+        if not n:
+            continue
+        if groups and sum(rows_per_prompt[j] for j in groups[-1]) + n <= batch_size:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
@@ -190,5 +198,5 @@ def tokens_per_second(gens: list[list[Generation]], seconds: float) -> float:
     return sum(g.n_tokens for gs in gens for g in gs) / max(seconds, 1e-9)
 
 
-__all__ = ["Generation", "SampleParams", "sample", "seeded", "tokens_per_second"]
+__all__ = ["Generation", "SampleParams", "row_groups", "sample", "seeded", "tokens_per_second"]
 

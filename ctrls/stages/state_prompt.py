@@ -182,6 +182,8 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     RL (``ctrls.stages.rl``): ``sample_ids`` (each prompt's sample indices, in place of ``range(n)``: a
     sample's chain and tokens do not depend on which others are drawn), ``policies`` and ``epsilons`` (each
     prompt's, in place of ``model.policy`` and ``params.epsilon``); ``readback=False`` skips the read-back.
+    At most ``params.batch_size`` rows (prompts x samples) are decoded together (``ctrls.generate.sampling.row_groups``), and each
+    group's KV cache is freed before the next: the RL stage's lockstep table rows are several hundred.
     ``passes`` (``ctrls.generate.controllability.PromptPasses``, for ``model``'s Q_phi): each prompt's pass is run
     once across the calls that share it (s_0 before decoding, the read-back's KV cache after); by default, once
     within this call.
@@ -192,7 +194,7 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     from ctrls.generate.controllability import PromptPasses, draw_actions, encode_generations
     from ctrls.generate.decoding import Generation, eos_ids
     from ctrls.generate.kv_cache import new_cache
-    from ctrls.generate.sampling import seeded
+    from ctrls.generate.sampling import row_groups, seeded
     from ctrls.method.streams import stream_key
 
     tok, T, K = bb.tokenizer, params.max_steps, sp.n_states
@@ -224,14 +226,18 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     out: list[list] = [[] for _ in prompts]
     if not flat:
         return out
-    capacity = max(len(p) for p, _ in prompts) + params.max_new_tokens + T * sp.vectors.shape[1]
-    # the engine's preallocated cache; on sdpa, ragged passes (ctrls.method.ragged) put only real slots through the model
-    decoded = decode_chains(
-        bb.model, [prompts[i][0] for i, _ in flat], [lambda t, c=chains[i][m]: int(c[t]) for i, m in flat], sp,
-        ends_step=lambda x, has: x in nl and has, has_content=content_token(tok), max_new_tokens=params.max_new_tokens,
-        max_steps=T, sample=[row_sampler(stream_key(seeds[i], m), params.temperature, params.top_k) for i, m in flat],
-        stop=eos_ids(bb), closes_chain=closes, cache=new_cache(bb.model, capacity),
-        head=_head(bb, model) if with_adapter else None)
+    decoded = []
+    for group in row_groups([len(ids_of[i]) for i in range(len(prompts))], params.batch_size):
+        rows = [(i, m) for i in group for m in ids_of[i]]
+        capacity = max(len(prompts[i][0]) for i in group) + params.max_new_tokens + T * sp.vectors.shape[1]
+        # the engine's preallocated cache; on sdpa, ragged passes (ctrls.method.ragged) put only real slots through the model
+        decoded += decode_chains(
+            bb.model, [prompts[i][0] for i, _ in rows], [lambda t, c=chains[i][m]: int(c[t]) for i, m in rows], sp,
+            ends_step=lambda x, has: x in nl and has, has_content=content_token(tok),
+            max_new_tokens=params.max_new_tokens, max_steps=T,
+            sample=[row_sampler(stream_key(seeds[i], m), params.temperature, params.top_k) for i, m in rows],
+            stop=eos_ids(bb), closes_chain=closes, cache=new_cache(bb.model, capacity),
+            head=_head(bb, model) if with_adapter else None)
     for (i, m), d in zip(flat, decoded):
         spans = join_blank_tail(d.token_ids, list(d.spans), tok)  # as the engine's _end_step
         drawn = F.one_hot(torch.as_tensor(d.states[:len(spans)], dtype=torch.long), K).float()

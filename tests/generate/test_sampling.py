@@ -448,3 +448,15 @@ def test_shared_prefix_prefill_equals_prompts_prefilled_whole(tiny_llama, temper
     from ctrls.generate.sampling import shared_prefix_length
 
     assert shared_prefix_length(prompts) >= 40  # the shared-prefix prefill ran
+
+
+def test_row_groups_keep_prompts_whole_within_the_batch_size():
+    """Prompts in order, at most batch_size rows a group, a prompt's rows never split, an oversized prompt
+    alone, a prompt without rows left out."""
+    from ctrls.generate.sampling import row_groups
+
+    assert row_groups([4, 4, 4, 4], 8) == [[0, 1], [2, 3]]
+    assert row_groups([3, 0, 3, 3], 7) == [[0, 2], [3]]
+    assert row_groups([2, 9, 2], 4) == [[0], [1], [2]]
+    assert row_groups([1] * 5, 128) == [[0, 1, 2, 3, 4]]
+    assert row_groups([], 4) == [] and row_groups([0, 0], 4) == []

@@ -304,3 +304,36 @@ def test_shared_prompt_passes_give_the_samples_of_fresh_ones(sp_run, tiny_model_
             assert a.token_ids == b.token_ids and torch.equal(a.states, b.states)
             assert a.encoded == b.encoded and torch.equal(a.encoded_s0, b.encoded_s0)
     assert sum(len(g.encoded) for gs in rows[0][0] for g in gs) > 2  # read-backs with steps to compare
+
+
+def test_the_state_prompt_decodes_at_most_batch_size_rows_together(sp_run, tiny_model_dir, monkeypatch):
+    """``sampling.batch_size`` bounds the rows decoded together (the RL stage's lockstep table rows are
+    several hundred): prompts whole, in order, every sample returned under its prompt and index."""
+    from dataclasses import replace
+
+    from ctrls.data.prompts import encode_prompt
+    from ctrls.method.backbone import load_backbone
+    from ctrls.stages import state_prompt as sps
+    from ctrls.stages.common import problems_from_config, sample_params
+    from ctrls.stages.pretrain import load_pretrained, pretrain_stages
+    from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
+
+    cfg, _, _ = sp_run
+    pc = cfg.for_pair(*cfg.pairs()[0])
+    bb = load_backbone(str(tiny_model_dir), "cpu", "float32")
+    model = load_pretrained(pc, bb)
+    sp, mask = pair_state_prompt(pc, bb, model, pretrain_stages(pc))
+    probs = problems_from_config(pc, "test")[:3]
+    prompts = [encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot) for p in probs]
+    real, batches = sps.decode_chains, []
+
+    def spy(lm, ps, *a, **kw):
+        batches.append([tuple(p) for p in ps])
+        return real(lm, ps, *a, **kw)
+
+    monkeypatch.setattr(sps, "decode_chains", spy)
+    params = replace(sample_params(pc, 0.7, epsilon=0.1, transitions=True), batch_size=5)
+    out = sample_state_prompt(bb, model, sp, prompts, 2, params, [1, 2, 3], mask=mask)
+    assert [len(b) for b in batches] == [4, 2]  # 2 + 2 rows, then the third prompt's 2 (5 would split it)
+    assert sum(batches, []) == [tuple(p) for p, _ in prompts for _ in range(2)]
+    assert [[(g.prompt_index, g.sample_index) for g in gs] for gs in out] == [[(i, 0), (i, 1)] for i in range(3)]
