@@ -39,13 +39,31 @@ class PromptPasses:
     """The prompts' passes of :func:`encode_generations`, each run once: s_0 of every prompt seen, and the KV
     cache of the last ``keep`` (a later read-back of that prompt's generations decodes on it). Valid for one
     Q_phi (``model.encode``) and one backbone: the RL runs share the pretrained encoder, and the exploration
-    stage's rows share a pair's. A memo of the same pass on the same input: the same numbers, bit for bit."""
+    stage's rows share a pair's. The prompts' template (their tokens before ``start``: the system prompt and
+    the few-shot exemplars, when at least ``MIN_SHARED_PREFIX`` tokens) is run once too, and each prompt's
+    own tokens on a copy of its cache, as the engine's prefill shares it: s_0 then equals a full pass's up
+    to float rounding (about 1e-5 on SmolLM2's hidden states), and a memoised pass equals itself to the bit."""
+
+    TEMPLATES = 4  # templates kept (one per dataset's prompt format)
 
     def __init__(self, keep: int = 0):
         self.keep = keep  # KV caches kept (each a prompt's length x layers x 2 x KV width); 0 keeps s_0 only
         self.s0: dict[tuple, torch.Tensor] = {}
         self.caches: dict[tuple, object] = {}  # insertion order: the oldest is dropped first
-        self.passes = 0  # prompt passes run (tests and benchmarks count them)
+        self.templates: dict[tuple, object] = {}
+        self.passes = 0  # prompt passes run (tests and benchmarks count them), templates apart
+        self.template_passes = 0
+
+    def template(self, ids: tuple, run):
+        """A copy of the KV cache of the template ``ids``, ``run(ids)`` the first time."""
+        import copy
+
+        if ids not in self.templates:
+            self.templates[ids] = run(ids)
+            self.template_passes += 1
+            while len(self.templates) > self.TEMPLATES:
+                self.templates.pop(next(iter(self.templates)))
+        return copy.deepcopy(self.templates[ids])
 
     def cache(self, key: tuple):
         """A copy of the prompt's kept KV cache (the caller's read-back repeats it per generation), or None."""
@@ -82,6 +100,8 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
     """
     from transformers import DynamicCache
 
+    from ctrls.generate.decoding import MIN_SHARED_PREFIX  # here: pages that read tables skip transformers
+
     lm = backbone.model
     body = decoder_body(lm)
     dev = backbone.device
@@ -96,6 +116,19 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
     cache = None if passes is None or not gens else passes.cache(key)
     if passes is not None and key in passes.s0 and (cache is not None or not gens):
         s0 = passes.s0[key]  # the prompt's pass ran before: its s_0 (and its KV cache, copied)
+    elif passes is not None and start >= MIN_SHARED_PREFIX:  # the template once, then the prompt's own tokens
+
+        def run(ids: tuple):
+            kv = DynamicCache(config=lm.config)
+            body(input_ids=torch.as_tensor([list(ids)], device=dev), past_key_values=kv, use_cache=True)
+            return kv
+
+        cache = passes.template(tuple(int(t) for t in prompt[:start]), run)
+        out = body(input_ids=torch.as_tensor([list(prompt[start:])], device=dev), past_key_values=cache,
+                   position_ids=torch.arange(start, P, device=dev)[None], use_cache=True, output_hidden_states=want)
+        s0 = model.encode([pick(out)[0]])[0]  # the hidden states [start:P], as the sampler encodes s_0
+        passes.passes += 1
+        passes.put(key, s0, cache)
     else:
         cache = DynamicCache(config=lm.config)
         out = body(input_ids=torch.as_tensor([list(prompt)], device=dev), past_key_values=cache, use_cache=True,

@@ -225,3 +225,32 @@ def test_prompt_passes_run_a_prompt_once_with_the_same_states(tiny_llama):
     assert torch.equal(ctl.encode_generations(bb, model, prompts[0], 2, [], passes=memo)[0], want[0][0])
     assert memo.passes == 2  # s_0 alone needs no cache
     assert ctl.encode_generations(bb, model, prompts[0], 2, gens, passes=memo)[1] == want[0][1] and memo.passes == 3
+
+
+def test_prompt_passes_run_the_template_once_and_match_a_full_pass(tiny_llama):
+    """Prompts that share their tokens before ``start`` (a template of at least MIN_SHARED_PREFIX tokens):
+    the template is run once and each prompt's own tokens on its cache; s_0 and the read-back equal a full
+    pass's up to float rounding."""
+    from ctrls.generate.decoding import MIN_SHARED_PREFIX
+    from ctrls.method.states import fit_states
+
+    bb = tiny_llama
+    tok = bb.tokenizer
+    template = tok("You solve word problems step by step. " * 6)["input_ids"]
+    assert len(template) >= MIN_SHARED_PREFIX
+    prompts = [template + tok(q)["input_ids"] for q in ("Tom has 3 apples. How many?", "Ann has 5 pears. How many?")]
+    start = len(template)
+    rng = np.random.default_rng(2)
+    gens = [_Gen(rng.integers(100, 5000, size=n).tolist(), [(0, 5), (5, n)]) for n in (11, 14)]
+    d, k = bb.hidden_size, 2
+    probe = _model(torch.zeros(4, k * d), d, k)
+    hs = [bb.hidden_states(torch.tensor([p + g.token_ids]))[0].float() for p in prompts for g in gens]
+    model = _model(fit_states(probe.embed([h[start:] for h in hs]), 4, seed=0).centroids, d, k)
+    memo = ctl.PromptPasses(keep=2)
+    for p in prompts:
+        want_s0, want_states = ctl.encode_generations(bb, model, p, start, gens)  # one full pass
+        s0, _ = ctl.encode_generations(bb, model, p, start, [], passes=memo)
+        assert torch.allclose(s0, want_s0, atol=1e-5) and not torch.equal(s0, ctl.encode_generations(bb, model, prompts[1 - prompts.index(p)], start, [])[0])
+        s0_again, states = ctl.encode_generations(bb, model, p, start, gens, passes=memo)  # on the kept cache
+        assert torch.equal(s0_again, s0) and states == want_states
+    assert memo.template_passes == 1 and memo.passes == 2
