@@ -100,7 +100,7 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
     """
     from transformers import DynamicCache
 
-    from ctrls.generate.decoding import MIN_SHARED_PREFIX  # here: pages that read tables skip transformers
+    from ctrls.generate.kv_cache import MIN_SHARED_PREFIX  # here: pages that read tables skip transformers
 
     lm = backbone.model
     body = decoder_body(lm)

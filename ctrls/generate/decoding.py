@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from ctrls.data.prompts import ANSWER_LINE, newline_token_ids
-from ctrls.generate.kv_cache import new_cache
+from ctrls.generate.kv_cache import MIN_SHARED_PREFIX, new_cache
 from ctrls.method.backbone import Backbone, decoder_body
 from ctrls.method.streams import stream_key, stream_uniform
 
@@ -260,7 +260,6 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
                      h[expand.to(h.device), -1], state, is_nl, is_eos, L)
 
 
-MIN_SHARED_PREFIX = 32  # tokens: a shorter common prefix is prefilled with the rest of each prompt
 
 
 def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:

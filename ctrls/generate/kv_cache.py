@@ -22,6 +22,8 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 from ctrls.method.ragged import fill_holes  # noqa: F401 (re-exported: the engine drops rows in this order)
 
+MIN_SHARED_PREFIX = 32  # tokens: a shorter common prefix is prefilled with the rest of each prompt
+
 
 class PreallocatedLayer(DynamicLayer):
     """A KV-cache layer that writes into a preallocated buffer instead of ``torch.cat``.
@@ -262,6 +264,6 @@ def shared_prefix_attention(model, length: int):
         _PREFIX.reset(token)
 
 
-__all__ = ["PACKED_SDPA", "PACKED_SDPA_ROWS", "PreallocatedLayer", "fill_holes", "new_cache", "packed_decode_attention",
+__all__ = ["MIN_SHARED_PREFIX", "PACKED_SDPA", "PACKED_SDPA_ROWS", "PreallocatedLayer", "fill_holes", "new_cache", "packed_decode_attention",
            "packed_rows_sdpa_attention", "packed_sdpa_attention", "prefix_sdpa_attention", "select_rows",
            "shared_prefix_attention", "static_cache"]
