@@ -273,24 +273,34 @@ def test_the_paper_cases_are_decoded_as_the_exploration_rows_are(sp_run, monkeyp
     assert all(len(st) >= len(s) for st, s in zip(eps.states, eps.steps))  # a drawn state for every step
 
 
+def _decoding(sp_run, model_dir, n_questions: int):
+    """The run's pair config, the tiny backbone, the pretrained model, its state prompt and mask, and the
+    prompts of its first ``n_questions`` test questions."""
+    from ctrls.data.prompts import encode_prompt
+    from ctrls.method.backbone import load_backbone
+    from ctrls.stages.common import problems_from_config
+    from ctrls.stages.pretrain import load_pretrained, pretrain_stages
+    from ctrls.stages.state_prompt import pair_state_prompt
+
+    cfg, _, _ = sp_run
+    pc = cfg.for_pair(*cfg.pairs()[0])
+    bb = load_backbone(str(model_dir), "cpu", "float32")
+    model = load_pretrained(pc, bb)
+    sp, mask = pair_state_prompt(pc, bb, model, pretrain_stages(pc))
+    probs = problems_from_config(pc, "test")[:n_questions]
+    enc = [encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot) for p in probs]
+    return pc, bb, model, sp, mask, enc
+
+
 def test_shared_prompt_passes_give_the_samples_of_fresh_ones(sp_run, tiny_model_dir):
     """Rows that share their prompts' passes (``PromptPasses``: the exploration stage's ε then fixed rows, the RL
     runs) draw and decode the samples, and read back the states, of calls that run every pass themselves,
     with each distinct prompt's pass run once: s_0 before decoding, the read-back on the kept KV cache."""
-    from ctrls.data.prompts import encode_prompt
     from ctrls.generate.controllability import PromptPasses
-    from ctrls.method.backbone import load_backbone
-    from ctrls.stages.common import problems_from_config, sample_params
-    from ctrls.stages.pretrain import load_pretrained, pretrain_stages
-    from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
+    from ctrls.stages.common import sample_params
+    from ctrls.stages.state_prompt import sample_state_prompt
 
-    cfg, _, _ = sp_run
-    pc = cfg.for_pair(*cfg.pairs()[0])
-    bb = load_backbone(str(tiny_model_dir), "cpu", "float32")
-    model = load_pretrained(pc, bb)
-    sp, mask = pair_state_prompt(pc, bb, model, pretrain_stages(pc))
-    probs = problems_from_config(pc, "test")[:2]
-    enc = [encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot) for p in probs]
+    pc, bb, model, sp, mask, enc = _decoding(sp_run, tiny_model_dir, 2)
     prompts = enc + enc[:1]  # a prompt twice in one call
     shared, rows = PromptPasses(keep=len(prompts)), []
     for transitions, eps in ((True, 0.3), (False, 0.0)):  # the ε row, then the fixed-s0 row
@@ -311,20 +321,11 @@ def test_the_state_prompt_decodes_at_most_batch_size_rows_together(sp_run, tiny_
     several hundred): prompts whole, in order, every sample returned under its prompt and index."""
     from dataclasses import replace
 
-    from ctrls.data.prompts import encode_prompt
-    from ctrls.method.backbone import load_backbone
     from ctrls.stages import state_prompt as sps
-    from ctrls.stages.common import problems_from_config, sample_params
-    from ctrls.stages.pretrain import load_pretrained, pretrain_stages
-    from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
+    from ctrls.stages.common import sample_params
+    from ctrls.stages.state_prompt import sample_state_prompt
 
-    cfg, _, _ = sp_run
-    pc = cfg.for_pair(*cfg.pairs()[0])
-    bb = load_backbone(str(tiny_model_dir), "cpu", "float32")
-    model = load_pretrained(pc, bb)
-    sp, mask = pair_state_prompt(pc, bb, model, pretrain_stages(pc))
-    probs = problems_from_config(pc, "test")[:3]
-    prompts = [encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot) for p in probs]
+    pc, bb, model, sp, mask, prompts = _decoding(sp_run, tiny_model_dir, 3)
     real, batches = sps.decode_chains, []
 
     def spy(lm, ps, *a, **kw):
