@@ -12,6 +12,7 @@ outputs numbers. Details: book/method.md, "ctrls/generate/controllability.py".
 """
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Hashable, Sequence
 
 import numpy as np
@@ -42,7 +43,7 @@ class PromptPasses:
     stage's rows share a pair's. The prompts' template (their tokens before ``start``: the system prompt and
     the few-shot exemplars, when at least ``MIN_SHARED_PREFIX`` tokens) is run once too, and each prompt's
     own tokens on a copy of its cache, as the engine's prefill shares it: s_0 then equals a full pass's up
-    to float rounding (about 1e-5 on SmolLM2's hidden states), and a memoised pass equals itself to the bit."""
+    to float rounding (about 3e-5 on SmolLM2's hidden states), and a memoised pass equals itself to the bit."""
 
     TEMPLATES = 4  # templates kept (one per dataset's prompt format)
 
@@ -56,30 +57,30 @@ class PromptPasses:
 
     def template(self, ids: tuple, run):
         """A copy of the KV cache of the template ``ids``, ``run(ids)`` the first time."""
-        import copy
-
         if ids not in self.templates:
             self.templates[ids] = run(ids)
             self.template_passes += 1
-            while len(self.templates) > self.TEMPLATES:
-                self.templates.pop(next(iter(self.templates)))
+            _drop_oldest(self.templates, self.TEMPLATES)
         return copy.deepcopy(self.templates[ids])
 
     def cache(self, key: tuple):
         """A copy of the prompt's kept KV cache (the caller's read-back repeats it per generation), or None."""
-        import copy
-
         return copy.deepcopy(self.caches[key]) if key in self.caches else None
 
-    def put(self, key: tuple, s0: torch.Tensor, cache) -> None:
-        import copy
-
+    def put(self, key: tuple, s0: torch.Tensor, cache, in_use: bool) -> None:
+        """Keep a pass just run: its s_0, and its KV cache (a copy when the caller goes on to extend it)."""
+        self.passes += 1
         self.s0[key] = s0
         if self.keep > 0:
             self.caches.pop(key, None)
-            self.caches[key] = copy.deepcopy(cache)
-            while len(self.caches) > self.keep:
-                self.caches.pop(next(iter(self.caches)))
+            self.caches[key] = copy.deepcopy(cache) if in_use else cache
+            _drop_oldest(self.caches, self.keep)
+
+
+def _drop_oldest(kept: dict, n: int) -> None:
+    """Drop a dict's first-inserted entries until ``n`` remain."""
+    while len(kept) > n:
+        kept.pop(next(iter(kept)))
 
 
 @torch.no_grad()
@@ -116,27 +117,26 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
     cache = None if passes is None or not gens else passes.cache(key)
     if passes is not None and key in passes.s0 and (cache is not None or not gens):
         s0 = passes.s0[key]  # the prompt's pass ran before: its s_0 (and its KV cache, copied)
-    elif passes is not None and start >= MIN_SHARED_PREFIX:  # the template once, then the prompt's own tokens
-
-        def run(ids: tuple):
-            kv = DynamicCache(config=lm.config)
-            body(input_ids=torch.as_tensor([list(ids)], device=dev), past_key_values=kv, use_cache=True)
-            return kv
-
-        cache = passes.template(tuple(int(t) for t in prompt[:start]), run)
-        out = body(input_ids=torch.as_tensor([list(prompt[start:])], device=dev), past_key_values=cache,
-                   position_ids=torch.arange(start, P, device=dev)[None], use_cache=True, output_hidden_states=want)
-        s0 = model.encode([pick(out)[0]])[0]  # the hidden states [start:P], as the sampler encodes s_0
-        passes.passes += 1
-        passes.put(key, s0, cache)
     else:
-        cache = DynamicCache(config=lm.config)
-        out = body(input_ids=torch.as_tensor([list(prompt)], device=dev), past_key_values=cache, use_cache=True,
-                   output_hidden_states=want)
-        s0 = model.encode([pick(out)[0, start:P]])[0]  # as the sampler encodes s_0 (no float16 rounding)
+        if passes is not None and start >= MIN_SHARED_PREFIX:  # the template once, then the prompt's own tokens
+
+            def run(ids: tuple):
+                kv = DynamicCache(config=lm.config)
+                body(input_ids=torch.as_tensor([list(ids)], device=dev), past_key_values=kv, use_cache=True)
+                return kv
+
+            cache = passes.template(tuple(int(t) for t in prompt[:start]), run)
+            out = body(input_ids=torch.as_tensor([list(prompt[start:])], device=dev), past_key_values=cache,
+                       position_ids=torch.arange(start, P, device=dev)[None], use_cache=True, output_hidden_states=want)
+            h = pick(out)[0]  # the hidden states [start:P]
+        else:
+            cache = DynamicCache(config=lm.config)
+            out = body(input_ids=torch.as_tensor([list(prompt)], device=dev), past_key_values=cache, use_cache=True,
+                       output_hidden_states=want)
+            h = pick(out)[0, start:P]
+        s0 = model.encode([h])[0]  # as the sampler encodes s_0 (no float16 rounding)
         if passes is not None:
-            passes.passes += 1
-            passes.put(key, s0, cache)
+            passes.put(key, s0, cache, in_use=bool(gens))  # the read-back below extends this cache
     steps: list[torch.Tensor] = []
     if gens:
         n, G = len(gens), max(len(g.token_ids) for g in gens)

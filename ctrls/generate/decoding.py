@@ -260,8 +260,6 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
                      h[expand.to(h.device), -1], state, is_nl, is_eos, L)
 
 
-
-
 def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     """Tokens the prompts share at their start, prefilled once for all (0 when fewer than
     ``MIN_SHARED_PREFIX`` or a single prompt); at most the shortest prompt's length - 1, so every
