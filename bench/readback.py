@@ -16,7 +16,9 @@ Usage: python bench/readback.py [--out bench/results/readback.json] [--n-test 16
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -70,7 +72,8 @@ def main():
     ap.add_argument("--transfer", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--pretrained", default=None,
-                    help="a demo run directory whose pretrain/ to reuse (e.g. runs/demo after make book)")
+                    help="a demo-profile directory holding pretrain/ (e.g. runs/demo) to reuse: its stages whose keys "
+                         "match this bench's overrides (the adapter's) are reused, the others rerun")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="readback_"))
     overrides = [*ADAPTER, f"data.n_test={args.n_test}", f"grid.transfer_questions={args.transfer}"]
@@ -81,7 +84,7 @@ def main():
     base = tmp / "pretrained"
     cfg = cfg_of(base)
     if args.pretrained:  # reused: the stage finds its artifacts done and does not rerun
-        shutil.copytree(Path(args.pretrained) / "pretrain", base / "pretrain")
+        shutil.copytree(Path(args.pretrained) / "pretrain", cfg.profile_dir / "pretrain")
     t = time.perf_counter()
     for b, ds in cfg.pairs():
         pretrain(cfg.for_pair(b, ds), progress=False)
@@ -99,7 +102,7 @@ def main():
            "readback_seconds": new, "reencode_seconds": old, "runs_seconds": times,
            "controllability_seconds": {m: summaries[m].get("reencode_s") for m in summaries},
            "grid": {"profile": "demo", "overrides": overrides, "rows": sorted(frames["readback"].config.unique())},
-           "command": "python bench/readback.py --out bench/results/readback.json", "machine": machine()}
+           "command": shlex.join(["python", "bench/readback.py", *sys.argv[1:]]), "machine": machine()}
     shutil.rmtree(tmp, ignore_errors=True)
     write_result(res, args.out)
 

@@ -164,6 +164,20 @@ def explore(cfg: Config, force: bool = False, progress: bool = True, readback: b
     return out
 
 
+class Questions(NamedTuple):
+    """One dataset's test questions in a pair's grid: the rows and temperatures they are sampled at."""
+
+    problems: list
+    dataset: str  # the dataset the questions come from
+    rows: list[GridRow]
+    temperatures: list[float]
+    trained_on: str | None = None  # transfer questions: the dataset the CTRLS model was pretrained on
+
+    @property
+    def where(self) -> str:  # transfer parts apart from the pair's own
+        return self.dataset if self.trained_on is None else f"{self.dataset}-from-{self.trained_on}"
+
+
 def _sample_pairs(cfg: Config, out: Path, progress: bool, readback: bool, masks: dict) -> float:
     """Sample every pair's grid and transfer rows (the parts not on disk); the seconds spent on the
     controllability columns besides sampling. Each pair's position mask (``grid.position_floor`` > 0) goes
@@ -178,29 +192,43 @@ def _sample_pairs(cfg: Config, out: Path, progress: bool, readback: bool, masks:
         sp, mask = pair_state_prompt(pc, bb, model, pretrain_stages(pc))
         if mask is not None:
             masks[pair_slug(bname, ds)] = mask.to_dict()
-        reencode_s += _sample_grid(cfg, pc, bb, model, problems_from_config(pc, "test"), ds, grid, g.temperatures,
-                                   out, progress, readback=readback, state_prompt=sp, mask=mask)
+        sources = [Questions(problems_from_config(pc, "test"), ds, grid, g.temperatures)]
         # the transfer rows: this pair's CTRLS model on a few questions of other datasets (e.g. GSM8K)
         rows = [r for r in grid if r.label == BASE or r.epsilon == (g.epsilons[0] if g.epsilons else None)]
+        d = pc.data
         for td in g.transfer_datasets:
-            d = pc.data
             problems = load_problems(td, "test", n=g.transfer_questions, seed=d.seed, data_dir=d.data_dir,
                                      max_bad_fraction=d.max_bad_fraction, difficulty=d.word_problems.difficulty())
-            reencode_s += _sample_grid(cfg, pc, bb, model, problems, td, rows, [cfg.rl.temperature], out,
-                                       progress, trained_on=ds, readback=readback, state_prompt=sp, mask=mask)
+            sources.append(Questions(problems, td, rows, [cfg.rl.temperature], trained_on=ds))
+        reencode_s += _sample_grid(cfg, pc, bb, model, sources, out, progress, readback=readback, state_prompt=sp,
+                                   mask=mask)
     return reencode_s
 
 
-def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, grid: list[GridRow],
-                 temperatures: list[float], out: Path, progress: bool, trained_on: str | None = None,
+def _jobs(sources: list[Questions], shards: list[list[int]], per_chunk: int) -> list[tuple]:
+    """(eta, row, [(source, question)]): each temperature's questions of every source, in chunks of
+    ``per_chunk``, then each row of a chunk on the chunk's questions the row is sampled on. The transfer
+    questions join the pair's own in the chunks, so a small grid's few transfer questions do not decode
+    in batches of their own (a decode pass costs nearly as much at 16 rows as at 32)."""
+    jobs = []
+    rows = list({r.label: r for s in sources for r in s.rows}.values())
+    for eta in dict.fromkeys(t for s in sources for t in s.temperatures):
+        qs = [(k, j) for k, s in enumerate(sources) if eta in s.temperatures for j in shards[k]]
+        for i in range(0, len(qs), per_chunk):
+            for row in rows:
+                on = [(k, j) for k, j in qs[i:i + per_chunk] if row in sources[k].rows]
+                if on:
+                    jobs.append((eta, row, on))
+    return jobs
+
+
+def _sample_grid(cfg: Config, pc: Config, bb, model, sources: list[Questions], out: Path, progress: bool,
                  readback: bool = True, state_prompt=None, mask=None) -> float:
-    """Sample and write every (temperature, row, question) part of one dataset's questions that is not
-    already on disk; return the seconds spent on the controllability columns besides sampling. ``ds`` is the
-    dataset the questions come from; ``trained_on`` (transfer rows) the dataset the model was
-    pretrained on, when it differs. With ``state_prompt`` (a ``StatePrompt``) the CTRLS rows are decoded
-    under it instead of the adapter (``ctrls.stages.state_prompt.sample_state_prompt``); ``mask`` (a
-    ``ctrls.method.positions.PositionMask``) restricts their drawn states and Base's chains to the states
-    that can occur at each step."""
+    """Sample and write every (temperature, row, question) part of the ``sources``' questions that is not
+    already on disk; return the seconds spent on the controllability columns besides sampling. With
+    ``state_prompt`` (a ``StatePrompt``) the CTRLS rows are decoded under it instead of the adapter
+    (``ctrls.stages.state_prompt.sample_state_prompt``); ``mask`` (a ``ctrls.method.positions.PositionMask``)
+    restricts their drawn states and Base's chains to the states that can occur at each step."""
     # here, not at the top: the engine loads transformers, which pages that only read samples skip
     from ctrls.generate.sampling import sample
     from ctrls.stages.distributed import world
@@ -209,22 +237,20 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
     g = cfg.grid
     bname = pc.backbone.name
     reencode_s = 0.0
-    where = ds if trained_on is None else f"{ds}-from-{trained_on}"  # transfer parts apart from the pair's own
-    slug_ = pair_slug(bname, where)
-    mine = w.shard(range(len(problems)))
-    enc = {j: encode_prompt(bb.tokenizer, problems[j].question, pc.prompt.use_chat_template, pc.prompt.few_shot)
-           for j in mine}
+    shards = [w.shard(range(len(s.problems))) for s in sources]
+    enc = {(k, j): encode_prompt(bb.tokenizer, sources[k].problems[j].question, pc.prompt.use_chat_template,
+                                 pc.prompt.few_shot) for k in range(len(sources)) for j in shards[k]}
     per_chunk = max(1, pc.sampling.batch_size // g.n_samples)
     # a chunk's rows one after another: the CTRLS rows under the state prompt share its prompts' passes (s_0 and
     # the read-back's KV cache: ctrls.generate.controllability.PromptPasses); each row's samples are the same in any order
-    jobs = [(eta, row, mine[i:i + per_chunk]) for eta in temperatures for i in range(0, len(mine), per_chunk)
-            for row in grid]
+    jobs = _jobs(sources, shards, per_chunk)
     passes = ctl.PromptPasses(keep=per_chunk) if state_prompt is not None else None
-    bar = tqdm(jobs, desc=f"exploration {slug_}", unit="batch", disable=not progress)
+    bar = tqdm(jobs, desc=f"exploration {pair_slug(bname, sources[0].dataset)}", unit="batch", disable=not progress)
     for eta, row, chunk in bar:
         label = row.label
-        parts = {j: part_file(out, bname, where, eta, label, problems[j].id) for j in chunk}
-        todo = [j for j in chunk if not valid_part(parts[j], g.n_samples)]
+        problem = {q: sources[q[0]].problems[q[1]] for q in chunk}
+        parts = {q: part_file(out, bname, sources[q[0]].where, eta, label, problem[q].id) for q in chunk}
+        todo = [q for q in chunk if not valid_part(parts[q], g.n_samples)]
         if not todo:
             continue
         bar.set_postfix_str(f"eta={eta:g} {label}")
@@ -232,24 +258,25 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, problems: list, ds: str, gr
         # one seed per question: its samples do not depend on the process. The whole chunk is sampled again
         # when one of its parts is missing (a resumed run): the rows decoded beside a question change the
         # batched arithmetic in its last bits, and so, rarely, a sampled token; only the missing parts are written
-        seeds = [seed_of(cfg.seed, bname, ds, eta, label, problems[j].id) for j in chunk]
+        seeds = [seed_of(cfg.seed, bname, sources[q[0]].dataset, eta, label, problem[q].id) for q in chunk]
         if row.ctrls and state_prompt is not None:  # read back by a re-encode: the decoding pass holds the vectors
-            gens = sample_state_prompt(bb, model, state_prompt, [enc[j] for j in chunk], g.n_samples, params, seeds,
+            gens = sample_state_prompt(bb, model, state_prompt, [enc[q] for q in chunk], g.n_samples, params, seeds,
                                        layer=pc.backbone.hidden_layer, mask=mask,
                                        with_adapter=pc.state_prompt.with_adapter, passes=passes)
         else:
-            gens = sample(bb, [enc[j][0] for j in chunk], g.n_samples, params, model=model if row.ctrls else None,
-                          seeds=seeds, prompt_starts=[enc[j][1] for j in chunk], read_states=model if readback else None)
-        gens = [gs for j, gs in zip(chunk, gens) if j in todo]
-        meta = {"backbone": bname, "dataset": ds, "temperature": eta, "config": label,
-                "epsilon": math.nan if row.epsilon is None else row.epsilon, "seed": cfg.seed,
-                "trained_on": trained_on or ds}  # the dataset the CTRLS model was pretrained on
-        for j, gs in zip(todo, gens):
+            gens = sample(bb, [enc[q][0] for q in chunk], g.n_samples, params, model=model if row.ctrls else None,
+                          seeds=seeds, prompt_starts=[enc[q][1] for q in chunk], read_states=model if readback else None)
+        gens = [gs for q, gs in zip(chunk, gens) if q in todo]
+        for q, gs in zip(todo, gens):
+            src = sources[q[0]]
+            meta = {"backbone": bname, "dataset": src.dataset, "temperature": eta, "config": label,
+                    "epsilon": math.nan if row.epsilon is None else row.epsilon, "seed": cfg.seed,
+                    "trained_on": src.trained_on or src.dataset}  # the dataset the CTRLS model was pretrained on
             t0 = time.perf_counter()
-            extra = _controllability_columns(cfg, pc, bb, model, enc[j], gs, row, eta, problems[j].id,
+            extra = _controllability_columns(cfg, pc, bb, model, enc[q], gs, row, eta, problem[q].id,
                                              readback or (row.ctrls and state_prompt is not None), mask=mask)
             reencode_s += time.perf_counter() - t0
-            write_part(pd.DataFrame(generation_rows(gs, problems[j], meta)).assign(**extra), parts[j])
+            write_part(pd.DataFrame(generation_rows(gs, problem[q], meta)).assign(**extra), parts[q])
     bar.close()
     return reencode_s
 

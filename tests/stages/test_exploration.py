@@ -277,3 +277,26 @@ def test_beside_paper_names_the_papers_runs_only_for_its_datasets():
     assert list(out) == ["ours: smollm2-135m-instruct × gsm8k; paper: Qwen2.5 × gsm8k",
                          "ours: smollm2-135m-instruct × word_problems; the paper has no run on word_problems"]
     assert out[next(iter(out))]["Qwen2.5 pass@20"].tolist() == [64.2]
+
+
+def test_transfer_questions_join_the_pairs_chunks_and_keep_their_rows_and_temperatures():
+    """Every (temperature, row, question) a source samples is one job's, once; a chunk holds at most
+    ``per_chunk`` questions of all sources together; a row runs only on the sources that have it."""
+    from collections import Counter
+
+    from ctrls.stages.exploration import Questions, _jobs, grid_rows
+
+    cfg = load_config("smoke", ["grid.epsilons=[0.1]", "grid.fixed_state=true"])
+    base, fixed, eps = grid_rows(cfg)
+    main = Questions(list("abc"), "word_problems", [base, fixed, eps], [0.5, 0.7])
+    transfer = Questions(list("xy"), "gsm8k", [base, eps], [0.7], trained_on="word_problems")
+    jobs = _jobs([main, transfer], [[0, 1, 2], [0, 1]], per_chunk=4)
+    want = Counter((t, r.label, (k, j)) for k, s in enumerate([main, transfer]) for t in s.temperatures
+                   for r in s.rows for j in range(len(s.problems)))
+    assert Counter((t, r.label, q) for t, r, qs in jobs for q in qs) == want
+    assert max(len(qs) for _, _, qs in jobs) == 4
+    at = {(t, r.label): qs for t, r, qs in jobs if (0, 0) in qs}  # the first chunk at each temperature
+    assert at[0.7, BASE] == [(0, 0), (0, 1), (0, 2), (1, 0)] and at[0.7, FIXED] == [(0, 0), (0, 1), (0, 2)]
+    assert at[0.5, BASE] == [(0, 0), (0, 1), (0, 2)]  # the transfer questions are sampled at 0.7 only
+    assert len(jobs) == 3 + 3 + 2  # eta 0.5: three rows; eta 0.7: three rows, then Base and eps on question y
+    assert transfer.where == "gsm8k-from-word_problems" and main.where == "word_problems"
