@@ -69,12 +69,15 @@ class Backbone:
 
     @torch.no_grad()
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      layer: int = -1) -> torch.Tensor:
-        """Hidden states (B, S, d) of ``hidden_states[layer]`` (-1: last layer, after the final norm)."""
+                      layer: int = -1, cache=None) -> torch.Tensor:
+        """Hidden states (B, S, d) of ``hidden_states[layer]`` (-1: last layer, after the final norm). With a
+        KV ``cache`` (extended in place) the tokens continue its sequence; ``attention_mask`` then covers the
+        cache's positions and the new ones."""
         # the decoder body alone: the LM head's logits (a fifth of SmolLM2's FLOPs per token) are not needed
         out = decoder_body(self.model)(input_ids=input_ids.to(self.device),
                                        attention_mask=None if attention_mask is None else attention_mask.to(self.device),
-                                       output_hidden_states=layer != -1, use_cache=False)
+                                       output_hidden_states=layer != -1, use_cache=cache is not None,
+                                       past_key_values=cache)
         return out.hidden_states[layer] if layer != -1 else out.last_hidden_state
 
     @torch.no_grad()

@@ -213,39 +213,62 @@ def kept_trajectories(collect_dir: Path) -> pd.DataFrame:
 
 def cache_features(cfg: Config, bb: Backbone, problems: list[Problem], collect_dir: Path, out: Path,
                    progress: bool = True) -> dict:
-    """One forward per trajectory (batched per question); cache step and question hidden states."""
+    """Cache each kept trajectory's step hidden states and each question's: the prompts' shared template
+    (``ctrls.generate.decoding.shared_prefix_length``) runs once, each question's own prompt tokens once on a
+    copy of its KV cache, and the question's trajectories together on a copy of that. The hidden states
+    are those of one pass over prompt and trajectory, up to float rounding (``tests/stages/test_collect.py``)."""
+    import copy
+
+    from transformers import DynamicCache
+
+    from ctrls.generate.decoding import shared_prefix_length
+
     traj = kept_trajectories(collect_dir)
     by_q = {p.id: p for p in problems}
     nl = newline_token_ids(bb.tokenizer)
     n_traj = 0
     order = {p.id: i for i, p in enumerate(problems)}  # question order, whatever order (a) wrote them in
     groups = sorted(traj.groupby("qid", sort=False), key=lambda kv: order.get(kv[0], len(order)))
+    prompts = {qid: encode_prompt(bb.tokenizer, by_q[qid].question, cfg.prompt.use_chat_template, cfg.prompt.few_shot)
+               for qid, _ in groups}
+    L = shared_prefix_length([ids for ids, _ in prompts.values()])
+    layer = cfg.backbone.hidden_layer
+    template: tuple | None = None  # the shared template's (KV cache, hidden states), run when first needed
     for qid, g in tqdm(groups, desc="(b) hidden states", unit="q", disable=not progress):
         f = shard_file(out, qid)
         if f.exists() and _valid_shard(f, qid, len(g)):
             n_traj += len(g)
             continue
-        p = by_q[qid]
-        ids, start = encode_prompt(bb.tokenizer, p.question, cfg.prompt.use_chat_template, cfg.prompt.few_shot)
+        ids, start = prompts[qid]
         P = len(ids)
+        if template is None:
+            kv = DynamicCache(config=bb.model.config)
+            template = (kv, bb.hidden_states(torch.as_tensor([ids[:L]]), layer=layer, cache=kv)[0].float().cpu()
+                        if L else None)
+        kv = copy.deepcopy(template[0])
+        own = bb.hidden_states(torch.as_tensor([ids[L:]]), layer=layer, cache=kv)[0].float().cpu()  # positions L..P-1
+        hp = torch.cat([template[1], own]) if L else own  # the prompt's hidden states
         sols = [list(s) for s in g.solution_ids]
-        width = P + max(len(s) for s in sols)
+        width = max(len(s) for s in sols)
         batch = torch.full((len(sols), width), bb.tokenizer.pad_token_id or 0, dtype=torch.long)
-        mask = torch.zeros_like(batch)
-        for i, s in enumerate(sols):
-            batch[i, : P + len(s)] = torch.as_tensor(ids + s)
-            mask[i, : P + len(s)] = 1
-        h = bb.hidden_states(batch, mask, layer=cfg.backbone.hidden_layer).float().cpu()
+        mask = torch.zeros((len(sols), P + width), dtype=torch.long)
+        mask[:, :P] = 1
+        for i, s in enumerate(sols):  # right padding: every trajectory's tokens at positions P, P+1, ...
+            batch[i, :len(s)] = torch.as_tensor(s)
+            mask[i, P:P + len(s)] = 1
+        kv.batch_repeat_interleave(len(sols))
+        h = bb.hidden_states(batch, mask, layer=layer, cache=kv).float().cpu()
         items = []
         for i, s in enumerate(sols):
             spans = step_spans(s, nl, bb.tokenizer, max_steps=cfg.prompt.max_steps)
             steps = [bb.tokenizer.decode(s[a:b]).strip() for a, b in spans]
             # H[j] is the hidden state at position P-1+j: it predicts solution token j, and
             # H[1+a : 1+b] are the hidden states E_t of the step's own tokens.
-            items.append({"hidden": h[i, P - 1: P + len(s)].to(torch.float16), "targets": torch.as_tensor(s),
+            hidden = torch.cat([hp[P - 1:], h[i, :len(s)]])
+            items.append({"hidden": hidden.to(torch.float16), "targets": torch.as_tensor(s),
                           "spans": torch.as_tensor(spans, dtype=torch.long).reshape(-1, 2),
                           "steps": steps, "source": g.source.iloc[i], "sample_index": int(g.sample_index.iloc[i])})
-        question_hidden = h[0, start:P].to(torch.float16)
+        question_hidden = hp[start:P].to(torch.float16)
         tmp = f.with_suffix(".tmp")
         torch.save({"qid": qid, "question_hidden": question_hidden, "trajectories": items}, tmp)
         tmp.replace(f)
