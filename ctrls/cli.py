@@ -215,7 +215,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         index = build_book(book, strict=args.strict)
         seconds["book build"] = round(time.time() - tb, 1)
         print(f"book: {index}")
-    print(f"total {time.time() - t0:.0f} s")
+    # the peak too: a fresh-clone check deletes the run directory that records it
+    print(f"total {time.time() - t0:.0f} s; the largest child process peaked at {peak_kernel_rss_gib():.2f} GiB")
     record_timings(Path(args.run_dir) / args.profile / "reproduce_timings.json", args, seconds, time.time() - t0)
     return 0
 
