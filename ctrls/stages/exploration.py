@@ -209,7 +209,7 @@ def _jobs(sources: list[Questions], shards: list[list[int]], per_chunk: int) -> 
     """(eta, row, [(source, question)]): each temperature's questions of every source, in chunks of
     ``per_chunk``, then each row of a chunk on the chunk's questions the row is sampled on. The transfer
     questions join the pair's own in the chunks, so a small grid's few transfer questions do not decode
-    in batches of their own (a decode pass costs nearly as much at 16 rows as at 32)."""
+    in batches of their own (each pass reads all of the model's weights, however few its rows)."""
     jobs = []
     rows = list({r.label: r for s in sources for r in s.rows}.values())
     for eta in dict.fromkeys(t for s in sources for t in s.temperatures):
