@@ -265,6 +265,12 @@ class GridConfig:
     fixed_state: bool = True  # add the "fixed s0" row: the trained adapter with the prompt's s_0 at every step, no transitions (ablation)
     position_floor: float = key(0.0, between(0, 1))  # > 0: a state can occur at a step index only where >= this share of the pretraining chains' steps are in it (ctrls.method.positions); 0: no mask
     position_buckets: int = key(3, between(1, 64))  # the mask's step positions: 0, 1, ..., B-2 and >= B-1
+    hold_state: bool = False
+    """Add the "hold s0" row: the trained conditioning with the prompt's s_0 at every step, no transitions and,
+    unlike "fixed s0" under a position mask, no substitution where the mask forbids s_0."""
+    constant_states: bool = False
+    """Add one row per state j = 1..K ("state j"): every step of every question under state j (no transitions,
+    no mask): what each state does to accuracy, and the constant-state policies the RL policy class contains."""
 
 
 @dataclass

@@ -98,5 +98,13 @@ ADAPTER = ("state_prompt.use=false", "grid.position_floor=0")
 FIXED = "fixed s0"  # the ablation row: the trained conditioning (adapter or state prompt) with s_0 at every step, no transitions
 
 
+HOLD = "hold s0"  # s_0 at every step, no transitions and no position-mask substitution
+
+
+def constant_label(state: int) -> str:
+    """The row of the constant state ``state`` (0-based): "state 1" ... "state K", as the pages number states."""
+    return f"state {int(state) + 1}"
+
+
 def row_label(epsilon: float | None) -> str:
     return BASE if epsilon is None else f"eps={epsilon:g}"

@@ -38,6 +38,9 @@ class SampleParams:
     stop_at_answer: bool = True  # stop after the final-answer line
     ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks)
     transitions: bool = True  # False: every step keeps the prompt's s_0 and no state is drawn (the "fixed s0" ablation)
+    # with transitions=False, the state every step is held in: None or "s0", the prompt's s_0 (under the state prompt's
+    # position mask, None substitutes where s_0 cannot occur, "s0" never does); an int j, state j (a constant-state row)
+    hold: int | str | None = None
     decode: str = "engine"  # engine (dense, shrinking batch) | static (fixed shapes, one graph per step)
     compile: str = "none"  # static path: none | default | reduce-overhead (torch.compile; CUDA graphs on a GPU)
 
@@ -48,6 +51,9 @@ class SampleParams:
             raise ValueError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
         if self.compile != "none" and self.decode != "static":
             raise ValueError(f"compile={self.compile!r} needs decode='static': the engine's shapes change every step")
+        if not (self.hold is None or self.hold == "s0" or (isinstance(self.hold, int) and not isinstance(self.hold, bool)
+                                                           and self.hold >= 0)):
+            raise ValueError(f"hold must be None, 's0' or a state index >= 0, got {self.hold!r}")
 
 
 @dataclass
@@ -183,6 +189,15 @@ class Prefilled:
     shared: int = 0  # the cache's first positions, the prompts' shared prefix: the same in every row
 
 
+def held_state(j: int, like: torch.Tensor) -> torch.Tensor:
+    """One-hot state ``j`` for every row of ``like`` (rows x K), its dtype and device; an error naming j and K
+    when j is not a state."""
+    K = like.shape[-1]
+    if not 0 <= j < K:
+        raise ValueError(f"hold={j}: a constant state must lie in [0, {K}) (K = {K} states)")
+    return torch.nn.functional.one_hot(torch.full(like.shape[:-1], j, dtype=torch.long, device=like.device), K).to(like.dtype)
+
+
 def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
             seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams, model: "CTRLSModel | None",
             policies: Sequence, epsilons: Sequence, room: int, pad_to: int = 1,
@@ -248,7 +263,9 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
             log_s1 = draw_states(model, state, rows, params.epsilon)
             record_states(rows, log_s1)
             state = log_s1.exp().to(state.dtype)
-        else:  # the fixed-s0 ablation: no state is drawn; s_0 is recorded for every step
+        else:  # the fixed-s0 ablation: no state is drawn; s_0 (or the held state) is recorded for every step
+            if isinstance(params.hold, int):  # a constant-state row: every step under state j, whatever s_0 is
+                state = held_state(params.hold, state)
             for r, b in zip(rows, state.float().cpu()):
                 r.states.append(b)
     if reader is not None:

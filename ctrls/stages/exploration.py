@@ -37,7 +37,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from ctrls.config.schema import Config
-from ctrls.config.settings import BASE, FIXED, row_label
+from ctrls.config.settings import BASE, FIXED, HOLD, constant_label, row_label
 from ctrls.data.answers import grade
 from ctrls.data.problems import load_problems
 from ctrls.data.prompts import encode_prompt
@@ -70,13 +70,19 @@ class GridRow(NamedTuple):
     epsilon: float | None  # epsilon of the state policy; None: no state is drawn
     ctrls: bool  # decode with the trained adapter
     transitions: bool  # draw s_{t+1} ~ pi~(. | s_t) at every step boundary (else keep s_0)
+    hold: int | str | None = None  # without transitions: the held state (SampleParams.hold)
 
 
 def grid_rows(cfg: Config) -> list[GridRow]:
-    """Base, then "fixed s0" (when ``grid.fixed_state``), then CTRLS(epsilon) for each ``grid.epsilons``."""
+    """Base, then "fixed s0" (when ``grid.fixed_state``), "hold s0" (``grid.hold_state``), "state 1" ... "state K"
+    (``grid.constant_states``), then CTRLS(epsilon) for each ``grid.epsilons``."""
     rows = [GridRow(BASE, None, False, False)]
     if cfg.grid.fixed_state:
         rows.append(GridRow(FIXED, None, True, False))
+    if cfg.grid.hold_state:
+        rows.append(GridRow(HOLD, None, True, False, "s0"))
+    if cfg.grid.constant_states:
+        rows += [GridRow(constant_label(j), None, True, False, j) for j in range(cfg.states.n_states)]
     return rows + [GridRow(row_label(e), e, True, True) for e in cfg.grid.epsilons]
 
 
@@ -254,7 +260,7 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, sources: list[Questions], o
         if not todo:
             continue
         bar.set_postfix_str(f"eta={eta:g} {label}")
-        params = sample_params(pc, eta, epsilon=row.epsilon or 0.0, transitions=row.transitions)
+        params = sample_params(pc, eta, epsilon=row.epsilon or 0.0, transitions=row.transitions, hold=row.hold)
         # one seed per question: its samples do not depend on the process. The whole chunk is sampled again
         # when one of its parts is missing (a resumed run): the rows decoded beside a question change the
         # batched arithmetic in its last bits, and so, rarely, a sampled token; only the missing parts are written

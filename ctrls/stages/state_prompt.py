@@ -219,8 +219,16 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
                                       generator=seeded(seed, policy.L.device), mask=mask)
             drawn_actions.append((acts, logs))
             chains.append({m: acts[m].argmax(-1).tolist() for m in ids_of[i]})
-        else:  # the fixed-s0 row: every step under argmax s_0 (where it can occur, with a mask)
-            fixed = [int(s0.argmax())] * T if mask is None else mask.fixed(int(s0.argmax()), T)
+        else:  # the fixed-s0 row: every step under argmax s_0 (where it can occur, with a mask, unless hold="s0");
+            # a constant-state row (hold=j): every step under state j, no mask
+            if isinstance(params.hold, int) and not 0 <= params.hold < K:
+                raise ValueError(f"hold={params.hold}: a constant state must lie in [0, {K}) (K = {K} states)")
+            if isinstance(params.hold, int):
+                fixed = [params.hold] * T
+            elif params.hold == "s0" or mask is None:
+                fixed = [int(s0.argmax())] * T
+            else:
+                fixed = mask.fixed(int(s0.argmax()), T)
             chains.append({m: list(fixed) for m in ids_of[i]})
     flat = [(i, m) for i in range(len(prompts)) for m in ids_of[i]]
     out: list[list] = [[] for _ in prompts]

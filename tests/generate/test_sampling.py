@@ -320,6 +320,38 @@ def test_fixed_state_decodes_with_s0_at_every_position(tiny_llama, monkeypatch):
     assert differs >= 3
 
 
+def test_a_held_state_decodes_every_position_under_it(tiny_llama, monkeypatch):
+    """hold=j (a constant-state row): teacher forcing with state j at every position reproduces the sampled
+    tokens, the rows record s_0 then j at every step; the test can tell j from s_0 (another j decodes other tokens)."""
+    import torch.nn.functional as F
+
+    from ctrls.method.streams import stream_key
+
+    _frequent_boundaries(monkeypatch)
+    bb = tiny_llama
+    prompts = _prompts(bb.tokenizer)
+    model = random_ctrls(bb, K=5, trained=True, scale=5.0, seed=2)
+    with torch.no_grad():
+        model.adapter.state.weight.mul_(10)
+    base = dict(temperature=1.0, top_k=0, max_new_tokens=20, max_steps=10_000, stop_at_answer=False, transitions=False)
+    seeds, differs = [1, 2, 3], 0
+    for j in (0, 3):
+        gens = sample(bb, prompts, 2, SampleParams(**base, hold=j), model=model, seeds=seeds)
+        held = F.one_hot(torch.tensor(j), 5).float()
+        for i, gs in enumerate(gens):
+            for g in gs:
+                assert len(g.spans) >= 3 and torch.equal(g.states[1:], held.expand(len(g.spans), 5))
+                key = stream_key(seeds[i], g.sample_index)
+                assert _teacher_forced(bb, model, prompts[i], g, held, SampleParams(**base), key) == g.token_ids
+                other = F.one_hot(torch.tensor(4 - j), 5).float()
+                differs += _teacher_forced(bb, model, prompts[i], g, other, SampleParams(**base), key) != g.token_ids
+    assert differs >= 3
+    with pytest.raises(ValueError, match="hold=7"):
+        sample(bb, prompts, 1, SampleParams(**base, hold=7), model=model, seeds=seeds)
+    with pytest.raises(ValueError, match="hold must be"):
+        SampleParams(hold="s1")
+
+
 def test_fixed_state_draws_consume_no_state_randomness(tiny_qwen2, monkeypatch):
     """With transitions=False the samples do not depend on anything a state draw would read: not the
     transition logits L, not epsilon (temperature > 0, so token noise is still drawn)."""

@@ -338,3 +338,38 @@ def test_the_state_prompt_decodes_at_most_batch_size_rows_together(sp_run, tiny_
     assert [len(b) for b in batches] == [4, 2]  # 2 + 2 rows, then the third prompt's 2 (5 would split it)
     assert sum(batches, []) == [tuple(p) for p, _ in prompts for _ in range(2)]
     assert [[(g.prompt_index, g.sample_index) for g in gs] for gs in out] == [[(i, 0), (i, 1)] for i in range(3)]
+
+
+def test_held_rows_keep_their_state_at_every_step(sp_run, tiny_model_dir):
+    """hold=j decodes every step under state j (a prompt whose s_0 is j decodes the fixed row's samples, the
+    same seeds); hold="s0" keeps s_0 where the position mask would substitute; a state outside [0, K) is refused."""
+    import pytest
+
+    from ctrls.method.positions import PositionMask
+    from ctrls.stages.common import sample_params
+    from ctrls.stages.state_prompt import sample_state_prompt
+
+    pc, bb, model, sp, _, enc = _decoding(sp_run, tiny_model_dir, 2)
+    K = sp.n_states
+    fixed = sample_state_prompt(bb, model, sp, enc, 2, sample_params(pc, 0.7, transitions=False), [5, 6])
+    for i, gs in enumerate(fixed):
+        s0 = int(gs[0].states[0].argmax())
+        for j in range(K):
+            held = sample_state_prompt(bb, model, sp, [enc[i]], 2, sample_params(pc, 0.7, transitions=False, hold=j), [5 + i])
+            for a, b in zip(gs, held[0]):
+                assert b.states[1:].argmax(-1).tolist() == [j] * (len(b.states) - 1)
+                if j == s0:  # the fixed row is the held row of its own s_0
+                    assert a.token_ids == b.token_ids
+    s0 = int(fixed[0][0].states[0].argmax())
+    allowed = torch.ones(3, K, dtype=torch.bool)
+    allowed[:, s0] = False  # s_0 can occur nowhere: the fixed row substitutes the mode, "hold s0" does not
+    counts = torch.zeros(3, K, dtype=torch.long)
+    counts[:, (s0 + 1) % K] = 1  # each position's most frequent state, the one the fixed row substitutes
+    mask = PositionMask(allowed=allowed, counts=counts)
+    sub = sample_state_prompt(bb, model, sp, enc[:1], 1, sample_params(pc, 0.7, transitions=False), [5], mask=mask)
+    hold = sample_state_prompt(bb, model, sp, enc[:1], 1, sample_params(pc, 0.7, transitions=False, hold="s0"), [5], mask=mask)
+    assert set(sub[0][0].states[1:].argmax(-1).tolist()) == {(s0 + 1) % K}
+    assert set(hold[0][0].states[1:].argmax(-1).tolist()) == {s0}
+    with pytest.raises(ValueError, match=f"hold={K}"):
+        sample_state_prompt(bb, model, sp, enc[:1], 1, sample_params(pc, 0.7, transitions=False, hold=K), [5])
+
