@@ -30,17 +30,16 @@ from ctrls.config.overrides import parse_overrides  # noqa: E402
 from ctrls.config.schema import load_config  # noqa: E402
 from ctrls.config.settings import BASE, FIXED, row_label  # noqa: E402
 from ctrls.errors import ConfigError  # noqa: E402
-from ctrls.report.mechanism import null_steps  # noqa: E402
-from ctrls.report.scaled import paired_pass  # noqa: E402
 from ctrls.report.tables import table1  # noqa: E402
 from ctrls.stages.exploration import load_samples, stage_summary  # noqa: E402
-from ctrls.stats.agreement import kappa_difference, kappa_vs_null  # noqa: E402
+from ctrls.stats.agreement import kappa_difference, kappa_vs_null, null_steps  # noqa: E402
 from ctrls.stats.metrics import holm  # noqa: E402
+from ctrls.stats.paired import paired_pass  # noqa: E402
 
 
 def paired_pass1(a, b, seed: int = 0) -> dict:
     """pass@1 of row a minus row b, paired by question, with a question-bootstrap 95% interval
-    (``ctrls.report.scaled.paired_pass`` at k = 1)."""
+    (``ctrls.stats.paired.paired_pass`` at k = 1)."""
     return paired_pass(a, b, 1, seed=seed)
 
 

@@ -42,13 +42,12 @@ from ctrls.errors import ConfigError  # noqa: E402
 from ctrls.generate.controllability import draw_chains, encode_generations  # noqa: E402
 from ctrls.method.backbone import load_backbone  # noqa: E402
 from ctrls.method.state_prompt import StatePrompt, decode_chains, fit  # noqa: E402
-from ctrls.report.mechanism import null_steps  # noqa: E402
 from ctrls.stages.adapter_train import StepData  # noqa: E402
 from ctrls.stages.common import problems_from_config  # noqa: E402
 from ctrls.stages.exploration import load_samples  # noqa: E402
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages  # noqa: E402
 from ctrls.stages.state_prompt import prompt_chains  # noqa: E402
-from ctrls.stats.agreement import kappa_difference, kappa_vs_null  # noqa: E402
+from ctrls.stats.agreement import kappa_difference, kappa_vs_null, null_steps  # noqa: E402
 
 
 def save_vectors(path: str, sp: StatePrompt, fit_info: dict) -> None:

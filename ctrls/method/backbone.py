@@ -183,6 +183,26 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
+GEMM_SHAPE = (128, 576, 1536)  # a decode pass's MLP product on the embedded backbone: 128 rows x hidden 576 x MLP 1536
+
+
+def gemm_gflops(reps: int = 50) -> float:
+    """This machine's fp32 GFLOP/s on ``GEMM_SHAPE``, on torch's threads (best of 3 rounds of ``reps`` products,
+    after a warm-up): recorded beside every stage time, so that a slow machine can be told from a slow change."""
+    import time
+
+    m, k, n = GEMM_SHAPE
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    a @ b
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * m * k * n * reps / best / 1e9
+
+
 def probe_file() -> Path:
     return default_cache_dir().parent / "dtype_probe.json"
 

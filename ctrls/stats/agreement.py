@@ -15,9 +15,11 @@ flips, per question, which chain is "drawn" (valid under the exchangeability abo
 """
 from __future__ import annotations
 
+import math
 from typing import Hashable, Sequence
 
 import numpy as np
+import pandas as pd
 
 ALPHA = 0.05
 
@@ -103,3 +105,37 @@ def kappa_difference(a: tuple, b: tuple, n_boot: int = 2000, alpha: float = ALPH
     perm = np.abs(pa - pb)
     p = float((1 + (perm >= abs(d) - 1e-12).sum()) / (1 + n_perm))
     return {"diff": d, "lo": float(lo), "hi": float(hi), "p_value": p, "questions": len(keys)}
+
+
+def base_chain(r, epsilon: float) -> list[int]:
+    """The state chain a Base sample (a row with ``chains`` and ``chain_eps``) drew with ``epsilon``."""
+    eps = [float(x) for x in r.chain_eps]
+    hit = [i for i, x in enumerate(eps) if math.isclose(x, epsilon)]
+    if not hit:
+        raise ValueError(f"Base question {r.question_id!r}, sample {r.sample_index}: no state chain drawn with "
+                         f"epsilon {epsilon:g} (drawn: {eps}); rerun the exploration stage")
+    return [int(s) for s in r.chains[hit[0]]]
+
+
+def null_steps(g: pd.DataFrame, base: pd.DataFrame, epsilon: float) -> tuple[np.ndarray, np.ndarray, list]:
+    """(follows, null, question) per step of the CTRLS(epsilon) samples ``g``: whether the step's
+    read-back state equals the state it was drawn for, and whether it equals the state an independent
+    chain holds at that step: the Base sample of the same question and index drew one from the same
+    epsilon-greedy policy and s_0 (``chains``); where that chain is shorter than the sample, the
+    question's next Base chain that is long enough (every Base chain is drawn independently of g's)."""
+    chains: dict = {}
+    for r in base.itertuples(index=False):
+        chains.setdefault(r.question_id, {})[int(r.sample_index)] = base_chain(r, epsilon)
+    f, n, q = [], [], []
+    for r in g.itertuples(index=False):
+        own = chains.get(r.question_id)
+        if not own:
+            raise ValueError(f"question {r.question_id!r} has no Base samples to draw the null from")
+        order = sorted(own, key=lambda j: (j - int(r.sample_index)) % (max(own) + 1))  # its own index first
+        drawn, enc = list(r.states), list(r.encoded)
+        for t_, (d, e) in enumerate(zip(drawn, enc)):
+            other = next((own[j][t_] for j in order if len(own[j]) > t_), None)
+            if other is None:
+                continue  # no Base chain of this question is that long: the step has no null
+            f.append(int(d == e)), n.append(int(other == e)), q.append(r.question_id)
+    return np.asarray(f, dtype=int), np.asarray(n, dtype=int), q
