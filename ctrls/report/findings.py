@@ -398,7 +398,12 @@ def verdict_sentences(cfg: Config, claims: list[Claim], counts: dict) -> list[st
     by = {c.claim: c for c in claims}
     clauses = [_clause(by.get(PASS_CLAIM), "pass"), _clause(by.get(CONTROL_CLAIM), "control"),
                _clause(by.get(RL_CLAIM), "rl")]
-    three = "On it, " + "; ".join(clauses[:-1]) + "; and " + clauses[-1] + "."
+    from ctrls.report import seeds_study
+
+    res = seeds_study.pooled() if any(c.page == seeds_study.PAGE for c in claims) else None
+    lead = (f"Over {len(res['seeds'])} fresh training runs of the demo (the seeds study), " if res is not None
+            else "On this build's run, ")
+    three = lead + "; ".join(clauses[:-1]) + "; and " + clauses[-1] + "."
     return [one, two, three]
 
 

@@ -368,7 +368,13 @@ def demo_mdds(cfg: Config) -> dict:
 
 
 def scorecard(cfg: Config) -> list[Claim]:
-    return [*demo_claims(cfg, demo_mdds(cfg)), *synthetic_claims(cfg), paper_power_claim()]
+    """The first page's claims: the method's rows decided over the seeds study's training runs where it is stored
+    (``ctrls.report.seeds_study``; this build's run beside them), then the synthetic study's and the paper's power."""
+    from ctrls.report import seeds_study
+
+    method = seeds_study.method_claims(demo_claims(cfg, demo_mdds(cfg)), seeds_study.pooled(),
+                                       {PASS_CLAIM: "pass", ABLATION_CLAIM: "ablation", CONTROL_CLAIM: "control", RL_CLAIM: "rl"})
+    return [*method, *synthetic_claims(cfg), paper_power_claim()]
 
 
 def write_scorecard(cfg: Config, path: Path, claims: list[Claim] | None = None) -> Path:

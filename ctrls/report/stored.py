@@ -241,7 +241,35 @@ GPU = obj({"environment": obj({"gpu": text()}),
                                       optional=("world_size",))},
           optional=("estimate_graph_8gpu",))
 
+def unique(field: str) -> Spec:
+    """The list at ``field`` holds no value twice (a seed listed twice would be counted twice)."""
+    def check(v, where):
+        seen = set()
+        for i, x in enumerate(v[field]):
+            if x in seen:
+                raise _Bad(_field(_at(_at(where, field), i)), f"{x!r} is listed twice")
+            seen.add(x)
+    return check
+
+
+SEED = num(0, integer=True)
+POOLED_CLAIM = obj({"estimate": num(), "lo": num(), "hi": num(), "tau": num(0), "i2": num(0, 1), "q": num(0),
+                    "n_seeds": num(2, integer=True), "pred_lo": num(), "pred_hi": num(), "unit": text(),
+                    "per_seed": listof(obj({"data_seed": SEED, "estimate": num(), "se": num(0),
+                                            "questions": num(1, integer=True)}), min_len=2)},
+                   optional=("pred_lo", "pred_hi"), contains=(("estimate", "lo", "hi"), ("estimate", "pred_lo", "pred_hi")))
+POOLED_CLAIMS = ("eps_minus_base_pass_n", "eps_minus_hold_s0_pass1", "eps_minus_hold_s0_pass_n", "hold_s0_minus_base_pass1",
+                 "rl_minus_pretrained_pass1", "rl_minus_best_constant_pass1", "kappa")
+SEEDS_POOLED = both(obj({"seeds": listof(SEED, min_len=2), "claims": mapof(POOLED_CLAIM, required=POOLED_CLAIMS),
+                         "states": listof(obj({"data_seed": SEED, "best_constant": num(1, integer=True),
+                                               "constant_pass1": mapof(RATE, min_len=1), "s0_share": mapof(RATE, min_len=1),
+                                               "pass1": mapof(RATE, min_len=1)}), min_len=2),
+                         "rl_power": obj({"delta": num(), "tau": num(0), "n_seeds": num(2, integer=True), "power": RATE},
+                                         )}),
+                    unique("seeds"))
+
 SCHEMAS: dict[str, tuple[Spec, str]] = {  # kind -> (schema, what the file is, for errors)
+    "seeds_pooled": (SEEDS_POOLED, "studies/seeds_study.py pooled result"),
     "steering": (STEERING, "studies/steering.py result"),
     "generation": (GENERATION, "studies/steering.py result with rows"),
     "injection": (INJECTION, "studies/injection.py result"),

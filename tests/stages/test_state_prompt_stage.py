@@ -373,3 +373,25 @@ def test_held_rows_keep_their_state_at_every_step(sp_run, tiny_model_dir):
     with pytest.raises(ValueError, match=f"hold={K}"):
         sample_state_prompt(bb, model, sp, enc[:1], 1, sample_params(pc, 0.7, transitions=False, hold=K), [5])
 
+
+
+def test_the_grid_holds_every_constant_state_and_s0(sp_run, tmp_path):
+    """grid.hold_state and grid.constant_states add the "hold s0" row and one "state j" row per state, each
+    step of each sample under its held state; pretraining is reused (its keys do not hold the grid)."""
+    from ctrls.config.schema import override
+    from ctrls.config.settings import HOLD, constant_label
+    from ctrls.stages.exploration import explore, load_samples
+
+    cfg, _, _ = sp_run
+    copy = tmp_path / "runs"
+    shutil.copytree(cfg.run_dir, copy)
+    c = override(cfg, {"run_dir": str(copy), "grid.hold_state": True, "grid.constant_states": True})
+    explore(c, progress=False)
+    df = load_samples(c)
+    K = int(df.n_states.iloc[0])
+    assert {HOLD, *(constant_label(j) for j in range(K))} <= set(df.config)
+    for r in df[df.config == HOLD].itertuples():
+        assert set(r.states) <= {r.s0}
+    for j in range(K):
+        rows = df[df.config == constant_label(j)]
+        assert len(rows) and all(set(r.states) <= {j} and len(r.states) == len(r.steps) for r in rows.itertuples())
