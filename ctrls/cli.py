@@ -47,6 +47,7 @@ STAGES: dict[str, str] = {
     "case_studies": "05_case_studies.ipynb",
     "summary": "06_summary.ipynb",
     "synthetic": "07_synthetic.ipynb",
+    "seeds": "08_seeds.ipynb",  # reads the stored seeds study (studies/seeds_study.py), beside this build's run
 }
 
 

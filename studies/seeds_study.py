@@ -306,7 +306,8 @@ def pool(seeds: list[int] | None = None) -> dict:
                                    if pooled_power(0.05, rb["tau"], v, n_sims=400, n_seeds=k) >= 0.8), None)}
     res = {"seeds": [m["data_seed"] for m in metas], "profile": PROFILE, "overrides": STUDY,
            "commands": ["python studies/seeds_study.py run --lanes 2", "python studies/seeds_study.py pool"],
-           "commit": commit(), "machines": sorted({json.dumps(m["machine"], sort_keys=True) for m in metas}),
+           "commit": commit(), "machine": metas[0]["machine"],
+           "machines": sorted({json.dumps(m["machine"], sort_keys=True) for m in metas}),
            "claims": claims, "rl_power": power,
            "states": [{"data_seed": m["data_seed"], **i["states"]} for m, i in zip(metas, info)],
            "rl_policies": [{"data_seed": m["data_seed"], "pretrained": m["pretrained_policy"], **m["rl_policies"]} for m in metas]}

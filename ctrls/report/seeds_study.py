@@ -7,7 +7,6 @@ RL's end policy against the best constant state. The page's words are in ``noteb
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pandas as pd
 
@@ -202,17 +201,71 @@ def method_claims(claims: list[Claim], res: dict | None, key_of: dict[str, str])
     return out
 
 
-def write_page_files(out: Path, res: dict | None) -> None:
-    """The forest and lottery figures beside the page (``<book>/generated``), when the study is stored."""
-    import matplotlib.pyplot as plt
+def direction(r: dict) -> str:
+    """The verb a sentence of the page glues for a pooled claim: its HKSJ interval above 0 "raises", below 0
+    "lowers", else "does not detectably change"."""
+    return "raises" if r["lo"] > 0 else "lowers" if r["hi"] < 0 else "does not detectably change"
 
-    if res is None:
-        return
-    for name, draw in (("seeds_forest.png", forest), ("seeds_lottery.png", lottery)):
-        fig = draw(res)
-        fig.savefig(Path(out) / name, dpi=100)
-        plt.close(fig)
+
+def development(cfg, res: dict) -> pd.DataFrame:
+    """This build's own run (the development seed) beside the pooled claims it can be compared with: its estimate
+    with a 95% question-bootstrap interval, the pooled prediction interval for one new run, and whether it falls
+    inside. Its "fixed s0" row holds s_0 where the position mask allows it (the study's "hold s0" never
+    substitutes), so that comparison is labelled as such. Empty when this build has no exploration samples."""
+    from ctrls.config.settings import BASE, FIXED, row_label
+    from ctrls.stages.exploration import load_samples
+    from ctrls.stats.agreement import kappa_vs_null, null_steps
+    from ctrls.stats.paired import paired_pass
+
+    try:
+        df = load_samples(cfg)
+    except (FileNotFoundError, ValueError):
+        return pd.DataFrame()
+    df = df[(df.dataset == cfg.data.dataset) & (df.trained_on == cfg.data.dataset)]
+    eps = cfg.grid.epsilons[0] if cfg.grid.epsilons else None
+    if eps is None or df.empty:
+        return pd.DataFrame()
+    row, base, fixed = (df[df.config == c] for c in (row_label(eps), BASE, FIXED))
+    n = int(row.groupby("question_id").size().min())
+    got = {"eps_minus_base_pass_n": paired_pass(row, base, n)}
+    if not fixed.empty:
+        got["eps_minus_hold_s0_pass1"] = paired_pass(row, fixed, 1)
+        got["hold_s0_minus_base_pass1"] = paired_pass(fixed, base, 1)
+    k = kappa_vs_null(*null_steps(row, base, eps))
+    got["kappa"] = {"diff": k["kappa"], "lo": k["kappa lo"], "hi": k["kappa hi"], "questions": k["questions"]}
+    rows = []
+    for key, d in got.items():
+        r = res["claims"][key]
+        kap = key == "kappa"
+        f = (lambda x: f"{x:+.2f}".replace("-", "−")) if kap else (lambda x: f"{100 * x:+.1f}".replace("-", "−"))
+        what = MEANING[key][0]
+        if key in ("eps_minus_hold_s0_pass1", "hold_s0_minus_base_pass1"):
+            what = what.replace("hold s₀", "fixed s₀ (masked)")
+        inside = r["pred_lo"] is not None and r["pred_lo"] <= d["diff"] <= r["pred_hi"]
+        rows.append({"claim": what, "questions": int(d["questions"]),
+                     "this build's run [95% CI]": f"{f(d['diff'])} [{f(d['lo'])}, {f(d['hi'])}]",
+                     "one new run, 95% PI": "–" if r["pred_lo"] is None else f"[{f(r['pred_lo'])}, {f(r['pred_hi'])}]",
+                     "inside": "yes" if inside else "no"})
+    return pd.DataFrame(rows)
+
+
+def rl_frame(res: dict) -> pd.DataFrame:
+    """Per seed: the constant state chosen on the validation half, RL's end policy minus it on the test half, and
+    RL's end policy minus the pretrained CTRLS(ε) row (points, with ±1.96 SE over questions), with the learned c."""
+    best = {s["data_seed"]: s["best_constant"] for s in res["states"]}
+    c = {p["data_seed"]: p.get(RL_END, {}).get("c") for p in res.get("rl_policies", [])}
+    pre = {p["data_seed"]: p.get("pretrained", {}).get("c") for p in res.get("rl_policies", [])}
+    rows = []
+    for a, b in zip(res["claims"]["rl_minus_best_constant_pass1"]["per_seed"], res["claims"]["rl_minus_pretrained_pass1"]["per_seed"]):
+        f = lambda x: f"{100 * x['estimate']:+.1f} ± {196 * x['se']:.1f}".replace("-", "−")  # noqa: E731
+        rows.append({"data seed": a["data_seed"], "best constant state (validation)": best.get(a["data_seed"]),
+                     "RL − best constant (test half)": f(a), "RL − pretrained CTRLS(ε)": f(b),
+                     "c before RL": pre.get(a["data_seed"]), "c after RL": c.get(a["data_seed"])})
+    return pd.DataFrame(rows)
+
+
+RL_END = "ε=0.1, H=0.01"  # the demo's default RL setting, as Table 2 labels it
 
 
 __all__ = ["MEANING", "POOLED_RESULT", "claims_frame", "forest", "lottery", "method_claims", "numbers", "per_seed_frame",
-           "pooled", "pooled_verdict", "states_frame"]
+           "pooled", "pooled_verdict", "rl_frame", "development", "direction", "states_frame"]
