@@ -69,12 +69,18 @@ def timed_decode(bb, prompts, params, variant) -> tuple[float, list]:
 
 def write_result(res: dict, out: str | None) -> None:
     """Write a benchmark's JSON result to ``out`` (when given, creating its folder), and print it as the
-    last line."""
+    last line. Serialised first, refusing a non-finite number (no reader takes a bare NaN), then written to a
+    temporary file in the same folder, fsynced and renamed: a failure midway leaves the old result whole."""
+    text = json.dumps(res, indent=1, allow_nan=False)  # ValueError naming nothing is better than a NaN on disk
     if out:
         os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(res, f, indent=1)
-    print(json.dumps(res))
+        tmp = os.path.join(os.path.dirname(out) or ".", f".{os.path.basename(out)}.tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    print(json.dumps(res, allow_nan=False))
 
 
 def gemm_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> float:

@@ -190,9 +190,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         stages = [s for s in stages if s in args.only]
     from ctrls.config.schema import load_config
 
-    load_config(args.profile, args.override)  # fail fast on a bad profile or override
+    name = load_config(args.profile, args.override).profile  # fail fast on a bad profile or override; a file's stem
     check_run_dir(args.run_dir)
     book = copy_book(Path(args.book_dir)) if args.book_dir else BOOK
+    args.gemm_gflops = machine_gemm_gflops()  # this machine's speed, measured before the notebooks load it
+    print(f"this machine: {args.gemm_gflops:.0f} GFLOP/s on the 128x576x1536 fp32 product", flush=True)
     t0 = time.time()
     seconds: dict[str, float] = {}
     for i, stage in enumerate(stages, 1):
@@ -218,7 +220,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"book: {index}")
     # the peak too: a fresh-clone check deletes the run directory that records it
     print(f"total {time.time() - t0:.0f} s; the largest child process peaked at {peak_kernel_rss_gib():.2f} GiB")
-    record_timings(Path(args.run_dir) / args.profile / "reproduce_timings.json", args, seconds, time.time() - t0)
+    record_timings(Path(args.run_dir) / name / "reproduce_timings.json", args, seconds, time.time() - t0)
     return 0
 
 
@@ -244,6 +246,14 @@ def build_facts() -> dict:
     return {"commit": git_commit(), "cpu": cpu_model() or platform.processor(), "cores": os.cpu_count()}
 
 
+def machine_gemm_gflops() -> float:
+    """This machine's fp32 GFLOP/s on a decode pass's MLP product (``ctrls.method.backbone.gemm_gflops``), on
+    the threads the notebooks' kernels use: a build's seconds times this rate is its work, whatever the machine."""
+    from ctrls.method.backbone import gemm_gflops
+
+    return round(gemm_gflops(), 1)
+
+
 def peak_kernel_rss_gib() -> float:
     """The peak resident memory of the largest finished child process (each notebook's kernel), GiB."""
     import resource
@@ -260,7 +270,9 @@ def write_timings_page(path: Path, args: argparse.Namespace, seconds: dict[str, 
     text = (f"This book's notebooks ran in **{sum(seconds.values()) / 60:.1f} minutes** on profile "
             f"`{args.profile}`{' with overrides ' + ', '.join(f'`{o}`' for o in args.override) if args.override else ''} "
             f"(commit `{build['commit']}`, {build['cpu'] or 'an unnamed CPU'}, "
-            f"{build['cores']} cores); the largest notebook kernel peaked at {peak_kernel_rss_gib():.1f} GiB "
+            f"{build['cores']} cores, {getattr(args, 'gemm_gflops', float('nan')):.0f} GFLOP/s on the 128×576×1536 fp32 "
+            f"product, so about {sum(seconds.values()) * getattr(args, 'gemm_gflops', float('nan')) / 1000:,.0f} TFLOP·s "
+            f"of this machine's work); the largest notebook kernel peaked at {peak_kernel_rss_gib():.1f} GiB "
             "of resident memory. A stage whose runs were already in the run directory was reused, so its "
             "time is only what this build ran.\n\n| notebook | seconds |\n|---|---:|\n" + rows + "\n")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -286,6 +298,7 @@ def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, floa
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"profile": args.profile, "overrides": list(args.override or []), **build_facts(),
                                 "seconds": seconds, "total_s": round(total, 1),
+                                "gemm_gflops": getattr(args, "gemm_gflops", None),  # total_s x gemm_gflops: the build's work
                                 "peak_kernel_rss_gib": round(peak_kernel_rss_gib(), 2),
                                 "stages_reused": "runs already present are reused; rerun on an empty run_dir to time every stage"},
                                indent=1) + "\n")
@@ -348,6 +361,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     p = argparse.ArgumentParser(prog="ctrls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=version_line(), help="print the version and commit, and exit")
+    p.add_argument("--log-level", default=None, metavar="LEVEL",
+                   help="DEBUG, INFO (default), WARNING, ERROR or CRITICAL (else $CTRLS_LOG)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("reproduce", help="run the notebooks through papermill, then build the book")
@@ -362,8 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     r.set_defaults(fn=cmd_reproduce)
 
     st = sub.add_parser("stage", help="run library stages without notebooks (data-parallel under accelerate launch)")
-    st.add_argument("names", nargs="+", choices=["pretrain", "exploration", "rl"], metavar="STAGE",
-                    help="pretrain, exploration and/or rl, run in the order given")
+    st.add_argument("names", nargs="*", metavar="STAGE", help="pretrain, exploration and/or rl, run in the order given")
     st.add_argument("--profile", default="demo")
     st.add_argument("--run-dir", default=str(ROOT / "runs"))
     st.add_argument("--force", action="store_true", help="recompute even if cached")
@@ -381,9 +396,22 @@ def main(argv: list[str] | None = None) -> None:
     pr.set_defaults(fn=cmd_profiles)
 
     args = p.parse_args(argv)
+    if args.log_level is not None:
+        try:
+            logging.getLogger().setLevel(log_level(args.log_level))
+        except UsageError as e:
+            p.error(str(e).replace("CTRLS_LOG=", "--log-level "))
+    if args.cmd == "stage":  # a stage named after -o KEY=VALUE items is taken by -o's list: it is a stage, not a key
+        args.names += [o for o in args.override if o in STAGE_NAMES]
+        args.override = [o for o in args.override if o not in STAGE_NAMES]
+        bad = [n for n in args.names if n not in STAGE_NAMES]
+        if not args.names or bad:
+            st.error(f"STAGE must be one or more of {', '.join(STAGE_NAMES)}; got {', '.join(bad) or 'none'}")
     from ctrls.config.schema import ConfigError
     from ctrls.data.problems import DataError
-    from ctrls.stages.runs import RunDirError, StageBusyError
+    from ctrls.method.backbone import BackboneError
+    from ctrls.stages.collect import PretrainError
+    from ctrls.stages.runs import ArtifactError, RunDirError, StageBusyError
 
     try:
         rc = args.fn(args)
@@ -402,7 +430,26 @@ def main(argv: list[str] | None = None) -> None:
     except RunDirError as e:  # a directory under --run-dir that cannot be written, a lock that is a link
         print(f"ctrls {args.cmd}: {' '.join(str(e).split())}", file=sys.stderr)
         rc = 2
+    except (PretrainError, ArtifactError, BackboneError) as e:  # a missing earlier stage, a damaged file, a bad model path
+        print(f"ctrls {args.cmd}: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
+        rc = 1
     sys.exit(rc)
+
+
+STAGE_NAMES = ("pretrain", "exploration", "rl")
+
+
+def version_line() -> str:
+    """"ctrls 0.1.0 (commit abc1234)": the installed version and the checkout's commit."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("ctrls")
+    except PackageNotFoundError:
+        v = "unknown"
+    from ctrls.report.provenance import git_commit
+
+    return f"ctrls {v} (commit {git_commit()})"
 
 
 if __name__ == "__main__":

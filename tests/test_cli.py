@@ -189,3 +189,43 @@ def test_timings_page_lists_each_notebook_and_names_the_run(tmp_path):
     text = page.read_text()
     assert f"| {STAGES['setup']} | 32 |" in text and f"| {STAGES['rl']} | 470 |" in text
     assert "**8.4 minutes**" in text and "`demo`" in text and "`rl.steps=5`" in text and "GiB" in text
+
+
+def test_reproduce_with_a_profile_file_records_its_timings_and_the_machines_rate(tmp_path, monkeypatch):
+    """``--profile`` given as a file path (spaces, accents): the timings land under the run directory in the
+    profile's own name, with the machine's GEMM rate beside the total."""
+    import json
+    import shutil
+
+    from ctrls import cli
+
+    prof = tmp_path / "mi perfil é.yaml"
+    shutil.copy(cli.ROOT / "ctrls" / "config" / "profiles" / "smoke.yaml", prof)
+    for name in ("run_notebook", "write_claims_scorecard", "write_timings_page", "write_rl_profile"):
+        monkeypatch.setattr(cli, name, lambda *a, **k: None)
+    monkeypatch.setattr("ctrls.report.codeindex.write_code_page", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "machine_gemm_gflops", lambda: 61.5)
+    runs = tmp_path / "runs"
+    with pytest.raises(SystemExit) as e:
+        cli.main(["reproduce", "--profile", str(prof), "--run-dir", str(runs), "--no-book", "--only", "setup"])
+    assert e.value.code == 0
+    rec = json.loads((runs / "mi perfil é" / "reproduce_timings.json").read_text())
+    assert rec["gemm_gflops"] == 61.5 and rec["total_s"] >= 0
+
+
+def test_version_and_a_stage_named_after_overrides(capsys, monkeypatch):
+    from ctrls import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    out = capsys.readouterr().out
+    assert out.startswith("ctrls 0.") and "(commit " in out
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_stage", lambda a: seen.update(names=a.names, override=a.override) or 0)
+    with pytest.raises(SystemExit):
+        cli.main(["stage", "--profile", "smoke", "-o", "rl.steps=2", "rl"])
+    assert seen == {"names": ["rl"], "override": ["rl.steps=2"]}
+    with pytest.raises(SystemExit) as e:
+        cli.main(["stage", "-o", "rl.steps=2"])
+    assert e.value.code == 2 and "STAGE must be" in capsys.readouterr().err
+

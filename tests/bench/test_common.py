@@ -1,0 +1,22 @@
+"""bench/common.py's write_result: a stored result is written whole or not at all, and never with NaN."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from common import write_result  # noqa: E402
+
+
+def test_a_result_is_written_whole_and_a_failure_leaves_the_old_one(tmp_path, monkeypatch):
+    out = tmp_path / "r" / "result.json"
+    write_result({"a": 1.5}, str(out))
+    assert json.loads(out.read_text()) == {"a": 1.5}
+    with pytest.raises(ValueError):
+        write_result({"a": float("nan")}, str(out))  # refused before the file is touched
+    with pytest.raises(TypeError):
+        write_result({"a": object()}, str(out))  # cannot be serialised: the old result stays
+    assert json.loads(out.read_text()) == {"a": 1.5} and list(out.parent.iterdir()) == [out]
