@@ -107,12 +107,16 @@ _VALUE_WORDS = re.compile(rf"\b(?:{'|'.join(MAGNITUDES)})s?\b|\b(?:squared|cubed
                           rf"(?:ten|hundred|thousand|million)ths?)\b|{_HEDGE}", re.IGNORECASE)
 _SCIENTIFIC = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)[eE][-+]?\d{1,3}")  # 1e-05, 2.5E+16
 # what an answer looks like (rule 1): a number, math, a LaTeX command, or one letter ("C", "(b)", "x")
-_ANSWER_LIKE = re.compile(r"[-+]?\.?\d|[\\([{$]|\(?[A-Za-z]\)?$|.*[=^_+*<>]", re.DOTALL)
+_ANSWER_LIKE = re.compile(r"[-+]?\s*(?:\.?\d|[\\([{$])|\(?[A-Za-z]\)?$|.*[=^_+*<>]", re.DOTALL)  # a sign before LaTeX too
 # words that make "N word" an expression, not a number with a unit: "2 and 3", "3 pi", "5x"
 _NOT_UNITS = re.compile(r"\b(?:and|or|to|plus|minus|times|by|over|divided|than|of|pi|sqrt|[a-z])\b", re.IGNORECASE)
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # 1,000 but not (1,2) or 1,0000
 _VAR_EQ = re.compile(r"^[A-Za-z]\s*=\s*(?=[^=]+$)")  # "x = 5" -> "5"
 _TEXT = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\{([^{}]*)\}")
+# a LaTeX fraction followed by words ("\frac{1}{2} cup", after \text{} is unwrapped): the words are a unit
+_FRAC_WORDS = re.compile(r"([-+]?\s*\\[dt]?frac\{[^{}]*\}\{[^{}]*\})\s+([A-Za-z][A-Za-z'\- ]*)\.?")
+# "15, not 12": the answer is the number before the "not"
+_NOT_OTHER = re.compile(rf"({_NUMBER})\s*,?\s+(?:and\s+|but\s+)?not\s+\S.*", re.IGNORECASE)
 # an en-dash between two numbers is a range ("3–5"); anywhere else it is a minus sign ("–5", "x – 1")
 EN_DASH = "\u2013"
 _RANGE = re.compile(rf"(?<=\d)\s*{EN_DASH}\s*(?=[-+]?\.?\d)")
@@ -294,6 +298,11 @@ def normalize(ans: str) -> str:
             s = _plain(Decimal(s))
         except DecimalException:  # more digits than _EXACT holds: left as written
             pass
+    if (other := _NOT_OTHER.fullmatch(s)) is not None:
+        s = other.group(1)
+    if (frac := _FRAC_WORDS.fullmatch(s)) is not None and not _NOT_UNITS.search(frac.group(2)) \
+            and not _VALUE_WORDS.search(frac.group(2)):
+        s = frac.group(1)
     unit, words, paren = _NUMBER_UNIT.fullmatch(s), _NUMBER_WORDS.fullmatch(s), _NUMBER_PAREN.fullmatch(s)
     if unit:
         s = unit.group(1)

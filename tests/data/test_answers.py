@@ -315,3 +315,18 @@ def test_regexes_are_linear_on_long_answers_within_the_bound():
             normalize(text)
             times.append(time.perf_counter() - t0)
         assert min(times) < 0.1, (text[-12:], times)
+
+
+@pytest.mark.parametrize("text, gold, correct", [
+    (r"\boxed{-\frac{1}{2}}", "-0.5", True),  # a sign before a LaTeX expression is part of the answer
+    (r"\boxed{-\dfrac{3}{4}}", r"-\frac{3}{4}", True),
+    (r"\boxed{- \pi}", r"-\pi", True),
+    (r"The answer is 3. So the final answer is \boxed{-\sqrt{2}}", "3", False),  # the last marker wins
+    (r"The answer is 3. So the final answer is \boxed{-\sqrt{2}}", r"-\sqrt{2}", True),
+    (r"\boxed{\frac{1}{2} \text{ cup}}", "1/2", True),  # a unit in \text{} after a fraction is dropped
+    (r"\boxed{\frac{1}{2} \text{ and } 3}", "1/2", False),  # "and" makes it an expression, not a unit
+    ("The answer is 15, not 12.", "15", True),  # "X, not Y" reads X
+    ("The answer is 15, not 12.", "12", False),
+])
+def test_signs_before_latex_units_after_fractions_and_not_y(text, gold, correct):
+    assert grade(text, gold).correct is correct
