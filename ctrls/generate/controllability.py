@@ -70,7 +70,7 @@ class PromptPasses:
     def put(self, key: tuple, s0: torch.Tensor, cache, in_use: bool) -> None:
         """Keep a pass just run: its s_0, and its KV cache (a copy when the caller goes on to extend it)."""
         self.passes += 1
-        self.s0[key] = s0
+        self.s0[key] = s0.detach().clone()  # the memo's own: a caller's in-place edit of its s_0 cannot reach it
         if self.keep > 0:
             self.caches.pop(key, None)
             self.caches[key] = copy.deepcopy(cache) if in_use else cache
@@ -116,7 +116,7 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
     key = (tuple(int(t) for t in prompt), int(start), layer)
     cache = None if passes is None or not gens else passes.cache(key)
     if passes is not None and key in passes.s0 and (cache is not None or not gens):
-        s0 = passes.s0[key]  # the prompt's pass ran before: its s_0 (and its KV cache, copied)
+        s0 = passes.s0[key].clone()  # the prompt's pass ran before: a copy of its s_0 (and of its KV cache)
     else:
         if passes is not None and start >= MIN_SHARED_PREFIX:  # the template once, then the prompt's own tokens
 

@@ -26,6 +26,15 @@ class PositionMask:
     allowed: torch.Tensor
     counts: torch.Tensor
 
+    def __post_init__(self):
+        a = torch.as_tensor(self.allowed)
+        if a.ndim != 2 or tuple(torch.as_tensor(self.counts).shape) != tuple(a.shape):
+            raise ValueError(f"a position mask needs allowed and counts of one shape (B, K), got "
+                             f"{tuple(a.shape)} and {tuple(torch.as_tensor(self.counts).shape)}")
+        empty = (~a.bool()).all(1).nonzero().flatten().tolist()
+        if empty:  # a draw there would be NaN, and a held row would have no state to substitute
+            raise ValueError(f"a position mask allows no state at position bucket(s) {empty}: every position needs one")
+
     @property
     def mode(self) -> torch.Tensor:
         """(B,) each bucket's most frequent state (the lowest on a tie; 0 for a bucket no chain reaches)."""

@@ -51,7 +51,7 @@ from ctrls.stages.common import (
     read_results,
     sample_params,
 )
-from ctrls.stages.pretrain import fitted_stages, load_pretrained, pretrain_stages
+from ctrls.stages.pretrain import check_fitted, fitted_stages, load_pretrained, pretrain_stages
 from ctrls.stages.runs import Stage, file_name, pair_slug, valid_part
 from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
 
@@ -151,6 +151,7 @@ def explore(cfg: Config, force: bool = False, progress: bool = True, readback: b
     out = samples_dir(cfg)
     if stage.is_done() and not force:
         return out
+    check_fitted(cfg, "exploration")  # before the stage clears anything: another variant's samples stay
     try:
         if w.is_main:
             stage.begin(force=force)

@@ -219,6 +219,16 @@ def fitted_stages(cfg: Config) -> tuple[Stage, ...]:
     return tuple(pretrain_stages(cfg.for_pair(b, d))[last] for b, d in cfg.pairs())
 
 
+def check_fitted(cfg: Config, stage: str) -> None:
+    """Refuse, before ``stage`` (exploration, RL) clears its directory, a run whose fits it decodes with are not
+    finished (:func:`fitted_stages`): a ``PretrainError`` naming the fit's directory and the command, nothing removed."""
+    for st in fitted_stages(cfg):
+        if not st.is_done():
+            what = "state prompt fit (state_prompt.use=true)" if st.dir.name == "state_prompt" else "pretraining"
+            raise PretrainError(f"the {stage} stage needs a finished {what} in {st.dir}: run `ctrls stage pretrain` "
+                                f"with the same overrides first (nothing was removed)")
+
+
 def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False, progress: bool = True,
              until: str | None = None) -> PretrainRun:
     """Run (or reuse) every stage of Alg. 1 for ``cfg.backbone.name`` x ``cfg.data.dataset``

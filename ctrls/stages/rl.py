@@ -30,7 +30,7 @@ from ctrls.stages.common import (
     sample_params,
 )
 from ctrls.stages.exploration import generation_rows, write_part
-from ctrls.stages.pretrain import fitted_stages, load_pretrained, pretrain_stages
+from ctrls.stages.pretrain import check_fitted, fitted_stages, load_pretrained, pretrain_stages
 from ctrls.stages.runs import (
     Stage,
     file_name,
@@ -130,6 +130,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     stage = _rl_stage(cfg)
     if stage.is_done() and not force:
         return stage.dir
+    check_fitted(cfg, "RL")  # before the stage clears anything
     if w.is_main:
         stage.begin(force=force)  # takes the stage's lock: one writer per stage (ctrls.stages.runs)
     clock, t0 = PhaseClock(), time.perf_counter()

@@ -255,3 +255,15 @@ def test_prompt_passes_run_the_template_once_and_match_a_full_pass(tiny_llama):
         s0_again, states = ctl.encode_generations(bb, model, p, start, gens, passes=memo)  # on the kept cache
         assert torch.equal(s0_again, s0) and states == want_states
     assert memo.template_passes == 1 and memo.passes == 2
+
+
+def test_the_prompt_memo_hands_out_copies_of_its_s0():
+    import torch
+
+    from ctrls.generate.controllability import PromptPasses
+
+    p = PromptPasses()
+    s0 = torch.tensor([0.25, 0.75])
+    p.put(("k",), s0, None, in_use=False)
+    s0.mul_(0)  # the caller's tensor changes: the memo's does not
+    assert torch.equal(p.s0[("k",)], torch.tensor([0.25, 0.75]))

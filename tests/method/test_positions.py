@@ -76,3 +76,16 @@ def test_masked_chains_keep_to_the_mask_and_an_open_mask_draws_the_unmasked_chai
     a = draw_chains(pol, s0, [6] * 50, 0.2, generator=torch.Generator().manual_seed(2), mask=open_)
     b = draw_chains(pol, s0, [6] * 50, 0.2, generator=torch.Generator().manual_seed(2))
     assert a == b
+
+
+def test_a_mask_with_a_position_that_allows_no_state_is_refused_when_built():
+    import pytest
+    import torch
+
+    from ctrls.method.positions import PositionMask
+
+    allowed = torch.tensor([[True, False], [False, False]])
+    with pytest.raises(ValueError, match=r"bucket\(s\) \[1\]"):
+        PositionMask(allowed, torch.ones(2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="one shape"):
+        PositionMask(torch.ones(2, 2, dtype=torch.bool), torch.ones(3, 2, dtype=torch.long))

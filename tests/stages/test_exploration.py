@@ -300,3 +300,27 @@ def test_transfer_questions_join_the_pairs_chunks_and_keep_their_rows_and_temper
     assert at[0.5, BASE] == [(0, 0), (0, 1), (0, 2)]  # the transfer questions are sampled at 0.7 only
     assert len(jobs) == 3 + 3 + 2  # eta 0.5: three rows; eta 0.7: three rows, then Base and eps on question y
     assert transfer.where == "gsm8k-from-word_problems" and main.where == "word_problems"
+
+
+def test_a_missing_fit_is_refused_before_the_stage_clears_anything(tiny_runs, tmp_path):
+    """The run holds a finished exploration without the state prompt and no state-prompt fit: asking for the
+    state prompt's exploration (or RL) is refused with one PretrainError naming the fit, and every sample stays."""
+    import shutil
+
+    import pytest
+
+    from ctrls.config.schema import override
+    from ctrls.stages.collect import PretrainError
+    from ctrls.stages.exploration import explore, samples_dir
+    from ctrls.stages.rl import run_rl
+
+    d, cfg, _ = tiny_runs
+    copy = tmp_path / "runs"
+    shutil.copytree(d, copy)
+    c = override(cfg, {"run_dir": str(copy)})
+    before = sorted(p.name for p in samples_dir(c).iterdir())
+    sp = override(c, {"state_prompt.use": True})
+    for run in (explore, run_rl):
+        with pytest.raises(PretrainError, match=r"state prompt fit .* \(nothing was removed\)"):
+            run(sp, progress=False)
+    assert sorted(p.name for p in samples_dir(c).iterdir()) == before and before
