@@ -134,6 +134,7 @@ def collect(seed: int, run_root: Path) -> None:
     import torch
     from safetensors import safe_open
 
+    from ctrls.data.answers import grade
     from ctrls.stages.exploration import load_samples, stage_summary
     from ctrls.stages.pretrain import pretrain_stages
     from ctrls.stages.rl import load_table2_samples, rl_runs
@@ -151,6 +152,10 @@ def collect(seed: int, run_root: Path) -> None:
             "n_tokens", "finish", "text", "steps", "states", "encoded", "s0", "chains", "chain_eps"]
     df = pd.concat([ex, rl], ignore_index=True)
     df = df[[c for c in keep if c in df]].copy()
+    # every seed graded by this checkout's answer checker, whenever its stages ran (RL's rewards were its own)
+    regraded = [grade(t, g).correct for t, g in zip(df.text, df.gold.astype(str))]
+    changed = int((df.correct.astype(bool) != pd.Series(regraded, index=df.index)).sum())
+    df["correct"] = regraded
     df["split"] = df.question_id.map(split_of(seed, sorted(ex.question_id.unique())))
     df.insert(0, "data_seed", seed)
     st = pretrain_stages(pc)
@@ -165,7 +170,7 @@ def collect(seed: int, run_root: Path) -> None:
     res = {"data_seed": seed, "commit": commit(), "machine": machine(), "profile": PROFILE, "overrides": STUDY,
            "n_states": int(cfg.states.n_states), "vectors_sha256": hashlib.sha256((st["state_prompt"].dir / VECTORS).read_bytes()).hexdigest(),
            "position_mask": (stage_summary(cfg).get("position_masks") or {}).get(pair_slug(bname, ds)),
-           "pretrained_policy": pre, "rl_policies": policies,
+           "pretrained_policy": pre, "rl_policies": policies, "regraded_changed": changed,
            "stage_seconds": {"pretrain": {k: v.summary().get("wall_s") for k, v in st.items()},
                              "exploration": stage_summary(cfg).get("wall_s"), "rl": rl_summary(cfg).get("wall_s")}}
     OUT.mkdir(parents=True, exist_ok=True)

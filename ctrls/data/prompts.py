@@ -95,20 +95,22 @@ def model_positions(model) -> int | None:
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, positions: int | None,
-                  names: Sequence[str] | None = None) -> None:
-    """Refuse, before any decoding, a prompt that is empty or that with ``max_new_tokens`` new tokens
-    would run past the model's ``positions`` (None: not checked). ``names[i]`` says which prompt
-    (default "prompt i") in the :class:`PromptError`."""
+                  names: Sequence[str] | None = None, extra: int = 0, extra_why: str = "") -> None:
+    """Refuse, before any decoding, a prompt that is empty or that with ``max_new_tokens`` new tokens (and
+    ``extra`` positions more: the state prompt's T x m vectors, ``extra_why`` says so) would run past the model's
+    ``positions`` (None: not checked). ``names[i]`` says which prompt (default "prompt i") in the :class:`PromptError`."""
     for i, p in enumerate(prompts):
         name = names[i] if names is not None else f"prompt {i}"
         n = len(p)
         if n == 0:
             raise PromptError(f"{name} is empty (0 tokens): a decode starts from at least one token")
-        if positions is not None and n + max_new_tokens > positions:
+        need = n + max_new_tokens + extra
+        if positions is not None and need > positions:
+            more = f" and {extra} for {extra_why}" if extra else ""
             raise PromptError(
-                f"{name} has {n} tokens; with sampling.max_new_tokens={max_new_tokens} a decode needs {n + max_new_tokens} "
-                f"positions, but the model has {positions}: lower sampling.max_new_tokens (at most {positions - n} for "
-                f"this prompt), use fewer exemplars (prompt.few_shot) or a shorter question")
+                f"{name} has {n} tokens; with sampling.max_new_tokens={max_new_tokens}{more} a decode needs {need} "
+                f"positions, but the model has {positions}: lower sampling.max_new_tokens (at most "
+                f"{positions - n - extra} for this prompt), use fewer exemplars (prompt.few_shot) or a shorter question")
 
 
 def encode_prompt(tokenizer, question: str, use_chat_template: bool = True, few_shot: int = 4) -> tuple[list[int], int]:

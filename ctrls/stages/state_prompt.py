@@ -190,7 +190,7 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     Returns one list of ``Generation`` per prompt, each with ``states`` (s_0, then each step's drawn state,
     one-hot), ``encoded`` and ``encoded_s0`` (the read-back), and, with transitions, Eq. 16's trajectory:
     ``policy_states`` (s_0, then every action drawn for a step opened), ``log_actions`` and ``allowed``."""
-    from ctrls.data.prompts import ANSWER_LINE, content_token, join_blank_tail, newline_token_ids
+    from ctrls.data.prompts import ANSWER_LINE, check_prompts, content_token, join_blank_tail, model_positions, newline_token_ids
     from ctrls.generate.controllability import PromptPasses, draw_actions, encode_generations
     from ctrls.generate.decoding import Generation, eos_ids
     from ctrls.generate.kv_cache import new_cache
@@ -198,6 +198,18 @@ def sample_state_prompt(bb: Backbone, model, sp: StatePrompt, prompts: Sequence[
     from ctrls.method.streams import stream_key
 
     tok, T, K = bb.tokenizer, params.max_steps, sp.n_states
+    m_vec = int(sp.vectors.shape[1])
+    if m_vec < 1:
+        raise ValueError("the state prompt has 0 vectors per state: decode such rows as Base (no state prompt)")
+    # the engine's checks (ctrls.generate.sampling.sample), with the positions the vectors take: T steps x m
+    check_prompts([ids for ids, _ in prompts], params.max_new_tokens, model_positions(bb), extra=T * m_vec,
+                  extra_why=f"the state prompt's vectors (prompt.max_steps={T} x state_prompt.vectors={m_vec})")
+    bad = [i for i, (ids, start) in enumerate(prompts) if not 0 <= int(start) < len(ids)]
+    if bad:
+        i = bad[0]
+        raise ValueError(f"prompt {i}: its s_0 start {prompts[i][1]} is not among its {len(prompts[i][0])} tokens")
+    if len(seeds) != len(prompts):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: one seed per prompt")
     nl = set(newline_token_ids(tok))
     ids_of = [list(range(n)) for _ in prompts] if sample_ids is None else [list(x) for x in sample_ids]
 

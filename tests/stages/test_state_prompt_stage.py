@@ -395,3 +395,29 @@ def test_the_grid_holds_every_constant_state_and_s0(sp_run, tmp_path):
     for j in range(K):
         rows = df[df.config == constant_label(j)]
         assert len(rows) and all(set(r.states) <= {j} and len(r.states) == len(r.steps) for r in rows.itertuples())
+
+
+def test_the_state_prompts_decode_checks_its_inputs_as_the_engine_does(sp_run, tiny_model_dir, monkeypatch):
+    """An empty prompt, an s_0 start outside the prompt, a seed count that is not the prompts', and a prompt that
+    with max_new_tokens and the T x m vectors runs past the model's positions are refused before decoding."""
+    import pytest
+
+    from ctrls.data.prompts import PromptError
+    from ctrls.stages.common import sample_params
+    from ctrls.stages.state_prompt import sample_state_prompt
+
+    pc, bb, model, sp, _, enc = _decoding(sp_run, tiny_model_dir, 1)
+    params = sample_params(pc, 0.7, transitions=False)
+    ids, start = enc[0]
+    with pytest.raises(PromptError, match="empty"):
+        sample_state_prompt(bb, model, sp, [([], 0)], 1, params, [1])
+    with pytest.raises(ValueError, match="s_0 start"):
+        sample_state_prompt(bb, model, sp, [(ids, len(ids))], 1, params, [1])
+    with pytest.raises(ValueError, match="one seed per prompt"):
+        sample_state_prompt(bb, model, sp, [(ids, start)], 1, params, [1, 2])
+    room = len(ids) + params.max_new_tokens + params.max_steps * sp.vectors.shape[1]
+    monkeypatch.setattr(bb.model.config, "max_position_embeddings", room - 1)
+    with pytest.raises(PromptError, match="state prompt's vectors"):
+        sample_state_prompt(bb, model, sp, [(ids, start)], 1, params, [1])
+    monkeypatch.setattr(bb.model.config, "max_position_embeddings", room)
+    assert len(sample_state_prompt(bb, model, sp, [(ids, start)], 1, params, [1])[0]) == 1  # exactly enough fits
