@@ -213,15 +213,6 @@ class RelaxedTerms:
         """sum_t rec_t - sum_t KL_t, at the mean state and with the mixture-prior KL."""
         return self.rec_per_step.sum() - self.kl_per_step.sum()
 
-    @property
-    def rec_per_token_mean(self) -> float:
-        return float(self.token_logprob.detach().mean())
-
-    @property
-    def kl_per_step_mean(self) -> float:
-        return float(self.kl_per_step.detach().mean())
-
-
 class _FrozenHeadLogprob(torch.autograd.Function):
     """log_softmax(h W^T + b)[y] for a frozen linear head, differentiable in h only.
 

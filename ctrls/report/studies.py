@@ -258,30 +258,6 @@ def fusion_frame(states_path, fusion_path) -> "pd.DataFrame":
 FUSION_LABELS = {"linear": "linear (Eq. 8 as written)", "mlp": "MLP (ours: the state's effect depends on the token)"}
 
 
-def fusion_sentences(df: "pd.DataFrame") -> list[str]:
-    """Per K of :func:`fusion_frame`: each fusion's follows rate against coincidence (kappa,
-    :func:`chance_corrected`) and its fixed-s0 and epsilon pass@1 differences to Base, and which steers more by
-    kappa, with whether the two follows intervals overlap."""
-    from ctrls.report.verdicts import pct, pts
-
-    out = []
-    for K, g in df.groupby("K", sort=True):
-        g = g.assign(kappa=chance_corrected(g.follows, g.coincidence))
-        parts = [f"with F_u {FUSION_LABELS.get(r.fusion, r.fusion)} the ε row's steps follow their state "
-                 f"{pct(r.follows, r.follows_lo, r.follows_hi)} of the time against {100 * r.coincidence:.1f}% by "
-                 f"coincidence (κ = {r.kappa:.2f}), fixed s0 − Base {pts(r.harm, r.harm_lo, r.harm_hi)}, "
-                 f"ε − Base {pts(r.eps_vs_base, r.eps_vs_base_lo, r.eps_vs_base_hi)}".replace("κ = -", "κ = −")
-                 for r in g.itertuples()]
-        text = f"At K = {int(K)}, " + "; ".join(parts) + "."
-        if len(g) == 2:
-            hi, lo = g.sort_values("kappa", ascending=False).itertuples()
-            overlap = hi.follows_lo <= lo.follows_hi and lo.follows_lo <= hi.follows_hi
-            text += (f" The {hi.fusion} F_u steers more by κ ({hi.kappa:.2f} against {lo.kappa:.2f}); their follows "
-                     f"intervals {'overlap: the difference is within the noise of this sample' if overlap else 'do not overlap'}.")
-        out.append(text)
-    return out
-
-
 def chance_corrected(follows, coincidence):
     """kappa = (follows - coincidence) / (1 - coincidence): the share of the steps that coincidence leaves
     to be steered that do land in their drawn state (Cohen's kappa). 0 is chance, 1 every step; unlike
@@ -363,28 +339,6 @@ INJECTION_RESULTS = (INJECTION_RESULT, "studies/results/injection_k4.json")  # .
 def injection_result_paths(root=None) -> list:
     """Every stored ``studies/injection.py`` result of ``INJECTION_RESULTS`` that this checkout has."""
     return stored_results(INJECTION_RESULTS, root)
-
-
-def injection_sentences(df: "pd.DataFrame") -> list[str]:
-    """One sentence per row of :func:`injection_frame`: what the step's own state adds over shuffled states
-    (nats/token), and what a shuffled state alone gives over the backbone (the style the adapter adds
-    whatever the state, or, below zero, what a wrong state costs), how often steps
-    follow their drawn state against coincidence (with kappa, :func:`chance_corrected`), and pass@1
-    against Base's in the same harness."""
-    out = []
-    for r in df.to_dict("records"):
-        kappa = float(chance_corrected(r["follows"], r["coincidence"]))
-        style = (f"of its {r['posterior']:+.3f} over the backbone alone, {r['shuffled']:+.3f} comes with any state"
-                 if r["shuffled"] >= 0 else
-                 f"a shuffled state is {r['shuffled']:+.3f} from the backbone alone: a wrong state costs")
-        out.append(f"**{r['injection']}**: the step's own state adds {r['posterior'] - r['shuffled']:+.3f} nats/token over "
-                   f"shuffled states ({style}); steps "
-                   f"follow their drawn state {100 * r['follows']:.1f}% [{100 * r['follows_lo']:.1f}, "
-                   f"{100 * r['follows_hi']:.1f}] of the time against {100 * r['coincidence']:.1f}% by coincidence "
-                   f"(κ = {kappa:.2f}); pass@1 {100 * r['pass@1']:.1f}% against Base's {100 * r['Base pass@1']:.1f}% "
-                   f"in this harness (transformers' generate, to EOS or the token limit: no stop after the answer line, "
-                   f"so compare its rows with each other, not with the exploration page).")
-    return out
 
 
 def _injection_label(layer: str, n_layers: int | None) -> str:

@@ -299,12 +299,6 @@ def pass_at_k_curves(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def state_usage(df: pd.DataFrame) -> pd.DataFrame:
-    """How often each latent state was drawn, per CTRLS config (the fixed-s0 row draws none)."""
-    d = df[~df.config.isin([BASE, FIXED])].explode("states").dropna(subset=["states"])
-    return d.groupby(["config", "states"]).size().rename("steps").reset_index()
-
-
 def layout(t: pd.DataFrame) -> pd.DataFrame:
     """Our Table 1 in the paper's layout: rows (eta, config), columns (backbone · dataset, metric)."""
     t = with_pct_ci(t).assign(model=t.backbone.str.split("/").str[-1] + " · " + t.dataset)

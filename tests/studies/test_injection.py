@@ -111,7 +111,7 @@ def _result(follows: float = 0.3) -> dict:
 def test_injection_frame_reads_every_row_with_its_reference(tmp_path):
     import json
 
-    from ctrls.report.studies import injection_frame, injection_sentences
+    from ctrls.report.studies import injection_frame
 
     p = tmp_path / "injection.json"
     p.write_text(json.dumps(_result()))
@@ -121,16 +121,6 @@ def test_injection_frame_reads_every_row_with_its_reference(tmp_path):
     assert df["posterior"].tolist() == [0.3, 0.6, 0.9] and df["shuffled"].tolist() == [0.15, 0.3, 0.45]
     assert (df["coincidence"] == 0.1).all() and (df["Base pass@1"] == 0.2).all()
     assert df.attrs["commit"] == "abc1234" and df.attrs["questions"] == 10 and df.attrs["K"] is None
-    text = injection_sentences(df)
-    assert len(text) == 3 and text[1].startswith("**output of layer 20 of 30**: the step's own state adds +0.300 "
-                                                 "nats/token over shuffled states (of its +0.600 over the backbone "
-                                                 "alone, +0.300 comes with any state)")
-    worse = injection_sentences(df.assign(shuffled=-0.05))[0]
-    assert "+0.350 nats/token over shuffled states (a shuffled state is -0.050 from the backbone alone: a wrong " \
-           "state costs)" in worse
-    assert "follow their drawn state 30.0% [20.0, 40.0] of the time against 10.0% by coincidence (κ = 0.22)" in text[1]
-    assert text[1].endswith("pass@1 25.0% against Base's 20.0% in this harness (transformers' generate, to EOS or the token limit: no stop after "
-                               "the answer line, so compare its rows with each other, not with the exploration page).")
     p.write_text(json.dumps({**_result(), "n_states": 4}))
     assert injection_frame(p).attrs["K"] == 4
     bad = _result(float("nan"))
