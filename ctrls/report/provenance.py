@@ -35,6 +35,8 @@ def notebook_config(profile: str = "demo", run_dir: str = "runs", overrides: str
     from ctrls.report import display
 
     display.install()
+    # a relative run_dir is the repository's (a kernel's working directory is the notebook's folder, not the root)
+    run_dir = str(Path(run_dir) if Path(run_dir).is_absolute() else (ROOT / run_dir).resolve())
     return load_config(profile, {**parse_overrides(overrides), "run_dir": run_dir})
 
 

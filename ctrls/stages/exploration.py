@@ -321,9 +321,30 @@ def part_file(out: Path, backbone: str, dataset: str, eta: float, label: str, qi
     return out / f"{pair_slug(backbone, dataset)}__eta{float(eta)!r}__{label.replace(' ', '_')}__{file_name(qid)}.parquet"
 
 
+# the types of the columns a part may hold only nulls or empty lists in (a Base row draws no states, a sample
+# with no answer has no pred): every part has one schema, so that pandas reads the whole directory
+PART_TYPES = {"pred": "string", "states": "list<int64>", "encoded": "list<int64>", "chains": "list<list<int64>>",
+              "chain_eps": "list<double>", "steps": "list<string>"}
+
+
+def _arrow_type(name: str):
+    import pyarrow as pa
+
+    return {"string": pa.large_string(), "list<int64>": pa.list_(pa.int64()), "list<list<int64>>": pa.list_(pa.list_(pa.int64())),
+            "list<double>": pa.list_(pa.float64()), "list<string>": pa.list_(pa.large_string())}[name]
+
+
 def write_part(df: pd.DataFrame, path: Path) -> None:
+    """One part, written atomically, its null-only columns typed as :data:`PART_TYPES` says."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    for i, field in enumerate(table.schema):
+        if field.name in PART_TYPES and field.type != (want := _arrow_type(PART_TYPES[field.name])):
+            table = table.set_column(i, pa.field(field.name, want), table.column(i).cast(want))
     tmp = path.with_name(path.name + ".tmp")
-    df.to_parquet(tmp, index=False)
+    pq.write_table(table, tmp)
     tmp.replace(path)
 
 

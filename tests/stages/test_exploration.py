@@ -324,3 +324,15 @@ def test_a_missing_fit_is_refused_before_the_stage_clears_anything(tiny_runs, tm
         with pytest.raises(PretrainError, match=r"state prompt fit .* \(nothing was removed\)"):
             run(sp, progress=False)
     assert sorted(p.name for p in samples_dir(c).iterdir()) == before and before
+
+
+def test_pandas_reads_the_whole_samples_directory(tiny_runs):
+    """Every part has one schema (a Base row's empty chains, a sample without an answer typed, not null), so
+    ``pd.read_parquet`` reads the directory as the stage's own reader does."""
+    import pandas as pd
+
+    from ctrls.stages.exploration import load_samples, samples_dir
+
+    _, cfg, _ = tiny_runs
+    df = pd.read_parquet(samples_dir(cfg))
+    assert len(df) == len(load_samples(cfg)) and {"states", "chains", "pred"} <= set(df.columns)
