@@ -6,12 +6,12 @@ The package is a house of floors; each imports only the floors below it (``tests
 
 The names below are loaded on first use, so ``import ctrls`` does not import torch.
 """
-import importlib
-import warnings
+import importlib as _importlib
+import warnings as _warnings
 
 # tqdm.auto in a notebook without ipywidgets falls back to text bars, and says so on every page of
 # the book; the bars are fine (install ipywidgets for widget bars)
-warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
+_warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
 __version__ = "0.1.0"
 
@@ -26,17 +26,23 @@ _LAZY = {  # public name -> the module that defines it
     "pretrain": "ctrls.stages.pretrain",
     "explore": "ctrls.stages.exploration",
     "run_rl": "ctrls.stages.rl",
+    "load_run": "ctrls.stages.finished",
+    "LoadedRun": "ctrls.stages.finished",
+    "SampleParams": "ctrls.generate.sampling",
+    "encode_prompt": "ctrls.data.prompts",
+    "load_pretrained": "ctrls.stages.pretrain",
+    "load_samples": "ctrls.stages.exploration",
 }
 __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # once: later lookups skip __getattr__
         return value
     raise AttributeError(f"module 'ctrls' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted({n for n in globals() if not n.startswith("_")} | set(_LAZY))
