@@ -143,7 +143,7 @@ def test_reproduce_records_each_notebooks_wall_time(monkeypatch, tmp_path):
 @pytest.mark.parametrize("argv,what", [(["--dataset", "nosuch"], "unknown dataset 'nosuch'"),
                                        (["--split", "validation"], "unknown split 'validation'")])
 def test_verify_references_with_an_unknown_dataset_or_split_is_one_line(argv, what):
-    """Issue 27, item 11: it printed a traceback."""
+    """It printed a traceback."""
     r = subprocess.run([sys.executable, "-m", "ctrls", "verify-references", *argv], capture_output=True, text=True,
                        env=_env(), timeout=300)
     assert r.returncode != 0

@@ -1,4 +1,4 @@
-"""Issue 49, item 4: `ctrls stage` errors of the run directory are one line, no traceback.
+"""`ctrls stage` errors of the run directory are one line, no traceback.
 
 A stage that another process is writing (its lock is held) printed a 20-line StageBusyError
 traceback; a run directory that is writable while the profile's directory under it is read-only

@@ -92,7 +92,7 @@ def _is_rl_setting(v: str) -> bool:
     return math.isfinite(s.epsilon) and math.isfinite(s.alpha) and 0 <= s.epsilon <= 1 and 0 <= s.alpha <= MAX_ALPHA
 
 
-# Coefficient ranges: beyond them a finite value overflows a loss, a density or the logits (issue 27).
+# Coefficient ranges: beyond them a finite value overflows a loss, a density or the logits.
 MAX_ALPHA = 10.0  # entropy weights: alpha * sum_t H with H <= log K
 MAX_LR = 10.0  # learning rates (Adam's step is about lr per entry)
 MAX_CONCENTRATION = 1e4  # Dirichlet concentrations c (lgamma of c p stays exact in float32)
@@ -219,7 +219,7 @@ class StatePromptConfig:
     """chains per Adam step (2: the studies' fits on data seeds 1-5)"""
     with_adapter: bool = False
     """apply the pretrained last-hidden adapter (Eq. 8, frozen) as well: the vectors are fitted through it and
-    the rows decoded with both (issue 47, "measure both"); false: the vectors alone"""
+    the rows decoded with both; false: the vectors alone"""
 
 
 @dataclass

@@ -7,7 +7,7 @@
 - ``null_steps``: each epsilon step beside an independent chain's state at that step (the null of the
   controllability table);
 - ``stage_option_frame`` / ``stage_option_sentence``: the state prompt as the stages run it
-  (``state_prompt.use=true``, ``studies/seeds.py`` on those runs), against issue 47's bar;
+  (``state_prompt.use=true``, ``studies/seeds.py`` on those runs), against the fresh-seed criterion;
 - ``position_mask_frame`` / ``position_mask_view``: the same runs' exploration with the position mask
   (``grid.position_floor``, ``ctrls.method.positions``): the states that mark a position are drawn only where
   they can occur, and the fixed-s0 row holds s0 only there;
@@ -35,11 +35,11 @@ STAGE_OPTION_RESULT = "studies/results/state_prompt_stage.json"  # studies/seeds
 POSITION_MASK_RESULT = "studies/results/state_prompt_positions.json"  # the same, exploration rerun with grid.position_floor > 0
 DEFAULT_RESULT = "studies/results/state_prompt_default_seed10.json"  # the demo's defaults (the state prompt, masked) on data seed 10
 ADAPTER_RESULT = "studies/results/state_prompt_adapter.json"  # the masked runs with state_prompt.with_adapter, --against them
-# issue 47's bar for a fresh seed: kappa >= 0.5 with its 95% lower bound above 0.3, the fixed-s0 row within 5 points of Base
+# the criterion for a fresh seed, fixed before the runs: kappa >= 0.5 with its 95% lower bound above 0.3, the fixed-s0 row within 5 points of Base
 KAPPA_BAR, KAPPA_LO_BAR = 0.5, 0.3
 # A text cue forced at a step's start ("a ± b =", "The answer is", "To solve this problem,") lands in its
 # target state 95-97% of the time (37 contexts each, the demo's backbone and read-back, untrained): what
-# an input-side state could reach on this backbone. Measured outside this repository (issue 47's probe).
+# an input-side state could reach on this backbone. Measured outside this repository (a probe on seed 0's questions).
 TEXT_CUE_BOUND = (0.95, 0.97)
 
 
@@ -242,7 +242,7 @@ def stage_option_frame(path: str | Path | None = None) -> pd.DataFrame:
 
 def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=true`") -> str:
     """:func:`stage_option_frame` in sentences: per fresh seed, the epsilon row's kappa [95%] with its n and the
-    fixed-s0 harm [95%], each held against issue 47's bar (kappa >= 0.5 with its lower bound above 0.3;
+    fixed-s0 harm [95%], each held against the fresh-seed criterion (kappa >= 0.5 with its lower bound above 0.3;
     the harm non-inferior at the stored margin), and by how much a missed part misses."""
     per = t[t["data seed"].map(lambda x: isinstance(x, (int, np.integer)))]
     out = []

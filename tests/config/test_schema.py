@@ -50,7 +50,7 @@ def test_wrong_type_is_named(item, key):
 
 # (override, the key the error must name, the bad value as the error prints it, words of the allowed set)
 BAD = [
-    # issue 16 item 2, each case it lists
+    # each case it lists
     ("data.n_test=-1", "data.n_test", "-1", ">= 1"),
     ("data.n_train=0", "data.n_train", "0", ">= 1"),
     ("grid.n_samples=0", "grid.n_samples", "0", ">= 1"),
@@ -89,7 +89,7 @@ BAD = [
     ("judge.timeout_s=0", "judge.timeout_s", "0.0", "in (0, 3600]"),
     ("backbone.device=gpu", "backbone.device", "'gpu'", "torch device"),
     ("seed=-3", "seed", "-3", ">= 0"),
-    # finite values that overflow a loss or the logits (issue 27, item 5): coefficients have ranges
+    # finite values that overflow a loss or the logits: coefficients have ranges
     ("rl.entropy_coef=1e308", "rl.entropy_coef", "1e+308", "in [0, 10]"),
     ("rl.settings=['H=1e308']", "rl.settings[0]", "'H=1e308'", "Y in [0, 10]"),
     ("judge.settings=['eps=0.1,H=1e308']", "judge.settings[0]", "'eps=0.1,H=1e308'", "Y in [0, 10]"),
@@ -99,14 +99,14 @@ BAD = [
     ("synthetic.concentration=1e308", "synthetic.concentration", "1e+308", "in (0, 10000]"),
     ("policy.count_smoothing=1e308", "policy.count_smoothing", "1e+308", "in (0, 1e+06]"),
     ("rl.temperature=1e-320", "rl.temperature", "1e-320", "in [0.01, 10]"),
-    # names that become directories (issue 27, item 2)
+    # names that become directories
     ("profile=/abs/dir", "profile", "'/abs/dir'", "one directory name"),
     ("profile=../../x", "profile", "'../../x'", "one directory name"),
     # NaN and infinities, in any float key
     ("rl.lr=.nan", "rl.lr", "nan", "finite"),
     ("states.tau=.inf", "states.tau", "inf", "finite"),
     ("grid.temperatures=[0.7, .inf]", "grid.temperatures[1]", "inf", "finite"),
-    # refused options (issue 15 item 4): the message says why
+    # refused options: the message says why
     ("backbone.hidden_layer=-2", "backbone.hidden_layer", "-2", "only -1 (pretraining would fit"),
     ("adapter.inject_at=input_embeds", "adapter.inject_at", "'input_embeds'", "only 'last_hidden' (pretraining and decoding"),
     # across keys
@@ -258,7 +258,7 @@ def test_builtin_split_sizes_match_the_data():
         {(d, s): n for d in sizes for s, n in sizes[d].items()}
 
 
-# ---- issue 27: bounded generated datasets, one directory per pair, distinct labels ---------------
+# ---- bounded generated datasets, one directory per pair, distinct labels ---------------
 
 
 @pytest.mark.parametrize("key", ["data.n_test", "data.n_train", "rl.n_test"])

@@ -1,4 +1,4 @@
-"""Issue 49, round 4, item D: a key given twice (in a profile, an override's YAML or the override list) is
+"""A key given twice (in a profile, an override's YAML or the override list) is
 refused naming it; -0.0 and 0.0 are one epsilon; a word-problem size its split cannot give, a seed torch
 cannot take and two dataset names that share a directory are refused when the config loads."""
 import time

@@ -208,7 +208,7 @@ def test_answers_does_not_import_data():
     assert "ctrls.data.problems" not in imported
 
 
-# ---- issue 27: grading false positives, gradable golds, bounded work ---------------------------
+# ---- grading false positives, gradable golds, bounded work ---------------------------
 
 # (text, gold, correct): words that change the value scale it or are refused, never dropped; hedges
 # are not answers; a marker without answer-like text does not override an earlier answer
@@ -285,7 +285,7 @@ DEGENERATE = {
 
 @pytest.mark.parametrize("name", DEGENERATE)
 def test_answer_work_is_bounded_on_degenerate_text(name):
-    """Issue 27, item 7: normalize("1"*8000 + "!") took 39 s. Work is bounded (the last
+    """normalize("1"*8000 + "!") took 39 s. Work is bounded (the last
     MAX_TEXT_CHARS characters, MAX_MARKERS markers, answers of MAX_ANSWER_CHARS) and the regexes
     backtrack linearly. A guard against super-linear work, not a speed test: the CPU time of this
     process (unaffected by other processes on a loaded machine, where wall time under 1 s failed) stays

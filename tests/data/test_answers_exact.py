@@ -1,4 +1,4 @@
-"""Issue 49, round 4, item C: scaled numbers are exact at any size the checker scales ("50 factorial" is
+"""Scaled numbers are exact at any size the checker scales ("50 factorial" is
 not rounded to 28 significant digits), and Unicode vulgar fractions are numbers (½, ¾, 1⅓)."""
 import math
 

@@ -326,16 +326,16 @@ def test_setup_page_lists_your_own_dataset(tmp_path):
     cfg = load_config("smoke", {"grid.datasets": [str(d)], "data.n_test": 3})
     t = setup_check.dataset_table(cfg).set_index(["dataset", "split"])
     assert t.loc[(str(d), "test"), "problems"] == 5 and t.loc[(str(d), "test"), "used by this profile"] == 3
-    assert t.loc[("gsm8k", "test"), "used by this profile"] == "not used"  # issue 35 item 7: not "0"
+    assert t.loc[("gsm8k", "test"), "used by this profile"] == "not used"  # not "0"
     ids = setup_check.example_problems(cfg).id
     assert ids.str.startswith("arith-train-").sum() == 2 and ids.str.startswith("arith-test-").sum() == 2
 
 
-# ---- issue 27: injective run-file names, gradable golds, invalid UTF-8, NaN thresholds ----------
+# ---- injective run-file names, gradable golds, invalid UTF-8, NaN thresholds ----------
 
 
 def test_ids_differing_in_punctuation_get_distinct_run_file_names(tmp_path):
-    """Issue 27, item 1: "a b", "a_b" and "a?b" shared one exploration part and one feature shard."""
+    """"a b", "a_b" and "a?b" shared one exploration part and one feature shard."""
     from ctrls.data.names import file_name
 
     d = tmp_path / "punct"
@@ -360,7 +360,7 @@ def test_ids_whose_file_names_still_collide_are_refused(tmp_path):
 
 
 def test_numeric_json_golds_are_gradable(tmp_path):
-    """Issue 27, item 4: 1e-05 was stored as "1e-05" and never graded correct."""
+    """1e-05 was stored as "1e-05" and never graded correct."""
     from ctrls.data.answers import grade
 
     d = tmp_path / "floats"
@@ -384,7 +384,7 @@ def test_a_gold_that_can_never_be_matched_is_refused_at_load(tmp_path, caplog, g
 
 
 def test_invalid_utf8_is_a_malformed_row_named_by_file_and_line(tmp_path, caplog):
-    """Issue 27, item 10: a bare UnicodeDecodeError, naming neither file nor line."""
+    """A bare UnicodeDecodeError, naming neither file nor line."""
     d = tmp_path / "latin"
     d.mkdir()
     good = [json.dumps(r).encode() for r in own_rows(9, "test")]

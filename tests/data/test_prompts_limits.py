@@ -1,4 +1,4 @@
-"""Issue 34, item 9: prompts that do not fit are refused, before any decoding.
+"""Prompts that do not fit are refused, before any decoding.
 
 A prompt plus ``sampling.max_new_tokens`` beyond the model's positions (2,100 tokens on a
 2,048-position model) decoded without a word; an empty prompt failed inside the decoder with

@@ -76,7 +76,7 @@ def test_bad_difficulty_and_sizes_are_refused():
         load_config("demo", ["data.word_problems.n_ops=0"])
 
 
-# ---- issue 34, item 7: the knobs do what they say --------------------------------------------
+# ---- the knobs do what they say --------------------------------------------
 
 
 def changes(question: str) -> list[str]:
@@ -92,7 +92,7 @@ def changes(question: str) -> list[str]:
                                Difficulty(n_ops=8, max_value=9, ops=("sub",)),
                                Difficulty(n_ops=2, max_value=10, ops=("add",))], ids=lambda d: d.tag())
 def test_a_problem_holds_only_the_operations_asked_for(d):
-    """Issue 34: ops=('sub',) gave problems with additions (60 of 60 at n_ops=3, max_value=2)."""
+    """ops=('sub',) gave problems with additions (60 of 60 at n_ops=3, max_value=2)."""
     allowed = set(d.ops) - {"mul"}
     for split in ("train", "test"):
         for r in generate(split, 60, seed=1, difficulty=d):

@@ -1,4 +1,4 @@
-"""Issue 49, round 4, item D: a subtraction-only difficulty's rarest problems are drawn so seldom that a
+"""A subtraction-only difficulty's rarest problems are drawn so seldom that a
 split size it holds could still run out of draws after many seconds; such a size is refused at once
 (``producible``: what the generator finds within its draw budget, computed from the draw probabilities),
 and any size it accepts is drawn."""

@@ -477,7 +477,7 @@ def test_real_transformers_serve_end_to_end(transformers_serve, tmp_path):
         OpenAIBackend("another-model", base_url=base_url, max_retries=0).complete(build_prompt("q", "1", [], "1"), 0.1)
 
 
-# ---- issue 27, item 6: wall-clock limits, Retry-After, capped backoff, bounded replies ----------------
+# ---- wall-clock limits, Retry-After, capped backoff, bounded replies ----------------
 
 
 class PacedServer:

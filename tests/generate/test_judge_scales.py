@@ -1,4 +1,4 @@
-"""Issue 49, round 4, item E: a scale named between a criterion and its score ("overall 10-point scale: 3")
+"""A scale named between a criterion and its score ("overall 10-point scale: 3")
 is the score's scale, never the score."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""Issue 49, round 4, item E: ``sample`` itself refuses an empty prompt and one that, with the new tokens,
+"""``sample`` itself refuses an empty prompt and one that, with the new tokens,
 runs past the model's positions, naming the prompt's index, before any decoding."""
 import pytest
 

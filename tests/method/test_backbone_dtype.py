@@ -1,4 +1,4 @@
-"""backbone.dtype: auto (issue 37, item 8): on a CPU a GEMM probe picks bfloat16 only where it is
+"""backbone.dtype auto: on a CPU a GEMM probe picks bfloat16 only where it is
 measured >= 1.2x faster; the choice and the probe's numbers are recorded. Nothing here is timed: the
 probe's timing function is injected."""
 import hashlib

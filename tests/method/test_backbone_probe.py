@@ -1,4 +1,4 @@
-"""Issue 49, round 4, item B: a stored GEMM probe is validated before ``backbone.dtype: auto`` trusts it; a
+"""A stored GEMM probe is validated before ``backbone.dtype: auto`` trusts it; a
 corrupt one (zero or negative rates, text, a missing or extra field) is measured again, overwritten and
 the reason logged."""
 import json

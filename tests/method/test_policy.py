@@ -386,7 +386,7 @@ def test_stream_sampler_rejects_bad_concentrations(bad):
         sample_dirichlet_log_streams(torch.ones(4), keys[:1], keys[:1])
 
 
-# ---- issue 27, item 5: raise instead of returning NaN -----------------------------------------------
+# ---- raise instead of returning NaN -----------------------------------------------
 
 
 def test_fit_transitions_without_smoothing_refuses_a_state_never_left():

@@ -314,7 +314,7 @@ def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
     assert not (tmp_path / "tb").exists()
 
 
-# ---- issue 27, item 5: finite or refused -----------------------------------------------------------
+# ---- finite or refused -----------------------------------------------------------
 
 
 def _trainer(tmp_path, alpha=0.0, eps=0.0):

@@ -155,7 +155,7 @@ REPORT_ONLY = ("04_judge.ipynb", "06_summary.ipynb", "07_synthetic.ipynb", "08_s
 def test_a_report_only_notebook_does_not_import_the_modelling_stack():
     """Every import of a page that only reads runs (and the judge, whose backends load a model
     themselves when one is used) leaves transformers and the sampling engine unloaded: each kernel of
-    `make book` would spend seconds importing them (#50). One process imports the pages in turn and
+    `make book` would spend seconds importing them. One process imports the pages in turn and
     names the first whose imports load either."""
     import subprocess
     import sys

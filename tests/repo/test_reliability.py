@@ -1,4 +1,4 @@
-"""Issue 34, reliability round 3: repeated setting keys, YAML 1.1 numbers, over-long names, judge
+"""Repeated setting keys, YAML 1.1 numbers, over-long names, judge
 scales, one-line CLI errors."""
 import pytest
 
@@ -20,7 +20,7 @@ def test_a_config_setting_with_a_repeated_key_is_a_config_error():
         load_config("smoke", ['rl.settings=["eps=0.1,eps=0.2"]'])
 
 
-# ---- item 8: numbers as written ----------------------------------------------------------------
+# ---- numbers as written ----------------------------------------------------------------
 
 @pytest.mark.parametrize("item,key,value", [("pretrain.epochs=010", "pretrain", 10), ("pretrain.epochs=0o10", "pretrain", 8),
                                             ("pretrain.epochs=0x10", "pretrain", 16), ("states.tau=1e-1", "states", 0.1),
@@ -125,7 +125,7 @@ def test_the_name_limit_is_the_file_systems(tmp_path, monkeypatch):
         load_config("smoke", [f"run_dir={tmp_path}", f"grid.datasets=[{ok}]"])
 
 
-# ---- item 12: the judge reads a stated scale ------------------------------------------------------
+# ---- the judge reads a stated scale ------------------------------------------------------
 
 def _scores(reply):
     from ctrls.generate.judge import CRITERIA, parse_scores
@@ -160,7 +160,7 @@ def test_a_score_whose_scale_cannot_be_read_is_refused(reply):
     assert scores[1] == DEFAULT_SCORE and per_key[1] == "d"
 
 
-# ---- item 13: one-line errors from the CLI --------------------------------------------------------
+# ---- one-line errors from the CLI --------------------------------------------------------
 
 def _cli(argv, capsys, monkeypatch):
     from ctrls import cli
@@ -235,7 +235,7 @@ def test_a_table_given_no_samples_is_one_line(tmp_path, capsys, monkeypatch):
     assert "see the executed notebook" in lines[0]
 
 
-# ---- item 5: results of another config are never read as this one's -------------------------------
+# ---- results of another config are never read as this one's -------------------------------
 
 def _cfg(tmp_path, *items):
     return load_config("smoke", [f"run_dir={tmp_path}", *items])
@@ -316,7 +316,7 @@ def test_rl_curves_of_another_config_are_never_scored(tmp_path):
         load_curves(_cfg(tmp_path, "rl.steps=6"))
 
 
-# ---- item 6: the scorecard's states ----------------------------------------------------------------
+# ---- the scorecard's states ----------------------------------------------------------------
 
 def test_the_scorecard_says_not_run_for_a_stage_that_did_not_run(tmp_path):
     from ctrls.report.scorecard import demo_claims, synthetic_claims
@@ -360,7 +360,7 @@ def test_rl_curves_holding_nan_are_unreadable_naming_the_file(tmp_path):
     assert rl.verdict == f"unreadable: {f}" and "NaN in column 'correct_by_question'" in rl.evidence
 
 
-# ---- item 11: answers, decided by the policy (ctrls/data/answers.py) -----------------------------------
+# ---- answers, decided by the policy (ctrls/data/answers.py) -----------------------------------
 
 @pytest.mark.parametrize("text,gold,correct", [
     ("The answer is –5.", "-5", True), ("#### -5", "–5", True), ("#### 2 – x", "2-x", True),  # a sign: a minus

@@ -1,4 +1,4 @@
-"""Issue 48: when no judge could score (every score fell back to the scale's midpoint), the judge page says
+"""When no judge could score (every score fell back to the scale's midpoint), the judge page says
 so plainly instead of showing a table of defaults."""
 from __future__ import annotations
 

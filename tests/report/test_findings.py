@@ -1,4 +1,4 @@
-"""Issue 35 items 1, 2 and 6: the first page opens with findings generated from the runs (ctrls.report.findings),
+"""The first page opens with findings generated from the runs (ctrls.report.findings),
 the scorecard comes in two blocks with direction columns and title links, and the GPU cost model and the
 run-your-own page have their own pages."""
 import json
@@ -31,7 +31,7 @@ def _claims():
                   block=OWN, claimed="↑ a − b", estimates=[Estimate("", 0.0, -0.3, 0.3, scale=1, unit="")])]
 
 
-# ---- item 2: the scorecard --------------------------------------------------------------------------
+# ---- the scorecard --------------------------------------------------------------------------
 
 
 def test_scorecard_has_two_blocks_with_direction_columns_short_verdicts_and_title_links():
@@ -70,7 +70,7 @@ def test_the_scorecards_claims_sit_in_their_blocks(tmp_path):
     assert sc.paper_power_claim().block == PAPER
 
 
-# ---- item 1: the findings (issue 48: short sentences, each number with its interval and n) -----------
+# ---- the findings (short sentences, each number with its interval and n) -----------
 
 
 def test_paper_finding_is_the_paper_tables_counts():
@@ -251,7 +251,7 @@ def test_run_your_own_page_has_the_format_the_keys_the_command_and_the_outputs()
         assert f"`{key}`" in keys
 
 
-# ---- item 7: the summary's forest plot, Table 3 once ---------------------------------------------
+# ---- the summary's forest plot, Table 3 once ---------------------------------------------
 
 
 def _code_cells(name):

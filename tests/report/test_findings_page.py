@@ -1,4 +1,4 @@
-"""Issue 48, the first page: a three-sentence verdict a reader can repeat, with the scale caveat on the first
+"""The first page: a three-sentence verdict a reader can repeat, with the scale caveat on the first
 screen; then the findings as short sentences, each number with its 95% interval and n, a small table where
 there are several; no first-page sentence over 80 words; no threshold the book does not justify.
 

@@ -1,4 +1,4 @@
-"""Issue 48: the glossary page defines each statistical and method term once (Holm, Newcombe's interval,
+"""The glossary page defines each statistical and method term once (Holm, Newcombe's interval,
 MDD, κ, coincidence and the independent-chain null, Succ., pass@k, fixed s₀, the paper's inferred n), it is
 in the book's table of contents, and every link to it, from the pages, the notebooks and the library's
 generated text, resolves to one of its anchors."""

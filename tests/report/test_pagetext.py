@@ -1,4 +1,4 @@
-"""Issue 48: the run pages say what ran. The exploration page's headline box takes each family's comparison
+"""The run pages say what ran. The exploration page's headline box takes each family's comparison
 with the smallest Holm-adjusted p (not the first row of a table), and folds the rest in a dropdown, not in a
 folded code cell; the RL page names the settings that ran; the stored studies' tables give every rate in %
 with its interval."""

@@ -1,4 +1,4 @@
-"""Issue 48: the book's prose is readable. On the pages of the book's text (the Markdown pages and the
+"""The book's prose is readable. On the pages of the book's text (the Markdown pages and the
 notebooks' narrative cells) no sentence is over 60 words; no work-log or provenance noise stands in a
 sentence (what is stored, missing or from another commit is said once, in a page's provenance note); no
 build path is shown; every code cell is folded or removed the same way (cell tags); every config key a

@@ -1,4 +1,4 @@
-"""Issue 35, item 8: every figure's caption names where it was drawn from, as showyourwork does: the
+"""Every figure's caption names where it was drawn from, as showyourwork does: the
 library call and the run file(s) it read (``ctrls.report.plots.drawn_from``), shown as ``<profile>/<stage>/...``
 (or ``bench/results/...`` for a stored result), never as an absolute path. Item 7: the pretraining
 page's transition heatmap labels no more states than fit, upright; its KL figure, when every line is
@@ -273,7 +273,7 @@ def test_every_notebook_cell_has_a_unique_id():
         assert len(set(ids)) == len(ids), f"{nb.name}: repeated cell ids"
 
 
-# ---- issue 48: what the figures draw ------------------------------------------------------------------
+# ---- what the figures draw ------------------------------------------------------------------
 
 
 def test_a_flat_pass_at_k_panel_is_a_sentence_and_no_row_hides_under_another(kernel):

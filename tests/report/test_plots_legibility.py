@@ -1,4 +1,4 @@
-"""Issue 48: the figures read at 1280 px and on a 390 px phone. The first page's forest plot groups the
+"""The figures read at 1280 px and on a 390 px phone. The first page's forest plot groups the
 paper's 80 differences into 16 labelled rows (it had 80 labels at 5.5 pt); every text of every figure is
 at least ``plots.MIN_FONT_PT``; no figure is wider than the book's column; on a phone the stylesheet keeps a
 run page's figure at least ``plots.PHONE_MIN_PX`` wide, so that its smallest text stays about 9 px high.

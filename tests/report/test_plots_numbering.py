@@ -1,4 +1,4 @@
-"""Issue 48: the book's figures are numbered "Figure B<page>.<n>", so that no number restarts into another
+"""The book's figures are numbered "Figure B<page>.<n>", so that no number restarts into another
 page's and none can be mistaken for one of the paper's Figures 1 to 7; each page sets its own number."""
 from __future__ import annotations
 

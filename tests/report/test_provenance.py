@@ -1,4 +1,4 @@
-"""Issue 48: a page says once, in one note, which stored result it reads, from which commit and device, or
+"""A page says once, in one note, which stored result it reads, from which commit and device, or
 that the checkout lacks it; never in its sentences, and never with a build path."""
 from __future__ import annotations
 

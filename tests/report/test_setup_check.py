@@ -1,4 +1,4 @@
-"""Issue 48: the setup page's word problems keep their dollar signs ("The TV costs $600", not "costs600"),
+"""The setup page's word problems keep their dollar signs ("The TV costs $600", not "costs600"),
 MATH's TeX still reads as plain text, and the page names no build path."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 49, round 4, item A: one validating reader for every stored result (ctrls.report.stored). The
+"""One validating reader for every stored result (ctrls.report.stored). The
 readers behind the pretraining page and the first page refuse, naming the file and the field, what they
 printed or crashed on: NaN, ±Infinity and null, rates outside [0, 1], an interval that does not contain its
 estimate, a non-integer or small K, a coincidence of 0 or 1, non-finite GPU-hours, a machine that is not an

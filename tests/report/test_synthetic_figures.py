@@ -1,4 +1,4 @@
-"""Issue 35, item 7: the synthetic page's figures fit the book's 948 px column at their own size
+"""The synthetic page's figures fit the book's 948 px column at their own size
 (Figure 4, the sweep, was drawn 1,372 px wide and shown downscaled) and no legend covers a curve
 (Figure 3, the entropy curves). Rendered on small made-up runs, as the inline backend saves them
 (100 dpi, cropped tight)."""

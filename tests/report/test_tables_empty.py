@@ -1,4 +1,4 @@
-"""Issue 49, round 4, item E: Table 1 of no samples is a clear ValueError, not an AttributeError."""
+"""Table 1 of no samples is a clear ValueError, not an AttributeError."""
 import pandas as pd
 import pytest
 

@@ -1,4 +1,4 @@
-"""Statistics round 3 (issue 33), items 3, 4, 5, 8, 9: verdicts that agree with their intervals and
+"""Verdicts that agree with their intervals and
 state their direction, one label for inconclusive, values without an interval printed as such."""
 import math
 

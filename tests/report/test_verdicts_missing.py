@@ -1,4 +1,4 @@
-"""Issue 49, round 4, item E: a missing value prints as the book's missing marker, whatever pandas or
+"""A missing value prints as the book's missing marker, whatever pandas or
 numpy calls it missing (pd.NA printed "<NA>%")."""
 import math
 

@@ -76,7 +76,7 @@ def test_an_untouched_stage_is_reused_and_not_rewritten(tmp_path):
 
 
 def test_a_marker_without_checksums_is_not_trusted(tmp_path, caplog):
-    """Issue 27, item 12: a truncated output behind a marker without checksums is redone."""
+    """A truncated output behind a marker without checksums is redone."""
     st = finished_stage(tmp_path)
     rec = json.loads(st.done_file.read_text())
     del rec["files"], rec["inputs"]
@@ -91,7 +91,7 @@ def test_a_marker_without_checksums_is_not_trusted(tmp_path, caplog):
 
 
 def test_an_output_replaced_by_a_directory_is_named_and_redone(tmp_path, caplog):
-    """Issue 27, item 9: no IsADirectoryError in Stage.begin."""
+    """No IsADirectoryError in Stage.begin."""
     st = finished_stage(tmp_path)
     (st.dir / "x.bin").unlink()
     (st.dir / "x.bin").mkdir()
@@ -125,7 +125,7 @@ def test_a_done_marker_cannot_make_a_rerun_delete_outside_the_run_dir(tmp_path, 
 
 @pytest.mark.parametrize("profile", ["/abs/elsewhere", "../../x", "..", "a/b"])
 def test_a_profile_that_is_a_path_is_refused(tmp_path, profile):
-    """Issue 27, item 2: `-o profile=/some/dir` moved stage directories outside run_dir."""
+    """`-o profile=/some/dir` moved stage directories outside run_dir."""
     with pytest.raises(ConfigError, match="profile"):
         load_config("smoke", [f"run_dir={tmp_path}", f"profile={profile}"])
 
@@ -256,7 +256,7 @@ def test_a_corrupt_line_inside_a_committed_question_is_an_error(tmp_path):
 
 
 def test_questions_whose_ids_differ_in_punctuation_never_share_a_run_file(tmp_path):
-    """Issue 27, item 1: ids "a b", "a_b" and "a?b" shared one exploration part and one feature shard,
+    """ids "a b", "a_b" and "a?b" shared one exploration part and one feature shard,
     so exploration kept 6 samples of 1 question instead of 18 of 3, and pretraining trained on 2 of 3."""
     from ctrls.stages.collect import shard_file
     from ctrls.stages.exploration import part_file

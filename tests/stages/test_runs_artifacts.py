@@ -1,4 +1,4 @@
-"""Issue 34, item 1: nothing runs that a run directory did not write.
+"""Nothing runs that a run directory did not write.
 
 Run files are loaded with ``torch.load(weights_only=True)`` (``ctrls.stages.runs.load_torch``): tensors and
 plain containers only. A crafted RL checkpoint or feature shard, whose unpickling would execute code

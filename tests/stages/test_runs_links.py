@@ -1,4 +1,4 @@
-"""Issue 49, item 1: a stage's lock and markers never follow a symbolic link.
+"""A stage's lock and markers never follow a symbolic link.
 
 A lock file (``.<stage>.lock``) or a marker (``done``, ``key``, ``config.yaml``, the ``done`` marker's
 temp file) that is a symbolic link was opened and written through: a user's file outside the run

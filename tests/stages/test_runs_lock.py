@@ -1,4 +1,4 @@
-"""Issue 34, item 3: one writer per stage.
+"""One writer per stage.
 
 ``Stage.begin`` takes an exclusive lock on the stage (``.<stage>.lock`` next to its directory, an
 ``fcntl.flock`` on a file that holds the holder's pid and host). A second process that begins the

@@ -1,4 +1,4 @@
-"""Issue 34, item 2: a ``done`` marker cannot point outside its stage.
+"""A ``done`` marker cannot point outside its stage.
 
 Every path a marker names is resolved (``..`` and symbolic links) and must lie inside its stage's
 directory (or an ``extra`` output of the stage); otherwise the marker is corrupt: named in the log,

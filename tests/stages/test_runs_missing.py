@@ -1,4 +1,4 @@
-"""Issue 49, item 3: a part file that a done marker records but the directory lacks is an error.
+"""A part file that a done marker records but the directory lacks is an error.
 
 The readers took the files in the directory that the marker recorded: a deleted exploration part (a
 question's samples) or RL curve simply vanished, and the verdicts came from fewer questions. Now

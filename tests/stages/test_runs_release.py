@@ -1,4 +1,4 @@
-"""Issue 49, item 2: every stage gives its lock back when it fails or is interrupted.
+"""Every stage gives its lock back when it fails or is interrupted.
 
 Only the RL stage released its lock on an exception: an interrupted pretraining, exploration, judge or
 synthetic stage in a notebook kernel (where the traceback keeps the stage object alive) left

@@ -1,5 +1,4 @@
-"""Degenerate input is refused with an error that names what is wrong, never turned into a number
-(issue 33, item 10)."""
+"""Degenerate input is refused with an error that names what is wrong, never turned into a number."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Statistics round 3 (issue 33, items 1 and 2): Newcombe's paired interval with the continuity-corrected
+"""Newcombe's paired interval with the continuity-corrected
 phi, and the clustered rate interval's effective size near 0% and 100%, each against an independent
 reference (published values, plain Wilson, a coverage simulation)."""
 import numpy as np
@@ -15,7 +15,7 @@ def _arms(both: int, a_only: int, b_only: int, neither: int) -> tuple[np.ndarray
     return a, b
 
 
-# ---- item 1: Newcombe's paired interval (method 10) with phi* ------------------------------------
+# ---- Newcombe's paired interval (method 10) with phi* ------------------------------------
 
 
 def test_paired_interval_matches_the_published_value():
@@ -29,7 +29,7 @@ def test_paired_interval_matches_the_published_value():
 
 def test_the_exploration_example_reads_41_0_to_1_3():
     # eps = 0.1 (arm a) vs Base (arm b): both 10, eps only 5, Base only 14, neither 11 (N = 40).
-    # With the raw phi the interval was [-40.5, -1.9] (issue 33); with phi* it is [-41.0, -1.3].
+    # With the raw phi the interval was [-40.5, -1.9]; with phi* it is [-41.0, -1.3].
     a, b = _arms(10, 5, 14, 11)
     one = np.ones(40)
     r = paired_rate_difference(a, one, b, one)
@@ -70,7 +70,7 @@ def test_identical_arms_never_give_a_zero_width_interval():
 
 def test_paired_interval_covers_under_paired_null_cells():
     # cells (both, a only, b only, neither) = (.5, .1, .1, .3) at 40 questions: the true difference
-    # is 0. The raw phi covered about 92.5%; phi* about 96% (issue 33).
+    # is 0. The raw phi covered about 92.5%; phi* about 96%.
     tables = np.random.default_rng(20240533).multinomial(40, [0.5, 0.1, 0.1, 0.3], size=4000)
     d, lo, hi, _ = newcombe_paired(*tables.T)
     assert ((lo <= 0) & (0 <= hi)).mean() >= 0.95
@@ -82,7 +82,7 @@ def test_paired_interval_covers_under_paired_null_cells():
         assert (r["lo"], r["hi"]) == pytest.approx((lo[i], hi[i]))
 
 
-# ---- item 2: the clustered rate interval near 0% and 100% -----------------------------------------
+# ---- the clustered rate interval near 0% and 100% -----------------------------------------
 
 
 def test_one_failure_does_not_narrow_the_interval():
@@ -142,7 +142,7 @@ def test_rate_intervals_equal_rate_interval_row_by_row():
 @pytest.mark.parametrize("p", [0.95, 0.96, 0.97, 0.98])
 def test_rate_interval_covers_clustered_rates_near_100_percent(p):
     """40 questions x 20 samples, beta-binomial (per-question rate ~ Beta with mean p and intra-question
-    correlation icc): the paper profile's Succ. range. Coverage was 0.82-0.87 before (issue 33)."""
+    correlation icc): the paper profile's Succ. range. Coverage was 0.82-0.87 before."""
     rng = np.random.default_rng(int(1000 * p))
     for icc in (0.3, 0.45, 0.6):
         k = (1 - icc) / icc

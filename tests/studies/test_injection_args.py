@@ -1,4 +1,4 @@
-"""Issue 49, round 4, item F: studies/injection.py checks every argument before any work, and says what is
+"""Studies/injection.py checks every argument before any work, and says what is
 wrong in one line, without a traceback (``--questions -1`` sliced the problems to all but the last and exited 0)."""
 from __future__ import annotations
 

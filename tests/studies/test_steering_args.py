@@ -1,4 +1,4 @@
-"""Issue 49, round 4, item F: studies/steering.py checks every argument and every point's config before the
+"""Studies/steering.py checks every argument and every point's config before the
 first point runs, and says what is wrong in one line, without a traceback (a bad second point was found after the
 first had run for minutes; a bad override was a ConfigError traceback)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Synthetic verdicts from the data (issue 33, item 7): intervals over seeds are binomial for counts of
+"""Synthetic verdicts from the data: intervals over seeds are binomial for counts of
 seeds, Welch where both sides vary, never the worst-case variance bound that made every interval
 about +-0.4 whatever the seeds showed."""
 import math

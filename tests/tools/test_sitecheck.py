@@ -260,7 +260,7 @@ def leaky_site(chromium, tmp_path_factory):
 
 @pytest.mark.parametrize("kind", list(_CONNECTIONS))
 def test_every_kind_of_connection_to_another_host_is_recorded_and_blocked(leaky_site, kind):
-    """Issue 34, item 4: a WebSocket, an EventSource, a beacon (and fetch, XHR, a worker's fetch,
+    """A WebSocket, an EventSource, a beacon (and fetch, XHR, a worker's fetch,
     a WebRTC ICE server, a preconnect, a popup window and a popup's own fetch) to a non-local host is
     external: recorded with its type on the page that opened it, the page fails the check, and the host receives no connection at all."""
     from tools.sitecheck import format_report, page_ok

@@ -1,4 +1,4 @@
-"""Issue 35, item 9: the browser check grows. Every internal link of the built site resolves (a file,
+"""The browser check grows. Every internal link of the built site resolves (a file,
 and for ``#anchor`` an element with that id); the layout checks also run at 390 px, where a wide table
 may scroll inside its own box but must not be clipped or widen the page; placeholder and work-log text
 is junk. Hand-made sites prove that each check fails where it should, naming the page and element.
@@ -208,7 +208,7 @@ _SPLIT_WORDS = r"""() => {
 
 
 def test_the_books_css_wraps_code_names_between_words_and_scrolls_wide_tables_at_390(chromium, tmp_path):
-    """Issue 35, item 7 (method page) and item 9: with book/_static's ctrls.css and ctrls-wbr.js, the
+    """The method page: with book/_static's ctrls.css and ctrls-wbr.js, the
     index's long code names break only after '/', '::', '.', '_' (never mid-word, never inside 5.2),
     and at 390 px the index table scrolls inside its own box: the check passes at both widths."""
     import shutil
