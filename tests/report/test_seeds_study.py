@@ -11,7 +11,7 @@ from ctrls.report import seeds_study
 from ctrls.report.stored import StoredResultError, read
 from ctrls.report.verdicts import Claim, Estimate
 from tests.studies.harness import load_study
-from tests.studies.test_seeds_study import synthetic_seed
+from tests.studies.test_seeds_study_pool import synthetic_seed
 
 
 @pytest.fixture(scope="module")
