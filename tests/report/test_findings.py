@@ -145,7 +145,7 @@ def test_the_verdict_has_three_sentences_with_the_scale_caveat():
     one, two, three = fd.verdict_sentences(load_config("demo"), _claims(), counts)
     assert one.startswith("The paper's own tables cannot show that CTRLS beats Base") and "40 in Table 1" in one
     assert two.startswith("Nothing here ran at the paper's 3B scale") and "smollm2-135m-instruct" in two
-    assert three.startswith("On it, CTRLS does not detectably change pass@n")
+    assert three.startswith("On this build's run, CTRLS does not detectably change pass@n")
     assert "RL on the transition policy (Table 2) was not run" in three
     md = fd.verdict_markdown([one, two, three])
     assert md.startswith("```{admonition} The verdict") and md.count("\n") == 4
