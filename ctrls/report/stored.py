@@ -285,6 +285,7 @@ COMMITTED = {
     "studies/results/generation_controls.json": "generation", "studies/results/injection.json": "injection",
     "studies/results/injection_k4.json": "injection", "studies/results/word_problems_difficulty.json": "pilot",
     "bench/results/gpu_estimate_measured_nvidia_h200_qwen.json": "gpu",
+    "studies/results/seeds_pooled.json": "seeds_pooled",
 }
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
