@@ -258,7 +258,7 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
             f"{lead} on data seed {int(r['data seed'])} ({int(r.questions)} test questions, "
             f"{int(r.steps)} steps of the ε row), steps land in their drawn state {100 * r.follows:.1f}% of the time "
             f"against {100 * r['null']:.1f}% for an independent chain: κ = {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}"
-            + (" (the bar, κ ≥ 0.5 with its lower bound above 0.3, is met)" if k_ok else f" ({'; '.join(miss)})")
+            + (" (it meets the fresh-seed criterion, κ ≥ 0.5 with its lower bound above 0.3)" if k_ok else f" ({'; '.join(miss)})")
             + f"; fixed s₀ − Base pass@1 is {ci_text(100 * r.harm, 100 * r['harm lo'], 100 * r['harm hi'], '{:+.1f}')} points, "
             + ("non-inferior" if r["non-inferior"] else "not shown non-inferior") + f" at {margin:g} points"
             + (f" (its estimate is within {margin:g} points, its interval's lower bound is not)"
@@ -282,13 +282,13 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
         r = pool.iloc[0]
         out.append(f"Pooled over the {len(per)} seeds ({int(r.questions)} questions, {int(r.steps)} steps): "
                    f"{100 * r.follows:.1f}% against {100 * r['null']:.1f}%, κ = {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}"
-                   + (", the bar met." if r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR else ", the bar not met."))
+                   + (", meeting the fresh-seed criterion." if r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR else ", short of the fresh-seed criterion."))
     return " ".join(out)
 
 
 def stage_option_summary(t: pd.DataFrame, lead: str = "Through the stages (`state_prompt.use=true`)") -> str:
     """:func:`stage_option_frame` in one sentence for the first page: each seed's kappa [95%], the pooled one with
-    its n against the bar, and each seed's fixed-s0 harm [95%] (the pretraining page says why a seed loses)."""
+    its n against the fresh-seed criterion, and each seed's fixed-s0 harm [95%] (the pretraining page says why a seed loses)."""
     per = t[t["data seed"].map(lambda x: isinstance(x, (int, np.integer)))]
     pool = t[t["data seed"] == "pooled"]
     r = pool.iloc[0] if len(per) > 1 and len(pool) else per.iloc[0]
@@ -298,7 +298,7 @@ def stage_option_summary(t: pd.DataFrame, lead: str = "Through the stages (`stat
     return (f"{lead} on fresh data seed{'s' if len(per) > 1 else ''} {seeds}, "
             f"κ = {', '.join(ci_text(x.kappa, x['kappa lo'], x['kappa hi']) for _, x in per.iterrows())}"
             + (f", pooled {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}" if len(per) > 1 else "")
-            + f" ({int(r.questions)} questions, {int(r.steps)} steps): the bar is {'met' if met else 'not met'}; "
+            + f" ({int(r.questions)} questions, {int(r.steps)} steps): the fresh-seed criterion is {'met' if met else 'not met'}; "
             f"the fixed-s₀ row is {', '.join(ci_text(100 * x.harm, 100 * x['harm lo'], 100 * x['harm hi'], '{:+.1f}') for _, x in per.iterrows())} "
             "points of pass@1 against Base (the pretraining page says why).")
 

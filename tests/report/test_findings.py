@@ -338,4 +338,4 @@ def test_seeds_note_gives_the_pooled_test_kappa_with_n_and_the_text_cue_bound(tm
                                "seeds": [seed(6, k=0.63, lo=0.57, hi=0.69)], "pooled_kappa": kappa()}))
     text = fd.seeds_note(p, prompts=[sp], option=opt)
     assert text.index("On data seed 1") < text.index("Through the stages (`state_prompt.use=true`) on fresh data seed 6") < text.index("95–97%")
-    assert "κ = 0.63 [0.57, 0.69] (60 questions, 678 steps): the bar is met" in text
+    assert "κ = 0.63 [0.57, 0.69] (60 questions, 678 steps): the fresh-seed criterion is met" in text

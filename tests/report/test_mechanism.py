@@ -95,11 +95,11 @@ def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses
                          "seeds": [met, seed(7, k=0.46, lo=0.28, hi=0.6)], "pooled_kappa": kappa()})
     s = stage_option_sentence(stage_option_frame(p))
     first, second = s.split("With ")[1:]
-    assert "data seed 6" in first and "0.55 [0.42, 0.66]" in first and "is met" in first and "non-inferior at 5" in first
+    assert "data seed 6" in first and "0.55 [0.42, 0.66]" in first and "meets the fresh-seed criterion" in first and "non-inferior at 5" in first
     assert "+1.0 [−4.0, +6.0] points" in first
     assert "κ is 0.040 short of 0.5" in second and "lower bound is 0.020 short of 0.3" in second and "not shown" in second
     assert "its estimate is within 5 points" in second and "its estimate" not in first  # −2.0 [−7.0, +3.0]
-    assert "Pooled over the 2 seeds (60 questions, 678 steps)" in second and "0.10 [0.03, 0.17], the bar not met." in second
+    assert "Pooled over the 2 seeds (60 questions, 678 steps)" in second and "0.10 [0.03, 0.17], short of the fresh-seed criterion." in second
     assert "gives an answer" not in s  # stored without answer rates (older results): no reason given
     bad = seed(8, k=0.63, lo=0.57, hi=0.7)
     bad["harm_fixed_minus_base_pass1"] = {"diff": -0.1625, "lo": -0.229, "hi": -0.1, "non_inferior": False}
@@ -113,7 +113,7 @@ def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses
     assert "gives an answer" not in a  # within the margin: no reason needed
     short = stage_option_summary(stage_option_frame(two))
     assert "seeds 6 and 8" in short and "0.55 [0.42, 0.66], 0.63 [0.57, 0.70], pooled 0.10 [0.03, 0.17]" in short
-    assert "the bar is not met" in short and "+1.0 [−4.0, +6.0], −16.2 [−22.9, −10.0] points" in short
+    assert "the fresh-seed criterion is not met" in short and "+1.0 [−4.0, +6.0], −16.2 [−22.9, −10.0] points" in short
     assert len(short.split()) <= 80
     one = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"], "seeds": [met],
                            "pooled_kappa": kappa()}, "one.json")
