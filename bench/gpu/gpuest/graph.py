@@ -134,7 +134,7 @@ def path_estimates(data: dict, cfg, gpus: int) -> dict:
 
 
 def static_summary(data: dict, goal_hours: float = 10.0) -> dict:
-    """Totals (one GPU) of the three paths, and whether the static path meets a target of at most 10 H100-hours."""
+    """Totals (one GPU) of the three paths, and whether the static path stays within a budget of 10 H100-hours."""
     tot = {p: data[k]["total_hours"] for p, k in (("eager", "estimate"), ("static", "estimate_static"),
                                                  ("bw_floor", "estimate_bw_floor")) if k in data}
     s = tot.get("static")
