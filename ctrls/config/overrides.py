@@ -115,9 +115,20 @@ def dump_yaml(data: Any) -> str:
 
 
 def short(value: Any, limit: int = 200) -> str:
-    """``repr(value)``, cut to ``limit`` characters (with the full length) so an error stays one short line."""
-    r = repr(value)
-    return r if len(r) <= limit else f"{r[:limit]}... ({len(r):,} characters)"
+    """``repr(value)``, cut to ``limit`` characters so an error stays one short line; a large value is never
+    written out whole first (a profile of aliases expands to hundreds of MB): strings are cut before their repr,
+    and lists and mappings show their first items (``reprlib``)."""
+    import reprlib
+
+    if isinstance(value, str):
+        return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value):,} characters)"
+    bounded = reprlib.Repr()  # attributes, not keywords: Python 3.10 and 3.11 take none
+    bounded.maxlevel = 4
+    bounded.maxtuple = bounded.maxlist = bounded.maxarray = bounded.maxdict = bounded.maxset = 8
+    bounded.maxfrozenset = bounded.maxdeque = 8
+    bounded.maxstring = bounded.maxlong = bounded.maxother = limit
+    r = bounded.repr(value)
+    return r if len(r) <= limit else f"{r[:limit]}..."
 
 
 _OPEN, _CLOSE = "[{(", "]})"
