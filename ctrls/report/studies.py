@@ -263,7 +263,11 @@ def chance_corrected(follows, coincidence):
     to be steered that do land in their drawn state (Cohen's kappa). 0 is chance, 1 every step; unlike
     the ratio follows / coincidence it does not favour many states (a ratio of 3 needs 75% follows at
     K = 4, where coincidence is near 25%, but 24% at K = 16)."""
-    return (np.asarray(follows, dtype=float) - coincidence) / (1 - np.asarray(coincidence, dtype=float))
+    from ctrls.stats.agreement import kappa  # the one kappa: NaN where coincidence is 1 (nothing to steer)
+
+    f, c = np.broadcast_arrays(np.asarray(follows, dtype=float), np.asarray(coincidence, dtype=float))
+    out = np.array([kappa(a, b) for a, b in zip(f.ravel(), c.ravel())], dtype=float).reshape(f.shape)
+    return out if out.ndim else float(out)
 
 
 def steering_k(df: "pd.DataFrame") -> "pd.Series":

@@ -155,6 +155,7 @@ def test_states_sweep_picks_the_k_that_steers_most_by_kappa_among_the_harmless(t
     df = scaling_frame(f)
     assert df.K.tolist() == [4, 8, 16]
     assert chance_corrected(0.4, 0.25) == pytest.approx(0.2) and chance_corrected(0.25, 0.25) == 0
+    assert math.isnan(chance_corrected(1.0, 1.0))  # nothing left to steer: kappa is undefined, as stats.agreement.kappa says
     view = states_view(df)
     assert view.K.tolist() == [4, 8, 16] and view["ratio"].tolist() == ["1.6×", "4.0×", "2.5×"]
     assert view["κ"].tolist() == ["0.20", "0.53", "0.13"]
