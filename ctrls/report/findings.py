@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from ctrls.config.schema import Config
-from ctrls.report import stored  # the one validating reader of stored results (and where they are: $CTRLS_RESULTS_DIR)
+from ctrls.report import seeds_study, stored  # stored: the one validating reader of stored results
 from ctrls.report.glossary import term
 from ctrls.report.paper import PAPER_TABLE2
 from ctrls.report.provenance import conditioning_name
@@ -49,7 +49,6 @@ def _minus(s: str) -> str:
 
 
 # ---- 1. the paper's own tables ------------------------------------------------------------------
-
 from ctrls.report.forest import FOREST_WIDTH_IN, paper_forest  # noqa: E402,F401 (paper_forest: the summary page draws it as findings.paper_forest)
 
 
@@ -398,12 +397,9 @@ def verdict_sentences(cfg: Config, claims: list[Claim], counts: dict) -> list[st
     by = {c.claim: c for c in claims}
     clauses = [_clause(by.get(PASS_CLAIM), "pass"), _clause(by.get(CONTROL_CLAIM), "control"),
                _clause(by.get(RL_CLAIM), "rl")]
-    from ctrls.report import seeds_study
-
     res = seeds_study.pooled() if any(c.page == seeds_study.PAGE for c in claims) else None
-    lead = (f"Over {len(res['seeds'])} fresh training runs of the demo (the seeds study), " if res is not None
-            else "On this build's run, ")
-    three = lead + "; ".join(clauses[:-1]) + "; and " + clauses[-1] + "."
+    three = (f"Over {len(res['seeds'])} fresh training runs of the demo (the seeds study), " if res is not None
+             else "On this build's run, ") + "; ".join(clauses[:-1]) + "; and " + clauses[-1] + "."
     return [one, two, three]
 
 

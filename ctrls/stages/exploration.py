@@ -151,10 +151,10 @@ def explore(cfg: Config, force: bool = False, progress: bool = True, readback: b
     out = samples_dir(cfg)
     if stage.is_done() and not force:
         return out
-    check_fitted(cfg, "exploration")  # before the stage clears anything: another variant's samples stay
     try:
         if w.is_main:
-            stage.begin(force=force)
+            # before it clears another config's samples, the stage checks the fits it decodes with exist
+            stage.begin(force=force, check=lambda: check_fitted(cfg, "exploration"))
             out.mkdir(parents=True, exist_ok=True)
         w.barrier()
         masks: dict = {}

@@ -130,9 +130,9 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
     stage = _rl_stage(cfg)
     if stage.is_done() and not force:
         return stage.dir
-    check_fitted(cfg, "RL")  # before the stage clears anything
     if w.is_main:
-        stage.begin(force=force)  # takes the stage's lock: one writer per stage (ctrls.stages.runs)
+        # takes the stage's lock (one writer per stage); checks the fits exist before clearing another config's runs
+        stage.begin(force=force, check=lambda: check_fitted(cfg, "RL"))
     clock, t0 = PhaseClock(), time.perf_counter()
     try:
         w.barrier()

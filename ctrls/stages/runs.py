@@ -507,22 +507,24 @@ class Stage:
     def __exit__(self, *exc) -> None:
         self.release()
 
-    def begin(self, force: bool = False, keep: bool = False) -> "Stage":
+    def begin(self, force: bool = False, keep: bool = False, check=None) -> "Stage":
         """Take the stage's lock (:meth:`lock`), then create the directory; clear it when forced, when
         it holds another config's outputs (unless ``keep``: a cache valid across configs) or when its
         ``done`` marker is corrupt or has no checksums. Outputs that failed verification are deleted
         and the ``done`` marker removed. The lock is held until :meth:`finish` or :meth:`release`
-        (``with stage.begin():`` releases it on an exception too); a begin that fails gives it back."""
+        (``with stage.begin():`` releases it on an exception too); a begin that fails gives it back. ``check``
+        (no arguments) is called before a directory with outputs is cleared, and may refuse: nothing is removed
+        for a run the stage could not make anyway (a missing fit)."""
         self.lock()
         try:
-            return self._prepare(force, keep)
+            return self._prepare(force, keep, check)
         except BaseException as e:
             self.release()
             if isinstance(e, OSError):
                 raise_unwritable(e, self.dir)
             raise
 
-    def _prepare(self, force: bool, keep: bool) -> "Stage":
+    def _prepare(self, force: bool, keep: bool, check=None) -> "Stage":
         for m in MARKERS:  # never read nor written through a link
             refuse_link(self.dir / m)
         if self._files_ok is None and not self._unverifiable:
@@ -531,6 +533,8 @@ class Stage:
         stale = key_file.exists() and (not key_file.is_file() or key_file.read_text().strip() != self.key)
         unverifiable = self._unverifiable
         if (force or stale or unverifiable) and self.dir.exists() and not keep:
+            if check is not None:
+                check()  # refuses before anything is removed
             log.info("clearing %s (%s)", self.dir, "forced" if force else "config changed" if stale
                      else "outputs without checksums, or a corrupt done marker")
             self._remove(self.dir)
