@@ -16,11 +16,10 @@ where there are several numbers:
 5. what ran at the paper's 3B scale, the one command that runs it, and its measured GPU-hours for one
    backbone × dataset (``bench/results/gpu_estimate_measured_nvidia_h200_qwen.json``).
 
-Findings 2 to 4 are the scorecard's own claims (``ctrls.report.scorecard``): the same estimates, the same
-family intervals, the same verdicts. A finding's headline and the verdict's clause for it are one string
-(:data:`HEADS`), so the two never disagree. ``ctrls reproduce`` writes ``<book>/generated/verdict.md``,
-``<book>/generated/findings.md`` and the figure beside them after the notebooks (:func:`write_findings`);
-the intro page includes them.
+Findings 2 to 4 are the scorecard's own claims (``ctrls.report.scorecard``; over training runs where the seeds
+study is stored): the same estimates, intervals and verdicts. A finding's headline and the verdict's clause for it
+are one string (:data:`HEADS`). ``ctrls reproduce`` writes ``<book>/generated/verdict.md``, ``findings.md`` and
+the figure beside them after the notebooks (:func:`write_findings`); the intro page includes them.
 """
 from __future__ import annotations
 
@@ -186,7 +185,8 @@ def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict, scaled: s
         return missing
     rows = [(f"{e.label} − Base", "CTRLS against Base (the paper's claim)", e) for e in c.estimates]
     if ablation is not None:
-        rows += [(e.label, f"{conditioned} alone", e) for e in ablation.beside]
+        rows += [(e.label, "this build's run, the development seed" if e.label.startswith("development run")
+                  else f"{conditioned} alone", e) for e in ablation.beside]
         rows += [(e.label, f"the transitions beyond {conditioned}", e) for e in ablation.estimates]
     table = ["| comparison | what it measures | questions | pass@n difference, points [family 95% CI] |",
              "|---|---|---:|---:|"]

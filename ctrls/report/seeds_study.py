@@ -157,6 +157,7 @@ def lottery(res: dict):
 
 # the scorecard's method rows: claim key of ctrls.report.scorecard -> the pooled claims its verdict is read from
 KAPPA = {"scale": 1, "unit": ""}  # kappa is shown as itself, not in points
+BESIDE = {"ablation": ("hold_s0_minus_base_pass1",)}  # pooled claims a row shows beside its verdict's (the state alone)
 SCORECARD = {"pass": ("eps_minus_base_pass_n",), "ablation": ("eps_minus_hold_s0_pass_n", "eps_minus_hold_s0_pass1"),
              "control": ("kappa",), "rl": ("rl_minus_pretrained_pass1", "rl_minus_best_constant_pass1")}
 
@@ -193,6 +194,7 @@ def method_claims(claims: list[Claim], res: dict | None, key_of: dict[str, str])
             continue
         verdict, ests = pooled_verdict(res, SCORECARD[k])
         dev = [Estimate(f"development run: {e.label}", e.d, e.lo, e.hi, e.scale, e.unit) for e in (*c.estimates, *c.beside)]
+        dev = pooled_verdict(res, BESIDE[k])[1] + dev if k in BESIDE else dev
         evidence = (f"pooled over {len(res['seeds'])} fresh training runs (data seeds {', '.join(map(str, res['seeds']))}), "
                     f"random effects with HKSJ 95% intervals, Holm over the row's comparisons; this build's run "
                     f"(the development seed) beside, not in the verdict: {c.evidence}")
