@@ -81,3 +81,19 @@ def test_smoke_book_in_chromium(chromium, smoke_book, tmp_path):
         width, height = png_size(shot)
         assert width >= 800 and height >= 600, (name, width, height)
         assert shot.stat().st_size > 10_000, (name, shot.stat().st_size)
+
+
+def test_a_bare_build_before_any_run_names_the_command_to_run_first(tmp_path):
+    """``jupyter-book build book/`` in a fresh clone (no ``book/generated/``) stops with the command to run first,
+    not an empty skeleton."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    book = tmp_path / "book"
+    shutil.copytree(root / "book", book, ignore=shutil.ignore_patterns("_build", "generated"))
+    jb = Path(sys.executable).with_name("jupyter-book")
+    out = subprocess.run([str(jb), "build", str(book)], capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0 and "run `make book` (or `.venv/bin/ctrls reproduce`) first" in out.stdout + out.stderr
