@@ -296,7 +296,7 @@ def pool(seeds: list[int] | None = None) -> dict:
     for name in CLAIMS + EXTRA:
         y = [p[name]["estimate"] for p in per]
         v = [p[name]["variance"] for p in per]
-        r = random_effects(y, v)
+        r = random_effects(y, v, bounds=(-1.0, 1.0))  # a difference of rates, and kappa, lie in [-1, 1]
         r["unit"] = "kappa" if name == "kappa" else "fraction"
         if name != "kappa":
             r["bootstrap"] = two_stage_bootstrap([i["arrays"][name] for i in info])

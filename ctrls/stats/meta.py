@@ -25,11 +25,13 @@ from scipy import stats as st
 ALPHA = 0.05
 
 
-def random_effects(estimates: Sequence[float], variances: Sequence[float], alpha: float = ALPHA) -> dict:
+def random_effects(estimates: Sequence[float], variances: Sequence[float], alpha: float = ALPHA,
+                   bounds: tuple[float, float] | None = None) -> dict:
     """The pooled random-effects estimate of one estimate per run (module docstring), with ``lo``/``hi`` the
     HKSJ interval, ``se`` its standard error, ``tau`` (sqrt of DerSimonian-Laird's tau^2), ``i2`` (the share of
     the spread that is between runs), Cochran's ``q`` and its p-value ``q_p``, and the prediction interval
-    ``pred_lo``/``pred_hi`` (None with fewer than 3 runs: it has k - 2 degrees of freedom)."""
+    ``pred_lo``/``pred_hi`` (None with fewer than 3 runs: it has k - 2 degrees of freedom). With ``bounds`` (the
+    quantity's range: [-1, 1] for a difference of rates) both intervals are cut to it, and ``clipped`` says so."""
     y, v = np.asarray(estimates, dtype=float), np.asarray(variances, dtype=float)
     if y.ndim != 1 or y.shape != v.shape or len(y) < 2:
         raise ValueError(f"random_effects needs one estimate and one variance per run, at least 2 runs; got {y.shape}, {v.shape}")
@@ -57,6 +59,12 @@ def random_effects(estimates: Sequence[float], variances: Sequence[float], alpha
         se_re = math.sqrt(1 / float(ws.sum()))  # the usual random-effects SE of mu, as in Higgins et al.
         half = st.t.ppf(1 - alpha / 2, k - 2) * math.sqrt(tau2 + se_re ** 2)
         out["pred_lo"], out["pred_hi"] = mu - half, mu + half
+    if bounds is not None:  # a normal interval can run past what the quantity can be; cut it there, and say so
+        lo, hi = bounds
+        ends = [k for k in ("lo", "hi", "pred_lo", "pred_hi") if out[k] is not None]
+        out["clipped"] = any(not lo <= out[k] <= hi for k in ends)
+        for k in ends:
+            out[k] = min(max(out[k], lo), hi)
     return out
 
 

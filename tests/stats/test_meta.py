@@ -91,3 +91,11 @@ def test_paired_mean_and_the_two_stage_bootstrap():
     assert d == 0.5 and var == pytest.approx(np.var([1, 0, 0, 1], ddof=1) / 4)
     b = two_stage_bootstrap([np.array([0.1, 0.3]), np.array([0.5, 0.7]), np.array([0.2, 0.2])], n_boot=500)
     assert b["estimate"] == pytest.approx(np.mean([0.2, 0.6, 0.2])) and b["lo"] < b["estimate"] < b["hi"]
+
+
+def test_bounds_cut_both_intervals_to_the_quantitys_range_and_say_so():
+    y, v = [0.6, -0.1, 0.9, 0.0], [0.01, 0.01, 0.01, 0.01]
+    free, cut = random_effects(y, v), random_effects(y, v, bounds=(-1.0, 1.0))
+    assert free["pred_hi"] > 1 and cut["pred_hi"] == 1.0 and cut["clipped"] and cut["estimate"] == free["estimate"]
+    assert random_effects([0.1, 0.12, 0.09], [0.01] * 3, bounds=(-1, 1))["clipped"] is False
+
