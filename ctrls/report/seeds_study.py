@@ -34,11 +34,11 @@ def pooled(root=None) -> dict | None:
 
 
 def _p(r: dict) -> float:
-    """Two-sided p of the HKSJ t statistic (k - 1 degrees of freedom)."""
+    """Two-sided p of the HKSJ t statistic (k - 1 degrees of freedom), from the stored standard error (an
+    interval cut to [-1, 1] no longer says it)."""
     from scipy import stats as st
 
-    se = (r["hi"] - r["lo"]) / (2 * st.t.ppf(0.975, r["n_seeds"] - 1))
-    return 1.0 if se == 0 else float(2 * st.t.sf(abs(r["estimate"]) / se, r["n_seeds"] - 1))
+    return 1.0 if r["se"] == 0 else float(2 * st.t.sf(abs(r["estimate"]) / r["se"], r["n_seeds"] - 1))
 
 
 def claims_frame(res: dict) -> pd.DataFrame:

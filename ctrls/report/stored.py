@@ -253,7 +253,7 @@ def unique(field: str) -> Spec:
 
 
 SEED = num(0, integer=True)
-POOLED_CLAIM = obj({"estimate": num(), "lo": num(), "hi": num(), "tau": num(0), "i2": num(0, 1), "q": num(0),
+POOLED_CLAIM = obj({"estimate": num(), "lo": num(), "hi": num(), "se": num(0), "tau": num(0), "i2": num(0, 1), "q": num(0),
                     "n_seeds": num(2, integer=True), "pred_lo": num(), "pred_hi": num(), "unit": text(),
                     "per_seed": listof(obj({"data_seed": SEED, "estimate": num(), "se": num(0),
                                             "questions": num(1, integer=True)}), min_len=2)},
