@@ -1,10 +1,10 @@
-"""The state prompt's decode (``ctrls.method.state_prompt.decode_chains``) with ragged passes
-(``ctrls.method.ragged``: only the real slots through the model's linear layers) against the padded
-rectangle it replaced, and the engine's Base decode of the same prompts beside them, in one run.
+"""The engine's decode under the state prompt (``ctrls.generate.conditioning.StatePromptConditioning``) with
+ragged passes (``ctrls.generate.ragged``: only the real slots through the model's linear layers) against the
+padded rectangle they replaced, and the engine's Base decode of the same prompts beside them, in one run.
 
 The demo's decode (``common.demo_decode``: SmolLM2-135M-Instruct in fp32, 32 word-problem questions x 4
-samples = 128 rows, 80 tokens, 8 steps, eta = 0.7), every step under a state drawn uniformly from a
-seeded stream, m = 2 vectors per state initialised as the stage's fit starts them (not fitted: the
+samples = 128 rows, 80 tokens, 8 steps, eta = 0.7), every step under a state drawn by a random CTRLS
+model's policy from each question's seed, m = 2 vectors per state initialised as the stage's fit starts them (not fitted: the
 speed does not depend on the vectors' values). Each row samples from its own counter-based stream,
 so the two decodes draw the same tokens unless float rounding moves a draw; ``tokens_equal_fraction``
 is the share of rows whose tokens are equal. ``--rounds`` alternating rounds; the faster of each kept.
@@ -24,30 +24,20 @@ K, M = 4, 2  # the demo's states and the stage's vectors per state
 
 
 def decode(bb, prompts, params, ragged: bool) -> tuple[float, list]:
-    """(seconds, tokens) of the state prompt's decode of ``prompts``, 4 samples each."""
-    import ctrls.method.ragged as rg
-    from ctrls.data.prompts import content_token, newline_token_ids
-    from ctrls.generate.decoding import eos_ids
-    from ctrls.generate.kv_cache import new_cache
-    from ctrls.method.state_prompt import StatePrompt, decode_chains
-    from ctrls.method.streams import stream_key
-    from ctrls.stages.state_prompt import row_sampler
+    """(seconds, tokens) of the engine's decode of ``prompts`` under the state prompt, 4 samples each."""
+    import ctrls.generate.ragged as rg
+    from ctrls.generate.conditioning import StatePromptConditioning
+    from ctrls.generate.sampling import sample
+    from ctrls.method.model import CTRLSModel
+    from ctrls.method.state_prompt import StatePrompt
 
-    tok = bb.tokenizer
+    model = CTRLSModel.random(bb.hidden_size, K, 2, 8, 0, centroid_scale=0.5, concentration=5.0)
     sp = StatePrompt(K, M, bb.model.get_input_embeddings().weight.detach(), seed=0)
-    g = torch.Generator().manual_seed(0)
-    rows = [(i, m) for i in range(len(prompts)) for m in range(4)]
-    chains = torch.randint(0, K, (len(rows), params.max_steps), generator=g).tolist()
-    nl = set(newline_token_ids(tok))
-    cap = max(map(len, prompts)) + params.max_new_tokens + params.max_steps * M
     with mock.patch.object(rg, "supports_ragged", rg.supports_ragged if ragged else (lambda lm: False)):
         t = time.perf_counter()
-        out = decode_chains(bb.model, [prompts[i] for i, _ in rows], [lambda s, c=c: c[s] for c in chains], sp,
-                            ends_step=lambda x, has: x in nl and has, has_content=content_token(tok),
-                            max_new_tokens=params.max_new_tokens, max_steps=params.max_steps,
-                            sample=[row_sampler(stream_key(i, m), params.temperature, params.top_k) for i, m in rows],
-                            stop=eos_ids(bb), cache=new_cache(bb.model, cap))
-        return time.perf_counter() - t, [d.token_ids for d in out]
+        out = sample(bb, prompts, 4, params, seeds=list(range(len(prompts))),
+                     conditioning=StatePromptConditioning(model, sp))
+        return time.perf_counter() - t, [g.token_ids for gs in out for g in gs]
 
 
 def main():

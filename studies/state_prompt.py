@@ -7,9 +7,11 @@
    the held-out questions' log P per step token (the validation split: pretraining's held-out questions).
    The library's fit (``ctrls.method.state_prompt.fit``), as the pretraining stage runs it with
    ``state_prompt.use``; this study adds checkpoints, a fit on a GPU and the paired comparison below.
-2. Steer: the run's test questions are sampled (``grid.n_samples`` each, the profile's temperature and
-   top-k) under chains drawn by the run's policy with epsilon = ``grid.epsilons[0]`` from the prompt's
-   s_0; every step is read back by Q_phi from an unadapted pass without the vectors.
+2. Steer: the run's test questions are sampled by the engine (``grid.n_samples`` each, the profile's
+   temperature and top-k, ``StatePromptConditioning``) under chains drawn by the run's policy with
+   epsilon = ``grid.epsilons[0]`` from the prompt's s_0; every step is read back by Q_phi from an unadapted
+   pass without the vectors. The stored results before this decoder joined the engine drew tokens by
+   ``torch.multinomial`` from one generator: rerunning gives the same design, other random numbers.
 3. Measure: kappa against the independent-chain null (a second chain drawn by the same policy from the
    same s_0, ``ctrls.stats.agreement``), per step index too; pass@1 and Succ. The adapter's epsilon row
    from the run's exploration samples is measured the same way (``ctrls.report.tables.null_steps``) and the
@@ -37,11 +39,11 @@ from ctrls.config.overrides import parse_overrides  # noqa: E402
 from ctrls.config.schema import load_config  # noqa: E402
 from ctrls.config.settings import ADAPTER, BASE, row_label  # noqa: E402
 from ctrls.data.answers import grade  # noqa: E402
-from ctrls.data.prompts import content_token, encode_prompt, newline_token_ids  # noqa: E402
+from ctrls.data.prompts import encode_prompt  # noqa: E402
 from ctrls.errors import ConfigError  # noqa: E402
-from ctrls.generate.controllability import draw_chains, encode_generations  # noqa: E402
+from ctrls.generate.controllability import draw_chains  # noqa: E402
 from ctrls.method.backbone import load_backbone  # noqa: E402
-from ctrls.method.state_prompt import StatePrompt, decode_chains, fit  # noqa: E402
+from ctrls.method.state_prompt import StatePrompt, fit  # noqa: E402
 from ctrls.stages.adapter_train import StepData  # noqa: E402
 from ctrls.stages.common import problems_from_config  # noqa: E402
 from ctrls.stages.exploration import load_samples  # noqa: E402
@@ -73,39 +75,32 @@ def load_vectors(path: str, K: int, lm) -> tuple[StatePrompt, dict]:
 
 
 def steer(cfg, bb, model, sp, problems, n: int, eps: float, seed: int, group: int = 16) -> dict:
-    tok, lm = bb.tokenizer, bb.model
-    nl = set(newline_token_ids(tok))
-    stop = {tok.eos_token_id} | ({tok.pad_token_id} if tok.pad_token_id is not None else set())
-    g = torch.Generator().manual_seed(seed)
-    temp, top_k = cfg.grid.temperatures[0], cfg.sampling.top_k
+    """The state prompt's steering on ``problems``: ``n`` samples each, decoded by the engine under the vectors
+    (``StatePromptConditioning``: each sample's chain drawn from its question's seed), every step read back
+    without them; the null chain is a second draw from the same policy and s_0."""
+    from ctrls.generate.conditioning import StatePromptConditioning
+    from ctrls.generate.sampling import SampleParams, sample, seeded
 
-    def sample(logits):
-        lg = logits.float() / temp
-        v, i = lg.topk(top_k)
-        return int(i[torch.multinomial(torch.softmax(v, -1), 1, generator=g)])
-
-    f, nu, q, step_ix, correct, valid = [], [], [], [], [], []
+    tok = bb.tokenizer
     T = cfg.prompt.max_steps
+    params = SampleParams(temperature=cfg.grid.temperatures[0], top_k=cfg.sampling.top_k,
+                          max_new_tokens=cfg.sampling.max_new_tokens, max_steps=T, epsilon=eps, batch_size=group * n,
+                          stop_at_answer=False)  # every chain runs to T steps or the token limit
+    f, nu, q, step_ix, correct, valid = [], [], [], [], [], []
     for g0 in range(0, len(problems), group):  # ``group`` questions' chains decoded side by side
-        rows = []
-        for prob in problems[g0:g0 + group]:
-            ids, start = encode_prompt(tok, prob.question, cfg.prompt.use_chat_template, cfg.prompt.few_shot)
-            s0, _ = encode_generations(bb, model, ids, start, [], layer=cfg.backbone.hidden_layer)
-            drawn = draw_chains(model.policy, s0, [T] * n, eps, generator=g)
-            indep = draw_chains(model.policy, s0, [T] * n, eps, generator=g)  # the null: same policy, same s_0
-            rows.append((prob, ids, start, drawn, indep))
-        gens = decode_chains(lm, [ids for _, ids, _, drawn, _ in rows for _ in drawn],
-                             [lambda t, c=c: int(c[t]) for *_, drawn, _ in rows for c in drawn], sp,
-                             ends_step=lambda x, content: x in nl and content, has_content=content_token(tok),
-                             max_new_tokens=cfg.sampling.max_new_tokens, max_steps=T, sample=sample, stop=stop)
-        for qi, (prob, ids, start, drawn, indep) in enumerate(rows):
-            mine = gens[qi * n:(qi + 1) * n]
-            _, states = encode_generations(bb, model, ids, start, mine, layer=cfg.backbone.hidden_layer)
-            for d, ind, st in zip(drawn, indep, states):
-                for t, e in enumerate(st):
+        chunk = problems[g0:g0 + group]
+        enc = [encode_prompt(tok, p.question, cfg.prompt.use_chat_template, cfg.prompt.few_shot) for p in chunk]
+        seeds = [seed * 1_000_003 + g0 + j for j in range(len(chunk))]  # one stream per question
+        cond = StatePromptConditioning(model, sp, layer=cfg.backbone.hidden_layer)
+        gens = sample(bb, [ids for ids, _ in enc], n, params, seeds=seeds, prompt_starts=[st for _, st in enc],
+                      conditioning=cond, read_states=model)
+        for qi, (prob, mine) in enumerate(zip(chunk, gens)):
+            indep = draw_chains(model.policy, cond.s0[qi], [T] * n, eps, generator=seeded(seeds[qi] + 1))  # the null
+            for gen, ind in zip(mine, indep):
+                d = cond.chains[qi, gen.sample_index]
+                for t, e in enumerate(gen.encoded):
                     f.append(int(d[t] == e)), nu.append(int(ind[t] == e)), q.append(prob.id), step_ix.append(t)
-            for gen in mine:
-                gr = grade(tok.decode(gen.token_ids), prob.answer)
+                gr = grade(gen.text, prob.answer)
                 correct.append(gr.correct), valid.append(gr.valid)
     out = kappa_vs_null(f, nu, q, seed=seed)
     step_ix = np.asarray(step_ix)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Callable, Sequence
+from typing import Sequence
 
 from ctrls.errors import ConfigError
 
@@ -150,18 +150,6 @@ def _newline_ids(tokenizer) -> frozenset[int]:
 def newline_token_ids(tokenizer) -> frozenset[int]:
     """Ids of every token whose text contains a newline (each ends a step)."""
     return _newline_ids(tokenizer)
-
-
-def content_token(tokenizer) -> Callable[[int], bool]:
-    """``has(token_id)``: whether the token's text is not blank (each id decoded once)."""
-    blank: dict[int, bool] = {}
-
-    def has(x: int) -> bool:
-        if x not in blank:
-            blank[x] = not tokenizer.decode([x]).strip()
-        return not blank[x]
-
-    return has
 
 
 def join_blank_tail(ids: Sequence[int], spans: list[tuple[int, int]], tokenizer) -> list[tuple[int, int]]:

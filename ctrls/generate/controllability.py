@@ -194,7 +194,7 @@ def draw_actions(policy: "TransitionPolicy", s0: torch.Tensor, n: int, steps: in
 def draw_chains(policy: "TransitionPolicy", s0: torch.Tensor, lengths: Sequence[int], epsilon: float,
                 generator: torch.Generator | None = None, mask: "PositionMask | None" = None) -> list[list[int]]:
     """One state chain per entry of ``lengths``: :func:`draw_actions`, as the sampler draws them
-    (``ctrls.generate.decoding.draw_states``), returned as the argmax of each a_t, ``lengths[i]`` states for
+    (``ctrls.generate.conditioning.draw_states``), returned as the argmax of each a_t, ``lengths[i]`` states for
     chain i. The chains are drawn together from one ``generator``. With ``mask`` (``ctrls.method.positions``)
     step t's action is restricted to the states that can occur at t."""
     lengths = [int(n) for n in lengths]

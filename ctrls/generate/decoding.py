@@ -87,7 +87,7 @@ class Generation:
 
 
 @dataclass
-class _Row:
+class Row:
     prompt_index: int
     sample_index: int
     key: int  # the sample's random stream (see the module docstring)
@@ -138,45 +138,11 @@ def draw_tokens(vals: torch.Tensor | None, idx: torch.Tensor | None, temperature
     return idx.gather(-1, choice[:, None]).squeeze(-1) if idx is not None else choice
 
 
-def draw_states(model: "CTRLSModel", prev: torch.Tensor, rows: Sequence["_Row"], epsilon: float) -> torch.Tensor:
-    """log s_{t+1} (B, K), s_{t+1} ~ pi~(. | s_t) for every row at once (float64): row b's draw comes from
-    its counter-based stream (row key, draw index) alone (``policy.sample_policy_log_streams``), so it
-    does not depend on its batch-mates. Each row uses its own policy and epsilon when it has them
-    (lockstep RL: one batch, many policies), else ``model.policy`` and ``epsilon``. The exact
-    log-actions are kept for Eq. 16 (``policy`` module docstring)."""
-    from ctrls.method.policy import sample_policy_log_streams
-
-    dev = model.policy.L.device
-    keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
-    counters = torch.tensor([len(r.states) for r in rows], dtype=torch.int64, device=dev)
-    if all(r.policy is None and r.epsilon is None for r in rows):
-        return model.policy.sample_log_streams(prev, epsilon, keys, counters)
-    prev = prev.to(dev)
-    alpha = torch.empty(prev.shape, dtype=model.policy.L.dtype, device=dev)
-    groups: dict[int, list[int]] = {}
-    for j, r in enumerate(rows):
-        groups.setdefault(id(r.policy), []).append(j)
-    for idx in groups.values():  # one concentration per distinct policy in the batch
-        pol = rows[idx[0]].policy if rows[idx[0]].policy is not None else model.policy
-        sel = torch.as_tensor(idx, device=dev)
-        alpha[sel] = pol.concentration(prev[sel]).to(alpha.dtype)
-    eps = torch.tensor([epsilon if r.epsilon is None else r.epsilon for r in rows], dtype=torch.float64, device=dev)
-    return sample_policy_log_streams(alpha, eps, keys, counters)
-
-
-def record_states(rows: Sequence["_Row"], log_a: torch.Tensor) -> None:
-    log_a = log_a.double().cpu()  # one device-to-host copy for all rows
-    for r, la, s in zip(rows, log_a, log_a.exp().float()):
-        r.log_actions.append(la)
-        r.states.append(s)
-
-
-
 @dataclass
 class Prefilled:
     """A group's state after its prompts' prefill (``prefill``): everything either decode loop needs."""
 
-    rows: list[_Row]
+    rows: list[Row]
     expand: torch.Tensor  # prompt of each row
     cache: DynamicCache  # every row's prompt KV (rows expanded), ``width`` positions
     width: int
@@ -189,17 +155,8 @@ class Prefilled:
     shared: int = 0  # the cache's first positions, the prompts' shared prefix: the same in every row
 
 
-def held_state(j: int, like: torch.Tensor) -> torch.Tensor:
-    """One-hot state ``j`` for every row of ``like`` (rows x K), its dtype and device; an error naming j and K
-    when j is not a state."""
-    K = like.shape[-1]
-    if not 0 <= j < K:
-        raise ValueError(f"hold={j}: a constant state must lie in [0, {K}) (K = {K} states)")
-    return torch.nn.functional.one_hot(torch.full(like.shape[:-1], j, dtype=torch.long, device=like.device), K).to(like.dtype)
-
-
 def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
-            seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams, model: "CTRLSModel | None",
+            seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams, cond,
             policies: Sequence, epsilons: Sequence, room: int, pad_to: int = 1,
             cross_prefix: bool = True, reader: "StepReader | None" = None) -> Prefilled:
     """Prefill the distinct prompts once, expand each to its samples, encode s_0 and draw s_1 (CTRLS):
@@ -207,7 +164,8 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     prefix (``shared_prefix_length``: a system prompt and few-shot exemplars) is run once, then each
     prompt's own suffix on its cache; rows are left padded (between the prefix and the suffix) to a
     width that is a multiple of ``pad_to``. The cache is allocated for ``room`` positions past the
-    prompts. With a ``reader``, each row's ``encoded_s0`` is its Q_phi of the prompt."""
+    prompts. ``cond`` (``ctrls.generate.conditioning.Conditioning``) gives each row's s_0 and first state. With
+    a ``reader``, each row's ``encoded_s0`` is its Q_phi of the prompt."""
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
@@ -218,9 +176,12 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     is_eos[list(eos_ids(backbone))] = True
 
     # layout of a row: [the prompts' shared prefix (L)] [left padding] [the prompt's own suffix]
-    n = len(prompts)
-    L = shared_prefix_length(prompts) if cross_prefix else 0
-    suffixes = [list(p)[L:] for p in prompts]
+    uniq: dict[tuple, int] = {}  # each distinct prompt is run once (lockstep RL repeats a question per setting)
+    of = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
+    U = [list(p) for p in uniq]
+    n = len(U)
+    L = shared_prefix_length(U) if cross_prefix else 0
+    suffixes = [p[L:] for p in U]
     width = -(-(L + max(len(x) for x in suffixes)) // pad_to) * pad_to
     S = width - L
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -234,7 +195,7 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     cache = new_cache(lm, width + room)
     h_pre = None
     if L:  # the shared prefix once, its cache copied to every prompt
-        h_pre = body(input_ids=torch.as_tensor([list(prompts[0][:L])], device=dev), position_ids=pos[:1, :L].to(dev),
+        h_pre = body(input_ids=torch.as_tensor([U[0][:L]], device=dev), position_ids=pos[:1, :L].to(dev),
                      past_key_values=cache, use_cache=True).last_hidden_state[0]
         cache.batch_repeat_interleave(n)
     h = body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos[:, L:].to(dev),
@@ -242,39 +203,27 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
 
     def prompt_hidden(i: int, st: int) -> torch.Tensor:
         """Hidden states of prompt i's tokens from its token ``st`` on."""
-        own = h[i, S - len(suffixes[i]) + max(st - L, 0):]
+        u = of[i]
+        own = h[u, S - len(suffixes[u]) + max(st - L, 0):]
         return torch.cat([h_pre[st:], own]) if st < L else own
 
     # ---- expand each prompt to its samples ----------------------------------------------------
     policies = list(policies) or [None] * len(prompts)
     epsilons = list(epsilons) or [None] * len(prompts)
-    rows = [_Row(prompt_index[i], m, stream_key(seeds[i], m), policy=policies[i], epsilon=epsilons[i])
+    rows = [Row(prompt_index[i], m, stream_key(seeds[i], m), policy=policies[i], epsilon=epsilons[i])
             for i, ms in enumerate(sample_ids) for m in ms]
     expand = torch.repeat_interleave(torch.arange(len(prompts)), torch.tensor([len(ms) for ms in sample_ids]))
-    if len(expand) != len(prompts) or bool((expand != torch.arange(len(prompts))).any()):
-        cache.batch_select_indices(expand.to(dev))
-    state = s0 = None
-    if model is not None:
-        s0 = model.encode([prompt_hidden(i, st) for i, st in enumerate(starts)])
-        state = s0[expand.to(s0.device)]
-        for r, a in zip(rows, state):
-            r.states.append(a.float().cpu())
-        if params.transitions:
-            log_s1 = draw_states(model, state, rows, params.epsilon)
-            record_states(rows, log_s1)
-            state = log_s1.exp().to(state.dtype)
-        else:  # the fixed-s0 ablation: no state is drawn; s_0 (or the held state) is recorded for every step
-            if isinstance(params.hold, int):  # a constant-state row: every step under state j, whatever s_0 is
-                state = held_state(params.hold, state)
-            for r, b in zip(rows, state.float().cpu()):
-                r.states.append(b)
+    src = torch.as_tensor(of, dtype=torch.long)[expand]  # the distinct prompt of each row
+    if len(src) != n or bool((src != torch.arange(n)).any()):
+        cache.batch_select_indices(src.to(dev))
+    state, s0 = cond.start(rows, expand, lambda: [prompt_hidden(i, st) for i, st in enumerate(starts)], params)
     if reader is not None:
-        s0r = s0 if reader.model is model else reader.model.encode([prompt_hidden(i, st)
+        s0r = s0 if s0 is not None and reader.model is cond.model else reader.model.encode([prompt_hidden(i, st)
                                                                     for i, st in enumerate(starts)])
         for r, a in zip(rows, s0r[expand.to(s0r.device)].float().cpu()):
             r.encoded_s0 = a
-    return Prefilled(rows, expand, cache, width, attn[expand].to(dev), pos[expand, -1].to(dev) + 1,
-                     h[expand.to(h.device), -1], state, is_nl, is_eos, L)
+    return Prefilled(rows, expand, cache, width, attn[src].to(dev), pos[src, -1].to(dev) + 1,
+                     h[src.to(h.device), -1], state, is_nl, is_eos, L)
 
 
 def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
@@ -290,7 +239,7 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
 
 
 
-def advance(rows: Sequence[_Row], active: Sequence[int], nxt: torch.Tensor, pre: Prefilled, params: SampleParams,
+def advance(rows: Sequence[Row], active: Sequence[int], nxt: torch.Tensor, pre: Prefilled, params: SampleParams,
             tok) -> tuple[list[int], list[int]]:
     """Append each active row's next token ``nxt[j]`` (row ``rows[active[j]]``) and apply the stopping
     rules. Returns ``keep``, the positions j whose row goes on, and ``redraw``, the indices into
@@ -326,24 +275,7 @@ def advance(rows: Sequence[_Row], active: Sequence[int], nxt: torch.Tensor, pre:
     return keep, redraw
 
 
-def redraw_states(model: "CTRLSModel", params: SampleParams, state: torch.Tensor, idx: Sequence[int],
-                  redraw_rows: Sequence[_Row]) -> torch.Tensor:
-    """Draw s_{t+1} for the rows at batch positions ``idx`` whose step closed; returns the new state
-    tensor (with the fixed-s0 ablation the state stays s_0 and is recorded once per step)."""
-    at = torch.as_tensor(list(idx), device=state.device)
-    if params.transitions:
-        log_new = draw_states(model, state[at], redraw_rows, params.epsilon)
-        record_states(redraw_rows, log_new)
-        state = state.clone()
-        state[at] = log_new.exp().to(state.dtype)
-    else:
-        for r, b in zip(redraw_rows, state[at].float().cpu()):
-            r.states.append(b)
-    return state
-
-
-
-def generations(rows: Sequence[_Row], expand: torch.Tensor, n_prompts: int, tok,
+def generations(rows: Sequence[Row], expand: torch.Tensor, n_prompts: int, tok,
                 reader: "StepReader | None" = None) -> list[list[Generation]]:
     """Each row's :class:`Generation`, grouped by prompt (with the states a ``reader`` read back)."""
     gens: list[list[Generation]] = [[] for _ in range(n_prompts)]
@@ -366,7 +298,7 @@ def generations(rows: Sequence[_Row], expand: torch.Tensor, n_prompts: int, tok,
     return gens
 
 
-def _close_step(r: _Row, tok) -> bool:
+def _close_step(r: Row, tok) -> bool:
     """A newline was appended: close the current step unless its line is blank. A blank line
     stays open and becomes the start of the next step, whose state already predicted it.
     Returns whether a step was closed."""
@@ -378,7 +310,7 @@ def _close_step(r: _Row, tok) -> bool:
     return True
 
 
-def _end_step(r: _Row, tok) -> None:
+def _end_step(r: Row, tok) -> None:
     """The sequence ends: a non-blank unfinished line is the last step."""
     a, b = r.step_start, len(r.tokens)
     if b > a:
@@ -413,7 +345,7 @@ class StepReader:
         self._owner: list[int] = []
 
     @staticmethod
-    def tail(rows: Sequence[_Row], active: Sequence[int]) -> list[int]:
+    def tail(rows: Sequence[Row], active: Sequence[int]) -> list[int]:
         """Positions j of ``active`` whose row has just ended on a token it keeps: fed once more."""
         return [j for j, ri in enumerate(active) if rows[ri].finish not in (None, "eos")]
 
@@ -430,7 +362,7 @@ class StepReader:
         flat = torch.cat(self._h)[torch.argsort(owner, stable=True).to(self._h[0].device)]
         return list(flat.split(torch.bincount(owner, minlength=n_rows).tolist()))
 
-    def states(self, rows: Sequence[_Row]) -> list[list[int]]:
+    def states(self, rows: Sequence[Row]) -> list[list[int]]:
         """The hard state (nearest centroid) of each step of each row."""
         steps, counts = [], []
         for i, (r, H) in enumerate(zip(rows, self.hidden(len(rows)))):

@@ -20,9 +20,18 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-from ctrls.method.ragged import fill_holes  # noqa: F401 (re-exported: the engine drops rows in this order)
-
 MIN_SHARED_PREFIX = 32  # tokens: a shorter common prefix is prefilled with the rest of each prompt
+
+
+def fill_holes(keep: list[int], n_rows: int) -> list[int]:
+    """The rows ``keep`` (of ``n_rows``) in the order the cache keeps them in place: a kept row below
+    len(keep) stays where it is, and each hole below len(keep) takes a kept row from past it. A
+    sample does not depend on its row's position in the batch (its streams are keyed by its own
+    seed and index), so the order is free; this one moves only as many rows as finished."""
+    n = len(keep)
+    kept = set(keep)
+    tail = [j for j in keep if j >= n]
+    return [i if i in kept else tail.pop() for i in range(n)]
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -161,43 +170,15 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     return out.reshape(b, h, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
-PACKED_SDPA_ROWS = "ctrls_packed_sdpa_rows"
-
-
-def packed_rows_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                               is_causal=None, **kwargs):
-    """:func:`packed_sdpa_attention` for several query tokens per row too, under a padding mask: the query
-    (B, H, q, D) becomes (B, H_kv, (H / H_kv) q, D), query head j g + i on KV head j as ``repeat_kv`` pairs
-    them, and the mask (B, 1, q, L) is repeated per query head of a group. The state prompt's decode
-    (``ctrls.method.state_prompt.decode_chains``) feeds a step's token and its state's m vectors in one
-    pass for the rows that open a step, so most of its passes have q > 1 for the whole batch; transformers'
-    SDPA then copies the cache H / H_kv times per layer (on 2 CPU cores most of the decode's time).
-    Without a grouping or a (B, 1, q, L) mask, ``sdpa_attention_forward`` runs unchanged."""
-    groups = getattr(module, "num_key_value_groups", 1)
-    if (groups == 1 or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
-            or kwargs.get("position_bias") is not None or kwargs.get("softcap")):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    b, h, q, d = query.shape
-    mask = attention_mask[:, :, :, : key.shape[-2]]
-    mask = mask[:, :, None].expand(b, 1, groups, q, mask.shape[-1]).reshape(b, 1, groups * q, mask.shape[-1])
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(b, h // groups, groups * q, d), key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
-        is_causal=False)
-    return out.reshape(b, h, q, value.shape[-1]).transpose(1, 2).contiguous(), None
-
-
 AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-AttentionInterface.register(PACKED_SDPA_ROWS, packed_rows_sdpa_attention)
-ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_SDPA_ROWS, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 
 
 @contextlib.contextmanager
 def packed_decode_attention(model, implementation: str = PACKED_SDPA):
     """Within the block, a model on transformers' ``sdpa`` attention uses :func:`packed_sdpa_attention`
-    (or ``implementation``: :data:`PACKED_SDPA_ROWS`, :func:`packed_rows_sdpa_attention`; other
-    implementations are left as they are); restored on exit."""
+    (or the registered ``implementation``; other attention implementations are left as they are); restored
+    on exit."""
     config = model.config
     before = config._attn_implementation
     if before == "sdpa":
@@ -264,6 +245,6 @@ def shared_prefix_attention(model, length: int):
         _PREFIX.reset(token)
 
 
-__all__ = ["MIN_SHARED_PREFIX", "PACKED_SDPA", "PACKED_SDPA_ROWS", "PreallocatedLayer", "fill_holes", "new_cache", "packed_decode_attention",
-           "packed_rows_sdpa_attention", "packed_sdpa_attention", "prefix_sdpa_attention", "select_rows",
+__all__ = ["MIN_SHARED_PREFIX", "PACKED_SDPA", "PreallocatedLayer", "fill_holes", "new_cache", "packed_decode_attention",
+           "packed_sdpa_attention", "prefix_sdpa_attention", "select_rows",
            "shared_prefix_attention", "static_cache"]

@@ -18,6 +18,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ctrls.data.prompts import check_prompts, model_positions
+from ctrls.generate.conditioning import (  # noqa: F401 (re-exported)
+    AdapterConditioning,
+    Conditioning,
+    StatePromptConditioning,
+    conditioning_for,
+    redraw_states,
+)
 from ctrls.generate.decoding import (  # noqa: F401 (re-exported)
     COMPILE_MODES,
     DECODE_PATHS,
@@ -28,13 +35,13 @@ from ctrls.generate.decoding import (  # noqa: F401 (re-exported)
     advance,
     generations,
     prefill,
-    redraw_states,
     shared_prefix_length,
 )
 from ctrls.generate.decoding import (
     pick as _pick,  # the engine's token draw (tests replace it here)
 )
 from ctrls.generate.kv_cache import PreallocatedLayer, fill_holes, new_cache, shared_prefix_attention  # noqa: F401 (re-exported)
+from ctrls.generate.ragged import feed_pass
 from ctrls.generate.static_decode import STATIC_PAD_TO, decode_static, step_fn  # noqa: F401 (re-exported)
 from ctrls.method.backbone import Backbone, decoder_body
 
@@ -49,8 +56,13 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
            prompt_starts: Sequence[int] | None = None, share_prefix: bool = True,
            progress: bool = False, seeds: Sequence[int] | None = None,
            sample_ids: Sequence[Sequence[int]] | None = None, policies: "Sequence[TransitionPolicy] | None" = None,
-           epsilons: Sequence[float] | None = None, read_states: "CTRLSModel | None" = None) -> list[list[Generation]]:
+           epsilons: Sequence[float] | None = None, read_states: "CTRLSModel | None" = None,
+           conditioning: Conditioning | None = None) -> list[list[Generation]]:
     """Sample ``n`` chains of thought for each tokenized prompt; Base when ``model`` is None.
+
+    ``conditioning`` (:mod:`ctrls.generate.conditioning`) says how the state enters the decode: Base,
+    the adapter (``AdapterConditioning(model)``, what ``model=`` means alone) or the state prompt
+    (``StatePromptConditioning``, whose read-back is a re-encode without the vectors).
 
     ``prompt_starts[i]`` is the first token of prompt i whose hidden states encode s_0 (see
     ``prompts.encode_prompt``; default 0, the whole prompt). ``seeds[i]`` keys prompt i's random
@@ -67,9 +79,12 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     """
     starts = list(prompt_starts) if prompt_starts is not None else [0] * len(prompts)
     params = params or SampleParams()
+    cond = conditioning_for(model, conditioning)
     # a direct call is checked as the stages check theirs: an empty prompt, or one that with max_new_tokens
-    # runs past the model's positions, is a ValueError naming "prompt i" before any decoding
-    check_prompts(prompts, params.max_new_tokens, model_positions(backbone))
+    # (and the state prompt's vectors) runs past the model's positions, is a ValueError naming "prompt i"
+    extra = cond.extra_positions(params)
+    check_prompts(prompts, params.max_new_tokens, model_positions(backbone), extra=extra,
+                  extra_why=f"the state prompt's vectors ({extra} positions: prompt.max_steps x state_prompt.vectors)")
     bad = [i for i, (p, a) in enumerate(zip(prompts, starts)) if not 0 <= a < len(p)]
     if len(starts) != len(prompts) or bad:
         raise ValueError(f"{len(starts)} prompt_starts for {len(prompts)} prompts" if len(starts) != len(prompts) else
@@ -83,13 +98,17 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     ids = [list(s) for s in sample_ids] if sample_ids is not None else [list(range(n))] * len(prompts)
     if len(ids) != len(prompts):
         raise ValueError(f"{len(ids)} sample_ids lists for {len(prompts)} prompts")
-    for name, per in (("policies", policies), ("epsilons", epsilons)):
-        if per is not None and (model is None or len(per) != len(prompts)):
-            raise ValueError(f"{name} needs a CTRLS model and one entry per prompt: {len(per)} for {len(prompts)} prompts"
-                             + ("" if model is not None else " (model is None)"))
+    cond.check(params, len(prompts), policies, epsilons)
+    if cond.feeds_vectors and params.decode == "static":
+        raise ValueError("sampling.decode=static decodes Base and the adapter: the state prompt's passes feed a "
+                         "varying number of slots per row; use sampling.decode=engine")
     pol = list(policies) if policies is not None else [None] * len(prompts)
     eps = list(epsilons) if epsilons is not None else [None] * len(prompts)
     out: list[list[Generation]] = [[] for _ in prompts]
+    if not any(ids):
+        return out
+    cond.prepare(backbone, prompts, starts, seeds, ids, params, policies, epsilons)
+    reader = StepReader(read_states) if read_states is not None and not cond.feeds_vectors else None
     if share_prefix:  # prompts in groups of at most batch_size sequences (at least one prompt each)
         groups = [[(i, ids[i]) for i in g] for g in row_groups([len(m) for m in ids], params.batch_size)]
     else:  # reference path: every sample re-encodes its prompt
@@ -98,11 +117,18 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     for group in tqdm(groups, desc="sampling", unit="batch", disable=not progress):
         decode = decode_static if params.decode == "static" else _decode
         gens = decode(backbone, [prompts[i] for i, _ in group], [starts[i] for i, _ in group],
-                      [m for _, m in group], [seeds[i] for i, _ in group], [i for i, _ in group], params, model,
+                      [m for _, m in group], [seeds[i] for i, _ in group], [i for i, _ in group], params, cond,
                       [pol[i] for i, _ in group], [eps[i] for i, _ in group], cross_prefix=share_prefix,
-                      reader=StepReader(read_states) if read_states is not None else None)
+                      reader=StepReader(read_states) if reader is not None else None)
         for (i, _), gs in zip(group, gens):
             out[i].extend(gs)
+    if read_states is not None and cond.feeds_vectors:  # the read-back: an unadapted pass without the vectors
+        from ctrls.generate.controllability import encode_generations
+
+        for i, (p, st) in enumerate(zip(prompts, starts)):
+            s0, encoded = encode_generations(backbone, read_states, p, st, out[i], layer=cond.layer, passes=cond.passes)
+            for g, e in zip(out[i], encoded):
+                g.encoded, g.encoded_s0 = list(e), s0
     return out
 
 
@@ -122,34 +148,40 @@ def row_groups(rows_per_prompt: Sequence[int], batch_size: int) -> list[list[int
 
 
 def _decode(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int], sample_ids: Sequence[list[int]],
-            seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams,
-            model: "CTRLSModel | None", policies: Sequence = (), epsilons: Sequence = (),
-            cross_prefix: bool = True, reader: StepReader | None = None) -> list[list[Generation]]:
+            seeds: Sequence[int], prompt_index: Sequence[int], params: SampleParams, cond: Conditioning,
+            policies: Sequence = (), epsilons: Sequence = (), cross_prefix: bool = True,
+            reader: StepReader | None = None) -> list[list[Generation]]:
     """The engine: a growing KV cache whose finished rows are dropped from the batch (``fill_holes``).
     With a ``reader`` every fed token's last hidden state is read (``StepReader``): a row that ended on a
     token it keeps is fed it once more, then dropped. Each step reads the prompts' shared prefix once for
-    all rows (``ctrls.generate.kv_cache.shared_prefix_attention``)."""
+    all rows (``ctrls.generate.kv_cache.shared_prefix_attention``), except under the state prompt, whose
+    passes are ragged (``ctrls.generate.ragged.feed_pass``)."""
     tok, lm = backbone.tokenizer, backbone.model
-    pre = prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
-                  params.max_new_tokens + 1, cross_prefix=cross_prefix, reader=reader)
+    room = params.max_new_tokens + (cond.extra_positions(params) if cond.feeds_vectors else 1)
+    pre = prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, cond, policies, epsilons,
+                  room, cross_prefix=cross_prefix, reader=reader)
     rows, cache, attn, next_pos, h_last, state = pre.rows, pre.cache, pre.attn, pre.next_pos, pre.h_last, pre.state
     active = list(range(len(rows)))  # row index of each batch position
-    with shared_prefix_attention(lm, pre.shared):  # the shared prefix's keys read once a step, not once per row
-        _steps(backbone, pre, params, model, reader, rows, cache, attn, next_pos, h_last, state, active)
-    return generations(rows, pre.expand, len(prompts), tok, reader)
+    if cond.feeds_vectors and state is not None:  # step 1 opens before the first token: its vectors alone
+        h_last, attn, next_pos = feed_pass(lm, cache, attn, next_pos, [list(v) for v in cond.vectors(rows)])
+    # the shared prefix's keys read once a step, not once per row (the state prompt's passes are ragged)
+    with shared_prefix_attention(lm, 0 if cond.feeds_vectors else pre.shared):
+        _steps(backbone, pre, params, cond, reader, rows, cache, attn, next_pos, h_last, state, active)
+    gens = generations(rows, pre.expand, len(prompts), tok, reader)
+    cond.finish(gens, rows, pre.expand)
+    return gens
 
 
-def _steps(backbone: Backbone, pre, params: SampleParams, model, reader, rows, cache, attn, next_pos, h_last, state,
-           active) -> None:
+def _steps(backbone: Backbone, pre, params: SampleParams, cond: Conditioning, reader, rows, cache, attn, next_pos,
+           h_last, state, active) -> None:
     """The engine's decode steps after the prefill, until every row has ended (``_decode``)."""
     tok, lm, dev = backbone.tokenizer, backbone.model, backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
+    emb = lm.get_input_embeddings().weight
     for _ in range(params.max_new_tokens):
-        hh = model.adapt(h_last, state) if model is not None else h_last
         keys = torch.tensor([rows[ri].key for ri in active], dtype=torch.int64)
         counters = torch.tensor([len(rows[ri].tokens) for ri in active], dtype=torch.int64)
-        # a 3-D input takes a faster GEMM path than a (B, d) matrix on CPU
-        nxt = _pick(head(hh[:, None])[:, 0], params.temperature, params.top_k, keys, counters).cpu()
+        nxt = _pick(cond.logits(head, h_last, state), params.temperature, params.top_k, keys, counters).cpu()
         keep, redraw = advance(rows, active, nxt, pre, params, tok)
         tail = reader.tail(rows, active) if reader is not None else []  # fed once more, then dropped
         if not keep and not tail:
@@ -163,8 +195,14 @@ def _steps(backbone: Backbone, pre, params: SampleParams, model, reader, rows, c
             attn, next_pos, state = _take(cache, pos, dev, attn, next_pos, state)
             nxt = nxt[pos]
             active = [active[j] for j in pos]
-        if model is not None and redraw:
-            state = redraw_states(model, params, state, redraw, [rows[active[j]] for j in redraw])
+        if cond.model is not None and redraw:
+            state = cond.redraw(params, state, redraw, [rows[active[j]] for j in redraw])
+        if cond.feeds_vectors:  # each row its token; a row that opens a step its state's vectors after it
+            opened = dict(zip(redraw, cond.vectors([rows[active[j]] for j in redraw]))) if redraw else {}
+            x = emb[nxt.to(emb.device)]
+            h_last, attn, next_pos = feed_pass(lm, cache, attn, next_pos,
+                                               [[x[j], *opened[j]] if j in opened else [x[j]] for j in range(len(active))])
+            continue
         attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
         h_last = body(input_ids=nxt[:, None].to(dev), attention_mask=attn, position_ids=next_pos[:, None],
                       past_key_values=cache, use_cache=True).last_hidden_state[:, -1]

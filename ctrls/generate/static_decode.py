@@ -26,13 +26,12 @@ from ctrls.generate.decoding import (
     draw_tokens,
     generations,
     prefill,
-    redraw_states,
 )
 from ctrls.generate.kv_cache import packed_decode_attention, select_rows, static_cache
 from ctrls.method.backbone import Backbone, decoder_body
 
 if TYPE_CHECKING:
-    from ctrls.method.model import CTRLSModel
+    from ctrls.generate.conditioning import Conditioning
 
 
 _COMPILED: dict[str, object] = {}
@@ -84,7 +83,7 @@ def _bucket(live: int, slots: int) -> int:
 
 def decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int],
                  sample_ids: Sequence[list[int]], seeds: Sequence[int], prompt_index: Sequence[int],
-                 params: SampleParams, model: "CTRLSModel | None", policies: Sequence = (),
+                 params: SampleParams, cond: "Conditioning", policies: Sequence = (),
                  epsilons: Sequence = (), cross_prefix: bool = True,
                  reader: StepReader | None = None) -> list[list[Generation]]:
     """The engine (``ctrls.generate.sampling._decode``) with static shapes (module docstring); the same arguments and
@@ -93,7 +92,8 @@ def decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: 
     tok, lm = backbone.tokenizer, backbone.model
     dev = backbone.device
     body, head = decoder_body(lm), lm.get_output_embeddings()
-    pre = prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, model, policies, epsilons,
+    model = cond.model  # the compiled step applies the adapter (Eq. 8) itself
+    pre = prefill(backbone, prompts, starts, sample_ids, seeds, prompt_index, params, cond, policies, epsilons,
                   0, pad_to=STATIC_PAD_TO, cross_prefix=cross_prefix, reader=reader)
     rows, state, width = pre.rows, pre.state, pre.width
     cap = width + params.max_new_tokens + 1
@@ -141,7 +141,7 @@ def decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: 
                 slot_row = [slot_row[s] for s in order]
                 live = [s in kept for s in order]
             if model is not None and redraw_slots:
-                state = redraw_states(model, params, state, redraw_slots, [rows[slot_row[s]] for s in redraw_slots])
+                state = cond.redraw(params, state, redraw_slots, [rows[slot_row[s]] for s in redraw_slots])
             mask[:, 0, 0, cur] = True
             vals, idx, h = step(body, head, model, params.temperature, params.top_k, cache, nxt[:, None].to(dev),
                                 next_pos[:, None], mask, state)
@@ -151,4 +151,6 @@ def decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: 
             nxt = draw_tokens(vals, idx, params.temperature, keys, counters())
             next_pos = next_pos + 1
             cur += 1
-    return generations(rows, pre.expand, len(prompts), tok, reader)
+    gens = generations(rows, pre.expand, len(prompts), tok, reader)
+    cond.finish(gens, rows, pre.expand)
+    return gens

@@ -28,7 +28,7 @@ from ctrls.report.paper import PAPER_CASES
 from ctrls.stages.common import backbone_for, sample_params
 from ctrls.stages.exploration import generation_rows
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages
-from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
+from ctrls.stages.state_prompt import ctrls_conditioning, pair_state_prompt
 
 
 def _first(g: pd.DataFrame) -> pd.Series:
@@ -192,8 +192,8 @@ def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None, cases: dict
         params = sample_params(pc, eta, epsilon=e)
         if m is not None and sp is not None:  # one seed per case question, as the exploration rows draw theirs
             seeds = [seed_of(cfg.seed + 7, bname, "math", eta, label, p.id) for p in probs]
-            gens = sample_state_prompt(bb, model, sp, enc, n, params, seeds, layer=pc.backbone.hidden_layer,
-                                       mask=mask, with_adapter=pc.state_prompt.with_adapter)
+            gens = sample(bb, [x[0] for x in enc], n, params, conditioning=ctrls_conditioning(pc, bb, model, sp, mask),
+                          seeds=seeds, prompt_starts=[x[1] for x in enc], read_states=model)
         else:
             gens = sample(bb, [x[0] for x in enc], n, params, model=m, generator=seeded(cfg.seed + 7, bb.device),
                           prompt_starts=[x[1] for x in enc])

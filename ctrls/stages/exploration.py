@@ -53,7 +53,7 @@ from ctrls.stages.common import (
 )
 from ctrls.stages.pretrain import check_fitted, fitted_stages, load_pretrained, pretrain_stages
 from ctrls.stages.runs import Stage, file_name, pair_slug, valid_part
-from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
+from ctrls.stages.state_prompt import ctrls_conditioning, pair_state_prompt
 
 if TYPE_CHECKING:
     from ctrls.generate.sampling import Generation
@@ -234,7 +234,7 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, sources: list[Questions], o
     """Sample and write every (temperature, row, question) part of the ``sources``' questions that is not
     already on disk; return the seconds spent on the controllability columns besides sampling. With
     ``state_prompt`` (a ``StatePrompt``) the CTRLS rows are decoded under it instead of the adapter
-    (``ctrls.stages.state_prompt.sample_state_prompt``); ``mask`` (a ``ctrls.method.positions.PositionMask``)
+    (``ctrls.stages.state_prompt.ctrls_conditioning``); ``mask`` (a ``ctrls.method.positions.PositionMask``)
     restricts their drawn states and Base's chains to the states that can occur at each step."""
     # here, not at the top: the engine loads transformers, which pages that only read samples skip
     from ctrls.generate.sampling import sample
@@ -252,6 +252,7 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, sources: list[Questions], o
     # the read-back's KV cache: ctrls.generate.controllability.PromptPasses); each row's samples are the same in any order
     jobs = _jobs(sources, shards, per_chunk)
     passes = ctl.PromptPasses(keep=per_chunk) if state_prompt is not None else None
+    cond = ctrls_conditioning(pc, bb, model, state_prompt, mask, passes)  # the CTRLS rows' conditioning
     bar = tqdm(jobs, desc=f"exploration {pair_slug(bname, sources[0].dataset)}", unit="batch", disable=not progress)
     for eta, row, chunk in bar:
         label = row.label
@@ -266,13 +267,10 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, sources: list[Questions], o
         # when one of its parts is missing (a resumed run): the rows decoded beside a question change the
         # batched arithmetic in its last bits, and so, rarely, a sampled token; only the missing parts are written
         seeds = [seed_of(cfg.seed, bname, sources[q[0]].dataset, eta, label, problem[q].id) for q in chunk]
-        if row.ctrls and state_prompt is not None:  # read back by a re-encode: the decoding pass holds the vectors
-            gens = sample_state_prompt(bb, model, state_prompt, [enc[q] for q in chunk], g.n_samples, params, seeds,
-                                       layer=pc.backbone.hidden_layer, mask=mask,
-                                       with_adapter=pc.state_prompt.with_adapter, passes=passes)
-        else:
-            gens = sample(bb, [enc[q][0] for q in chunk], g.n_samples, params, model=model if row.ctrls else None,
-                          seeds=seeds, prompt_starts=[enc[q][1] for q in chunk], read_states=model if readback else None)
+        # under the state prompt the CTRLS rows are read back by a re-encode: the decoding pass holds the vectors
+        reread = readback or (row.ctrls and state_prompt is not None)
+        gens = sample(bb, [enc[q][0] for q in chunk], g.n_samples, params, conditioning=cond if row.ctrls else None,
+                      seeds=seeds, prompt_starts=[enc[q][1] for q in chunk], read_states=model if reread else None)
         gens = [gs for q, gs in zip(chunk, gens) if q in todo]
         for q, gs in zip(todo, gens):
             src = sources[q[0]]
@@ -280,8 +278,7 @@ def _sample_grid(cfg: Config, pc: Config, bb, model, sources: list[Questions], o
                     "epsilon": math.nan if row.epsilon is None else row.epsilon, "seed": cfg.seed,
                     "trained_on": src.trained_on or src.dataset}  # the dataset the CTRLS model was pretrained on
             t0 = time.perf_counter()
-            extra = _controllability_columns(cfg, pc, bb, model, enc[q], gs, row, eta, problem[q].id,
-                                             readback or (row.ctrls and state_prompt is not None), mask=mask)
+            extra = _controllability_columns(cfg, pc, bb, model, enc[q], gs, row, eta, problem[q].id, reread, mask=mask)
             reencode_s += time.perf_counter() - t0
             write_part(pd.DataFrame(generation_rows(gs, problem[q], meta)).assign(**extra), parts[q])
     bar.close()

@@ -44,7 +44,7 @@ class LoadedRun:
         from ctrls.method.streams import seed_of
         from ctrls.stages.common import sample_params
         from ctrls.stages.exploration import grid_rows
-        from ctrls.stages.state_prompt import sample_state_prompt
+        from ctrls.stages.state_prompt import ctrls_conditioning
 
         cfg, bb = self.cfg, self.backbone
         rows = {r.label: r for r in grid_rows(cfg)}
@@ -58,11 +58,8 @@ class LoadedRun:
         if seeds is None:  # a Problem is seeded by its id as the exploration stage seeds it; a string by its text
             seeds = [seed_of(cfg.seed, cfg.backbone.name, cfg.data.dataset, eta, label, getattr(q, "id", q)) for q in questions]
         params = sample_params(cfg, eta, epsilon=r.epsilon or 0.0, transitions=r.transitions, hold=r.hold)
-        if r.ctrls and self.state_prompt is not None:
-            return sample_state_prompt(bb, self.model, self.state_prompt, enc, n, params, list(seeds),
-                                       layer=cfg.backbone.hidden_layer, mask=self.mask,
-                                       with_adapter=cfg.state_prompt.with_adapter)
-        return sample(bb, [e[0] for e in enc], n, params, model=self.model if r.ctrls else None, seeds=list(seeds),
+        cond = ctrls_conditioning(cfg, bb, self.model, self.state_prompt, self.mask) if r.ctrls else None
+        return sample(bb, [e[0] for e in enc], n, params, conditioning=cond, seeds=list(seeds),
                       prompt_starts=[e[1] for e in enc], read_states=self.model)
 
 

@@ -155,7 +155,7 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
     # here, not at the top: the engine loads transformers, which pages that only read results skip
     from ctrls.generate.controllability import PromptPasses
     from ctrls.generate.sampling import SampleParams, sample
-    from ctrls.stages.state_prompt import pair_state_prompt, sample_state_prompt
+    from ctrls.stages.state_prompt import ctrls_conditioning, pair_state_prompt
 
     rl = cfg.rl
     for bname, ds in cfg.pairs():
@@ -172,6 +172,7 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
         encoded: dict[tuple[str, int], tuple[list[int], int]] = {}
         # each prompt's s_0 pass once for every run, step and table row (all share the pretrained Q_phi); no read-back here
         passes = PromptPasses(keep=0)
+        cond = ctrls_conditioning(pc, bb, pretrained, sp, mask, passes)  # the CTRLS rows' conditioning
 
         def enc(split: str, i: int) -> tuple[list[int], int]:
             if (split, i) not in encoded:
@@ -199,15 +200,10 @@ def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: Phase
             for chunk in chunks:
                 flat = [(j, i, ids, seed) for j in chunk for i, ids, seed in zip(reqs[j][2], reqs[j][3], reqs[j][5])]
                 prompts = [enc(reqs[j][0], i) for j, i, _, _ in flat]
-                if sp is not None and reqs[chunk[0]][1] is not None:  # CTRLS rows under the state prompt
-                    gens = sample_state_prompt(bb, pretrained, sp, prompts, 0, params(0.0), [s for *_, s in flat],
-                                               mask=mask, with_adapter=pc.state_prompt.with_adapter,
-                                               sample_ids=[ids for _, _, ids, _ in flat],
-                                               policies=[reqs[j][1].policy for j, *_ in flat],
-                                               epsilons=[reqs[j][4] for j, *_ in flat], readback=False,
-                                               passes=passes)
-                elif len(chunk) > 1 or (lockstep and reqs[chunk[0]][1] is not None):
-                    gens = sample(bb, [p for p, _ in prompts], params=params(0.0), model=pretrained,
+                # the CTRLS requests together, each prompt with its request's policy and epsilon, under the pair's
+                # conditioning (the state prompt, else the pretrained adapter); a lone request under its own model
+                if reqs[chunk[0]][1] is not None and (sp is not None or lockstep or len(chunk) > 1):
+                    gens = sample(bb, [p for p, _ in prompts], params=params(0.0), conditioning=cond,
                                   seeds=[s for *_, s in flat], sample_ids=[ids for _, _, ids, _ in flat],
                                   prompt_starts=[st for _, st in prompts],
                                   policies=[reqs[j][1].policy for j, *_ in flat], epsilons=[reqs[j][4] for j, *_ in flat])
@@ -365,9 +361,10 @@ def profile_markdown(cfg: Config) -> str:
     total = sum(prof.values())
     rows = "\n".join(f"| {p} | {s:.0f} | {100 * s / total:.0f}% |" for p, s in prof.items() if s >= 0.05)
     decode = sum(s for p, s in prof.items() if p.startswith("decode"))
-    how = ("`ctrls.stages.state_prompt.sample_state_prompt`: the chain drawn before decoding, each step under its "
-           "state's vectors, no read-back" if cfg.state_prompt.use else
-           "`ctrls.generate.sampling.sample`, states drawn and read in the same pass: no step is re-encoded")
+    how = ("`ctrls.generate.sampling.sample` under the state prompt: the chain drawn before decoding, each step under "
+           "its state's vectors, no read-back" if cfg.state_prompt.use else
+           "`ctrls.generate.sampling.sample` through the adapter, states drawn and read in the same pass: no step is "
+           "re-encoded")
     return (f"The RL stage's last run took {wall:.0f} s ({runs} runs × {cfg.rl.steps} steps "
             f"{'in lockstep' if cfg.rl.lockstep else 'one after another'}, profile `{cfg.profile}`); "
             f"{100 * decode / total:.0f}% of it decoded samples ({how}). Timed by `ctrls.stages.rl.PhaseClock`, "

@@ -400,7 +400,7 @@ def test_every_draw_that_conditioned_a_token_enters_eq16(tiny_llama, monkeypatch
     """Scripted tokens "x\n x\n EOS": s_1 is drawn before "x", s_2 when step 1 closes, s_3 when step 2
     closes; s_3 conditioned the EOS draw (and the whitespace before it), so all three draws are
     Eq. 16's actions, though only two steps exist. Counts the draws, then checks the loss sees them."""
-    import ctrls.generate.decoding as decoding
+    import ctrls.generate.conditioning as conditioning
     import ctrls.generate.sampling as sampling_mod
     from ctrls.method.reinforce import Trajectory, reinforce_loss
 
@@ -414,14 +414,14 @@ def test_every_draw_that_conditioned_a_token_enters_eq16(tiny_llama, monkeypatch
         return torch.tensor([seq[int(c)] for c in counters])
 
     draws = []
-    real_draw = decoding.draw_states
+    real_draw = conditioning.draw_states
 
     def counting(model, prev, rows, epsilon):
         draws.append(len(rows))
         return real_draw(model, prev, rows, epsilon)
 
     monkeypatch.setattr(sampling_mod, "_pick", scripted)
-    monkeypatch.setattr(decoding, "draw_states", counting)
+    monkeypatch.setattr(conditioning, "draw_states", counting)
     model = random_ctrls(bb, K=4, trained=True, scale=0.5)
     p = SampleParams(temperature=1.0, max_new_tokens=20, max_steps=10_000, stop_at_answer=False, epsilon=0.2)
     (g,), = sample(bb, [tok("Q:")["input_ids"]], 1, p, model=model, seeds=[3])

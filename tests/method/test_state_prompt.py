@@ -1,6 +1,7 @@
-"""The state prompt: teacher forcing equals decoding with the KV cache (the same sequence, positions
-included), the interleaving puts each state's vectors right before its step, and training moves only
-the vectors."""
+"""The state prompt's math: the interleaving puts each state's vectors right before its step, teacher forcing
+from the prompt's KV cache equals the whole pass, the adapter's head scores each token under its step's state,
+and training moves only the vectors. (Decoding under the state prompt equals teacher forcing:
+``tests/generate/test_conditioning.py``.)"""
 from typing import NamedTuple
 
 import pytest
@@ -10,8 +11,6 @@ from ctrls.method.state_prompt import (
     StatePrompt,
     adapter_head,
     chain_logprob,
-    decode_chain,
-    decode_chains,
     interleave,
     prompt_cache,
 )
@@ -27,14 +26,6 @@ def test_interleave_places_each_states_vectors_before_its_step():
         interleave(emb, 3, [(2, 3), (0, 1)], vec)
 
 
-def _decode(bb, sp, forced, states, record=None, max_steps=3, head=None):
-    nl = {int(forced[2]), int(forced[5])}  # two tokens of the chain act as newlines
-    return decode_chain(bb.model, [1, 5, 9, 4], lambda t: states[t], sp,
-                        ends_step=lambda tok, content: tok in nl and content, has_content=lambda tok: tok not in nl,
-                        max_new_tokens=len(forced), max_steps=max_steps, sample=lambda lg: int(lg.argmax()), stop=set(),
-                        forced=forced, record=record, head=head)
-
-
 def _head(bb, K=4, scale=0.5, seed=0):
     """The last-hidden adapter's head with a random F_u (scale 0: a fresh adapter, E' = E)."""
     from ctrls.method.adapter import StateAdapter
@@ -46,48 +37,40 @@ def _head(bb, K=4, scale=0.5, seed=0):
     return adapter_head(bb.model, ad, torch.randn(K, 2 * d)), ad
 
 
-@pytest.mark.parametrize("max_steps", [3, 2])
-def test_teacher_forcing_equals_decoding_with_the_cache(tiny_llama, max_steps):
+SPANS = [(0, 3), (3, 6), (6, 9)]
+
+
+def test_teacher_forcing_from_the_prompt_cache_equals_the_whole_pass(tiny_llama):
     bb = tiny_llama
     torch.manual_seed(0)
     sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=1)
-    forced = torch.randint(10, 200, (9,)).tolist()
-    states = [2, 0, 3]
-    rec = []
-    d = _decode(bb, sp, forced, states, rec, max_steps)
-    assert d.token_ids == forced and d.states == states[:max_steps]
-    assert d.spans == [(0, 3), (3, 6), (6, 9)][:max_steps] if max_steps == 3 else d.spans == [(0, 3), (3, 6)]
-    z = torch.nn.functional.one_hot(torch.as_tensor(d.states), 4).float()
+    chain = torch.randint(10, 200, (9,)).tolist()
+    z = torch.nn.functional.one_hot(torch.as_tensor([2, 0, 3]), 4).float()
     with torch.no_grad():
-        lp, n = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp)
-    want = sum(rec[i] for a, b in d.spans for i in range(a, b))
-    assert n == sum(b - a for a, b in d.spans)
-    assert float(lp) == pytest.approx(want, abs=1e-4)
-    with torch.no_grad():  # the prompt from its cache: the same sequence, the same positions
-        lp_cached, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp, cache=prompt_cache(bb.model, [1, 5, 9, 4]))
-    assert float(lp_cached) == pytest.approx(want, abs=1e-4)
+        lp, n = chain_logprob(bb.model, [1, 5, 9, 4], chain, SPANS, z, sp)
+        cached, _ = chain_logprob(bb.model, [1, 5, 9, 4], chain, SPANS, z, sp, cache=prompt_cache(bb.model, [1, 5, 9, 4]))
+        ids = torch.as_tensor([[1, 5, 9, 4, *chain]])
+        plain = torch.log_softmax(bb.model(input_ids=ids).logits[0, 3:-1].float(), -1).gather(1, ids[0, 4:, None]).sum()
+    assert n == 9 and float(cached) == pytest.approx(float(lp), abs=1e-4)
+    assert abs(float(lp) - float(plain)) > 1e-3  # the vectors reach the chain
 
 
-@pytest.mark.parametrize("max_steps", [3, 2])
-def test_with_the_adapter_teacher_forcing_equals_decoding(tiny_llama, max_steps):
-    """With the last-hidden adapter as the head, each token is scored under its own step's state in both
-    passes; a fresh adapter (F_u = 0) leaves log P as without it, a trained one changes it."""
+def test_the_adapter_head_scores_each_token_under_its_steps_state(tiny_llama):
+    """With the last-hidden adapter as the head a fresh adapter (F_u = 0) leaves log P as without it, a trained
+    one changes it, and swapping the steps' states changes it again; from the prompt's cache it is the same."""
     bb = tiny_llama
     torch.manual_seed(0)
     sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=1)
-    forced, states, head = torch.randint(10, 200, (9,)).tolist(), [2, 0, 3], _head(bb)[0]
-    rec = []
-    d = _decode(bb, sp, forced, states, rec, max_steps, head=head)
-    z = torch.nn.functional.one_hot(torch.as_tensor(d.states), 4).float()
-    want = sum(rec[i] for a, b in d.spans for i in range(a, b))
+    chain, head = torch.randint(10, 200, (9,)).tolist(), _head(bb)[0]
+    z = torch.nn.functional.one_hot(torch.as_tensor([2, 0, 3]), 4).float()
     with torch.no_grad():
-        lp, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp, head=head)
-        cached, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp, head=head,
+        lp, _ = chain_logprob(bb.model, [1, 5, 9, 4], chain, SPANS, z, sp, head=head)
+        cached, _ = chain_logprob(bb.model, [1, 5, 9, 4], chain, SPANS, z, sp, head=head,
                                   cache=prompt_cache(bb.model, [1, 5, 9, 4]))
-        plain, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp)
-        fresh, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z, sp, head=_head(bb, scale=0)[0])
-        swapped, _ = chain_logprob(bb.model, [1, 5, 9, 4], forced, d.spans, z.flip(0), sp, head=head)
-    assert float(lp) == pytest.approx(want, abs=1e-4) and float(cached) == pytest.approx(want, abs=1e-4)
+        plain, _ = chain_logprob(bb.model, [1, 5, 9, 4], chain, SPANS, z, sp)
+        fresh, _ = chain_logprob(bb.model, [1, 5, 9, 4], chain, SPANS, z, sp, head=_head(bb, scale=0)[0])
+        swapped, _ = chain_logprob(bb.model, [1, 5, 9, 4], chain, SPANS, z.flip(0), sp, head=head)
+    assert float(cached) == pytest.approx(float(lp), abs=1e-4)
     assert float(fresh) == pytest.approx(float(plain), abs=1e-5)
     assert abs(float(lp) - float(plain)) > 1e-3 and abs(float(swapped) - float(lp)) > 1e-3
 
@@ -106,38 +89,6 @@ def test_the_fit_trains_the_vectors_through_a_frozen_adapter(tiny_llama):
     h = [r["heldout_logp_per_token"] for r in info["history"]]
     assert max(h[1:]) > h[0]  # the fit raised log P through the adapter's head
     assert all(torch.equal(v, ad.state_dict()[k]) for k, v in before.items())  # the adapter stayed as it was
-
-
-@pytest.mark.parametrize("prompts", [[[1, 5, 9, 4], [1, 5, 9, 4], [3, 6]], [[1, 5, 9, 4], [1, 5, 9, 4], [1, 5, 2]]])
-def test_chains_decoded_side_by_side_equal_each_chain_teacher_forced(tiny_llama, prompts):
-    """Rows of different prompts (left padding; in the second case after their shared prefix [1, 5], run
-    once) open their steps at different tokens (padding in between), stop early, or run out of steps:
-    each row's log P per token equals its own teacher-forced sequence, positions included."""
-    bb = tiny_llama
-    torch.manual_seed(3)
-    sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=4)
-    nl, stop = {7}, {8}
-    forced = [[20, 7, 21, 22, 7, 23, 24, 25, 7, 26],  # three steps
-              [30, 31, 32, 33, 7, 34, 7, 35, 8, 99],  # three steps, stops at its 9th token
-              [7, 40, 41, 7, 42, 43, 44, 45, 46, 47]]  # a blank first line: the step goes on
-    states = [[1, 3, 0], [2, 2, 1], [0, 3, 2]]
-    rec = [[], [], []]
-    outs = decode_chains(bb.model, prompts, [lambda t, s=s: s[t] for s in states], sp,
-                         ends_step=lambda tok, content: tok in nl and content, has_content=lambda tok: tok not in nl,
-                         max_new_tokens=10, max_steps=3, sample=lambda lg: int(lg.argmax()), stop=stop,
-                         forced=forced, record=rec)
-    assert outs[1].token_ids == forced[1][:8] and len(rec[1]) == 9  # the stop token is scored, not kept
-    assert [o.spans for o in outs] == [[(0, 2), (2, 5), (5, 9)], [(0, 5), (5, 7), (7, 8)], [(0, 4), (4, 10)]]
-    for r, d in enumerate(outs):
-        z = torch.nn.functional.one_hot(torch.as_tensor(d.states[:len(d.spans)]), 4).float()
-        with torch.no_grad():
-            lp, n = chain_logprob(bb.model, prompts[r], d.token_ids, d.spans, z, sp)
-        assert float(lp) == pytest.approx(sum(rec[r][i] for a, b in d.spans for i in range(a, b)), abs=1e-4)
-        single = []  # one row alone decodes the same
-        decode_chain(bb.model, prompts[r], lambda t, r=r: states[r][t], sp, ends_step=lambda tok, c: tok in nl and c,
-                     has_content=lambda tok: tok not in nl, max_new_tokens=10, max_steps=3,
-                     sample=lambda lg: int(lg.argmax()), stop=stop, forced=forced[r], record=single)
-        assert single == pytest.approx(rec[r], abs=1e-4)
 
 
 def test_the_state_changes_the_step_and_training_moves_only_the_vectors(tiny_llama):
@@ -183,91 +134,6 @@ def test_the_fit_checkpoints_each_improving_epoch(monkeypatch):
     improving = [e for e in range(1, len(h)) if h[e] > max(h[:e])]
     assert [c[0] for c in calls] == improving and improving
     assert torch.equal(calls[-1][1], sp.vectors.detach()) and info["kept_epoch"] == improving[-1] and info["finished"]
-
-
-def test_closes_chain_ends_a_row_at_its_step_and_feeds_nothing_after(tiny_llama):
-    """The sampler's rules through ``closes_chain``: the row whose second step closes with a reason ends
-    there (its closing token kept, nothing decoded or scored after it, the reason recorded); its
-    batch-mate goes on, and still equals its own teacher-forced sequence."""
-    bb = tiny_llama
-    sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=2)
-    nl = {7}
-    forced = [[20, 7, 21, 22, 7, 23, 24, 7, 25, 26], [30, 7, 31, 7, 32, 33, 34, 7, 35, 36]]
-    states = [[1, 2, 3, 0], [0, 1, 2, 3]]
-    rec, seen = [[], []], []
-
-    def closes(step, n):  # row 0's second step holds token 22: "the answer line"
-        seen.append((list(step), n))
-        return "answer" if 22 in step else None
-
-    outs = decode_chains(bb.model, [[1, 5, 9, 4], [3, 6]], [lambda t, s=s: s[t] for s in states], sp,
-                         ends_step=lambda tok, c: tok in nl and c, has_content=lambda tok: tok not in nl,
-                         max_new_tokens=10, max_steps=4, sample=[lambda lg: 0, lambda lg: 0], stop={8},
-                         forced=forced, record=rec, closes_chain=closes)
-    assert outs[0].token_ids == forced[0][:5] and outs[0].finish == "answer" and len(rec[0]) == 5
-    assert outs[0].spans == [(0, 2), (2, 5)] and outs[0].states == [1, 2]  # no state drawn after the last step
-    assert ([21, 22, 7], 2) in seen and outs[1].finish == "max_tokens" and outs[1].token_ids == forced[1]
-    z = torch.nn.functional.one_hot(torch.as_tensor(outs[1].states[:len(outs[1].spans)]), 4).float()
-    with torch.no_grad():
-        lp, _ = chain_logprob(bb.model, [3, 6], outs[1].token_ids, outs[1].spans, z, sp)
-    assert float(lp) == pytest.approx(sum(rec[1][i] for a, b in outs[1].spans for i in range(a, b)), abs=1e-4)
-    with pytest.raises(ValueError, match="3 samplers for 2 rows"):
-        decode_chains(bb.model, [[1, 5], [3, 6]], [lambda t: 0] * 2, sp, ends_step=lambda tok, c: False,
-                      has_content=lambda tok: True, max_new_tokens=2, max_steps=1, sample=[lambda lg: 0] * 3, stop=set())
-
-
-def test_each_row_draws_with_its_own_sampler(tiny_llama):
-    """``sample`` as one callable per row: row r's tokens are its sampler's choices."""
-    bb = tiny_llama
-    sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=2)
-    outs = decode_chains(bb.model, [[1, 5, 9], [1, 5, 9]], [lambda t: 0] * 2, sp, ends_step=lambda tok, c: False,
-                         has_content=lambda tok: True, max_new_tokens=4, max_steps=1,
-                         sample=[lambda lg: 11, lambda lg: int(lg.argmax())], stop=set())
-    assert outs[0].token_ids == [11] * 4 and outs[1].token_ids != [11] * 4
-
-
-def test_the_engines_cache_and_packed_attention_decode_the_same_chains(tiny_llama):
-    """``cache=new_cache(...)`` under ``packed_decode_attention(model, PACKED_SDPA_ROWS)`` (what the stage
-    passes: a preallocated cache, attention on the KV heads for one or several query tokens a row; the
-    tiny model has 4 heads on 2 KV heads) scores every token as transformers' DynamicCache and SDPA do,
-    rows opening steps (3 slots) beside rows feeding one token, and rows leaving the batch, included."""
-    from ctrls.generate.kv_cache import PACKED_SDPA_ROWS, new_cache, packed_decode_attention
-
-    bb = tiny_llama
-    sp = StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=4)
-    nl = {7}
-    forced = [[20, 7, 21, 22, 7, 23, 24, 25, 7, 26], [30, 31, 32, 33, 7, 34, 7, 35, 8, 99], [7, 40, 41, 7, 42, 43, 44, 45, 46, 47]]
-    states = [[1, 3, 0], [2, 2, 1], [0, 3, 2]]
-    prompts = [[1, 5, 9, 4], [1, 5, 9, 4], [3, 6]]
-
-    def run(**kw):
-        rec = [[], [], []]
-        outs = decode_chains(bb.model, prompts, [lambda t, s=s: s[t] for s in states], sp,
-                             ends_step=lambda tok, content: tok in nl and content, has_content=lambda tok: tok not in nl,
-                             max_new_tokens=10, max_steps=3, sample=lambda lg: int(lg.argmax()), stop={8},
-                             forced=forced, record=rec, **kw)
-        return outs, rec
-
-    ref, ref_rec = run()
-    calls = []
-    import ctrls.generate.kv_cache as kvc
-
-    real = kvc.torch.nn.functional.scaled_dot_product_attention
-
-    def spy(q, *a, **k):  # the packed path ran, with several query tokens a row on some passes
-        calls.append(q.shape[2])
-        return real(q, *a, **k)
-
-    with packed_decode_attention(bb.model, PACKED_SDPA_ROWS):
-        kvc.torch.nn.functional.scaled_dot_product_attention = spy
-        try:
-            got, got_rec = run(cache=new_cache(bb.model, 8))
-        finally:
-            kvc.torch.nn.functional.scaled_dot_product_attention = real
-    assert bb.model.config._attn_implementation == "sdpa" and {2, 6} <= set(calls)  # 2 KV-head groups x 1 or 3 slots  # a small capacity: the buffer grows on the way
-    assert [o.spans for o in got] == [o.spans for o in ref] and [len(r) for r in got_rec] == [10, 9, 10]
-    for a, b in zip(got_rec, ref_rec):
-        assert a == pytest.approx(b, abs=1e-5)
 
 
 @pytest.mark.parametrize("with_head", [False, True])

@@ -142,20 +142,26 @@ def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeyp
     shutil.copytree(cfg.run_dir, copy)
     c = override(cfg, {"run_dir": str(copy), "grid.position_floor": 0.5, "grid.position_buckets": 2, "rl.steps": 1})
     pc = c.for_pair(*c.pairs()[0])
-    real, seen, passes, distinct = sps.sample_state_prompt, [], set(), set()
+    import ctrls.generate.sampling as sampling
+    from ctrls.generate.conditioning import StatePromptConditioning
 
-    def spy(bb, model, sp, prompts, n, params, seeds, **kw):
-        out = real(bb, model, sp, prompts, n, params, seeds, **kw)
-        passes.add(kw["passes"])
-        distinct.update(tuple(p) for p, _ in prompts)
+    real, seen, passes, distinct = sampling.sample, [], set(), set()
+
+    def spy(bb, prompts, n=1, params=None, **kw):
+        out = real(bb, prompts, n, params, **kw)
+        cond = kw.get("conditioning")
+        if not isinstance(cond, StatePromptConditioning):
+            return out
+        passes.add(cond.passes)
+        distinct.update(tuple(p) for p in prompts)
         for i, gs in enumerate(out):  # redrawn now: the policy moves after this step's update
             ids = kw["sample_ids"][i]
             acts, logs = draw_actions(kw["policies"][i], gs[0].policy_states[0], max(ids) + 1, params.max_steps,
-                                      kw["epsilons"][i], generator=seeded(seeds[i]), mask=kw["mask"])
-            seen.extend((g, acts[g.sample_index], logs[g.sample_index], kw["mask"]) for g in gs)
+                                      kw["epsilons"][i], generator=seeded(kw["seeds"][i]), mask=cond.mask)
+            seen.extend((g, acts[g.sample_index], logs[g.sample_index], cond.mask) for g in gs)
         return out
 
-    monkeypatch.setattr(sps, "sample_state_prompt", spy)
+    monkeypatch.setattr(sampling, "sample", spy)
     run_rl(c, progress=False)
     (shared,) = passes  # every rollout, evaluation and table row shares the prompts' s_0 passes
     assert shared.passes == len(distinct) and not shared.caches  # each prompt run once; no read-back, no cache kept
@@ -172,7 +178,7 @@ def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeyp
     t2 = load_table2_samples(c)
     rows = t2[t2.config != "Base"]
     assert len(rows) and all(all(bool(m.allowed[m.bucket(t), s]) for t, s in enumerate(r.states)) for r in rows.itertuples())
-    assert "sample_state_prompt" in profile_markdown(c) and "sampling.sample" not in profile_markdown(c)
+    assert "under the state prompt" in profile_markdown(c) and "through the adapter" not in profile_markdown(c)
     assert _rl_stage(override(c, {"state_prompt.vectors": 3})).key != _rl_stage(c).key
     off = override(c, {"state_prompt.use": False, "grid.position_floor": 0.0})
     assert _rl_stage(override(off, {"state_prompt.vectors": 3})).key == _rl_stage(off).key
@@ -236,13 +242,23 @@ def test_with_the_adapter_the_fit_and_the_decode_go_through_it(sp_run, tmp_path,
     after = pretrain_stages(pc)
     assert {n for n in after if after[n].key != before[n].key} == {"state_prompt"}
     heads = []
-    for name in ("fit", "decode_chains"):
-        real = getattr(stage, name)
-        monkeypatch.setattr(stage, name, lambda *a, real=real, **k: heads.append((real.__name__, k.get("head"))) or real(*a, **k))
+    real_fit = stage.fit
+    monkeypatch.setattr(stage, "fit", lambda *a, **k: heads.append(("fit", k.get("head"))) or real_fit(*a, **k))
+    real_cond = stage.ctrls_conditioning
+
+    def conditioning(*a, **k):
+        cond = real_cond(*a, **k)
+        heads.append(("decode", cond.head))
+        return cond
+
+    monkeypatch.setattr(stage, "ctrls_conditioning", conditioning)
+    import ctrls.stages.exploration as exploration
+
+    monkeypatch.setattr(exploration, "ctrls_conditioning", conditioning)
     run = pretrain(pc, progress=False)
     assert run.summaries["state_prompt"]["with_adapter"] is True
     explore(c, progress=False)
-    assert {n for n, h in heads if h is not None} == {"fit", "decode_chains"}
+    assert {n for n, h in heads if h is not None} == {"fit", "decode"}
     assert all(h is not None for _, h in heads)
     with pytest.raises(ConfigError, match="state_prompt.with_adapter"):
         _cfg(tmp_path, tmp_path, "state_prompt.with_adapter=true")
@@ -253,17 +269,19 @@ def test_the_paper_cases_are_decoded_as_the_exploration_rows_are(sp_run, monkeyp
     the policy's chain), and Base's are the engine's, as in the exploration rows."""
     from ctrls.data.problems import Problem
     from ctrls.report import cases
-    from ctrls.stages import state_prompt as sps
 
     cfg, _, _ = sp_run
+    from ctrls.generate.conditioning import StatePromptConditioning
+
     calls = []
-    real = sps.sample_state_prompt
+    real = cases.sample
 
-    def spy(*a, **kw):
-        calls.append(len(a[3]))
-        return real(*a, **kw)
+    def spy(bb, prompts, *a, **kw):
+        if isinstance(kw.get("conditioning"), StatePromptConditioning):
+            calls.append(len(prompts))
+        return real(bb, prompts, *a, **kw)
 
-    monkeypatch.setattr(cases, "sample_state_prompt", spy)
+    monkeypatch.setattr(cases, "sample", spy)
     found = {"two": Problem(id="c0", question="Tom has 3 apples and buys 4 more. How many apples?", answer="7",
                              steps=("3 + 4 = 7",), source="math", split="test")}
     df = cases.sample_paper_cases(cfg, n=2, cases=found)
@@ -292,13 +310,22 @@ def _decoding(sp_run, model_dir, n_questions: int):
     return pc, bb, model, sp, mask, enc
 
 
+def sample_state_prompt(bb, model, sp, prompts, n, params, seeds, mask=None, passes=None):
+    """The engine under the state prompt, read back, as the exploration stage decodes its CTRLS rows."""
+    from ctrls.generate.conditioning import StatePromptConditioning
+    from ctrls.generate.sampling import sample
+
+    cond = StatePromptConditioning(model, sp, mask=mask, passes=passes)
+    return sample(bb, [p for p, _ in prompts], n, params, seeds=list(seeds), prompt_starts=[st for _, st in prompts],
+                  conditioning=cond, read_states=model)
+
+
 def test_shared_prompt_passes_give_the_samples_of_fresh_ones(sp_run, tiny_model_dir):
     """Rows that share their prompts' passes (``PromptPasses``: the exploration stage's ε then fixed rows, the RL
     runs) draw and decode the samples, and read back the states, of calls that run every pass themselves,
     with each distinct prompt's pass run once: s_0 before decoding, the read-back on the kept KV cache."""
     from ctrls.generate.controllability import PromptPasses
     from ctrls.stages.common import sample_params
-    from ctrls.stages.state_prompt import sample_state_prompt
 
     pc, bb, model, sp, mask, enc = _decoding(sp_run, tiny_model_dir, 2)
     prompts = enc + enc[:1]  # a prompt twice in one call
@@ -321,18 +348,17 @@ def test_the_state_prompt_decodes_at_most_batch_size_rows_together(sp_run, tiny_
     several hundred): prompts whole, in order, every sample returned under its prompt and index."""
     from dataclasses import replace
 
-    from ctrls.stages import state_prompt as sps
+    import ctrls.generate.sampling as sampling
     from ctrls.stages.common import sample_params
-    from ctrls.stages.state_prompt import sample_state_prompt
 
     pc, bb, model, sp, mask, prompts = _decoding(sp_run, tiny_model_dir, 3)
-    real, batches = sps.decode_chains, []
+    real, batches = sampling._decode, []
 
-    def spy(lm, ps, *a, **kw):
-        batches.append([tuple(p) for p in ps])
-        return real(lm, ps, *a, **kw)
+    def spy(bb, ps, starts, ids, *a, **kw):
+        batches.append([tuple(p) for p, m in zip(ps, ids) for _ in m])
+        return real(bb, ps, starts, ids, *a, **kw)
 
-    monkeypatch.setattr(sps, "decode_chains", spy)
+    monkeypatch.setattr(sampling, "_decode", spy)
     params = replace(sample_params(pc, 0.7, epsilon=0.1, transitions=True), batch_size=5)
     out = sample_state_prompt(bb, model, sp, prompts, 2, params, [1, 2, 3], mask=mask)
     assert [len(b) for b in batches] == [4, 2]  # 2 + 2 rows, then the third prompt's 2 (5 would split it)
@@ -347,7 +373,6 @@ def test_held_rows_keep_their_state_at_every_step(sp_run, tiny_model_dir):
 
     from ctrls.method.positions import PositionMask
     from ctrls.stages.common import sample_params
-    from ctrls.stages.state_prompt import sample_state_prompt
 
     pc, bb, model, sp, _, enc = _decoding(sp_run, tiny_model_dir, 2)
     K = sp.n_states
@@ -404,16 +429,15 @@ def test_the_state_prompts_decode_checks_its_inputs_as_the_engine_does(sp_run, t
 
     from ctrls.data.prompts import PromptError
     from ctrls.stages.common import sample_params
-    from ctrls.stages.state_prompt import sample_state_prompt
 
     pc, bb, model, sp, _, enc = _decoding(sp_run, tiny_model_dir, 1)
     params = sample_params(pc, 0.7, transitions=False)
     ids, start = enc[0]
     with pytest.raises(PromptError, match="empty"):
         sample_state_prompt(bb, model, sp, [([], 0)], 1, params, [1])
-    with pytest.raises(ValueError, match="s_0 start"):
+    with pytest.raises(ValueError, match="is not among its"):
         sample_state_prompt(bb, model, sp, [(ids, len(ids))], 1, params, [1])
-    with pytest.raises(ValueError, match="one seed per prompt"):
+    with pytest.raises(ValueError, match="2 seeds for 1 prompts"):
         sample_state_prompt(bb, model, sp, [(ids, start)], 1, params, [1, 2])
     room = len(ids) + params.max_new_tokens + params.max_steps * sp.vectors.shape[1]
     monkeypatch.setattr(bb.model.config, "max_position_embeddings", room - 1)

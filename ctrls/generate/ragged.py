@@ -1,8 +1,8 @@
 """A ragged decode pass: rows of a KV-cached batch feed different numbers of new slots, and the frozen
 backbone's linear layers run on the real slots only.
 
-The state prompt's decode (``ctrls.method.state_prompt.decode_chains``) feeds one token a row, and a
-row that opens a step feeds its token and its state's m vectors in the same pass. Padded to a
+The engine under the state prompt (``ctrls.generate.conditioning.StatePromptConditioning``) feeds one token a
+row, and a row that opens a step feeds its token and its state's m vectors in the same pass. Padded to a
 rectangle, every row then pays for 1 + m slots: with 128 rows some row opens a step on nearly every
 pass, so the padded batch ran the whole model on three times the slots it needed. Here the real slots
 are packed into one sequence (1, N) for the projections and the MLPs; only attention sees the
@@ -10,7 +10,7 @@ rectangle: each layer scatters the packed queries, keys and values to (B, H, W, 
 and values into the cache as the padded pass would (pad slots hold zeros and are masked, as they
 hold a padding embedding's keys and are masked there), attends under the padded pass's causal and
 padding mask, and gathers the real slots back. The same arithmetic per slot, so the same logits up to
-float rounding (the matmuls see another number of rows); ``tests/method/test_ragged.py`` checks them
+float rounding (the matmuls see another number of rows); ``tests/generate/test_ragged.py`` checks them
 against the padded pass, ``bench/state_prompt_decode.py`` times both.
 """
 from __future__ import annotations
@@ -100,16 +100,41 @@ def causal_padding_mask(real: torch.Tensor, width: int) -> torch.Tensor:
     return (real.bool()[:, None, None, :] & (j <= i)[None, None])
 
 
-def fill_holes(keep: list[int], n_rows: int) -> list[int]:
-    """The rows ``keep`` (of ``n_rows``) in the order the cache keeps them in place: a kept row below
-    len(keep) stays where it is, and each hole below len(keep) takes a kept row from past it. A
-    sample does not depend on its row's position in the batch (its streams are keyed by its own
-    seed and index), so the order is free; this one moves only as many rows as finished."""
-    n = len(keep)
-    kept = set(keep)
-    tail = [j for j in keep if j >= n]
-    return [i if i in kept else tail.pop() for i in range(n)]
+def feed_pass(lm, cache, mask: torch.Tensor, pos: torch.Tensor, slots: list[list[torch.Tensor]]
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decode pass in which row b feeds the input embeddings ``slots[b]`` (a token's, a state's m vectors,
+    or both; at least one) into ``cache``: (the last hidden state (B, d) at each row's last slot, the real-slot
+    mask (B, S + W) after the pass, the rows' next positions). Rows are padded to the widest row's W slots,
+    masked out of attention and not counted as positions; on ``sdpa`` models only the real slots go through
+    the linear layers (module docstring), else the padded rectangle does."""
+    from ctrls.method.backbone import decoder_body
+
+    emb = lm.get_input_embeddings().weight
+    dev, dt = emb.device, emb.dtype
+    body = decoder_body(lm)
+    B = len(slots)
+    n = torch.as_tensor([len(f) for f in slots], device=dev)
+    W = int(n.max())
+    new = (torch.arange(W, device=dev)[None] < n[:, None]).long()
+    pid = pos[:, None] + (new.cumsum(1) - 1).clamp(min=0)  # padding repeats the last real position
+    mask = torch.cat([mask, new], 1)
+    if supports_ragged(lm):  # one packed sequence of every row's slots; attention on the rectangle
+        row = torch.repeat_interleave(torch.arange(B, device=dev), n)
+        col = torch.arange(int(n.sum()), device=dev) - (n.cumsum(0) - n)[row]
+        ends = n.cumsum(0) - 1  # each row's last slot in the packed sequence
+        lay = Layout(row, col, W, B, cache, causal_padding_mask(mask, W))
+        with ragged_pass(lm, lay):
+            h = body(inputs_embeds=torch.cat([torch.stack(f) for f in slots]).to(dt)[None], position_ids=pid[row, col][None],
+                     use_cache=False).last_hidden_state[0, ends]
+    else:
+        x = torch.zeros((B, W, emb.shape[1]), dtype=dt, device=dev)
+        for j, f in enumerate(slots):
+            x[j, :len(f)] = torch.stack(f)
+        out = body(inputs_embeds=x, attention_mask=mask, position_ids=pid, past_key_values=cache,
+                   use_cache=True).last_hidden_state
+        h = out[torch.arange(B, device=dev), n - 1]
+    return h, mask, pos + n
 
 
-__all__ = ["Layout", "RAGGED_SDPA", "causal_padding_mask", "fill_holes", "ragged_pass", "ragged_sdpa_attention",
+__all__ = ["Layout", "RAGGED_SDPA", "causal_padding_mask", "feed_pass", "ragged_pass", "ragged_sdpa_attention",
            "supports_ragged"]
