@@ -61,8 +61,8 @@ class Conditioning:
         """The input embeddings (m, d) each of ``rows`` feeds as it opens a step, or None (no vectors)."""
         return None
 
-    def logits(self, head, h: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
-        """The next-token logits (B, V) from the last hidden states ``h`` (B, d)."""
+    def logits(self, head, h: torch.Tensor, state: torch.Tensor | None, rows: Sequence["Row"]) -> torch.Tensor:
+        """The next-token logits (B, V) from the last hidden states ``h`` (B, d) of ``rows``."""
         return head(h[:, None])[:, 0]  # a 3-D input takes a faster GEMM path than a (B, d) matrix on CPU
 
     def redraw(self, params: "SampleParams", state: torch.Tensor | None, idx: Sequence[int],
@@ -72,6 +72,11 @@ class Conditioning:
 
     def finish(self, gens: list[list["Generation"]], rows: Sequence["Row"], expand: torch.Tensor) -> None:
         """Complete the group's generations (grouped by prompt, in the rows' order)."""
+
+    def read_back(self, backbone, prompts, starts, out: list[list["Generation"]], model: "CTRLSModel") -> None:
+        """Fill each generation's ``encoded`` and ``encoded_s0`` by a re-encode (``feeds_vectors`` only: the
+        other conditionings read the states back from the decoding pass)."""
+        raise NotImplementedError
 
 
 class AdapterConditioning(Conditioning):
@@ -102,7 +107,7 @@ class AdapterConditioning(Conditioning):
                 r.states.append(b)
         return state, s0
 
-    def logits(self, head, h, state):
+    def logits(self, head, h, state, rows):
         return head(self.model.adapt(h, state)[:, None])[:, 0]  # Eq. 8, then the LM head
 
     def redraw(self, params, state, idx, rows):
@@ -144,8 +149,10 @@ class StatePromptConditioning(Conditioning):
             raise ValueError(f"hold={params.hold}: a constant state must lie in [0, {self.n_states}) "
                              f"(K = {self.n_states} states)")
 
-    def prepare(self, backbone, prompts, starts, seeds, sample_ids, params, policies, epsilons) -> None:
-        """s_0 of every prompt, and every sample's state chain (module docstring)."""
+    def prepare(self, backbone, prompts, starts, seeds, sample_ids, params, policies, epsilons,
+                index: Sequence[int] | None = None) -> None:
+        """s_0 of every prompt, and every sample's state chain (module docstring); ``index``: the prompts'
+        indices in the ``sample`` call (default 0, 1, ...), which key the rows."""
         from ctrls.generate.controllability import PromptPasses, draw_actions, encode_generations
 
         T = params.max_steps
@@ -153,13 +160,14 @@ class StatePromptConditioning(Conditioning):
             self.passes = PromptPasses(keep=len(prompts))
         self.transitions = params.transitions
         self.s0, self.chains, self.actions = {}, {}, {}
-        for i, (ids, start, seed) in enumerate(zip(prompts, starts, seeds)):
+        for j, (ids, start, seed) in enumerate(zip(prompts, starts, seeds)):
+            i = j if index is None else index[j]
             s0, _ = encode_generations(backbone, self.model, ids, start, [], layer=self.layer, passes=self.passes)
             self.s0[i] = s0
-            ms = list(sample_ids[i])
+            ms = list(sample_ids[j])
             if params.transitions:  # every sample index up to the largest drawn: the same chains on any shard
-                policy = self.model.policy if policies is None else policies[i]
-                eps = params.epsilon if epsilons is None else epsilons[i]
+                policy = self.model.policy if policies is None else policies[j]
+                eps = params.epsilon if epsilons is None else epsilons[j]
                 acts, logs = draw_actions(policy, s0, max(ms, default=-1) + 1, T, eps,
                                           generator=torch.Generator(policy.L.device).manual_seed(seed),
                                           mask=self.mask)
@@ -195,7 +203,7 @@ class StatePromptConditioning(Conditioning):
         dt = self.prompt_vectors.vectors.dtype
         return [self.prompt_vectors(r.states[-1].to(dt)) for r in rows]  # V(z) = sum_k z_k V_k
 
-    def logits(self, head, h, state):
+    def logits(self, head, h, state, rows):
         if self.head is None:
             return head(h[:, None])[:, 0]
         return self.head(h, state.float())  # each token under the state of the step it belongs to (Eq. 8)
@@ -224,6 +232,113 @@ class StatePromptConditioning(Conditioning):
                 g.log_actions = logs[g.sample_index, :D]
                 g.allowed = None if mask is None else torch.stack(
                     [mask.allowed[mask.bucket(t)] for t in range(D)]).reshape(D, K)
+
+    def read_back(self, backbone, prompts, starts, out, model) -> None:
+        from ctrls.generate.controllability import encode_generations
+
+        for p, st, gs in zip(prompts, starts, out):  # an unadapted pass without the vectors, on s_0's KV cache
+            if not gs:
+                continue
+            s0, encoded = encode_generations(backbone, model, p, st, gs, layer=self.layer, passes=self.passes)
+            for g, e in zip(gs, encoded):
+                g.encoded, g.encoded_s0 = list(e), s0
+
+
+class LockstepConditioning(Conditioning):
+    """Several training runs decoded in one batch over the frozen backbone's passes: prompt i of the ``sample``
+    call belongs to run ``owner[i]``, whose conditioning ``parts[owner[i]]`` (its Q_phi, policy, vectors, mask,
+    adapter) conditions its rows; the passes, the token draw and the stopping rules are shared. A sample is the
+    one its run decodes alone, up to the batch's float rounding (rows do not see each other)."""
+
+    def __init__(self, parts: Sequence[Conditioning], owner: Sequence[int]):
+        kinds = {type(p) for p in parts}
+        if not parts or len(kinds) != 1:
+            raise ValueError(f"runs in lockstep need one kind of conditioning, got {sorted(k.__name__ for k in kinds)}")
+        if not all(0 <= o < len(parts) for o in owner):
+            raise ValueError(f"owner names runs outside [0, {len(parts)}): {sorted(set(owner))}")
+        self.parts, self.owner = list(parts), list(owner)
+        self.model = parts[0].model  # not None: CTRLS rows (each run's own model conditions them)
+        self.feeds_vectors = parts[0].feeds_vectors
+        self._shared_logits = all(type(p) is Conditioning or (isinstance(p, StatePromptConditioning) and p.head is None)
+                                  for p in parts)  # one LM head for every row: no split by run
+
+    def _split(self, rows) -> list[tuple[Conditioning, list[int]]]:
+        """(part, positions in ``rows`` of its rows) for each run with rows in ``rows``."""
+        at: dict[int, list[int]] = {}
+        for b, r in enumerate(rows):
+            at.setdefault(self.owner[r.prompt_index], []).append(b)
+        return [(self.parts[p], idx) for p, idx in sorted(at.items())]
+
+    def _prompts_of(self, n: int) -> list[list[int]]:
+        if len(self.owner) != n:
+            raise ValueError(f"owner has {len(self.owner)} entries for {n} prompts: one run per prompt")
+        return [[i for i in range(n) if self.owner[i] == p] for p in range(len(self.parts))]
+
+    def extra_positions(self, params) -> int:
+        return max(p.extra_positions(params) for p in self.parts)
+
+    def check(self, params, n_prompts, policies, epsilons) -> None:
+        for part, idx in zip(self.parts, self._prompts_of(n_prompts)):
+            part.check(params, len(idx), None if policies is None else [policies[i] for i in idx],
+                       None if epsilons is None else [epsilons[i] for i in idx])
+
+    def prepare(self, backbone, prompts, starts, seeds, sample_ids, params, policies, epsilons) -> None:
+        for part, idx in zip(self.parts, self._prompts_of(len(prompts))):
+            if not idx or not isinstance(part, StatePromptConditioning):
+                continue
+            part.prepare(backbone, [prompts[i] for i in idx], [starts[i] for i in idx], [seeds[i] for i in idx],
+                         [sample_ids[i] for i in idx], params, None if policies is None else [policies[i] for i in idx],
+                         None if epsilons is None else [epsilons[i] for i in idx], index=idx)
+
+    def start(self, rows, expand, prompt_hidden, params):
+        hidden: list = []
+        state = None
+        for part, idx in self._split(rows):
+            pos = sorted({int(expand[b]) for b in idx})  # the group's prompts of this run
+            loc = {q: j for j, q in enumerate(pos)}
+
+            def own(pos=pos):
+                if not hidden:
+                    hidden.extend(prompt_hidden())
+                return [hidden[q] for q in pos]
+
+            st, _ = part.start([rows[b] for b in idx], torch.as_tensor([loc[int(expand[b])] for b in idx]), own, params)
+            if st is None:
+                continue
+            if state is None:
+                state = st.new_zeros((len(rows), st.shape[-1]))
+            state[torch.as_tensor(idx, device=st.device)] = st
+        return state, None  # no shared s_0: each run's Q_phi encodes its own
+
+    def vectors(self, rows):
+        return [self.parts[self.owner[r.prompt_index]].vectors([r])[0] for r in rows]
+
+    def logits(self, head, h, state, rows):
+        if self._shared_logits:
+            return self.parts[0].logits(head, h, state, rows)
+        out = None
+        for part, idx in self._split(rows):
+            at = torch.as_tensor(idx, device=h.device)
+            lg = part.logits(head, h[at], None if state is None else state[at], [rows[b] for b in idx])
+            out = lg.new_empty((len(rows), lg.shape[-1])) if out is None else out
+            out[at] = lg
+        return out
+
+    def redraw(self, params, state, idx, rows):
+        for part, sub in self._split(rows):
+            state = part.redraw(params, state, [idx[k] for k in sub], [rows[k] for k in sub])
+        return state
+
+    def finish(self, gens, rows, expand) -> None:
+        for part, idx in self._split(rows):
+            p = self.owner[rows[idx[0]].prompt_index]
+            part.finish([[g for g in gs if self.owner[g.prompt_index] == p] for gs in gens], [rows[b] for b in idx], expand)
+
+    def read_back(self, backbone, prompts, starts, out, model) -> None:
+        for part, idx in zip(self.parts, self._prompts_of(len(prompts))):
+            if idx:
+                part.read_back(backbone, [prompts[i] for i in idx], [starts[i] for i in idx], [out[i] for i in idx],
+                               part.model)
 
 
 # ---- the adapter's state draws, s_{t+1} ~ pi~(. | s_t) from each row's counter-based stream -----------
@@ -297,5 +412,5 @@ def conditioning_for(model: "CTRLSModel | None", conditioning: Conditioning | No
     return AdapterConditioning(model) if model is not None else Conditioning()
 
 
-__all__ = ["AdapterConditioning", "Conditioning", "StatePromptConditioning", "conditioning_for", "draw_states",
+__all__ = ["AdapterConditioning", "Conditioning", "LockstepConditioning", "StatePromptConditioning", "conditioning_for", "draw_states",
            "held_state", "record_states", "redraw_states"]

@@ -21,6 +21,7 @@ from ctrls.data.prompts import check_prompts, model_positions
 from ctrls.generate.conditioning import (  # noqa: F401 (re-exported)
     AdapterConditioning,
     Conditioning,
+    LockstepConditioning,
     StatePromptConditioning,
     conditioning_for,
     redraw_states,
@@ -99,9 +100,13 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     if len(ids) != len(prompts):
         raise ValueError(f"{len(ids)} sample_ids lists for {len(prompts)} prompts")
     cond.check(params, len(prompts), policies, epsilons)
-    if cond.feeds_vectors and params.decode == "static":
-        raise ValueError("sampling.decode=static decodes Base and the adapter: the state prompt's passes feed a "
-                         "varying number of slots per row; use sampling.decode=engine")
+    if read_states is not None and isinstance(cond, LockstepConditioning) and not cond.feeds_vectors:
+        raise ValueError("read_states reads one Q_phi from the decoding pass: runs in lockstep through the adapter "
+                         "have one each; re-encode their steps (ctrls.generate.controllability.encode_generations)")
+    if params.decode == "static" and (cond.feeds_vectors or isinstance(cond, LockstepConditioning)):
+        raise ValueError("sampling.decode=static decodes Base and one adapter: the state prompt's passes feed a "
+                         "varying number of slots per row, and runs in lockstep condition rows apart; "
+                         "use sampling.decode=engine")
     pol = list(policies) if policies is not None else [None] * len(prompts)
     eps = list(epsilons) if epsilons is not None else [None] * len(prompts)
     out: list[list[Generation]] = [[] for _ in prompts]
@@ -123,12 +128,7 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
         for (i, _), gs in zip(group, gens):
             out[i].extend(gs)
     if read_states is not None and cond.feeds_vectors:  # the read-back: an unadapted pass without the vectors
-        from ctrls.generate.controllability import encode_generations
-
-        for i, (p, st) in enumerate(zip(prompts, starts)):
-            s0, encoded = encode_generations(backbone, read_states, p, st, out[i], layer=cond.layer, passes=cond.passes)
-            for g, e in zip(out[i], encoded):
-                g.encoded, g.encoded_s0 = list(e), s0
+        cond.read_back(backbone, prompts, starts, out, read_states)
     return out
 
 
@@ -181,7 +181,8 @@ def _steps(backbone: Backbone, pre, params: SampleParams, cond: Conditioning, re
     for _ in range(params.max_new_tokens):
         keys = torch.tensor([rows[ri].key for ri in active], dtype=torch.int64)
         counters = torch.tensor([len(rows[ri].tokens) for ri in active], dtype=torch.int64)
-        nxt = _pick(cond.logits(head, h_last, state), params.temperature, params.top_k, keys, counters).cpu()
+        logits = cond.logits(head, h_last, state, [rows[ri] for ri in active])
+        nxt = _pick(logits, params.temperature, params.top_k, keys, counters).cpu()
         keep, redraw = advance(rows, active, nxt, pre, params, tok)
         tail = reader.tail(rows, active) if reader is not None else []  # fed once more, then dropped
         if not keep and not tail:

@@ -4,7 +4,13 @@ from its question's seed, and the engine's stopping rules for every conditioning
 import pytest
 import torch
 
-from ctrls.generate.conditioning import AdapterConditioning, Conditioning, StatePromptConditioning, conditioning_for
+from ctrls.generate.conditioning import (
+    AdapterConditioning,
+    Conditioning,
+    LockstepConditioning,
+    StatePromptConditioning,
+    conditioning_for,
+)
 from ctrls.generate.sampling import SampleParams, sample
 from ctrls.method.state_prompt import StatePrompt, adapter_head, chain_logprob
 from tests.generate.test_sampling import random_ctrls
@@ -124,3 +130,42 @@ def test_a_conditioning_is_chosen_once(tiny_llama):
         sample(bb, [[1, 2, 3]], 1, SampleParams(decode="static"), conditioning=cond)
     with pytest.raises(ValueError, match="0 vectors"):
         StatePromptConditioning(model, StatePrompt(4, 0, bb.model.get_input_embeddings().weight.detach()))
+
+
+def _runs(bb, kind):
+    """Two training runs' conditionings of one kind: their own Q_phi, policy, adapter and vectors."""
+    if kind == "adapter":
+        return [AdapterConditioning(random_ctrls(bb, trained=True, scale=0.5, seed=s)) for s in (0, 1)]
+    out = []
+    for s in (0, 1):
+        model = random_ctrls(bb, K=4, trained=True, scale=0.5, seed=s)
+        out.append(StatePromptConditioning(model, StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(), seed=s),
+                                           head=_head(bb) if kind == "state prompt + adapter" else None))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["adapter", "state prompt", "state prompt + adapter"])
+def test_runs_in_lockstep_decode_what_each_run_decodes_alone(tiny_llama, kind):
+    """Two runs' prompts in one batch (interleaved, a question shared by both): each sample's tokens, steps,
+    drawn states and Eq. 16 trajectory are its run's alone; under the state prompt the read-back too."""
+    bb = tiny_llama
+    tok = bb.tokenizer
+    qs = [tok(q)["input_ids"] for q in ("Q: one plus one?\n", "Q: two times three?\n", "Q: ten minus four?\n")]
+    prompts, owner, seeds = [qs[0], qs[1], qs[1], qs[2]], [0, 1, 0, 1], [5, 6, 7, 8]
+    p = SampleParams(temperature=1.0, max_new_tokens=16, max_steps=4, epsilon=0.2)
+    read = kind != "adapter"
+    runs = _runs(bb, kind)
+    together = sample(bb, prompts, 2, p, seeds=seeds, conditioning=LockstepConditioning(runs, owner),
+                      read_states=runs[0].model if read else None)
+    for r in (0, 1):
+        mine = [i for i in range(4) if owner[i] == r]
+        alone = sample(bb, [prompts[i] for i in mine], 2, p, seeds=[seeds[i] for i in mine], conditioning=_runs(bb, kind)[r],
+                       read_states=runs[r].model if read else None)
+        for i, gs in zip(mine, alone):
+            for a, b in zip(together[i], gs):
+                assert a.token_ids == b.token_ids and a.spans == b.spans
+                torch.testing.assert_close(a.states, b.states)
+                torch.testing.assert_close(a.log_actions, b.log_actions)
+                assert a.encoded == b.encoded
+    with pytest.raises(ValueError, match="one kind"):
+        LockstepConditioning([runs[0], Conditioning()], [0, 1])
