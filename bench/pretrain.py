@@ -42,7 +42,8 @@ def make_data(n: int, vocab: int, seed: int = 0) -> dict:
 
 
 def predictor_positions() -> tuple[torch.Tensor, torch.Tensor]:
-    """The position rule of the design notes (book/design.md): a step at [a, b) is predicted by positions a-1 .. b-2. Returns (pos, step)."""
+    """The position rule of the design notes (book/design.md): a step at [a, b) is predicted by positions a-1 .. b-2.
+    Returns (pos, step)."""
     pos, step = [], []
     for t in range(STEPS):
         a = PROMPT + t * STEP_TOKENS

@@ -41,7 +41,8 @@ def timed(cfg, merged: bool) -> tuple[float, dict]:
 
 
 def frames(d: Path) -> dict[str, pd.DataFrame]:
-    return {str(f.relative_to(d)): pd.read_parquet(f) for f in sorted(d.rglob("*.parquet")) if f.is_file()}  # table2.parquet/ is a folder
+    # table2.parquet/ is a folder
+    return {str(f.relative_to(d)): pd.read_parquet(f) for f in sorted(d.rglob("*.parquet")) if f.is_file()}
 
 
 def same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
@@ -72,13 +73,15 @@ def main(argv=None) -> dict:
             d = Path(tmp) / name
             for stage in ("pretrain", "exploration"):
                 shutil.copytree(src / stage, d / args.profile / stage, symlinks=True)
-            cfg = load_config(args.profile, {**parse_overrides(ADAPTER), **parse_overrides([  # the adapter's RL, unless overridden
+            # the adapter's RL, unless overridden
+            cfg = load_config(args.profile, {**parse_overrides(ADAPTER), **parse_overrides([
                 *args.override, f"rl.steps={args.steps}", f"rl.eval_every={args.eval_every}", f"run_dir={d}"])})
             wall, prof = timed(cfg, merged)
             out[name] = frames(Path(prof.pop("_dir")))
             res[f"{name}_s"], res[f"{name}_phases_s"] = round(wall, 1), prof
     res.update(speedup=round(res["apart_s"] / res["merged_s"], 3),
-               equal=out["apart"].keys() == out["merged"].keys() and all(same(v, out["merged"][k]) for k, v in out["apart"].items()),
+               equal=(out["apart"].keys() == out["merged"].keys()
+                      and all(same(v, out["merged"][k]) for k, v in out["apart"].items())),
                profile=args.profile, steps=args.steps, eval_every=args.eval_every, overrides=args.override,
                machine=machine())
     write_result(res, args.out)

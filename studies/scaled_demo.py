@@ -84,7 +84,8 @@ def main(argv=None) -> dict:
              "data.n_test": demo.data.n_test * args.scale, "grid.n_samples": args.samples,
              "grid.transfer_datasets": [], "sampling.batch_size": args.batch_size}
     try:
-        cfg = load_config("demo", {**parse_overrides(ADAPTER), **sizes, **parse_overrides(args.override), "run_dir": str(Path(args.run_dir).resolve())})
+        cfg = load_config("demo", {**parse_overrides(ADAPTER), **sizes, **parse_overrides(args.override),
+                                   "run_dir": str(Path(args.run_dir).resolve())})
     except ConfigError as e:
         ap.error(str(e))
     seconds = {}

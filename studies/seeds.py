@@ -54,8 +54,8 @@ def one_seed(cfg, margin: float, seed: int = 0) -> tuple[dict, tuple]:
     harm["non_inferior"] = bool(harm["lo"] > -margin / 100)
     t1 = table1(df)
     r = t1[t1.config == row_label(eps)].iloc[0]
-    out = {"data_seed": cfg.data.seed, "questions": int(df.question_id.nunique()), "samples_per_question": int(cfg.grid.n_samples),
-           "epsilon": eps, "kappa": k, "harm_fixed_minus_base_pass1": harm,
+    out = {"data_seed": cfg.data.seed, "questions": int(df.question_id.nunique()),
+           "samples_per_question": int(cfg.grid.n_samples), "epsilon": eps, "kappa": k, "harm_fixed_minus_base_pass1": harm,
            "eps_minus_base_pass_n": {"diff": float(r["Δ pass@n vs Base"]), "lo": float(r["Δ lo"]), "hi": float(r["Δ hi"]),
                                      "p": float(r["p"])},
            "eps_minus_fixed_pass1": paired_pass1(row, fixed, seed=seed),
@@ -179,8 +179,8 @@ def main(argv=None) -> dict:
         per.append(r)
         trips.append((f, n, q))
         pooled[0].extend(f), pooled[1].extend(n), pooled[2].extend(q)
-        print({"data_seed": r["data_seed"], "kappa": round(float(r["kappa"]["kappa"]), 3), "harm": round(r["harm_fixed_minus_base_pass1"]["diff"], 3)},
-              flush=True)
+        print({"data_seed": r["data_seed"], "kappa": round(float(r["kappa"]["kappa"]), 3),
+               "harm": round(r["harm_fixed_minus_base_pass1"]["diff"], 3)}, flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     res = {"machine": machine(), "commit": commit or "?", "profile": args.profile, "overrides": args.override,
            "settings": variant(cfgs[0]),

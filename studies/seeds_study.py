@@ -168,7 +168,8 @@ def collect(seed: int, run_root: Path) -> None:
         ck = torch.load(rl_dir / f"{file_name(s.name)}__seed{rs}" / "checkpoint.pt", weights_only=True)
         policies[s.label] = {**policy_params(ck["policy"]), "steps": int(ck["step"]), "rl_seed": rs}
     res = {"data_seed": seed, "commit": commit(), "machine": machine(), "profile": PROFILE, "overrides": STUDY,
-           "n_states": int(cfg.states.n_states), "vectors_sha256": hashlib.sha256((st["state_prompt"].dir / VECTORS).read_bytes()).hexdigest(),
+           "n_states": int(cfg.states.n_states),
+           "vectors_sha256": hashlib.sha256((st["state_prompt"].dir / VECTORS).read_bytes()).hexdigest(),
            "position_mask": (stage_summary(cfg).get("position_masks") or {}).get(pair_slug(bname, ds)),
            "pretrained_policy": pre, "rl_policies": policies, "regraded_changed": changed,
            "stage_seconds": {"pretrain": {k: v.summary().get("wall_s") for k, v in st.items()},
@@ -315,7 +316,8 @@ def pool(seeds: list[int] | None = None) -> dict:
            "machines": sorted({json.dumps(m["machine"], sort_keys=True) for m in metas}),
            "claims": claims, "rl_power": power,
            "states": [{"data_seed": m["data_seed"], **i["states"]} for m, i in zip(metas, info)],
-           "rl_policies": [{"data_seed": m["data_seed"], "pretrained": m["pretrained_policy"], **m["rl_policies"]} for m in metas]}
+           "rl_policies": [{"data_seed": m["data_seed"], "pretrained": m["pretrained_policy"], **m["rl_policies"]}
+                           for m in metas]}
     write_json(res, POOLED)
     return res
 

@@ -18,7 +18,8 @@
    two are compared on the same questions by a paired test (``kappa_difference``).
 
 Usage (from the repository root, after `ctrls stage pretrain exploration`):
-    .venv/bin/python studies/state_prompt.py --run-dir runs --profile demo -o data.seed=1 --out studies/results/state_prompt_seed1.json
+    .venv/bin/python studies/state_prompt.py --run-dir runs --profile demo -o data.seed=1 \\
+        --out studies/results/state_prompt_seed1.json
 """
 from __future__ import annotations
 

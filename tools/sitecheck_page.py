@@ -64,7 +64,7 @@ HOOKS = r"""
     if (setConf) RTC.prototype.setConfiguration = function (config) { servers(config); return setConf.call(this, config); };
   }
 })();
-"""
+"""  # noqa: E501
 
 # Links that make the browser connect to a host without a request of their own (preconnect) or
 # before any is needed; found in the page after it settles.
@@ -325,7 +325,7 @@ INSPECT = r"""
   });
   return {overflow, junk, links, pageWidth};
 }
-"""
+"""  # noqa: E501
 
 
 

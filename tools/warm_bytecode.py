@@ -20,8 +20,9 @@ GROUPS = {
     "models": ["torch", "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
                "ctrls.cli", "ctrls.stages.pretrain", "ctrls.stages.exploration", "ctrls.stages.rl",
                "ctrls.stages.judge", "ctrls.report.scorecard", "ctrls.stages.synthetic", "ctrls.report.tables",
-               "ctrls.report.beside_paper", "ctrls.report.cases", "ctrls.report.findings", "ctrls.report.plots", "ctrls.report.studies",
-               "ctrls.report.setup_check", "ctrls.report.verdicts", "ctrls.stages.distributed", "accelerate"],
+               "ctrls.report.beside_paper", "ctrls.report.cases", "ctrls.report.findings", "ctrls.report.plots",
+               "ctrls.report.studies", "ctrls.report.setup_check", "ctrls.report.verdicts", "ctrls.stages.distributed",
+               "accelerate"],
     # first what the library also imports but not through torch (so that the other group finds it
     # compiled), then the notebooks' machinery, the book's build, the browser check and the test runner
     "book": ["pandas", "pyarrow.parquet", "scipy.stats", "scipy.optimize", "sklearn.cluster", "seaborn",

@@ -168,7 +168,8 @@ def main(argv=None) -> dict:
                          "compile=reduce-overhead (CUDA graphs) on the same prompts and seeds, and compare the tokens")
     ap.add_argument("--profile-tokens", type=int, default=0, help="cProfile a CTRLS RL-batch run of this many tokens")
     ap.add_argument("--step-tokens", type=float, default=30.0, help="tokens per CoT step the newline bias aims at")
-    ap.add_argument("--pretrain-questions", type=int, default=None, help="synthetic questions for stages (b)-(f) (16; 2 with --tiny)")
+    ap.add_argument("--pretrain-questions", type=int, default=None,
+                    help="synthetic questions for stages (b)-(f) (16; 2 with --tiny)")
     ap.add_argument("--pretrain-tokens", type=int, default=None, help="tokens per synthetic CoT (350; 120 with --tiny)")
     ap.add_argument("--pretrain-steps", type=int, default=None, help="steps per synthetic CoT (10; 4 with --tiny)")
     ap.add_argument("--cpu-full", action=argparse.BooleanOptionalAction, default=None,

@@ -79,7 +79,8 @@ def headline(d: dict) -> str:
     te, tg = d["estimate"]["total_hours"], d["estimate_graph"]["total_hours"]
     (name,) = d["backbones"]
     gpu = env["gpu"].replace("NVIDIA ", "")
-    return (f"One backbone's `paper` profile ({name}, GSM8K and MATH, judge excluded) with its decode steps captured as CUDA graphs, from rates measured at every batch size the profile decodes: "
+    return (f"One backbone's `paper` profile ({name}, GSM8K and MATH, judge excluded) with its decode steps captured as "
+            "CUDA graphs, from rates measured at every batch size the profile decodes: "
             f"**{_h(tg['mean'])}-{_h(tg['cap'])} {gpu}-hours**, against {_h(te['mean'])}-{_h(te['cap'])} h with the "
             "eager engine on the same machine. An H200 reads memory about 1.4x faster than an H100 (4.8 against 3.35 TB/s, spec "
             "sheets), and decoding a 3B model is bound by that read, so on an H100 expect up to about 1.4x these "

@@ -207,7 +207,8 @@ def _yaml_value(item: str, v: str) -> Any:
     try:
         return load_yaml(v, f"override {short(item)}", aliases=False) if v.strip() else None
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {short(item)}: the value is not valid YAML ({short(' '.join(str(e).split()), 300)})") from None
+        raise ConfigError(f"override {short(item)}: the value is not valid YAML "
+                          f"({short(' '.join(str(e).split()), 300)})") from None
 
 
 def parse_overrides(items: str | typing.Iterable[str] | dict[str, Any] | None) -> dict[str, Any]:

@@ -179,7 +179,8 @@ def step_spans(ids: Sequence[int], newline_ids: frozenset[int], tokenizer=None,
             spans.append((start, i + 1))
             start = i + 1
     if start < len(ids):
-        spans = join_blank_tail(ids, [*spans, (start, len(ids))], tokenizer) if tokenizer is not None else [*spans, (start, len(ids))]
+        spans = (join_blank_tail(ids, [*spans, (start, len(ids))], tokenizer) if tokenizer is not None
+                 else [*spans, (start, len(ids))])
     if max_steps is not None and len(spans) > max_steps:
         spans = spans[: max_steps - 1] + [(spans[max_steps - 1][0], spans[-1][1])]
     return spans

@@ -160,7 +160,8 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
 def step_states(model: "CTRLSModel", steps: Sequence[torch.Tensor], counts: Sequence[int]) -> list[list[int]]:
     """Q_phi's hard state of each step (its hidden states (n_i, d), in order), split into consecutive groups
     of ``counts`` steps (one per generation): the spectral embedding (Eq. 5) and the nearest centroid."""
-    hard = model.assign(model.embed(list(steps))).argmax(-1).tolist() if steps else []  # Q_phi: Eq. 5, nearest centroid (Sec. 5.2)
+    # Q_phi: Eq. 5, nearest centroid (Sec. 5.2)
+    hard = model.assign(model.embed(list(steps))).argmax(-1).tolist() if steps else []
     out, k = [], 0
     for c in counts:
         out.append(hard[k:k + c])
@@ -286,5 +287,5 @@ def mean_with_ci(per_question: np.ndarray, n_boot: int = 2000, seed: int = 0) ->
     return bootstrap_ci(per_question, n_boot=n_boot, seed=seed)
 
 
-__all__ = ["PromptPasses", "draw_actions", "draw_chains", "encode_generations", "match_rate", "match_rate_difference", "distinct_answers",
-           "entropy_bits", "state_entropy", "mean_with_ci", "feature_precision"]
+__all__ = ["PromptPasses", "draw_actions", "draw_chains", "encode_generations", "match_rate", "match_rate_difference",
+           "distinct_answers", "entropy_bits", "state_entropy", "mean_with_ci", "feature_precision"]

@@ -256,7 +256,8 @@ class TransitionPolicy(torch.nn.Module):
             return log_dir
         if epsilon == 1:
             return log_uniform
-        return torch.logaddexp(log_dir + math.log1p(-epsilon), log_uniform + math.log(epsilon))  # Eq. 13: log pi~(a | s), the mixture
+        # Eq. 13: log pi~(a | s), the mixture
+        return torch.logaddexp(log_dir + math.log1p(-epsilon), log_uniform + math.log(epsilon))
 
     def log_prob(self, a: torch.Tensor, s: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
         """log pi~(a | s) for a plain simplex vector a strictly inside the simplex (every a_j > 0).
@@ -298,8 +299,9 @@ def check_simplex(s: torch.Tensor, what: str, tol: float = 1e-3) -> torch.Tensor
     x = s.detach().double()
     if bool((x < -tol).any()) or bool(((x.sum(-1) - 1).abs() > tol).any()):
         row = int((((x < -tol).any(-1)) | ((x.sum(-1) - 1).abs() > tol)).reshape(-1).nonzero()[0])
-        raise ValueError(f"{what} is not on the simplex: row {row} has entries in [{float(x.reshape(-1, x.shape[-1])[row].min()):g}, "
-                         f"{float(x.reshape(-1, x.shape[-1])[row].max()):g}] summing to {float(x.reshape(-1, x.shape[-1])[row].sum()):g}")
+        raise ValueError(f"{what} is not on the simplex: row {row} has entries in "
+                         f"[{float(x.reshape(-1, x.shape[-1])[row].min()):g}, {float(x.reshape(-1, x.shape[-1])[row].max()):g}] "
+                         f"summing to {float(x.reshape(-1, x.shape[-1])[row].sum()):g}")
     return s
 
 

@@ -31,7 +31,8 @@ class StatePrompt(torch.nn.Module):
     def __init__(self, n_states: int, n_vectors: int, embeddings: torch.Tensor, seed: int = 0):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        mu, sd = embeddings.float().mean(0).cpu(), embeddings.float().std(0).cpu()  # the noise is drawn on the CPU: the same vectors on any device
+        # the noise is drawn on the CPU: the same vectors on any device
+        mu, sd = embeddings.float().mean(0).cpu(), embeddings.float().std(0).cpu()
         noise = torch.randn((n_states, n_vectors, embeddings.shape[1]), generator=g)
         self.vectors = torch.nn.Parameter((mu + 0.5 * sd * noise).to(embeddings.device))  # distinct per state from the start
 
@@ -110,7 +111,8 @@ def chain_logprob(lm, prompt: Sequence[int], chain: Sequence[int], spans: Sequen
     ``head``: logits from the last hidden states and each token's step state (:func:`adapter_head`)."""
     emb = lm.get_input_embeddings()
     ids = torch.as_tensor([*prompt, *chain], device=emb.weight.device)
-    x, where = interleave(emb(ids), len(prompt), spans, prompt_vectors(states).to(emb.weight.dtype))  # the backbone's dtype (bf16 on a GPU)
+    x, where = interleave(emb(ids), len(prompt), spans,
+                          prompt_vectors(states).to(emb.weight.dtype))  # the backbone's dtype (bf16 on a GPU)
     P = len(prompt)
     if cache is None:
         out, offset = _run(lm, head, inputs_embeds=x[None])[0], 0

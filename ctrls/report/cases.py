@@ -110,8 +110,8 @@ def state_note_html() -> str:
 
 def tex_html(text: str) -> str:
     """``text`` escaped for HTML, with each ``$...$`` that reads as TeX (a backslash, ``^``, ``_``,
-    braces, an operator beside a letter, or a lone letter such as ``$x$``) turned into MathJax's ``\\(...\\)``; a dollar amount such
-    as "$5 and $10" stays as it is."""
+    braces, an operator beside a letter, or a lone letter such as ``$x$``) turned into MathJax's ``\\(...\\)``; a
+    dollar amount such as "$5 and $10" stays as it is."""
     def sub(m: re.Match) -> str:
         inner = m.group(1)
         return f"\\({inner}\\)" if _TEX_HINT.search(inner) else m.group(0)

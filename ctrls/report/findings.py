@@ -188,8 +188,7 @@ def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict, scaled: s
         rows += [(e.label, "this build's run, the development seed" if e.label.startswith("development run")
                   else f"{conditioned} alone", e) for e in ablation.beside]
         rows += [(e.label, f"the transitions beyond {conditioned}", e) for e in ablation.estimates]
-    table = ["| comparison | what it measures | questions | pass@n difference, points [family 95% CI] |",
-             "|---|---|---:|---:|"]
+    table = ["| comparison | what it measures | questions | pass@n difference, points [family 95% CI] |", "|---|---|---:|---:|"]
     table += [f"| {lab} | {what} | {_n(e, sizes)} | {_est(e)} |" for lab, what, e in rows]
     text = (f"**{headline(c, 'pass')}** ({{doc}}`/{c.page}`). The verdict is *{c.label}* for CTRLS − Base "
             f"({term('verdicts', 'how verdicts are read')}).{_mdd_words(c)}")
@@ -308,8 +307,8 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
 
 
 def seeds_note(path: Path | None = None, prompts: list[Path] | None = None, option: Path | None = None) -> str:
-    """Finding 3's test numbers: κ pooled over the fresh data seeds no choice saw (``studies/seeds.py``) with its interval
-    and n; the state prompt beside the adapter (``studies/state_prompt.py``) and through the stages, where stored; the text-cue bound."""
+    """Finding 3's test numbers: κ pooled over the fresh data seeds no choice saw (``studies/seeds.py``) with its interval and n;
+    the state prompt beside the adapter (``studies/state_prompt.py``) and through the stages, where stored; the text-cue bound."""
     from ctrls.report import mechanism
 
     path = Path(path) if path else mechanism.results_dir() / mechanism.SEEDS_RESULT
@@ -395,8 +394,7 @@ def verdict_sentences(cfg: Config, claims: list[Claim], counts: dict) -> list[st
            f"Nothing here ran at the paper's 3B scale: every number of this build comes from {bb} on {ds}, "
            "and one command runs the paper's setting (finding 5).")
     by = {c.claim: c for c in claims}
-    clauses = [_clause(by.get(PASS_CLAIM), "pass"), _clause(by.get(CONTROL_CLAIM), "control"),
-               _clause(by.get(RL_CLAIM), "rl")]
+    clauses = [_clause(by.get(PASS_CLAIM), "pass"), _clause(by.get(CONTROL_CLAIM), "control"), _clause(by.get(RL_CLAIM), "rl")]
     res = seeds_study.pooled() if any(c.page == seeds_study.PAGE for c in claims) else None
     three = (f"Over {len(res['seeds'])} fresh training runs of the demo (the seeds study), " if res is not None
              else "On this build's run, ") + "; ".join(clauses[:-1]) + "; and " + clauses[-1] + "."
@@ -423,7 +421,7 @@ def pair_markdown(path: Path | None = None) -> str:
     pairs = list(g["pairs_hours"].items())
     for pair, _ in pairs[:1]:
         backbone, dataset = pair.rsplit(" / ", 1)
-        lines.append(f".venv/bin/ctrls reproduce --profile paper -o \"grid.backbones=[{backbone}]\" \"grid.datasets=[{dataset}]\"")
+        lines.append(f'.venv/bin/ctrls reproduce --profile paper -o "grid.backbones=[{backbone}]" "grid.datasets=[{dataset}]"')
     lines += ["```", "", f"Measured on one {gpu}, in GPU-hours. The range runs from every batch decoding the assumed "
               "mean chain length to every batch decoding the token limit. Decode steps were captured as CUDA graphs "
               "on a random-weight model of the backbone's full shape; the judge is not included "
@@ -451,7 +449,8 @@ KEYS = (  # (dotted key, symbol, what it is, guidance for a new model: words onl
      "grows with the backbone's hidden size; the paper profile's value is for 3B models"),
     ("pretrain.epochs", "", "at most this many adapter epochs, stopped early on the held-out bound",
      "raise it while the held-out bound still falls (pretraining page); `pretrain.patience` stops it"),
-    ("grid.n_samples", "n", "samples per question (pass@n)", "the paper profile's value is the paper's pass@n; fewer samples lower pass@n"),
+    ("grid.n_samples", "n", "samples per question (pass@n)",
+     "the paper profile's value is the paper's pass@n; fewer samples lower pass@n"),
 )
 
 
@@ -545,8 +544,8 @@ def findings_markdown(items: list[str], figure: str | None = None, paper_table: 
     out = item(1, items[0] + ("\n\n" + paper_table.rstrip("\n") if paper_table else ""))
     if figure:
         out += [f"   ```{{image}} {figure}", f"   :alt: Figure {FIGURE}: the paper's CTRLS − Base differences "
-                "against their minimal detectable differences", "   :class: ctrls-figure", f"   :width: {round(100 * FOREST_WIDTH_IN)}px",
-                "   ```", "", f"   {forest_caption()}", ""]
+                "against their minimal detectable differences", "   :class: ctrls-figure",
+                f"   :width: {round(100 * FOREST_WIDTH_IN)}px", "   ```", "", f"   {forest_caption()}", ""]
     for i, s in enumerate(items[1:], 2):
         out += item(i, s)
     return "\n".join(out)
@@ -595,6 +594,7 @@ def gpu_provenance_markdown() -> str:
                                           "the book reads them and does not rerun them.")
 
 
-__all__ = ["HEADS", "config_keys_markdown", "gpu_provenance_markdown", "demo_findings", "findings", "findings_markdown", "headline",
-           "mechanism_note", "mechanism_variants", "pair_markdown", "paper_finding", "paper_forest", "paper_table_markdown",
-           "paper_tables", "run_sizes", "scale_finding", "scaled_section", "verdict_markdown", "verdict_sentences", "write_findings"]
+__all__ = ["HEADS", "config_keys_markdown", "gpu_provenance_markdown", "demo_findings", "findings", "findings_markdown",
+           "headline", "mechanism_note", "mechanism_variants", "pair_markdown", "paper_finding", "paper_forest",
+           "paper_table_markdown", "paper_tables", "run_sizes", "scale_finding", "scaled_section", "verdict_markdown",
+           "verdict_sentences", "write_findings"]

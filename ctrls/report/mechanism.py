@@ -33,9 +33,11 @@ SEEDS_RESULT = "studies/results/seeds.json"
 STATE_PROMPT_RESULTS = "studies/results/state_prompt_seed*.json"
 STAGE_OPTION_RESULT = "studies/results/state_prompt_stage.json"  # studies/seeds.py on runs with state_prompt.use=true
 POSITION_MASK_RESULT = "studies/results/state_prompt_positions.json"  # the same, exploration rerun with grid.position_floor > 0
-DEFAULT_RESULT = "studies/results/state_prompt_default_seed10.json"  # the demo's defaults (the state prompt, masked) on data seed 10
+# the demo's defaults (the state prompt, masked) on data seed 10
+DEFAULT_RESULT = "studies/results/state_prompt_default_seed10.json"
 ADAPTER_RESULT = "studies/results/state_prompt_adapter.json"  # the masked runs with state_prompt.with_adapter, --against them
-# the criterion for a fresh seed, fixed before the runs: kappa >= 0.5 with its 95% lower bound above 0.3, the fixed-s0 row within 5 points of Base
+# the criterion for a fresh seed, fixed before the runs: kappa >= 0.5 with its 95% lower bound above 0.3, the fixed-s0 row
+# within 5 points of Base
 KAPPA_BAR, KAPPA_LO_BAR = 0.5, 0.3
 # A text cue forced at a step's start ("a ± b =", "The answer is", "To solve this problem,") lands in its
 # target state 95-97% of the time (37 contexts each, the demo's backbone and read-back, untrained): what
@@ -97,7 +99,8 @@ def seeds_frame(path: str | Path | None = None) -> pd.DataFrame:
     t["p (Holm)"] = holm(t["p"])
     pooled = {"data seed": "pooled", "questions": int(t.questions.sum()), **checked_kappa(d["pooled_kappa"], path)}
     dev = [{**_seed_row(s, path), "data seed": f"{int(s['data_seed'])} (development)"} for s in d.get("development") or []]
-    t = pd.concat([t, pd.DataFrame([pooled]), pd.DataFrame(dev)], ignore_index=True)  # development: beside, outside Holm and the pool
+    # development: beside, outside Holm and the pool
+    t = pd.concat([t, pd.DataFrame([pooled]), pd.DataFrame(dev)], ignore_index=True)
     t.attrs.update(commit=d.get("commit", "?"), margin=checked_number(d, "margin_points", path, 0, 100), source=str(path))
     return t
 
@@ -155,7 +158,8 @@ def seeds_view(t: pd.DataFrame) -> pd.DataFrame:
         "ε − Base pass@n (pts)": [iv(*r, scale=100, digits=1, sign=True)
                                   for r in zip(t["ε − Base pass@n"], t["ε − Base lo"], t["ε − Base hi"])],
         "ε − fixed s0 pass@1 (pts)": [iv(*r, scale=100, digits=1, sign=True) for r in
-                                      zip(*(t.get(k, pd.Series([math.nan] * len(t))) for k in ("ε − fixed", "ε − fixed lo", "ε − fixed hi")))]})
+                                      zip(*(t.get(k, pd.Series([math.nan] * len(t)))
+                                            for k in ("ε − fixed", "ε − fixed lo", "ε − fixed hi")))]})
 
 
 def state_prompt_frame(paths: list[str | Path] | None = None, seeds: str | Path | None = None) -> pd.DataFrame:
@@ -171,7 +175,8 @@ def state_prompt_frame(paths: list[str | Path] | None = None, seeds: str | Path 
         sp, ad, c = checked_kappa(d["state_prompt"], path), checked_kappa(d["adapter"], path), d["state_prompt_minus_adapter"]
         diff, lo, hi = checked_interval(c, "diff", "lo", "hi", path, (-2, 2))
         by = {f"κ {k}": d["state_prompt"]["by_step"][k]["kappa"] for k in d["state_prompt"].get("by_step", {})}
-        rows.append({"data seed": int(d["data_seed"]), "questions": sp["questions"], "vectors per state": int(d["vectors_per_state"]),
+        rows.append({"data seed": int(d["data_seed"]), "questions": sp["questions"],
+                     "vectors per state": int(d["vectors_per_state"]),
                      "state prompt κ": sp["kappa"], "sp lo": sp["kappa lo"], "sp hi": sp["kappa hi"], "sp steps": sp["steps"],
                      "adapter κ": ad["kappa"], "ad lo": ad["kappa lo"], "ad hi": ad["kappa hi"], "ad steps": ad["steps"],
                      "Δκ": diff, "Δκ lo": lo, "Δκ hi": hi, "p": checked_number(c, "p_value", path, 0, 1),
@@ -214,7 +219,8 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
                    f"on {ni} of {len(per)} seeds.")
         for _, r in dev.iterrows():
             out.append(f"On data seed {r['data seed']}, where every choice was made, κ = "
-                       f"{ci_text(r.kappa, r['kappa lo'], r['kappa hi'])} ({int(r.steps)} steps): a number no test should be read from.")
+                       f"{ci_text(r.kappa, r['kappa lo'], r['kappa hi'])} ({int(r.steps)} steps): "
+                       "a number no test should be read from.")
     if prompt is not None and len(prompt):
         for _, r in prompt.iterrows():
             out.append(f"Data seed {r['data seed']}: the state prompt ({r['vectors per state']} vectors per state) reaches "
@@ -258,7 +264,8 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
             f"{lead} on data seed {int(r['data seed'])} ({int(r.questions)} test questions, "
             f"{int(r.steps)} steps of the ε row), steps land in their drawn state {100 * r.follows:.1f}% of the time "
             f"against {100 * r['null']:.1f}% for an independent chain: κ = {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}"
-            + (" (it meets the fresh-seed criterion, κ ≥ 0.5 with its lower bound above 0.3)" if k_ok else f" ({'; '.join(miss)})")
+            + (" (it meets the fresh-seed criterion, κ ≥ 0.5 with its lower bound above 0.3)" if k_ok
+               else f" ({'; '.join(miss)})")
             + f"; fixed s₀ − Base pass@1 is {ci_text(100 * r.harm, 100 * r['harm lo'], 100 * r['harm hi'], '{:+.1f}')} points, "
             + ("non-inferior" if r["non-inferior"] else "not shown non-inferior") + f" at {margin:g} points"
             + (f" (its estimate is within {margin:g} points, its interval's lower bound is not)"
@@ -282,7 +289,8 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
         r = pool.iloc[0]
         out.append(f"Pooled over the {len(per)} seeds ({int(r.questions)} questions, {int(r.steps)} steps): "
                    f"{100 * r.follows:.1f}% against {100 * r['null']:.1f}%, κ = {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}"
-                   + (", meeting the fresh-seed criterion." if r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR else ", short of the fresh-seed criterion."))
+                   + (", meeting the fresh-seed criterion." if r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
+                      else ", short of the fresh-seed criterion."))
     return " ".join(out)
 
 
@@ -298,8 +306,9 @@ def stage_option_summary(t: pd.DataFrame, lead: str = "Through the stages (`stat
     return (f"{lead} on fresh data seed{'s' if len(per) > 1 else ''} {seeds}, "
             f"κ = {', '.join(ci_text(x.kappa, x['kappa lo'], x['kappa hi']) for _, x in per.iterrows())}"
             + (f", pooled {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}" if len(per) > 1 else "")
-            + f" ({int(r.questions)} questions, {int(r.steps)} steps): the fresh-seed criterion is {'met' if met else 'not met'}; "
-            f"the fixed-s₀ row is {', '.join(ci_text(100 * x.harm, 100 * x['harm lo'], 100 * x['harm hi'], '{:+.1f}') for _, x in per.iterrows())} "
+            + f" ({int(r.questions)} questions, {int(r.steps)} steps): "
+            f"the fresh-seed criterion is {'met' if met else 'not met'}; the fixed-s₀ row is "
+            f"{', '.join(ci_text(100 * x.harm, 100 * x['harm lo'], 100 * x['harm hi'], '{:+.1f}') for _, x in per.iterrows())} "
             "points of pass@1 against Base (the pretraining page says why).")
 
 
@@ -394,7 +403,8 @@ def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
     if str(stored_setting(d, "state_prompt.with_adapter")).lower() != "true" or not isinstance(other, dict):
         raise ValueError(f"{path}: not runs with state_prompt.with_adapter=true compared --against others "
                          f"({_variant_text(d)})")
-    if str(stored_setting(other, "state_prompt.with_adapter")).lower() == "true" or str(stored_setting(other, "state_prompt.use")).lower() != "true":
+    if (str(stored_setting(other, "state_prompt.with_adapter")).lower() == "true"
+            or str(stored_setting(other, "state_prompt.use")).lower() != "true"):
         raise ValueError(f"{path}: the runs compared against must use the state prompt without the adapter "
                          f"({_variant_text(other)})")
     mine = {int(s["data_seed"]): s for s in d.get("seeds") or []}
@@ -406,7 +416,8 @@ def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
         eps = [k for k in s["pass1"] if k.startswith("eps=")]
         k1, k0 = checked_kappa(s["kappa"], path), checked_kappa(a["kappa_other"], path)
         dk, dp = a["kappa_diff"], a["eps_pass1_diff"]
-        rows.append({"data seed": int(a["data_seed"]), "questions": k1["questions"], "steps": k1["steps"], "steps alone": k0["steps"],
+        rows.append({"data seed": int(a["data_seed"]), "questions": k1["questions"],
+                     "steps": k1["steps"], "steps alone": k0["steps"],
                      "κ": k1["kappa"], "κ lo": k1["kappa lo"], "κ hi": k1["kappa hi"],
                      "κ alone": k0["kappa"], "κ alone lo": k0["kappa lo"], "κ alone hi": k0["kappa hi"],
                      **dict(zip(("Δκ", "Δκ lo", "Δκ hi"), checked_interval(dk, "diff", "lo", "hi", path, (-2, 2)))),
@@ -426,7 +437,8 @@ def with_adapter_view(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`with_adapter_frame` for the page: intervals, n and Holm p."""
     pts = lambda v, lo, hi: ci_text(100 * v, 100 * lo, 100 * hi, "{:+.1f}")  # noqa: E731
     return pd.DataFrame({
-        "data seed": t["data seed"], "questions": t.questions, "steps (with / alone)": [f"{a} / {b}" for a, b in zip(t.steps, t["steps alone"])],
+        "data seed": t["data seed"], "questions": t.questions,
+        "steps (with / alone)": [f"{a} / {b}" for a, b in zip(t.steps, t["steps alone"])],
         "κ with the adapter [95%]": [ci_text(*r) for r in zip(t["κ"], t["κ lo"], t["κ hi"])],
         "κ alone [95%]": [ci_text(*r) for r in zip(t["κ alone"], t["κ alone lo"], t["κ alone hi"])],
         "Δκ [95%]": [ci_text(*r, "{:+.2f}") for r in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
@@ -474,11 +486,14 @@ def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
 
     out = pd.DataFrame({
         "data seed": t["data seed"], "questions": t.questions,
-        "state prompt κ (steps)": [f"{iv(a, b, c)} ({int(n)})" for a, b, c, n in zip(t["state prompt κ"], t["sp lo"], t["sp hi"], t["sp steps"])],
-        "adapter κ (steps)": [f"{iv(a, b, c)} ({int(n)})" for a, b, c, n in zip(t["adapter κ"], t["ad lo"], t["ad hi"], t["ad steps"])],
+        "state prompt κ (steps)": [f"{iv(a, b, c)} ({int(n)})"
+                                   for a, b, c, n in zip(t["state prompt κ"], t["sp lo"], t["sp hi"], t["sp steps"])],
+        "adapter κ (steps)": [f"{iv(a, b, c)} ({int(n)})"
+                              for a, b, c, n in zip(t["adapter κ"], t["ad lo"], t["ad hi"], t["ad steps"])],
         "Δκ [95%]": [iv(a, b, c, sign=True) for a, b, c in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
         "p (Holm)": t["p (Holm)"].map(lambda p: f"{p:.3g}"),
-        "pass@1 state prompt (%)": (100 * t["state prompt pass@1"]).round(1), "pass@1 adapter (%)": (100 * t["adapter pass@1"]).round(1),
+        "pass@1 state prompt (%)": (100 * t["state prompt pass@1"]).round(1),
+        "pass@1 adapter (%)": (100 * t["adapter pass@1"]).round(1),
         "pass@1 Base (%)": [("—" if pd.isna(b) else f"{100 * b:.1f}") for b in t.get("Base pass@1", [math.nan] * len(t))]})
     for k in ("κ step 1", "κ step 2", "κ steps 3+"):
         if k in t:

@@ -203,5 +203,5 @@ def rl_view(t: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     return v
 
 
-__all__ = ["NOT_STORED", "concentration_view", "rl_view", "exploration_families", "exploration_headlines", "folded", "fusion_sentence",
-           "injection_view", "k_sweep_sentence", "rl_settings_note"]
+__all__ = ["NOT_STORED", "concentration_view", "rl_view", "exploration_families", "exploration_headlines", "folded",
+           "fusion_sentence", "injection_view", "k_sweep_sentence", "rl_settings_note"]

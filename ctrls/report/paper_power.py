@@ -115,7 +115,8 @@ def power_summary(t: pd.DataFrame) -> pd.DataFrame:
     cells and look optimistic."""
     g = t.groupby(["table", "metric"], sort=False)
     return pd.DataFrame({"n": g["n"].first(), "comparisons": g.size(), "intervals excluding 0": g["excludes 0"].sum(),
-                         "|diff| below MDD": g["below MDD"].sum(), "largest |diff| (pp)": g["diff (pp)"].agg(lambda v: v.abs().max()),
+                         "|diff| below MDD": g["below MDD"].sum(),
+                         "largest |diff| (pp)": g["diff (pp)"].agg(lambda v: v.abs().max()),
                          "median MDD up (pp)": g["MDD up (pp)"].median(),  # over the comparisons with an MDD up
                          "no detectable gain": g["MDD up (pp)"].agg(lambda v: int(v.isna().sum()))}).reset_index()
 

@@ -209,8 +209,8 @@ def bound_curve(history: pd.DataFrame, kl_history: pd.DataFrame | None = None, s
         for i, (split, g) in enumerate(history.sort_values("epoch").groupby("split", sort=False)):
             line = split not in points
             ax.plot(g.epoch, g[solid], marker="o", ls="-" if line else "none", color=f"C{i}", label=f"{split}: Thm. 5.3")
-            ax.plot(g.epoch, g[dashed], ls="--" if line else "none", marker="s" if not line else ".", mfc="none" if not line else None,
-                    color=f"C{i}", label=f"{split}: relaxed")
+            ax.plot(g.epoch, g[dashed], ls="--" if line else "none", marker="s" if not line else ".",
+                    mfc="none" if not line else None, color=f"C{i}", label=f"{split}: relaxed")
             if solid == "elbo_per_step":
                 if line:
                     ax.fill_between(g.epoch, g.elbo_per_step_lo, g.elbo_per_step_hi, color=f"C{i}", alpha=0.15, lw=0)
@@ -293,7 +293,8 @@ def transitions_and_sizes(L: torch.Tensor, states: pd.Series, source: str = "") 
     fig.tight_layout()
     return show(fig, with_source(f"Left: the fitted transition matrix softmax(*L*) over the K = {K} latent states "
                      f"(row i: the distribution of the next state after state i). Right: the number of training "
-                     f"steps assigned to each state ({int(counts.sum())} in all; {int((counts == 0).sum())} states unused).", source))
+                     f"steps assigned to each state ({int(counts.sum())} in all; "
+                     f"{int((counts == 0).sum())} states unused).", source))
 
 
 def pass_at_k_curves(curves: pd.DataFrame, source: str = "") -> plt.Figure:
@@ -395,7 +396,8 @@ def learning_curves(curves: pd.DataFrame, y: str = "accuracy", kind: str = "eval
     thick = ("the seeds' samples pooled per question, with 95% Wilson intervals (question-clustered)" if pooled
              else f"the mean over the {seeds} seed{'s' if seeds != 1 else ''}")
     ref = f" Dashed: {reference[1]}." if reference is not None else ""
-    return show(fig, with_source(f"{what[0].upper() + what[1:]} during RL ({'held-out evaluation' if kind == 'eval' else 'training'}"
+    return show(fig, with_source(f"{what[0].upper() + what[1:]} during RL "
+                                 f"({'held-out evaluation' if kind == 'eval' else 'training'}"
                                  f"{smoothed}) against the RL step, per setting. Thick: {thick}; thin: each of the "
                                  f"{seeds} seed{'s' if seeds != 1 else ''}.{ref}", source))
 
@@ -426,7 +428,8 @@ def steering_scaling(df: pd.DataFrame) -> plt.Figure:
     for i, kk in enumerate(ks):
         d = df if kk is None else df[df.K == kk]
         xs, tag, fmt = d.chains.to_numpy(), "" if kk is None else f" (K = {int(kk)})", ("o-", "s--", "^:")[i % 3]
-        for ax, series in ((a, (("follows", "ε row follows its state", "C0", 1.0), ("coincidence", "coincidence (Base)", "C7", 1.06))),
+        for ax, series in ((a, (("follows", "ε row follows its state", "C0", 1.0),
+                                ("coincidence", "coincidence (Base)", "C7", 1.06))),
                            (b, (("harm", "fixed s0 − Base", "C3", 1.0), ("eps_vs_base", "ε − Base", "C0", 1.06)))):
             for col, label, c, dx in series:
                 ax.errorbar(xs * dx * (1.0 + 0.12 * i), 100 * d[col],

@@ -57,7 +57,8 @@ def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: It
     data, profile, seed, commit, hardware."""
     bb = ", ".join(backbones or cfg.grid.backbones)
     ds = ", ".join(datasets or cfg.grid.datasets)
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    dev = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+           else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
     return (f"**Produced by** profile `{cfg.profile}` · backbone `{bb}`, {cfg.dtype_choice().describe()} · data `{ds}` "
             f"(n_train={cfg.data.n_train}, n_test={cfg.data.n_test}) · seed {cfg.seed} · CTRLS steps conditioned by "
             f"{conditioning(cfg)} · ctrls {sys.modules['ctrls'].__version__} at commit `{git_commit()}` · "

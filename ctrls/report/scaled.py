@@ -84,7 +84,8 @@ def _column(r: dict, path) -> dict:
     ci = lambda t: _pts(dict(zip(("diff", "lo", "hi"), t)))  # noqa: E731
     return {
         "questions × samples": f"{int(checked_number(r, 'questions', path, 1))} × {m}",
-        "pass@1 Base / fixed s₀ / " + "ε (%)": " / ".join(f"{100 * checked_number(p1, c, path, 0, 1):.1f}" for c in (BASE, FIXED, eps)),
+        "pass@1 Base / fixed s₀ / " + "ε (%)": " / ".join(f"{100 * checked_number(p1, c, path, 0, 1):.1f}"
+                                                          for c in (BASE, FIXED, eps)),
         "fixed s₀ − Base, pass@1": ci(_diff(r, "harm_fixed_minus_base_pass1", path)),
         "ε − fixed s₀, pass@1 (the claim)": ci(_diff(r, "eps_minus_fixed_pass1", path)),
         "k of the unbiased pass@k": str(k),
@@ -131,8 +132,8 @@ def scaled_frame(build: pd.DataFrame | None, epsilon: float, path: str | Path | 
     d = stored if stored is not None else stored_scaled(path)  # the record a caller already read and checked
     if d is not None:
         o = d.get("overrides") or {}
-        cols[f"{d['machine'].get('gpu', 'stored run')} (profile {d.get('profile', '?')}, data seed {o.get('data.seed', '?')})"] = \
-            _column(d["result"], path)
+        cols[f"{d['machine'].get('gpu', 'stored run')} (profile {d.get('profile', '?')}, "
+             f"data seed {o.get('data.seed', '?')})"] = _column(d["result"], path)
     return pd.DataFrame(cols)
 
 
@@ -174,5 +175,5 @@ def scaled_markdown(build: pd.DataFrame | None, epsilon: float, path: str | Path
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["PASS_K", "SCALED_RESULT", "claim_sentence", "paired_pass", "run_numbers", "scaled_frame", "scaled_markdown", "stored_scaled",
-           "table_markdown"]
+__all__ = ["PASS_K", "SCALED_RESULT", "claim_sentence", "paired_pass", "run_numbers", "scaled_frame", "scaled_markdown",
+           "stored_scaled", "table_markdown"]

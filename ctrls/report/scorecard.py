@@ -177,7 +177,9 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
         v = _combine([claim_verdict(r["Δ pass@n vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"])
                       for _, r in rows.iterrows()])
         out.append(Claim(PASS_CLAIM, "Table 1, Sec. 6.2",
-                         f"pass@{int(t1.samples.max())} vs Base ({', '.join(f'{d}: {n} questions' for d, n in t1.groupby('dataset').questions.max().items())}): {ev}",
+                         f"pass@{int(t1.samples.max())} vs Base "
+                         f"({', '.join(f'{d}: {n} questions' for d, n in t1.groupby('dataset').questions.max().items())}): "
+                         f"{ev}",
                          v + _mdd_note(mdd, "pass@n", v), page1, claimed=PASS_DIR, mdd=mdd.get("pass@n"),
                          estimates=[Estimate(f"{r.dataset} {r.config} (η={r.temperature:g})", r["Δ pass@n vs Base"],
                                              r["Δ lo"], r["Δ hi"]) for _, r in rows.iterrows()]))
@@ -188,7 +190,8 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
             out.append(Claim(ABLATION_CLAIM, "Sec. 6.2; our fixed-s0 ablation", gaps["ablation"], NO_COMPARISON, page1,
                              block=OWN, claimed=ABLATION_DIR))
         elif not ab.empty:
-            ev = "; ".join(f"{r.dataset} {r.comparison} (η={r.temperature:g}): {pts(r['Δ pass@n'], r['Δ pass@n lo'], r['Δ pass@n hi'])}"
+            ev = "; ".join(f"{r.dataset} {r.comparison} (η={r.temperature:g}): "
+                           f"{pts(r['Δ pass@n'], r['Δ pass@n lo'], r['Δ pass@n hi'])}"
                            for _, r in ab.iterrows())
             v = _combine([claim_verdict(r["Δ pass@n"], r["p (pass@n, Holm)"], lo=r["Δ pass@n lo"], hi=r["Δ pass@n hi"])
                           for _, r in ab.iterrows()])

@@ -258,7 +258,8 @@ def rl_frame(res: dict) -> pd.DataFrame:
     c = {p["data_seed"]: p.get(RL_END, {}).get("c") for p in res.get("rl_policies", [])}
     pre = {p["data_seed"]: p.get("pretrained", {}).get("c") for p in res.get("rl_policies", [])}
     rows = []
-    for a, b in zip(res["claims"]["rl_minus_best_constant_pass1"]["per_seed"], res["claims"]["rl_minus_pretrained_pass1"]["per_seed"]):
+    for a, b in zip(res["claims"]["rl_minus_best_constant_pass1"]["per_seed"],
+                    res["claims"]["rl_minus_pretrained_pass1"]["per_seed"]):
         f = lambda x: f"{100 * x['estimate']:+.1f} ± {196 * x['se']:.1f}".replace("-", "−")  # noqa: E731
         rows.append({"data seed": a["data_seed"], "best constant state (validation)": best.get(a["data_seed"]),
                      "RL − best constant (test half)": f(a), "RL − pretrained CTRLS(ε)": f(b),

@@ -70,7 +70,8 @@ def rl_sentence(t: pd.DataFrame) -> str:
         beat = {label: int((g[f"{label} lo"] > 0).sum()) for label in VS}
         lost = {label: int((g[f"{label} hi"] < 0).sum()) for label in VS}
         out.append(f"On data seed {seed} ({int(g.questions.iloc[0])} test questions), Base answers "
-                   f"{100 * g['− Base b'].iloc[0]:.1f}% and the pretrained policy's ε row {100 * g['− pretrained ε b'].iloc[0]:.1f}% "
+                   f"{100 * g['− Base b'].iloc[0]:.1f}% and the pretrained policy's ε row "
+                   f"{100 * g['− pretrained ε b'].iloc[0]:.1f}% "
                    f"at pass@1. {beat['− Base']} of the {n} RL policies beat Base and {lost['− Base']} lose to it; "
                    f"{beat['− pretrained ε']} beat the pretrained ε row and {lost['− pretrained ε']} lose to it "
                    "(95% intervals excluding 0).")

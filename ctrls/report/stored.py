@@ -98,7 +98,8 @@ def listof(item: Spec, min_len: int = 0, length: int | None = None) -> Spec:
         if not isinstance(v, list):
             raise _Bad(_field(where), f"a {type(v).__name__}, not a list")
         if len(v) < min_len or (length is not None and len(v) != length):
-            raise _Bad(_field(where), f"{len(v)} entries; needs " + (f"{length}" if length is not None else f"at least {min_len}"))
+            raise _Bad(_field(where), f"{len(v)} entries; needs "
+                       + (f"{length}" if length is not None else f"at least {min_len}"))
         for i, x in enumerate(v):
             item(x, _at(where, i))
     return check

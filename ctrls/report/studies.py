@@ -205,7 +205,8 @@ def generation_sentences(df: "pd.DataFrame") -> list[str]:
         out.append(f"With the adapter, pass@1 is {100 * rows.pass1.min():.1f}–{100 * rows.pass1.max():.1f}% and Succ. "
                    f"{100 * rows.succ.min():.1f}–{100 * rows.succ.max():.1f}% across the {len(rows)} state conditions, "
                    f"against Base's {100 * b.pass1:.1f}% and {100 * b.succ:.1f}%"
-                   + (": every condition is above Base, whichever state it draws (the gain in pass@1 is the adapter's style, not the state's choice)."
+                   + (": every condition is above Base, whichever state it draws (the gain in pass@1 is the adapter's "
+                      "style, not the state's choice)."
                       if (rows.pass1 > b.pass1).all() and (rows.succ > b.succ).all() else "."))
     drawn = rows.dropna(subset=["follows", "coincidence"])
     if len(drawn):
@@ -291,10 +292,13 @@ def states_view(df: "pd.DataFrame") -> "pd.DataFrame":
         return f"{100 * v:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]".replace("-", "−")
 
     d = df.sort_values("K")
-    fd, cd = column_decimals(d.follows_lo, d.follows_hi), column_decimals(d.coincidence_lo, d.coincidence_hi)  # one rounding per column
+    # one rounding per column
+    fd, cd = column_decimals(d.follows_lo, d.follows_hi), column_decimals(d.coincidence_lo, d.coincidence_hi)
     return pd.DataFrame({"K": d.K.astype(int), "F_u": d["fusion"], "training chains": d.chains,
-                         "ε row follows its state (%)": [pct_ci(r.follows, r.follows_lo, r.follows_hi, fd) for _, r in d.iterrows()],
-                         "by coincidence (%)": [pct_ci(r.coincidence, r.coincidence_lo, r.coincidence_hi, cd) for _, r in d.iterrows()],
+                         "ε row follows its state (%)": [pct_ci(r.follows, r.follows_lo, r.follows_hi, fd)
+                                                         for _, r in d.iterrows()],
+                         "by coincidence (%)": [pct_ci(r.coincidence, r.coincidence_lo, r.coincidence_hi, cd)
+                                                for _, r in d.iterrows()],
                          "ratio": [f"{r.follows / r.coincidence:.1f}×" if r.coincidence > 0 else "—" for _, r in d.iterrows()],
                          "κ": [f"{k:.2f}".replace("-", "−") for k in chance_corrected(d.follows, d.coincidence)],
                          "fixed s0 − Base (pass@1, points)": [pts(r.harm, r.harm_lo, r.harm_hi) for _, r in d.iterrows()],

@@ -77,7 +77,8 @@ def plot_entropy(curves: pd.DataFrame, source: str = ""):
         ax.title.set_fontsize(10)
     _legend_below(fig, axes[0])  # inside a panel it covered the curves
     return show(fig, with_source("Policy entropy (Eq. 14) per setting, mean and min–max band over seeds. Left: over the states "
-                           "visited in each training step; right: exactly, at the start state *s*<sub>0</sub>, at each evaluation.", source))
+                                 "visited in each training step; right: exactly, at the start state *s*<sub>0</sub>, "
+                                 "at each evaluation.", source))
 
 
 def plot_sweep(summary: pd.DataFrame, source: str = ""):

@@ -109,7 +109,8 @@ def table1(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     permutations for clustered p-values (unused by pass@n's exact test)."""
     lack = [c for c in ("backbone", "dataset", "temperature", "config", "question_id", "sample_index") if c not in df]
     if df.empty or lack:  # a clear error, not an AttributeError on a missing column
-        raise ValueError("Table 1: no samples (an empty frame)" if df.empty else f"Table 1: the samples lack the column(s) {lack}")
+        raise ValueError("Table 1: no samples (an empty frame)" if df.empty
+                         else f"Table 1: the samples lack the column(s) {lack}")
     # Table 1: pass@n and Succ. per (backbone, dataset, eta, row)
     out, pairs = [], []
     for (b, ds, eta), grp in df.groupby(["backbone", "dataset", "temperature"], sort=False):
@@ -356,7 +357,8 @@ VERDICT = f"verdict (Holm, α = {ALPHA:g}, with the family interval)"
 
 def vs_base_view(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`table1`'s comparisons with Base for the book: Δ pass@n in points with Newcombe's paired
-    interval at the family level (simultaneous 95%, Bonferroni over the table's comparisons), McNemar's exact p, the Holm-adjusted p and the verdict drawn from it."""
+    interval at the family level (simultaneous 95%, Bonferroni over the table's comparisons), McNemar's exact p, the
+    Holm-adjusted p and the verdict drawn from it."""
     t = t[t["p"].notna()].reset_index(drop=True)  # no stray index (the rows left: 1, 3, 4, ...)
     return pd.DataFrame({
         "backbone": t.backbone.str.split("/").str[-1], "dataset": t.dataset, "η": t.temperature,

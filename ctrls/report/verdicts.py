@@ -169,9 +169,10 @@ def _exploration_items(table: pd.DataFrame, ablation: pd.DataFrame, control: pd.
         v = direction(r["Δ pass@n vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"])
         b = base[(base.dataset == r.dataset) & (base.temperature == r.temperature)]["pass@n"]
         vs = f" vs {pct(b.iloc[0])}" if len(b) else ""
-        out.append(("table1", key(r["p (Holm)"], r["Δ pass@n vs Base"], n), f"{where(r)}: {r.config} vs Base, pass@{r.samples} {pct(r['pass@n'])}{vs}, "
-                   f"{pts(r['Δ pass@n vs Base'], r['Δ lo'], r['Δ hi'])}, Holm-adjusted p = {format_p(r['p (Holm)'])}: "
-                   f"**{v}**."))
+        out.append(("table1", key(r["p (Holm)"], r["Δ pass@n vs Base"], n),
+                    f"{where(r)}: {r.config} vs Base, pass@{r.samples} {pct(r['pass@n'])}{vs}, "
+                    f"{pts(r['Δ pass@n vs Base'], r['Δ lo'], r['Δ hi'])}, Holm-adjusted p = {format_p(r['p (Holm)'])}: "
+                    f"**{v}**."))
     for n, (_, r) in enumerate(ablation.iterrows()):
         for m in ("pass@n", "Succ."):
             v = direction(r[f"Δ {m}"], r[f"p ({m}, Holm)"], lo=r[f"Δ {m} lo"], hi=r[f"Δ {m} hi"])

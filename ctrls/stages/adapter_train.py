@@ -337,7 +337,7 @@ def build_model(cfg: Config, bb: Backbone, st: dict, tr: dict, notes: list[str] 
     K = int(st["centroids"].shape[0])
     conf = CTRLSConfig(hidden_size=bb.hidden_size, n_states=K, requested_states=int(st["requested_k"]),
                        spectral_k=cfg.spectral.k, spectral_normalize=cfg.spectral.normalize, tau=float(st["tau"]),
-                       rank=cfg.adapter.rank, fusion=cfg.adapter.fusion, inject_at=cfg.adapter.inject_at, hidden_layer=cfg.backbone.hidden_layer,
-                       backbone=cfg.backbone.name, notes=list(notes or []))
+                       rank=cfg.adapter.rank, fusion=cfg.adapter.fusion, inject_at=cfg.adapter.inject_at,
+                       hidden_layer=cfg.backbone.hidden_layer, backbone=cfg.backbone.name, notes=list(notes or []))
     c = float(tr["c"]) if "c" in tr else cfg.policy.concentration
     return CTRLSModel.build(conf, st["centroids"], concentration=c, L=tr["L"])

@@ -13,8 +13,8 @@ policy without being generated under them (``ctrls.generate.controllability``): 
 both.
 
 Results are written per question as parquet parts of the dataset directory
-``runs/<profile>/exploration/samples.parquet/`` (atomic renames): after a kill -9 a rerun recomputes only the missing questions, with the same seeds,
-so nothing is lost or duplicated. A part is reused only if it reads as a parquet file of
+``runs/<profile>/exploration/samples.parquet/`` (atomic renames): after a kill -9 a rerun recomputes only the missing
+questions, with the same seeds, so nothing is lost or duplicated. A part is reused only if it reads as a parquet file of
 ``grid.n_samples`` rows; once the stage is finished, its ``done`` marker holds every part's sha256,
 and a rerun redoes a part that is missing or changed (``ctrls.stages.runs``).
 

@@ -7,8 +7,8 @@ by the expected KL (the default ``policy.fit``; ``mixture``: the mixture-prior K
 on the relaxed objective from the cached features, with Thm. 5.3's bound on the held-out steps after every
 epoch, early stopping (``pretrain.patience``) and the best held-out epoch kept; the checkpoint
 (``CTRLSModel.from_pretrained``) is written at its end; (g) ``state_prompt`` (only with
-``state_prompt.use``): the state prompt's vectors (``ctrls.stages.state_prompt``). Each stage ends with a checksummed ``done`` marker
-(``ctrls.stages.runs``); (a) and (b) resume per question. Details: book/method.md,
+``state_prompt.use``): the state prompt's vectors (``ctrls.stages.state_prompt``). Each stage ends with a checksummed
+``done`` marker (``ctrls.stages.runs``); (a) and (b) resume per question. Details: book/method.md,
 "ctrls/stages/pretrain.py".
 """
 from __future__ import annotations
@@ -74,8 +74,8 @@ KEYS = {
     "spectral": ("spectral",),
     "states": ("states", "pretrain.heldout_fraction"),
     "transitions": ("policy",),
-    "adapter": ("adapter", "pretrain.epochs", "pretrain.patience", "pretrain.lr", "pretrain.batch_steps", "pretrain.max_tokens_per_step",
-                "pretrain.bound_samples", "pretrain.bound_every"),
+    "adapter": ("adapter", "pretrain.epochs", "pretrain.patience", "pretrain.lr", "pretrain.batch_steps",
+                "pretrain.max_tokens_per_step", "pretrain.bound_samples", "pretrain.bound_every"),
     "state_prompt": ("state_prompt",),  # only with state_prompt.use (ctrls.stages.state_prompt)
 }
 

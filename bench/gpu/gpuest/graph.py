@@ -4,10 +4,10 @@ the ``paper`` profile), in the analytic model beside the eager engine (``analyti
   time = max(bandwidth floor, compute floor, graph-node time) + host-serial time
 
 - bandwidth floor: the weights, and the KV cache at its full capacity (the longest prompt rounded up to
-  a multiple of 64, + max_new_tokens + 1 positions: attention reads the whole ``StaticCache``, masked), for the slots of the batch: every row of
-  the batch to the batch's end (the static path keeps a finished row in its slot until at most half are
-  live, then moves the live ones to a power-of-two bucket, at most 2x the live rows: charging the whole
-  batch is an upper bound, and the 'mean' bound's rows end near the mean anyway);
+  a multiple of 64, + max_new_tokens + 1 positions: attention reads the whole ``StaticCache``, masked), for the
+  slots of the batch: every row of the batch to the batch's end (the static path keeps a finished row in its
+  slot until at most half are live, then moves the live ones to a power-of-two bucket, at most 2x the live
+  rows: charging the whole batch is an upper bound, and the 'mean' bound's rows end near the mean anyway);
 - compute floor: as the engine's, attention over the capacity;
 - graph-node time: the step's kernel nodes x a declared GPU-side overhead per node (``node_us``). The nodes
   are the step's eager kernel ops (body + adapter + LM head + top-k, counted on a CPU with the step eager:

@@ -232,7 +232,8 @@ def iteration_ops(inp: dict, sampler: str, batch: str, step_tokens: float) -> di
     pooled over both batches) at one redraw per row every ``step_tokens`` tokens."""
     L = inp["shape"]["layers"]
     # a lockstep batch has several prompts of different lengths: the structure of the batch of 160
-    src = inp["counts_real_width"]["b160" if batch == "lockstep" else batch]["hf_generate" if sampler == "hf" else f"ours_{sampler}"]
+    src = inp["counts_real_width"]["b160" if batch == "lockstep" else batch][
+        "hf_generate" if sampler == "hf" else f"ours_{sampler}"]
     n_layers = 2
 
     def by(kinds):

@@ -73,7 +73,8 @@ def static_context(data: dict, names: list[str]) -> dict:
             "est_static_n": data.get(f"estimate_static_{W}gpu"), "est_floor_n": data.get(f"estimate_bw_floor_{W}gpu"),
             "summary": data["static_summary"], "static_cw": st0["counts_real_width"], "static_host": st0["host"],
             "static_bounds": sorted({r["it"]["it"]["bound"] for r in rows}),
-            "node_bound_hi": sorted({r["it"]["rows"] for r in rows if r["it"]["ops"]["graph_nodes"] * data["constants"]["node_us_range"][1]
+            "node_bound_hi": sorted({r["it"]["rows"] for r in rows
+                                     if r["it"]["ops"]["graph_nodes"] * data["constants"]["node_us_range"][1]
                                      * 1e-6 > max(r["it"]["it"]["t_mem"], r["it"]["it"]["t_flop"])}),
             "kv_heavy": [r["name"] for r in rows if r["label"] == "ours, Base" and r["it"]["rows"] == rows[0]["it"]["rows"]
                          and r["it"]["it"]["kv_read_bytes"] > r["shape"]["weight_bytes"]],

@@ -22,8 +22,8 @@ HOST_COPIES = 3
 
 
 class StaticProbe(DecodeProbe):
-    """``DecodeProbe`` for ``ctrls.generate.static_decode.decode_static``. Regions: 'body' and 'layer' (the step's decoder body), 'head'
-    (the rest of the step: the CTRLS adapter, the LM head, top-k), 'tokens' (the eager Gumbel-max draw among
+    """``DecodeProbe`` for ``ctrls.generate.static_decode.decode_static``. Regions: 'body' and 'layer' (the step's decoder
+    body), 'head' (the rest of the step: the CTRLS adapter, the LM head, top-k), 'tokens' (the eager Gumbel-max draw among
     the top k), 'post' (from the end of the draw to the next step: the loop over the rows ``advance``, the
     slot bookkeeping, the mask column, the positions; timed), 'draw' (``draw_states``), 'launch' (the rest:
     the draw's counters, built before it)."""
