@@ -1,6 +1,6 @@
 """The demo's task at a larger size, on a fresh data seed: pretraining and exploration at ``--scale`` times
 the demo's training and test questions, ``--samples`` samples per test question, then the test numbers of
-``ctrls.report.scaled.run_numbers`` (kappa against the independent-chain null, the fixed-s0 harm, and the
+``ctrls.stages.sample_tables.run_numbers`` (kappa against the independent-chain null, the fixed-s0 harm, and the
 exploration claim with the adapter held fixed: epsilon - fixed s0 in the unbiased pass@k from the m samples,
 paired by question, with a question-bootstrap interval and the sign-flip test, the design the summary
 page's power table sizes; epsilon - Base beside it). The first page shows the stored result beside the
@@ -34,11 +34,11 @@ from ctrls.config.overrides import parse_overrides  # noqa: E402
 from ctrls.config.schema import load_config  # noqa: E402
 from ctrls.config.settings import ADAPTER  # noqa: E402
 from ctrls.errors import ConfigError  # noqa: E402
-from ctrls.report.scaled import run_numbers  # noqa: E402
+from ctrls.stages.sample_tables import run_numbers  # noqa: E402
 
 
 def summarise(cfg, k: int, margin: float) -> dict:
-    """``ctrls.report.scaled.run_numbers`` of this run's samples (the dataset's own questions)."""
+    """``ctrls.stages.sample_tables.run_numbers`` of this run's samples (the dataset's own questions)."""
     from ctrls.stages.exploration import load_samples
 
     df = load_samples(cfg)
@@ -117,7 +117,7 @@ def main(argv=None) -> dict:
 
 
 def _commit() -> str:
-    from ctrls.report.provenance import git_commit
+    from ctrls.method.backbone import git_commit
 
     c = git_commit()
     return c if c and c != "unknown" else "?"

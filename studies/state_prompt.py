@@ -14,7 +14,7 @@
    ``torch.multinomial`` from one generator: rerunning gives the same design, other random numbers.
 3. Measure: kappa against the independent-chain null (a second chain drawn by the same policy from the
    same s_0, ``ctrls.stats.agreement``), per step index too; pass@1 and Succ. The adapter's epsilon row
-   from the run's exploration samples is measured the same way (``ctrls.report.tables.null_steps``) and the
+   from the run's exploration samples is measured the same way (``ctrls.stats.agreement.null_steps``) and the
    two are compared on the same questions by a paired test (``kappa_difference``).
 
 Usage (from the repository root, after `ctrls stage pretrain exploration`):

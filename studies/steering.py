@@ -5,7 +5,7 @@ For each number of training questions N (reference chains, or the model's own co
 demo profile into a scratch run directory and records, from the exploration samples:
 - steering: the epsilon row's fraction of steps whose read-back state equals the state they were drawn
   for ("follows"), against its coincidence reference (Base steps paired with chains drawn by the same
-  policy), with 95% intervals (``ctrls.report.tables.controllability_table``);
+  policy), with 95% intervals (``ctrls.stages.sample_tables.controllability_table``);
 - harm: pass@1 (per sample) of the fixed-s0 row, and of the epsilon row, minus Base's, with a paired
   95% bootstrap interval over questions (``harm``); each row's pass@1 with its Wilson interval at the
   question-clustered effective size (``pass1``).
@@ -38,7 +38,7 @@ from common import machine, write_result  # noqa: E402
 
 from ctrls.config.schema import load_config  # noqa: E402
 from ctrls.config.settings import ADAPTER  # noqa: E402
-from ctrls.report import tables  # noqa: E402
+from ctrls.stages import sample_tables as tables  # noqa: E402
 from ctrls.stages.exploration import explore, load_samples  # noqa: E402
 from ctrls.stages.pretrain import pretrain  # noqa: E402
 from ctrls.stats.metrics import rate_interval  # noqa: E402

@@ -1,6 +1,6 @@
 """Names that become parts of paths under the run directory, and the check that keeps paths inside it.
 
-Two rules (README, "Reliability"):
+Two rules:
 
 - **Injective file names.** :func:`file_name` turns any string (a problem id, an RL setting's name)
   into one path component: the string itself when it is already plain (lowercase letters, digits,

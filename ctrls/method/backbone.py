@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import shutil
+import subprocess
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -184,6 +185,19 @@ def cpu_model() -> str | None:
 
 
 GEMM_SHAPE = (128, 576, 1536)  # a decode pass's MLP product on the embedded backbone: 128 rows x hidden 576 x MLP 1536
+
+
+def git_commit() -> str:
+    """The checkout's short commit, "+dirty" when tracked files differ from it, "unknown" without git."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def gemm_gflops(reps: int = 50) -> float:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import platform
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
@@ -20,7 +19,7 @@ import torch
 
 from ctrls.config.overrides import parse_overrides
 from ctrls.config.schema import Config, load_config
-from ctrls.method.backbone import cpu_model  # noqa: F401 (re-exported: ctrls.cli and the benches)
+from ctrls.method.backbone import cpu_model, git_commit  # noqa: F401 (re-exported: ctrls.cli and the benches)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,18 +37,6 @@ def notebook_config(profile: str = "demo", run_dir: str = "runs", overrides: str
     # a relative run_dir is the repository's (a kernel's working directory is the notebook's folder, not the root)
     run_dir = str(Path(run_dir) if Path(run_dir).is_absolute() else (ROOT / run_dir).resolve())
     return load_config(profile, {**parse_overrides(overrides), "run_dir": run_dir})
-
-
-def git_commit() -> str:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: Iterable[str] | None = None) -> str:

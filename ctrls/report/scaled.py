@@ -14,38 +14,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from ctrls.config.settings import BASE, FIXED, row_label
+from ctrls.config.settings import BASE, FIXED
 from ctrls.report.mechanism import checked_interval, checked_kappa, checked_number, read_result, results_dir
-from ctrls.stats.agreement import kappa_vs_null, null_steps
+from ctrls.stages.sample_tables import PASS_K, run_numbers  # noqa: F401 (re-exported: the pages read them here)
 from ctrls.stats.paired import paired_pass
 
 SCALED_RESULT = "studies/results/scaled_demo_h200.json"
-PASS_K = 4  # the k of the unbiased pass@k compared (the summary page's power design: 8 samples, pass@4)
-
-
-def run_numbers(samples: pd.DataFrame, epsilon: float, k: int | None = None, margin: float = 5.0,
-                seed: int = 0) -> dict:
-    """The numbers of the module docstring for one dataset's exploration samples (Base, fixed s0 and the
-    CTRLS(epsilon) row, each with the same questions and samples); ``margin``: the harm's non-inferiority
-    margin in points, judged on the interval's lower bound."""
-    base, fixed, row = (samples[samples.config == c] for c in (BASE, FIXED, row_label(epsilon)))
-    for name, g in ((BASE, base), (FIXED, fixed), (row_label(epsilon), row)):
-        if g.empty:
-            raise ValueError(f"the samples have no {name!r} row (rerun the exploration stage with grid.fixed_state)")
-    m = int(row.groupby("question_id").size().min())
-    k = min(PASS_K, m) if k is None else k
-    harm = paired_pass(fixed, base, 1, seed=seed)
-    harm["non_inferior"] = bool(harm["lo"] > -margin / 100)
-    return {"questions": int(row.question_id.nunique()), "samples_per_question": m, "epsilon": float(epsilon),
-            "kappa": kappa_vs_null(*null_steps(row, base, epsilon), seed=seed),
-            "harm_fixed_minus_base_pass1": harm,
-            "eps_minus_fixed_pass1": paired_pass(row, fixed, 1, seed=seed),
-            f"eps_minus_fixed_pass{k}": paired_pass(row, fixed, k, seed=seed),
-            f"eps_minus_base_pass{k}": paired_pass(row, base, k, seed=seed),
-            "pass1": {BASE: float(base.correct.mean()), FIXED: float(fixed.correct.mean()),
-                      row_label(epsilon): float(row.correct.mean())}}
-
-
 def _minus(s: str) -> str:
     return s.replace("-", "−")
 

@@ -1,11 +1,11 @@
 """Prompts that do not fit are refused, before any decoding.
 
 A prompt plus ``sampling.max_new_tokens`` beyond the model's positions (2,100 tokens on a
-2,048-position model) decoded without a word; an empty prompt failed inside the decoder with
-"cannot reshape tensor of 0 elements". ``ctrls.data.prompts.check_prompts`` refuses both with a
+2,048-position model) would decode past them without a word, and an empty prompt would fail inside
+the decoder. ``ctrls.data.prompts.check_prompts`` refuses both with a
 :class:`PromptError` (a config error: one line from the CLI) that names the prompt, its length, the
-positions it needs and the keys that fix it; the stages that decode check their prompts first.
-(``ctrls.generate.sampling.sample`` itself is another engineer's file: the check there is left to them.)
+positions it needs and the keys that fix it; the stages that decode check their prompts first, and so
+does ``ctrls.generate.sampling.sample`` (with the state prompt's vectors counted).
 """
 import pytest
 

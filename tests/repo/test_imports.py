@@ -106,6 +106,20 @@ def test_the_library_has_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def book_imports(source: str, here: str) -> list[str]:
+    """Every import of the book's layer (``ctrls.report``) in ``source``, ``from ctrls import report`` included."""
+    return [f"{here}:{line}: {m}" for m, names, line in imports(source, here)
+            if m == "ctrls.report" or m.startswith("ctrls.report.") or (m == "ctrls" and "report" in names)]
+
+
+def test_the_studies_compute_with_stats_and_stages_never_with_the_book():
+    """``studies/`` computes with ``ctrls.stats`` and ``ctrls.stages``; ``ctrls.report`` reads stored results."""
+    bad = [b for f in sorted((ROOT / "studies").glob("*.py")) for b in book_imports(f.read_text(), f"studies/{f.name}")]
+    assert not bad, "studies that import the book's layer:\n" + "\n".join(bad)
+    src = "import ctrls.stats\nfrom ctrls import report\ndef f():\n    from ctrls.report.tables import table1\n"
+    assert book_imports(src, "s.py") == ["s.py:2: ctrls", "s.py:4: ctrls.report.tables"]
+
+
 def upward(graph: dict[str, set[str]]) -> list[str]:
     return sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts if floor(t) > floor(m))
 

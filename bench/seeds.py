@@ -1,0 +1,102 @@
+"""Fresh training runs in lockstep: S runs' decodes in one batch over the frozen backbone's passes
+(``ctrls.generate.conditioning.LockstepConditioning``) against the same S decodes one after another, side by
+side in one run, at the seeds study's sizes.
+
+Each run is the demo's conditioning, the state prompt (K = 4 states, m = 2 vectors a state) with its own
+random CTRLS model (Q_phi, policy) and vectors: the speed does not depend on their values. Two workloads,
+per run: ``rl``, one RL training decode (6 questions x 4 samples = 24 rows, the lockstep RL stage's
+per-run batch at the study's sizes) and ``exploration``, one CTRLS(epsilon) row of the study's grid
+(24 test questions x 4 samples = 96 rows). SmolLM2-135M-Instruct in fp32, the demo's prompt, temperature,
+top-k, token and step limits and ``sampling.batch_size`` (so lockstep batches stay within it). Every run
+decodes the same questions with its own seeds, and a lockstep sample is checked equal to its run's alone
+(``tokens_equal_fraction``). The machine's 128 x 576 x 1536 fp32 GEMM rate is measured at the start.
+Usage: python bench/seeds.py [--out bench/results/seeds.json] [--runs 1 2 4 8] [--workloads rl exploration]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from common import machine, write_result
+
+K, M = 4, 2  # the demo's states and vectors per state
+ROWS = {"rl": 6, "exploration": 24}  # questions per run (x 4 samples)
+
+
+def runs(bb, n: int) -> list:
+    """``n`` runs' state-prompt conditionings, each its own random model and vectors."""
+    from ctrls.generate.conditioning import StatePromptConditioning
+    from ctrls.method.model import CTRLSModel
+    from ctrls.method.state_prompt import StatePrompt
+
+    emb = bb.model.get_input_embeddings().weight.detach()
+    return [StatePromptConditioning(CTRLSModel.random(bb.hidden_size, K, 2, 8, s, centroid_scale=0.5, concentration=5.0),
+                                    StatePrompt(K, M, emb, seed=s)) for s in range(n)]
+
+
+def decode(bb, prompts, params, conds, lockstep: bool) -> tuple[float, list]:
+    """(seconds, tokens per run) of every run's decode of ``prompts`` (4 samples each, run r's seeds r*1000 + i)."""
+    from ctrls.generate.conditioning import LockstepConditioning
+    from ctrls.generate.sampling import sample
+
+    seeds = [[1000 * r + i for i in range(len(prompts))] for r in range(len(conds))]
+    t = time.perf_counter()
+    if lockstep:
+        owner = [r for r in range(len(conds)) for _ in prompts]
+        out = sample(bb, prompts * len(conds), 4, params, seeds=sum(seeds, []),
+                     conditioning=LockstepConditioning(conds, owner))
+        per = [out[r * len(prompts):(r + 1) * len(prompts)] for r in range(len(conds))]
+    else:
+        per = [sample(bb, prompts, 4, params, seeds=seeds[r], conditioning=c) for r, c in enumerate(conds)]
+    return time.perf_counter() - t, [[g.token_ids for gs in p for g in gs] for p in per]
+
+
+def main():
+    from ctrls.config.schema import load_config
+    from ctrls.data.problems import load_problems
+    from ctrls.data.prompts import prompt_ids
+    from ctrls.generate.sampling import SampleParams
+    from ctrls.method.backbone import gemm_gflops, load_backbone
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--runs", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--workloads", nargs="+", default=list(ROWS), choices=list(ROWS))
+    args = ap.parse_args()
+    gemm = gemm_gflops()
+    bb = load_backbone("smollm2-135m-instruct", device="cpu", dtype="float32")
+    cfg = load_config("demo")
+    probs = load_problems("word_problems", "test", max(ROWS.values()), seed=0,
+                          difficulty=cfg.data.word_problems.difficulty())
+    allp = [prompt_ids(bb.tokenizer, q.question, True, cfg.prompt.few_shot) for q in probs]
+    params = SampleParams(temperature=0.7, top_k=cfg.sampling.top_k, max_new_tokens=cfg.sampling.max_new_tokens,
+                          max_steps=cfg.prompt.max_steps, epsilon=0.1, batch_size=cfg.sampling.batch_size)
+    res: dict = {"workloads": {}}
+    with torch.no_grad():
+        for w in args.workloads:
+            prompts = allp[:ROWS[w]]
+            rows = []
+            for s in args.runs:
+                conds = runs(bb, s)
+                seq, seq_tok = decode(bb, prompts, params, conds, lockstep=False)
+                lock, lock_tok = decode(bb, prompts, params, conds, lockstep=True)
+                eq = [a == b for x, y in zip(seq_tok, lock_tok) for a, b in zip(x, y)]
+                rows.append({"runs": s, "sequential_seconds": seq, "lockstep_seconds": lock,
+                             "sequential_seconds_per_run": seq / s, "lockstep_seconds_per_run": lock / s,
+                             "speedup": seq / lock, "tokens_equal_fraction": sum(eq) / len(eq),
+                             "tokens": sum(len(t) for x in lock_tok for t in x)})
+                print(f"{w} S={s}: sequential {seq:.1f} s, lockstep {lock:.1f} s ({seq / lock:.2f}x), "
+                      f"tokens equal {sum(eq)}/{len(eq)}", flush=True)
+            res["workloads"][w] = {"questions_per_run": ROWS[w], "samples": 4, "rows_per_run": 4 * ROWS[w],
+                                   "results": rows}
+    res.update({"decode": {"backbone": "smollm2-135m-instruct", "dtype": "float32", "states": K, "vectors": M,
+                           "max_new_tokens": params.max_new_tokens, "max_steps": params.max_steps,
+                           "batch_size": params.batch_size, "conditioning": "state prompt"},
+                "gemm_gflops": gemm, "machine": machine(),
+                "command": "python bench/seeds.py --out bench/results/seeds.json"})
+    write_result(res, args.out)
+
+
+if __name__ == "__main__":
+    main()
