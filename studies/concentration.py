@@ -33,8 +33,8 @@ from common import machine, write_result
 from ctrls.config.schema import load_config
 from ctrls.config.settings import ADAPTER
 from ctrls.method.policy import fit_concentration
-from ctrls.stages import sample_tables as tables
 from ctrls.stages import exploration as ex
+from ctrls.stages import sample_tables as tables
 from ctrls.stages.pretrain import pretrain, transition_pairs
 
 

@@ -30,8 +30,8 @@ from ctrls.config.overrides import parse_overrides  # noqa: E402
 from ctrls.config.schema import load_config  # noqa: E402
 from ctrls.config.settings import BASE, FIXED, row_label  # noqa: E402
 from ctrls.errors import ConfigError  # noqa: E402
-from ctrls.stages.sample_tables import table1  # noqa: E402
 from ctrls.stages.exploration import load_samples, stage_summary  # noqa: E402
+from ctrls.stages.sample_tables import table1  # noqa: E402
 from ctrls.stats.agreement import kappa_difference, kappa_vs_null, null_steps  # noqa: E402
 from ctrls.stats.metrics import holm  # noqa: E402
 from ctrls.stats.paired import paired_pass  # noqa: E402

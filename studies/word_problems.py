@@ -25,8 +25,7 @@ from ctrls.data.problems import load_problems
 from ctrls.data.prompts import encode_prompt
 from ctrls.data.word_problems import Difficulty
 from ctrls.generate.sampling import SampleParams, sample
-from ctrls.method.backbone import load_backbone
-from ctrls.method.backbone import cpu_model, git_commit
+from ctrls.method.backbone import cpu_model, git_commit, load_backbone
 from ctrls.stats.power import wilson_interval
 from ctrls.stats.sizing import icc_from_rates
 
