@@ -20,15 +20,6 @@ import pandas as pd
 
 from ctrls.config.settings import BASE, FIXED
 from ctrls.data.answers import normalize
-from ctrls.data.problems import load_problems
-from ctrls.data.prompts import encode_prompt
-from ctrls.generate.sampling import sample, seeded
-from ctrls.method.streams import seed_of
-from ctrls.report.paper import PAPER_CASES
-from ctrls.stages.common import backbone_for, sample_params
-from ctrls.stages.exploration import generation_rows
-from ctrls.stages.pretrain import load_pretrained, pretrain_stages
-from ctrls.stages.state_prompt import ctrls_conditioning, pair_state_prompt
 
 
 def _first(g: pd.DataFrame) -> pd.Series:
@@ -151,57 +142,6 @@ def trace_html(question: str, gold: str, left: pd.Series, right: pd.Series, left
     note = state_note_html() if note else ""
     return (f"<div class='ctrls-case mathjax_process tex2jax_process'>{head}"
             f"<div style='display:flex;gap:10px'>{column(left, left_title)}{column(right, right_title)}</div>{note}</div>")
-
-
-def find_paper_cases(cfg) -> dict[str, "object"]:
-    """The paper's two MATH case questions, looked up by text in the MATH data (both splits)."""
-    pool = load_problems("math", "test", data_dir=cfg.data.data_dir) + load_problems("math", "train", data_dir=cfg.data.data_dir)
-    found = {}
-    for name, fragments in PAPER_CASES.items():
-        squash = [f.replace(" ", "") for f in fragments]
-        hits = [p for p in pool if all(f in p.question.replace(" ", "") for f in squash)]
-        if hits:
-            found[name] = hits[0]
-    return found
-
-
-def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None, cases: dict | None = None) -> pd.DataFrame:
-    """Base and CTRLS samples for the paper's MATH case questions with one backbone (default: the
-    first) and its checkpoint: the MATH one if the profile trains it, else its first dataset's. CTRLS
-    is conditioned as the exploration rows are: under the state prompt (and its position mask) with
-    ``state_prompt.use``, else through the adapter.
-    ``cases``: :func:`find_paper_cases`'s result, when the caller has it (reading MATH takes seconds)."""
-    bname = backbone or cfg.pairs()[0][0]
-    mine = [d for b, d in cfg.pairs() if b == bname]
-    if not mine:
-        raise ValueError(f"backbone {bname!r} is not in grid.backbones {cfg.grid.backbones}")
-    ds = "math" if "math" in mine else mine[0]
-    pc = cfg.for_pair(bname, ds)
-    bb = backbone_for(pc, bname)
-    model = load_pretrained(pc, bb)
-    cases = find_paper_cases(cfg) if cases is None else cases
-    probs = list(cases.values())
-    if not probs:
-        return pd.DataFrame()
-    enc = [encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot) for p in probs]
-    eta = cfg.grid.temperatures[-1]
-    eps = cfg.grid.epsilons[0]
-    rows = []
-    sp, mask = pair_state_prompt(pc, bb, model, pretrain_stages(pc))
-    for label, m, e in ((BASE, None, 0.0), (f"eps={eps:g}", model, eps)):
-        params = sample_params(pc, eta, epsilon=e)
-        if m is not None and sp is not None:  # one seed per case question, as the exploration rows draw theirs
-            seeds = [seed_of(cfg.seed + 7, bname, "math", eta, label, p.id) for p in probs]
-            gens = sample(bb, [x[0] for x in enc], n, params, conditioning=ctrls_conditioning(pc, bb, model, sp, mask),
-                          seeds=seeds, prompt_starts=[x[1] for x in enc], read_states=model)
-        else:
-            gens = sample(bb, [x[0] for x in enc], n, params, model=m, generator=seeded(cfg.seed + 7, bb.device),
-                          prompt_starts=[x[1] for x in enc])
-        meta = {"backbone": bname, "dataset": "math", "temperature": eta, "config": label,
-                "epsilon": float("nan") if m is None else e, "checkpoint": f"{bname} · {ds}"}
-        for (name, p), gs in zip(cases.items(), gens):
-            rows += [{**r, "case": name} for r in generation_rows(gs, p, meta)]
-    return pd.DataFrame(rows)
 
 
 def best_sample(samples: pd.DataFrame) -> pd.Series:

@@ -13,6 +13,7 @@ import re
 import pandas as pd
 
 from ctrls.config.settings import BASE, setting_label
+from ctrls.stages.cases import PAPER_CASES  # noqa: F401 (the paper's case questions: the stage finds them)
 
 # Table 1 of the paper (pass@20 and Succ., in %), keyed by (backbone, dataset, eta, row).
 PAPER_TABLE1 = {
@@ -88,12 +89,6 @@ PAPER_N = {"Table 1": 40, "Table 2": 500}  # test questions per table (from the 
 
 
 # The paper's two MATH case questions (Figures 6-7), found in the MATH data by these fragments.
-PAPER_CASES = {
-    "arithmetic sequence a4/a2 = 3 (Fig. 6)": ("arithmetic sequence", "\\frac{a_4}{a_2} = 3"),
-    "sqrt(63 - sqrt(x)) (Fig. 7)": ("\\sqrt{63-\\sqrt{x}}",),
-}
-
-
 def paper_table2_layout() -> pd.DataFrame:
     """The paper's Table 2 as printed: a row per policy, a column pair (pass@20, Succ.) per
     (backbone, dataset)."""

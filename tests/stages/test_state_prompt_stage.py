@@ -268,7 +268,7 @@ def test_the_paper_cases_are_decoded_as_the_exploration_rows_are(sp_run, monkeyp
     """Under the option the case studies' CTRLS samples are the state prompt's (one drawn state per step,
     the policy's chain), and Base's are the engine's, as in the exploration rows."""
     from ctrls.data.problems import Problem
-    from ctrls.report import cases
+    from ctrls.stages import cases
 
     cfg, _, _ = sp_run
     from ctrls.generate.conditioning import StatePromptConditioning
