@@ -4,7 +4,8 @@ A profile is a YAML file in ``ctrls/config/profiles/`` (``smoke``, ``demo``, ``p
 :class:`Config` dataclass tree; ``key=value`` overrides use dotted keys (``pretrain.epochs=3``). It is
 checked when it is made (:func:`load_config`, :func:`override`, :meth:`Config.for_pair`), before any
 stage runs, and every problem is a :class:`ConfigError` naming the dotted key, the bad value and what is
-allowed. The checks live in :mod:`ctrls.config.checks` (re-exported here); this module is the schema.
+allowed. The checks live in :mod:`ctrls.config.checks` and the rules in :mod:`ctrls.config.rules` (both
+re-exported here); this module is the schema.
 
 Adding a key: give it a rule with ``key(default, rule)`` beside its default (a ``bool`` or
 ``Literal[...]`` key may go without one); ``tests/config/test_schema.py`` fails for any other key.
@@ -28,6 +29,8 @@ import yaml
 
 from ctrls.config.checks import (  # noqa: F401 (re-exported)
     CROSS_CHECKS,
+    REMOVED,
+    apply_mapping,
     builtin_sizes,
     check_type,
     refuse,
@@ -36,6 +39,13 @@ from ctrls.config.checks import (  # noqa: F401 (re-exported)
 )
 from ctrls.config.overrides import check_unique_keys, dump_yaml, load_yaml, parse_overrides, short
 from ctrls.config.rules import (  # noqa: F401 (re-exported)
+    DATASET,
+    DTYPE,
+    HIDDEN_LAYER_WHY,
+    INJECT_AT_WHY,
+    MAX_ALPHA,
+    MAX_CONCENTRATION,
+    MAX_LR,
     Rule,
     above,
     anything,
@@ -51,18 +61,7 @@ from ctrls.config.rules import (  # noqa: F401 (re-exported)
 from ctrls.config.settings import parse_setting
 from ctrls.errors import ConfigError
 
-# ---- declared allowed values (the rules themselves are in ctrls.config.rules) -------------------------
-
-
-def _is_dataset(v: str) -> bool:
-    from ctrls.data.problems import (
-        DATASETS,  # lazy: ctrls.data.problems imports this module
-    )
-
-    if v in DATASETS:
-        return True
-    p = Path(v).expanduser()
-    return (p / "train.jsonl").is_file() and (p / "test.jsonl").is_file()
+# ---- declared allowed values (the rules, the named ones among them, are in ctrls.config.rules) ----------
 
 
 def _is_device(v: str) -> bool:
@@ -84,7 +83,7 @@ def _few_shot_max() -> int:
 
 
 def _is_rl_setting(v: str) -> bool:
-    """One grammar: ``ctrls.config.settings.parse_setting``'s; its epsilon must be a probability, its alpha >= 0."""
+    """One grammar: ``ctrls.config.settings.parse_setting``'s; its epsilon in [0, 1], its alpha in [0, MAX_ALPHA]."""
     try:
         s = parse_setting(v, Config())
     except ValueError:
@@ -92,23 +91,8 @@ def _is_rl_setting(v: str) -> bool:
     return math.isfinite(s.epsilon) and math.isfinite(s.alpha) and 0 <= s.epsilon <= 1 and 0 <= s.alpha <= MAX_ALPHA
 
 
-# Coefficient ranges: beyond them a finite value overflows a loss, a density or the logits.
-MAX_ALPHA = 10.0  # entropy weights: alpha * sum_t H with H <= log K
-MAX_LR = 10.0  # learning rates (Adam's step is about lr per entry)
-MAX_CONCENTRATION = 1e4  # Dirichlet concentrations c (lgamma of c p stays exact in float32)
-
-DATASET = Rule("gsm8k, math, gsm_symbolic, word_problems, or a directory holding train.jsonl and test.jsonl", _is_dataset)
-DTYPE = Rule("device (bfloat16 on CUDA, float32 elsewhere), auto (bfloat16 on CUDA; on a CPU bfloat16 only where "
-             "a GEMM probe measures it >= 1.2x faster, else float32), float32, bfloat16 or float16",
-             lambda v: v in ("device", "auto", "float32", "bfloat16", "float16"))
 RL_SETTING = Rule(f"none, epsilon, entropy, both, 'eps=X', 'H=Y' or 'eps=X,H=Y' with X in [0, 1], Y in [0, {MAX_ALPHA:g}]",
                   _is_rl_setting)
-HIDDEN_LAYER_WHY = ("pretraining would fit the states and train the adapter on that layer's hidden states while "
-                    "decoding (ctrls.generate.sampling) uses the last layer's; kept as a key for a future implementation "
-                    "that uses the layer end to end")
-INJECT_AT_WHY = ("pretraining and decoding apply the adapter to the last hidden state only; input_embeds exists in "
-                 "ctrls.method.adapter.adapted_logits but no stage trains or decodes with it; kept as a key for a "
-                 "future implementation")
 
 
 # ---- the configuration --------------------------------------------------------------------
@@ -417,50 +401,16 @@ class Config:
 
 _builtin_sizes = builtin_sizes  # its old name (tests/config/test_schema.py)
 
-# Keys that existed once: an old profile that sets one gets told what became of it.
-REMOVED = {
-    "sampling.temperature": "removed: no stage read it; the token temperatures are pretrain.temperature, "
-                            "grid.temperatures and rl.temperature",
-}
-
-
-def _set(obj: Any, path: list[str], value: Any, full_key: str) -> None:
-    name = path[0]
-    if not dataclasses.is_dataclass(obj) or name not in {f.name for f in dataclasses.fields(obj)}:
-        if full_key in REMOVED:
-            raise ConfigError(f"config key {full_key!r} was {REMOVED[full_key]}")
-        known = sorted(f.name for f in dataclasses.fields(obj)) if dataclasses.is_dataclass(obj) else []
-        raise ConfigError(f"unknown config key {full_key!r} (known here: {', '.join(known)})")
-    tp = type_hints(type(obj))[name]
-    if len(path) == 1:
-        if dataclasses.is_dataclass(tp):
-            if not isinstance(value, dict):
-                raise ConfigError(f"config key {full_key!r} is a section; give a mapping")
-            for k, v in value.items():
-                _set(getattr(obj, name), [k], v, f"{full_key}.{k}")
-            return
-        setattr(obj, name, check_type(value, tp, full_key))
-    else:
-        _set(getattr(obj, name), path[1:], value, full_key)
-
-
-def _apply_mapping(cfg: Config, mapping: dict[str, Any], prefix: str = "") -> None:
-    for k, v in mapping.items():
-        if not isinstance(k, str):
-            raise ConfigError(f"config key {short(k)} is not a string")
-        _set(cfg, (prefix + k).split("."), v, prefix + k)
-
-
 def override(cfg: Config, overrides: str | typing.Iterable[str] | dict[str, Any] | None) -> Config:
     """A deep copy of ``cfg`` with dotted-key overrides applied (validated)."""
     new = _from_dict(cfg.to_dict())
-    _apply_mapping(new, parse_overrides(overrides))
+    apply_mapping(new, parse_overrides(overrides))
     return validate(new)
 
 
 def _from_dict(d: dict[str, Any]) -> Config:
     cfg = Config()
-    _apply_mapping(cfg, {k: v for k, v in d.items()})
+    apply_mapping(cfg, {k: v for k, v in d.items()})
     return cfg
 
 
@@ -487,8 +437,8 @@ def load_config(profile: str = "demo", overrides: str | typing.Iterable[str] | d
         raise ConfigError(f"profile {profile!r} must be a mapping")
     check_unique_keys(raw, f"profile {profile!r}")  # "data.n_test" beside data: {n_test}: one key twice
     cfg = Config(profile=name)
-    _apply_mapping(cfg, raw)
-    _apply_mapping(cfg, parse_overrides(overrides))
+    apply_mapping(cfg, raw)
+    apply_mapping(cfg, parse_overrides(overrides))
     return validate(cfg)
 
 
