@@ -4,6 +4,7 @@
     ctrls stage STAGE [STAGE ...] [--profile demo] [--force] [-o key=value ...]   # pretrain exploration rl
     ctrls verify-references [--dataset gsm8k] [--split test]
     ctrls profiles
+    ctrls config --explain [KEY]   # what a config key means, its type, default and allowed values; no KEY: every key
 
 Overrides are dotted ``key=value`` items with YAML values (``-o rl.steps=3 "grid.epsilons=[0.1, 0.3]"``).
 A bad profile or override (``ctrls.config.schema.ConfigError``) is one line on stderr and exit status 2,
@@ -300,7 +301,8 @@ def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, floa
                                 "seconds": seconds, "total_s": round(total, 1),
                                 "gemm_gflops": getattr(args, "gemm_gflops", None),  # total_s x gemm_gflops: the build's work
                                 "peak_kernel_rss_gib": round(peak_kernel_rss_gib(), 2),
-                                "stages_reused": "runs already present are reused; rerun on an empty run_dir to time every stage"},
+                                "stages_reused": ("runs already present are reused; rerun on an empty run_dir to time "
+                                                  "every stage")},
                                indent=1) + "\n")
 
 
@@ -353,6 +355,19 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    """``--explain KEY``: the key's docstring, type, default and allowed values (a section: its keys too);
+    ``--explain`` alone: every key with its default and its docstring's first line. An unknown key is a
+    ConfigError naming the closest known keys (status 2)."""
+    from ctrls.config.explain import explain, listing
+
+    print(explain(args.explain) if args.explain else listing())
+    return 0
+
+
+OVERRIDE_HELP = "config overrides, e.g. rl.steps=3 \"grid.epsilons=[0.1, 0.3]\" (ctrls config --explain KEY: what a key means)"
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         level = log_level(os.environ.get("CTRLS_LOG", "INFO"))
@@ -371,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--run-dir", default=str(ROOT / "runs"))
     r.add_argument("--only", nargs="+", metavar="STAGE", help=f"run only these stages ({', '.join(STAGES)})")
     r.add_argument("--force", nargs="+", metavar="STAGE", help="recompute these stages even if cached")
-    r.add_argument("-o", "--override", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="config overrides, e.g. rl.steps=3 \"grid.epsilons=[0.1, 0.3]\"")
+    r.add_argument("-o", "--override", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
     r.add_argument("--no-book", action="store_true", help="run the notebooks only")
     r.add_argument("--strict", action="store_true", help="build the book with -W (warnings are errors)")
     r.add_argument("--book-dir", default=None, help="build a copy of the book there instead of in book/")
@@ -383,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     st.add_argument("--run-dir", default=str(ROOT / "runs"))
     st.add_argument("--force", action="store_true", help="recompute even if cached")
     st.add_argument("--quiet", action="store_true", help="no progress bars")
-    st.add_argument("-o", "--override", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="config overrides, e.g. rl.steps=3 \"grid.epsilons=[0.1, 0.3]\"")
+    st.add_argument("-o", "--override", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
     st.set_defaults(fn=cmd_stage)
 
     v = sub.add_parser("verify-references", help="rate at which reference solutions verify against gold")
@@ -394,6 +409,11 @@ def main(argv: list[str] | None = None) -> None:
 
     pr = sub.add_parser("profiles", help="list the named profiles")
     pr.set_defaults(fn=cmd_profiles)
+
+    c = sub.add_parser("config", help="explain the config keys: what each means, its default and allowed values")
+    c.add_argument("--explain", nargs="?", const="", required=True, metavar="KEY",
+                   help="a dotted key (rl.lr) or a section (rl); without KEY, every key")
+    c.set_defaults(fn=cmd_config)
 
     args = p.parse_args(argv)
     if args.log_level is not None:

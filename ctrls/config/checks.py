@@ -1,7 +1,7 @@
-"""The checks of :mod:`ctrls.config.schema`: each key's type and declared rule, and the few checks that
-involve two keys (:data:`CROSS_CHECKS`). The schema (the dataclasses, each key's default and rule)
-is in :mod:`ctrls.config.schema`; this module reads it through the dataclass fields, so a new key needs no
-change here. Every name stays importable from ``ctrls.config.schema``.
+"""The checks of :mod:`ctrls.config.schema`: each key's type as it is set (:func:`apply_mapping`), its
+declared rule, and the few checks that involve two keys (:data:`CROSS_CHECKS`). The schema (the dataclasses,
+each key's default and rule) is in :mod:`ctrls.config.schema`; this module reads it through the dataclass
+fields, so a new key needs no change here. The checks stay importable from ``ctrls.config.schema``.
 """
 from __future__ import annotations
 
@@ -22,6 +22,45 @@ from ctrls.errors import ConfigError
 # ctrls.config.schema imports this module, so its Config is named, not imported, here
 Config = Any
 MAX_SEED = 2**63 - 1  # any key named seed or seeds: torch.manual_seed overflows at 2**64 (seed + epoch, + 7, + 10**9 stay below)
+
+
+# ---- setting keys ------------------------------------------------------------------------------
+
+# Keys that existed once: an old profile that sets one gets told what became of it.
+REMOVED = {
+    "sampling.temperature": "removed: no stage read it; the token temperatures are pretrain.temperature, "
+                            "grid.temperatures and rl.temperature",
+}
+
+
+def set_key(obj: Any, path: list[str], value: Any, full_key: str) -> None:
+    """Set the dotted key ``full_key`` (split into ``path``) of the dataclass tree ``obj`` to ``value``, its type
+    checked (:func:`check_type`); a section takes a mapping, set key by key. An unknown key is a ConfigError."""
+    name = path[0]
+    if not dataclasses.is_dataclass(obj) or name not in {f.name for f in dataclasses.fields(obj)}:
+        if full_key in REMOVED:
+            raise ConfigError(f"config key {full_key!r} was {REMOVED[full_key]}")
+        known = sorted(f.name for f in dataclasses.fields(obj)) if dataclasses.is_dataclass(obj) else []
+        raise ConfigError(f"unknown config key {full_key!r} (known here: {', '.join(known)})")
+    tp = type_hints(type(obj))[name]
+    if len(path) == 1:
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {full_key!r} is a section; give a mapping")
+            for k, v in value.items():
+                set_key(getattr(obj, name), [k], v, f"{full_key}.{k}")
+            return
+        setattr(obj, name, check_type(value, tp, full_key))
+    else:
+        set_key(getattr(obj, name), path[1:], value, full_key)
+
+
+def apply_mapping(cfg: Config, mapping: dict[str, Any], prefix: str = "") -> None:
+    """Set every (dotted) key of ``mapping`` on ``cfg`` in place (:func:`set_key`); the rules are checked later."""
+    for k, v in mapping.items():
+        if not isinstance(k, str):
+            raise ConfigError(f"config key {short(k)} is not a string")
+        set_key(cfg, (prefix + k).split("."), v, prefix + k)
 
 
 # ---- checks across keys ----------------------------------------------------------------------
