@@ -495,6 +495,7 @@ class Config:
     def fingerprint(self, *keys: str) -> str:
         """A short hash of the named sections or dotted fields (all if none), for stage caching."""
         d = self.to_dict()
+        d["rl"]["tensorboard"] = False  # logging changes no result: turning it on keeps the RL stage's key
         if not keys or {"backbone", "backbone.dtype"} & set(keys):
             d["backbone"]["dtype"] = self._dtype_for_key()
         if keys:

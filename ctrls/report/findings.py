@@ -214,7 +214,7 @@ def control_finding(c: Claim | None, sizes: dict, mechanism: str = "") -> str:
     for e in c.beside:
         text += (f" With the prompt's state held ({_dataset(e.label)}, {_n(e, sizes)} questions; not the claim's "
                  f"test), the share of steps that stay in it differs from Base's by {_est(e)} points.")
-    head = "κ [family 95% CI]" if kappa else "follows − coincidence, points [family 95% CI]"
+    head = "κ [95% CI]" if kappa else "follows − coincidence, points [family 95% CI]"  # κ: a marginal interval
     table = [f"| CTRLS(ε) row | questions | {head} |", "|---|---:|---:|"]
     table += [f"| {e.label.removesuffix(' κ')} | {_n(e, sizes)} | {_est(e)} |" for e in c.estimates]
     return text + (f" {mechanism}" if mechanism else "") + "\n\n" + "\n".join(table)

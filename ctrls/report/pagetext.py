@@ -85,7 +85,7 @@ def rl_settings_note(curves: pd.DataFrame, planned: list[str]) -> str:
 
 # ---- the pretraining page's stored studies --------------------------------------------------------
 
-NOT_STORED = "This study's result is not stored in this checkout (the note at the top of the page lists what is)."
+NOT_STORED = "This study's result is not stored with the book (the note at the top of the page lists what is)."
 
 
 def _pct(v: float, lo: float | None = None, hi: float | None = None, d: int = 1) -> str:

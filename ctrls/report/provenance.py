@@ -122,7 +122,7 @@ def stored_note(rels: Iterable[str] | dict[str, str], root: Path = ROOT, intro: 
         section = f"{where.get(r['file'], '')} | " if where else ""
         commit = f"`{r['commit']}`" if re.fullmatch(r"[0-9a-f]{6,40}(\+dirty)?", r["commit"]) else r["commit"]
         lines.append(f"| `{r['file']}` | {section}" + (f"{commit} | {r['device']} |" if r["stored"] else
-                                                         "not in this checkout | — |"))
+                                                         "not stored: its study makes it | — |"))
     return "\n".join(lines + [":::", ""])
 
 

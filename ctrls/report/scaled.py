@@ -117,7 +117,7 @@ def scaled_markdown(build: pd.DataFrame | None, epsilon: float, path: str | Path
     comes from; a sentence saying it is not stored when it is not."""
     d = stored_scaled(path)
     if d is None:
-        return ("The demo's task has not been run at a larger size on a GPU in this checkout "
+        return ("The demo's task has not been run at a larger size on a GPU for this book "
                 f"(`{SCALED_RESULT}` is absent; `studies/scaled_demo.py` runs it).\n")
     r, o, mach = d["result"], d.get("overrides") or {}, d["machine"]
     m = int(r["samples_per_question"])

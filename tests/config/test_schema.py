@@ -302,3 +302,14 @@ def test_settings_that_would_share_a_row_are_refused():
         load_config("smoke", ["grid.epsilons=[0.1234567, 0.1234568]"])
     with pytest.raises(ConfigError, match="rl.table2"):
         load_config("smoke", ["rl.table2=['eps=0.1', 'epsilon=0.1']"])
+
+
+def test_logging_changes_no_stage_key():
+    """rl.tensorboard only logs: turning it on leaves the RL stage's key (and its results) as they are; the
+    learning rate, which changes the result, does not."""
+    from ctrls.config.schema import load_config, override
+    from ctrls.stages.rl import RL_KEYS
+
+    cfg = load_config("smoke")
+    assert override(cfg, {"rl.tensorboard": True}).fingerprint(*RL_KEYS) == cfg.fingerprint(*RL_KEYS)
+    assert override(cfg, {"rl.lr": cfg.rl.lr * 2}).fingerprint(*RL_KEYS) != cfg.fingerprint(*RL_KEYS)

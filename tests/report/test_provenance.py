@@ -18,7 +18,7 @@ def test_the_stored_note_names_file_commit_and_device(tmp_path):
     assert "| `studies/a.json` | the K sweep | `60c5c21` | CPU (AMD EPYC, 1 thread) |" in note
     assert "| `studies/b.json` | the K sweep | `b7f6c4f` | AMD EPYC; 2 cores |" in note
     assert "| `studies/g.json` | GPU hours | not recorded | NVIDIA H200 |" in note
-    assert "| `studies/missing.json` | the concentration | not in this checkout | — |" in note
+    assert "| `studies/missing.json` | the concentration | not stored: its study makes it | — |" in note
     assert "They come from 2 different commits." in note
     assert str(tmp_path) not in note  # files are named from the repository's root, never by a build path
     assert provenance.stored_note([], tmp_path) == ""
