@@ -181,10 +181,29 @@ def raise_unwritable(e: OSError, path: str | Path) -> None:
     where = Path(e.filename or path)
     if e.errno == errno.ELOOP:  # O_NOFOLLOW met a link
         refuse_link(where)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise RunDirError(f"cannot write {where}: no space left on the device that holds it ({e.strerror or e}); "
+                          "free some space or use a run_dir on another disk; the stage's finished outputs are kept") from e
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         raise RunDirError(f"cannot write {where} ({e.strerror or e}): the directory {where.parent} is not writable "
                           "(the run directory may be, but not this directory under it); make it writable or use "
                           "another run_dir") from e
+
+
+@contextlib.contextmanager
+def writing(path: str | Path):
+    """Within the block, a failed write of ``path`` is a :class:`RunDirError` naming it when the disk is full or
+    the directory is not writable (``raise_unwritable``); safetensors' writer reports a full disk in its own error
+    type, whose text is read for the OS's error 28."""
+    try:
+        yield
+    except OSError as e:
+        raise_unwritable(e, path)
+        raise
+    except Exception as e:
+        if "No space left on device" in str(e) or "os error 28" in str(e):
+            raise_unwritable(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)), path)
+        raise
 
 
 def _replace_file(path: Path, write) -> None:

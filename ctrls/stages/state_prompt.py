@@ -25,7 +25,7 @@ import torch
 from ctrls.config.schema import Config
 from ctrls.method.backbone import Backbone
 from ctrls.method.state_prompt import Chain, StatePrompt, fit
-from ctrls.stages.runs import Stage, artifact_error
+from ctrls.stages.runs import Stage, artifact_error, writing
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ def fit_state_prompt(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: P
     sp, info = fit(bb.model, train, held, K, sp_cfg.vectors, sp_cfg.lr, sp_cfg.epochs, sp_cfg.patience, sp_cfg.batch,
                    cfg.seed, on_epoch=report if progress else None, head=head)
     tmp = out / (VECTORS + ".tmp")
-    save_file({"vectors": sp.vectors.detach().float().cpu().contiguous()}, str(tmp), metadata={"fit": json.dumps(info)})
+    with writing(tmp):  # a full disk is a RunDirError naming the file
+        save_file({"vectors": sp.vectors.detach().float().cpu().contiguous()}, str(tmp), metadata={"fit": json.dumps(info)})
     tmp.replace(out / VECTORS)
     return {"n_states": K, "vectors_per_state": sp_cfg.vectors, "with_adapter": sp_cfg.with_adapter,
             "train_chains": len(train), "heldout_chains": len(held),

@@ -266,3 +266,31 @@ def test_questions_whose_ids_differ_in_punctuation_never_share_a_run_file(tmp_pa
     shards = {shard_file(tmp_path, q).name.casefold() for q in ids}
     assert len(parts) == len(shards) == len(ids)
     assert part_file(tmp_path, "m", "d", 0.7000001, "Base", "q") != part_file(tmp_path, "m", "d", 0.7000002, "Base", "q")
+
+
+def test_a_full_disk_is_a_run_dir_error_naming_the_file(tmp_path, monkeypatch):
+    """A write that meets ENOSPC (an OSError, or safetensors' own error reporting OS error 28) is a RunDirError
+    naming the file and saying what to do; any other failure passes through unchanged."""
+    import errno
+
+    import safetensors.torch
+    import torch
+
+    from ctrls.stages.runs import RunDirError, writing
+
+    target = tmp_path / "vectors.safetensors"
+    with pytest.raises(RunDirError, match="no space left.*vectors.safetensors|vectors.safetensors.*no space left"):
+        with writing(target):
+            raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    def full(*a, **k):
+        raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                           "\"No space left on device\" })")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(RunDirError, match="another disk"):
+        with writing(target):
+            safetensors.torch.save_file({"v": torch.zeros(1)}, str(target))
+    with pytest.raises(ValueError, match="other"):
+        with writing(target):
+            raise ValueError("other")
