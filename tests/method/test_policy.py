@@ -15,13 +15,11 @@ from ctrls.method.policy import (
     sample_policy_log_streams,
     soft_counts_init,
 )
-from ctrls.method.streams import stream_subkeys
 
 TRUE = torch.tensor([[0.7, 0.1, 0.1, 0.1],
                      [0.2, 0.5, 0.2, 0.1],
                      [0.05, 0.05, 0.6, 0.3],
                      [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
-
 
 
 def markov_chain(n=20000, seed=0) -> torch.Tensor:
@@ -323,13 +321,6 @@ def test_entropy_and_gradients():
     assert pol.log_c.grad is not None and pol.log_c.grad != 0
     with pytest.raises(ValueError):
         pol.entropy(s, kind="renyi")
-
-
-def test_stream_subkeys_equal_the_scalar_stream_key():
-    from ctrls.method.streams import stream_key
-
-    keys, counters = torch.tensor([0, 5, -7, 2**62 + 3]), torch.tensor([0, 3, 9, 1])
-    assert stream_subkeys(keys, counters).tolist() == [stream_key(int(k), int(c)) for k, c in zip(keys, counters)]
 
 
 def test_a_stream_draw_depends_only_on_its_row():

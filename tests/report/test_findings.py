@@ -180,18 +180,6 @@ def test_findings_page_is_at_most_five_with_the_forest_plot_and_its_provenance()
     assert "\n   | x |\n   |---|\n" in md
 
 
-def test_forest_plot_has_one_point_per_paper_difference():
-    pw = paper_power.paired_p_columns(paper_power.paper_power())
-    fig = fd.paper_forest(pw)
-    from matplotlib.container import ErrorbarContainer
-
-    counts = [sum(len(c.lines[0].get_xdata()) for c in ax.containers if isinstance(c, ErrorbarContainer))
-              for ax in fig.axes]
-    assert counts == list(pw.groupby("table", sort=False).size())
-    assert [ax.get_title() for ax in fig.axes] == [f"{t} · n = {n} (inferred) · {len(g)} differences"
-                                                   for (t, n), g in pw.groupby(["table", "n"], sort=False)]
-
-
 def test_write_findings_from_runs_that_did_not_run(tmp_path):
     cfg = load_config("smoke", {"run_dir": str(tmp_path / "runs")})
     path = fd.write_findings(cfg, tmp_path / "book", sc.demo_claims(cfg))
@@ -286,7 +274,7 @@ def test_mechanism_note_is_one_short_sentence_from_the_stored_studies(tmp_path):
     """Finding 3's mechanism sentence is read from the stored studies: how many variants, the range of κ,
     the variant that steers most; no threshold the book does not justify."""
     from ctrls.report.studies import INJECTION_RESULT
-    from tests.method.test_controls import _point
+    from tests.report.test_studies import _point
 
     inj = Path(__file__).resolve().parents[2] / INJECTION_RESULT
     sc_ = tmp_path / "scaling.json"
