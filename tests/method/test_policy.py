@@ -62,7 +62,7 @@ def test_fit_recovers_the_chain_from_soft_states(one_thread):
 
 
 def soft_pairs(n=3000, K=8, seed=0):
-    """n soft (s_prev, s_next) pairs on K states, as the issue's K = 8, 3,000-pair check: Dirichlet
+    """n soft (s_prev, s_next) pairs on K states (by default K = 8 and 3,000 pairs): Dirichlet
     draws around the rows of a random sticky chain."""
     g = torch.Generator().manual_seed(seed)
     A = torch.softmax(2 * torch.randn(K, K, generator=g, dtype=torch.float64), -1)

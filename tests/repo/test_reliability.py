@@ -81,7 +81,7 @@ def test_a_long_wrong_value_is_cut_in_the_message():
     assert len(str(e.value)) < 600
 
 
-# ---- item 10a: names too long for the file system ------------------------------------------------
+# ---- names too long for the file system ------------------------------------------------
 
 def _dataset_dir(d):
     d.mkdir()

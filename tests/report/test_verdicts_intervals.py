@@ -72,7 +72,7 @@ def test_case_sentences_per_dataset():
 
 
 def test_paper_tables_by_table_paired_p_range_against_brute_force():
-    """Item 6: the range of exact McNemar p-values a pairing of the questions could give, checked
+    """The range of exact McNemar p-values a pairing of the questions could give, checked
     against every feasible 2x2 table (scipy's binomial test); Table 1 resolves nothing under any
     pairing (5 questions at most, p >= 0.0625), Table 2's published rates leave 0 to 17 of 32 open."""
     from scipy.stats import binomtest
@@ -100,7 +100,7 @@ def test_paper_tables_by_table_paired_p_range_against_brute_force():
 
 
 def test_sizing_simulates_the_pages_own_tests():
-    """Item 5: the simulated tests are the pages' (exact McNemar against scipy's binomial test, the
+    """The simulated tests are the pages' (exact McNemar against scipy's binomial test, the
     swap test against ctrls.stats.metrics'), Holm's family lowers the power, a between-arm correlation
     below 1 lowers it too, and the null rejects at most at the level."""
     import numpy as np

@@ -1,10 +1,9 @@
-"""A part file that a done marker records but the directory lacks is an error.
+"""A part file that a done marker records but the directory lacks is an error, never a smaller sample.
 
-The readers took the files in the directory that the marker recorded: a deleted exploration part (a
-question's samples) or RL curve simply vanished, and the verdicts came from fewer questions. Now
-``current_outputs`` refuses a finished stage whose recorded file is missing, with
-:class:`UnreadableResultsError` naming it (the scorecard shows "unreadable: <file>"); a rerun of the
-stage redoes it (``Stage.is_done`` verifies every recorded file).
+A deleted exploration part (a question's samples) or synthetic result of a finished stage is refused by
+its reader with :class:`UnreadableResultsError` naming the file (the scorecard shows "unreadable: <file>"),
+not dropped from the verdicts; a rerun of the stage redoes it (``Stage.is_done`` verifies every recorded
+file).
 """
 import pandas as pd
 import pytest
@@ -37,7 +36,7 @@ def test_a_deleted_exploration_part_is_named_not_dropped(tmp_path):
     assert E.load_samples(cfg).question_id.nunique() == 3
     part(cfg, "q2").unlink()
     with pytest.raises(UnreadableResultsError) as e:
-        E.load_samples(cfg)  # was: the samples of q1 and q3 only
+        E.load_samples(cfg)  # not the samples of q1 and q3 alone
     assert e.value.path == part(cfg, "q2") and str(part(cfg, "q2")) in str(e.value)
 
 
