@@ -78,9 +78,9 @@ def test_exploration_sentences_read_the_tables():
     table = pd.DataFrame([
         {"dataset": "wp", "config": "Base", "temperature": 0.7, "questions": 64, "samples": 4, "pass@n": 0.5, "pass@n lo": 0.38,
          "pass@n hi": 0.62, "succ": 0.9, "succ lo": 0.85, "succ hi": 0.94, "p": math.nan},
-        {"dataset": "wp", "config": "eps=0.1", "temperature": 0.7, "questions": 64, "samples": 4, "pass@n": 0.7, "pass@n lo": 0.58,
-         "pass@n hi": 0.8, "succ": 0.9, "succ lo": 0.85, "succ hi": 0.94, "Δ pass@n vs Base": 0.2, "Δ lo": 0.08,
-         "Δ hi": 0.32, "p": 0.001, "p (Holm)": 0.002}])
+        {"dataset": "wp", "config": "eps=0.1", "temperature": 0.7, "questions": 64, "samples": 4, "pass@n": 0.7,
+         "pass@n lo": 0.58, "pass@n hi": 0.8, "succ": 0.9, "succ lo": 0.85, "succ hi": 0.94, "Δ pass@n vs Base": 0.2,
+         "Δ lo": 0.08, "Δ hi": 0.32, "p": 0.001, "p (Holm)": 0.002}])
     s = exploration_sentences(table, pd.DataFrame(), pd.DataFrame())
     assert "50.0% [38.0, 62.0]" in s[0] and "+20.0 points [+8.0, +32.0]" in s[1] and "**higher**" in s[1]
     assert s[1].startswith("wp, η = 0.7: eps=0.1 vs Base, pass@4 70.0% vs 50.0%")
