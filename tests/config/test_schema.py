@@ -1,3 +1,7 @@
+"""ctrls.config.schema: the shipped profiles load, differ and pass every rule; overrides are typed; an unknown
+key, a wrong type, a bad value, NaN or infinity, bad YAML and an unknown profile are refused naming the key
+(and what is allowed); every key declares its allowed values; overrides split and rejoin as a shell gives
+them; the built-in split sizes match the data and a generated dataset's size is bounded."""
 import dataclasses
 import typing
 

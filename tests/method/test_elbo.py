@@ -1,3 +1,6 @@
+"""ctrls.method.elbo: Thm. 5.3's bound equals its enumeration over z and bounds a known chain's likelihood, the
+expected KL is at least the mixture-prior KL, and the relaxed objective's reconstruction, gradient and KL agree
+with full adapted forwards and plain autograd; bad inputs are refused naming the problem."""
 import itertools
 import math
 
