@@ -84,7 +84,8 @@ def test_stage_config_error_is_one_line_and_status_2(tmp_path):
     (["stage", "rl", "--profile", "nosuch"], "unknown profile 'nosuch'"),
     (["stage", "exploration", "--profile", "smoke", "-o", "sampling.temperature=0.7"], "sampling.temperature"),
     # -o given twice: both kept (argparse's nargs="*" alone keeps only the last, silently)
-    (["stage", "exploration", "--profile", "smoke", "-o", "sampling.temperature=0.7", "-o", "rl.steps=3"], "sampling.temperature"),
+    (["stage", "exploration", "--profile", "smoke", "-o", "sampling.temperature=0.7", "-o", "rl.steps=3"],
+     "sampling.temperature"),
     (["reproduce", "--profile", "smoke", "--no-book", "-o", "rl.group_size=0", "-o", "rl.steps=3"], "rl.group_size"),
 ])
 def test_config_errors_exit_2_before_anything_runs(argv, key, monkeypatch, capsys, tmp_path):

@@ -195,7 +195,7 @@ def test_reference_verify_report_lists_failures(tmp_path):
 
 def test_answers_does_not_import_data():
     """data reads the answer checker (gold checks, reference_verify_report); answers must not import
-    data back (issues 19 and 27: no import cycle), not even inside a function."""
+    data back (no import cycle), not even inside a function."""
     import ast
     from pathlib import Path
 

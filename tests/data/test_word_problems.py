@@ -103,7 +103,7 @@ def test_a_problem_holds_only_the_operations_asked_for(d):
 
 def test_a_subtraction_only_difficulty_without_room_is_refused():
     with pytest.raises(ValueError, match=r"need max_value >= 4"):
-        Difficulty(n_ops=3, max_value=2, ops=("sub",), wordings=1)  # the knob: 2 cannot lose 3 times
+        Difficulty(n_ops=3, max_value=2, ops=("sub",), wordings=1)  # 2 cannot lose 1 three times and stay positive
     with pytest.raises(ConfigError, match="data.word_problems.*max_value >= 3"):
         load_config("demo", ["data.word_problems.ops=[sub]", "data.word_problems.n_ops=2", "data.word_problems.max_value=2"])
 

@@ -45,7 +45,8 @@ def test_an_easy_difficulty_can_give_its_whole_split_budget_or_huge_is_unbounded
     assert producible(d, "test") > 0.99 * split_size(d, "test")
 
 
-@pytest.mark.parametrize("d", [*SUB, Difficulty(max_value=3, wordings=2), Difficulty(n_ops=2, max_value=3, ops=("add", "sub", "mul"))],
+@pytest.mark.parametrize("d", [*SUB, Difficulty(max_value=3, wordings=2),
+                               Difficulty(n_ops=2, max_value=3, ops=("add", "sub", "mul"))],
                          ids=lambda d: d.tag())
 def test_the_draw_probabilities_cover_every_counted_problem_once(d):
     from ctrls.data.word_problems import NAMES, OBJECTS, _sequence_probs, capacity

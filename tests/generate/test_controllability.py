@@ -251,7 +251,8 @@ def test_prompt_passes_run_the_template_once_and_match_a_full_pass(tiny_llama):
     for p in prompts:
         want_s0, want_states = ctl.encode_generations(bb, model, p, start, gens)  # one full pass
         s0, _ = ctl.encode_generations(bb, model, p, start, [], passes=memo)
-        assert torch.allclose(s0, want_s0, atol=1e-5) and not torch.equal(s0, ctl.encode_generations(bb, model, prompts[1 - prompts.index(p)], start, [])[0])
+        assert torch.allclose(s0, want_s0, atol=1e-5) and not torch.equal(
+            s0, ctl.encode_generations(bb, model, prompts[1 - prompts.index(p)], start, [])[0])
         s0_again, states = ctl.encode_generations(bb, model, p, start, gens, passes=memo)  # on the kept cache
         assert torch.equal(s0_again, s0) and states == want_states
     assert memo.template_passes == 1 and memo.passes == 2

@@ -123,7 +123,8 @@ def test_ctrls_sampling_is_seeded(tiny_qwen2):
 
 @pytest.mark.integration
 def test_state_of_each_position_follows_the_design_rule(smollm):
-    """Teacher forcing with the position rule of the design notes (book/design.md) reproduces the sampler's greedy tokens: the position
+    """Teacher forcing with the position rule of the design notes (book/design.md) reproduces the \
+sampler's greedy tokens: the position
     that predicts step t's tokens (a-1 .. b-2) carries z_t, and the forward pass that consumes a
     step's closing newline already uses the next state."""
     tok = smollm.tokenizer

@@ -205,15 +205,6 @@ def test_resume_continues_the_curve_exactly(tmp_path):
     assert torch.equal(full_pol.L, pol2.L)
 
 
-def test_settings():
-    cfg = load_config("smoke", ["rl.epsilon=0.2", "rl.entropy_coef=0.05"])
-    assert parse_setting("both", cfg) == Setting("both", 0.2, 0.05)
-    assert parse_setting("eps=0.3", cfg) == Setting("eps=0.3", 0.3, 0.0)
-    assert parse_setting("H=0.01", cfg) == Setting("H=0.01", 0.0, 0.01)
-    with pytest.raises(ValueError, match="unknown RL setting"):
-        parse_setting("greedy", cfg)
-
-
 def test_labels_merge_with_the_papers_tables_for_the_judge_pair():
     from ctrls.config.settings import judge_pair, setting_label
     from ctrls.report.paper import PAPER_TABLE3, paper_table2
@@ -240,21 +231,6 @@ def test_labels_merge_with_the_papers_tables_for_the_judge_pair():
     assert set(paper.config) <= ours, set(paper.config) - ours
     merged = paper.merge(pd.DataFrame({"config": sorted(ours)}), on="config", how="left", indicator=True)
     assert (merged._merge == "both").all()
-
-
-def test_the_judge_pair_is_named_or_the_only_one():
-    from ctrls.config.settings import judge_pair
-
-    assert judge_pair(load_config("demo")) == ("smollm2-135m-instruct", "word_problems")
-    two = load_config("demo", ["grid.datasets=[gsm8k, math]", "grid.transfer_datasets=[]"])
-    with pytest.raises(ValueError, match="judge.pair is not set"):
-        judge_pair(two)
-    assert judge_pair(load_config("demo", ["grid.datasets=[gsm8k, math]", "grid.transfer_datasets=[]",
-                                           "judge.pair=[smollm2-135m-instruct, math]"])) == \
-        ("smollm2-135m-instruct", "math")
-    from ctrls.config.schema import ConfigError
-    with pytest.raises(ConfigError, match="judge.pair"):  # refused when the config loads, before any stage
-        load_config("demo", ["judge.pair=[smollm2-135m-instruct, math]"])
 
 
 def test_the_paper_profile_sizes():

@@ -163,7 +163,8 @@ def test_import_ctrls_does_not_import_torch():
     assert out.split() == ["False", "False"], out
 
 
-REPORT_ONLY = ("04_judge.ipynb", "06_summary.ipynb", "07_synthetic.ipynb", "08_seeds.ipynb")  # pages that read runs, never a language model
+# pages that read runs, never a language model
+REPORT_ONLY = ("04_judge.ipynb", "06_summary.ipynb", "07_synthetic.ipynb", "08_seeds.ipynb")
 
 
 def test_a_report_only_notebook_does_not_import_the_modelling_stack():

@@ -114,7 +114,8 @@ def test_demo_findings_are_the_scorecards_estimates_and_verdicts():
     assert "Its stage has not run for this build's profile." in four and "the RL stage has not run" not in four
     claims = _claims()
     claims[0].verdict, claims[0].estimates[0].d = "supported", 0.3
-    assert fd.demo_findings(claims)[0].startswith("**CTRLS raises pass@n over Base**") and "↑ +30.0" in fd.demo_findings(claims)[0]
+    assert (fd.demo_findings(claims)[0].startswith("**CTRLS raises pass@n over Base**")
+            and "↑ +30.0" in fd.demo_findings(claims)[0])
 
 
 def test_every_headline_agrees_with_its_verdict():
@@ -173,23 +174,12 @@ def test_findings_page_is_at_most_five_with_the_forest_plot_and_its_provenance()
     items = [f"finding {i}" for i in range(1, 6)]
     md = fd.findings_markdown(items, "/generated/paper_forest.png", "| a | b |\n|---|---|\n| 1 | 2 |\n")
     assert re.findall(r"^(\d)\. ", md, re.M) == ["1", "2", "3", "4", "5"]
-    assert md.index("finding 1") < md.index("   | a | b |") < md.index("{image} /generated/paper_forest.png") < md.index("finding 2")
+    assert (md.index("finding 1") < md.index("   | a | b |") < md.index("{image} /generated/paper_forest.png")
+            < md.index("finding 2"))
     assert f"**Figure {fd.FIGURE}.**" in md and "`ctrls.report.findings.paper_forest`" in md
     # a finding's table stays inside its list item (indented)
     md = fd.findings_markdown(["one", "two\n\n| x |\n|---|", "3", "4", "5"])
     assert "\n   | x |\n   |---|\n" in md
-
-
-def test_forest_plot_has_one_point_per_paper_difference():
-    pw = paper_power.paired_p_columns(paper_power.paper_power())
-    fig = fd.paper_forest(pw)
-    from matplotlib.container import ErrorbarContainer
-
-    counts = [sum(len(c.lines[0].get_xdata()) for c in ax.containers if isinstance(c, ErrorbarContainer))
-              for ax in fig.axes]
-    assert counts == list(pw.groupby("table", sort=False).size())
-    assert [ax.get_title() for ax in fig.axes] == [f"{t} · n = {n} (inferred) · {len(g)} differences"
-                                                   for (t, n), g in pw.groupby(["table", "n"], sort=False)]
 
 
 def test_write_findings_from_runs_that_did_not_run(tmp_path):
@@ -286,7 +276,7 @@ def test_mechanism_note_is_one_short_sentence_from_the_stored_studies(tmp_path):
     """Finding 3's mechanism sentence is read from the stored studies: how many variants, the range of κ,
     the variant that steers most; no threshold the book does not justify."""
     from ctrls.report.studies import INJECTION_RESULT
-    from tests.method.test_controls import _point
+    from tests.report.test_studies import _point
 
     inj = Path(__file__).resolve().parents[2] / INJECTION_RESULT
     sc_ = tmp_path / "scaling.json"
@@ -337,5 +327,6 @@ def test_seeds_note_gives_the_pooled_test_kappa_with_n_and_the_text_cue_bound(tm
     opt.write_text(json.dumps({"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"],
                                "seeds": [seed(6, k=0.63, lo=0.57, hi=0.69)], "pooled_kappa": kappa()}))
     text = fd.seeds_note(p, prompts=[sp], option=opt)
-    assert text.index("On data seed 1") < text.index("Through the stages (`state_prompt.use=true`) on fresh data seed 6") < text.index("95–97%")
+    assert (text.index("On data seed 1") < text.index("Through the stages (`state_prompt.use=true`) on fresh data seed 6")
+            < text.index("95–97%"))
     assert "κ = 0.63 [0.57, 0.69] (60 questions, 678 steps): the fresh-seed criterion is met" in text

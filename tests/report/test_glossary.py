@@ -30,7 +30,7 @@ def test_the_glossary_is_in_the_table_of_contents():
 
 @pytest.mark.parametrize("term", ["Holm", "Newcombe", "MDD", "κ", "coincidence", "independent-chain null",
                                   "Succ.", "pass@k", "fixed s₀", "inferred"])
-def test_the_glossary_defines_the_issues_terms(term):
+def test_the_glossary_defines_the_pages_terms(term):
     headings = "\n".join(re.findall(r"^## (.+)$", GLOSSARY.read_text(), re.M))
     assert term in headings, term
 

@@ -29,7 +29,8 @@ def test_seeds_are_read_with_n_intervals_and_a_pooled_row(tmp_path):
     assert list(t["data seed"]) == [1, 2, "pooled"] and t.steps.iloc[0] == 678
     assert t["p (Holm)"].iloc[:2].tolist() == pytest.approx([0.02, 0.04])
     v = seeds_view(t)
-    assert v["κ [95%]"].iloc[0] == "0.10 [0.03, 0.17]" and v["fixed s0 − Base pass@1 (pts)"].iloc[0] == "−2.0 [−7.0, +3.0]"  # the book's minus sign
+    assert (v["κ [95%]"].iloc[0] == "0.10 [0.03, 0.17]"
+            and v["fixed s0 − Base pass@1 (pts)"].iloc[0] == "−2.0 [−7.0, +3.0]")  # the book's minus sign
 
 
 @pytest.mark.parametrize("bad,field", [({"kappa": float("nan")}, "NaN"), ({"k": 0.5, "lo": 0.6, "hi": 0.7}, "interval"),
@@ -49,7 +50,8 @@ def test_a_wrong_number_is_refused_naming_the_file(tmp_path, bad, field):
 def test_state_prompt_runs_are_compared_with_holm(tmp_path):
     d = {"data_seed": 1, "vectors_per_state": 2, "commit": "abc",
          "state_prompt": {**kappa(0.5, 0.4, 0.6), "pass1": 0.2, "by_step": {"step 1": {"kappa": 0.7}}},
-         "adapter": {**kappa(), "pass1": 0.25}, "state_prompt_minus_adapter": {"diff": 0.4, "lo": 0.25, "hi": 0.55, "p_value": 0.001}}
+         "adapter": {**kappa(), "pass1": 0.25},
+         "state_prompt_minus_adapter": {"diff": 0.4, "lo": 0.25, "hi": 0.55, "p_value": 0.001}}
     sp = write(tmp_path, d, "state_prompt_seed1.json")
     seeds = write(tmp_path, {"seeds": [{**seed(1), "pass1": {"Base": 0.225}}, {**seed(2), "pass1": {"Base": 0.4}}]}, "seeds.json")
     t = state_prompt_frame([sp], seeds=seeds)
@@ -95,11 +97,13 @@ def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses
                          "seeds": [met, seed(7, k=0.46, lo=0.28, hi=0.6)], "pooled_kappa": kappa()})
     s = stage_option_sentence(stage_option_frame(p))
     first, second = s.split("With ")[1:]
-    assert "data seed 6" in first and "0.55 [0.42, 0.66]" in first and "meets the fresh-seed criterion" in first and "non-inferior at 5" in first
+    assert ("data seed 6" in first and "0.55 [0.42, 0.66]" in first and "meets the fresh-seed criterion" in first
+            and "non-inferior at 5" in first)
     assert "+1.0 [−4.0, +6.0] points" in first
     assert "κ is 0.040 short of 0.5" in second and "lower bound is 0.020 short of 0.3" in second and "not shown" in second
     assert "its estimate is within 5 points" in second and "its estimate" not in first  # −2.0 [−7.0, +3.0]
-    assert "Pooled over the 2 seeds (60 questions, 678 steps)" in second and "0.10 [0.03, 0.17], short of the fresh-seed criterion." in second
+    assert ("Pooled over the 2 seeds (60 questions, 678 steps)" in second
+            and "0.10 [0.03, 0.17], short of the fresh-seed criterion." in second)
     assert "gives an answer" not in s  # stored without answer rates (older results): no reason given
     bad = seed(8, k=0.63, lo=0.57, hi=0.7)
     bad["harm_fixed_minus_base_pass1"] = {"diff": -0.1625, "lo": -0.229, "hi": -0.1, "non_inferior": False}
@@ -140,7 +144,8 @@ def test_the_position_mask_result_is_read_with_its_masks_and_refused_without_the
     note = stage_option_note(tmp_path / "absent.json", p)
     assert len(note) == 1 and note[0].startswith("With the position mask (`grid.position_floor=0.05`) on fresh data seed 6")
     assert len(note[0].split()) <= 80
-    for bad_over, what in ((["state_prompt.use=true"], "position_floor"), (over[:1] + ["grid.position_floor=0"], "position_floor")):
+    for bad_over, what in ((["state_prompt.use=true"], "position_floor"),
+                           (over[:1] + ["grid.position_floor=0"], "position_floor")):
         q = write(tmp_path, {"margin_points": 5, "overrides": bad_over, "seeds": [s6], "pooled_kappa": kappa()}, "q.json")
         with pytest.raises(ValueError, match=what):
             position_mask_frame(q)
@@ -193,7 +198,8 @@ def test_the_adapter_comparison_is_read_per_seed_with_holm_and_refused_when_the_
     for bad, what in (({**d, "overrides": over[:2]}, "with_adapter=true"),
                       ({**d, "against": {"overrides": over, "seeds": [vs]}}, "without the adapter"),
                       ({**d, "seeds": [{**mine, "data_seed": 6}]}, "seed 8 is compared but not stored"),
-                      ({**d, "against": {"overrides": over[:2], "seeds": [{**vs, "kappa_diff": {**vs["kappa_diff"], "lo": 0.05}}]}},
+                      ({**d, "against": {"overrides": over[:2],
+                                         "seeds": [{**vs, "kappa_diff": {**vs["kappa_diff"], "lo": 0.05}}]}},
                        "interval")):
         with pytest.raises(ValueError, match=what):
             with_adapter_frame(write(tmp_path, bad, "bad.json"))

@@ -168,7 +168,8 @@ def test_every_paper_ref_names_something_the_paper_has():
 
 
 def test_paper_refs_spot_checks():
-    assert PAPER_SECTIONS["6.3"] == "Impact of Exploration Configurations" == PAPER_SECTIONS[PAPER_REFS["exploration configurations"][5:]]
+    assert (PAPER_SECTIONS["6.3"] == "Impact of Exploration Configurations"
+            == PAPER_SECTIONS[PAPER_REFS["exploration configurations"][5:]])
     assert PAPER_REFS["judge"] == "App. E" and PAPER_SECTIONS["E"].startswith("GPT-as-judge")
     assert PAPER_REFS["RL learning curves"] == "App. C.1" and PAPER_REFS["RL learning curves figures"] == "Figs. 4-5"
     assert ref_targets(PAPER_REFS["case study figures"]) == [("Fig", "3"), ("Fig", "6"), ("Fig", "7")]

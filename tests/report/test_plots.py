@@ -1,6 +1,6 @@
 """Every figure's caption names where it was drawn from, as showyourwork does: the
 library call and the run file(s) it read (``ctrls.report.plots.drawn_from``), shown as ``<profile>/<stage>/...``
-(or ``bench/results/...`` for a stored result), never as an absolute path. Item 7: the pretraining
+(or ``bench/results/...`` for a stored result), never as an absolute path. The pretraining
 page's transition heatmap labels no more states than fit, upright; its KL figure, when every line is
 flat, is one computed sentence instead.
 

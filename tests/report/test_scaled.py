@@ -28,7 +28,8 @@ def test_unbiased_pass_k_is_the_mean_over_subsets():
     a, b = rng.random((9, 6)) < 0.3, rng.random((9, 6)) < 0.5
     for k in (1, 2, 4, 6):
         r = paired_pass(frame(a.astype(int).tolist()), frame(b.astype(int).tolist()), k)
-        want = np.mean([subsets_pass_k(x, k) - subsets_pass_k(y, k) for x, y in zip(a.astype(int).tolist(), b.astype(int).tolist())])
+        want = np.mean([subsets_pass_k(x, k) - subsets_pass_k(y, k)
+                        for x, y in zip(a.astype(int).tolist(), b.astype(int).tolist())])
         assert r["diff"] == pytest.approx(want) and r["lo"] <= r["diff"] <= r["hi"] and r["questions"] == 9
 
 

@@ -149,7 +149,8 @@ def test_a_bad_generation_row_is_refused(tmp_path):
 
 def test_a_bad_injection_result_is_refused(tmp_path):
     d = json.loads(INJECTION.read_text())
-    for mutate, field in ((lambda x: x["rows"]["0"]["steering"]["coincidence"].update(rate=1.0), "rows['0'].steering.coincidence.rate"),
+    for mutate, field in ((lambda x: x["rows"]["0"]["steering"]["coincidence"].update(rate=1.0),
+                           "rows['0'].steering.coincidence.rate"),
                           (lambda x: x["rows"]["20"]["controls"]["gain_over_backbone"].update(posterior=None),
                            "rows['20'].controls.gain_over_backbone.posterior"),
                           (lambda x: x["base"].update(pass1=float("nan")), "base.pass1"),

@@ -1,4 +1,4 @@
-"""Conclusions computed, not typed (ctrls.report.verdicts, ctrls.report.scorecard): the verdict logic on hand-made inputs."""
+"""Conclusions computed, not typed (ctrls.report.verdicts): the verdict logic on hand-made inputs."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ctrls.report.scorecard import _combine
 from ctrls.report.verdicts import Claim, box, claim_verdict, direction, exploration_sentences, rl_verdicts, scorecard_markdown
 
 
@@ -33,20 +32,6 @@ def test_verdict_agrees_with_the_interval_beside_it():
     assert direction(0.2, 0.01, lo=0.05, hi=0.4) == "higher"
     assert claim_verdict(0.2, 0.01, lo=-0.01, hi=0.4).startswith("not supported: the estimate is in the claimed")
     assert claim_verdict(-0.2, 0.01, lo=-0.4, hi=-0.05) == "contradicted"
-
-
-def test_combined_verdict_of_a_family():
-    ns = "not supported: the estimate is in the claimed direction (+3.0 points)"
-    opp = "not supported: the estimate is in the opposite direction (−22.5 points)"
-    assert _combine([ns, "supported"]) == "supported"
-    assert _combine(["contradicted", opp]) == "contradicted"
-    assert _combine(["supported", "contradicted"]) == "mixed"
-    assert _combine([opp]) == opp  # one row: its own sentence, with its direction
-    assert _combine([opp, opp]) == "not supported: every estimate is in the opposite direction"
-    assert _combine([ns, opp]) == "not supported: 1 of 2 estimates in the claimed direction, 1 in the opposite"
-    zero = "not supported: the estimate is zero (+0.0 points)"
-    assert _combine([zero, zero]) == "not supported: every estimate is zero"
-    assert _combine([ns, zero]) == "not supported: 1 of 2 estimates in the claimed direction, 0 in the opposite, 1 zero"
 
 
 def _curves(per_setting: dict[str, tuple[list[int], list[int]]], seeds=(0, 1, 2), n_q=24, samples=2) -> pd.DataFrame:
@@ -93,9 +78,9 @@ def test_exploration_sentences_read_the_tables():
     table = pd.DataFrame([
         {"dataset": "wp", "config": "Base", "temperature": 0.7, "questions": 64, "samples": 4, "pass@n": 0.5, "pass@n lo": 0.38,
          "pass@n hi": 0.62, "succ": 0.9, "succ lo": 0.85, "succ hi": 0.94, "p": math.nan},
-        {"dataset": "wp", "config": "eps=0.1", "temperature": 0.7, "questions": 64, "samples": 4, "pass@n": 0.7, "pass@n lo": 0.58,
-         "pass@n hi": 0.8, "succ": 0.9, "succ lo": 0.85, "succ hi": 0.94, "Δ pass@n vs Base": 0.2, "Δ lo": 0.08,
-         "Δ hi": 0.32, "p": 0.001, "p (Holm)": 0.002}])
+        {"dataset": "wp", "config": "eps=0.1", "temperature": 0.7, "questions": 64, "samples": 4, "pass@n": 0.7,
+         "pass@n lo": 0.58, "pass@n hi": 0.8, "succ": 0.9, "succ lo": 0.85, "succ hi": 0.94, "Δ pass@n vs Base": 0.2,
+         "Δ lo": 0.08, "Δ hi": 0.32, "p": 0.001, "p (Holm)": 0.002}])
     s = exploration_sentences(table, pd.DataFrame(), pd.DataFrame())
     assert "50.0% [38.0, 62.0]" in s[0] and "+20.0 points [+8.0, +32.0]" in s[1] and "**higher**" in s[1]
     assert s[1].startswith("wp, η = 0.7: eps=0.1 vs Base, pass@4 70.0% vs 50.0%")
@@ -108,23 +93,6 @@ def test_scorecard_markdown_and_box():
     md = scorecard_markdown([Claim("a | b", "Table 1", "x", "supported", "generated/02_exploration")], "run X")
     assert md.startswith("*run X*") and "a \\| b" in md and "{doc}`/generated/02_exploration`" in md
     assert box(["one", "two"]).count("> - ") == 2 and "Nothing to report" in box([])
-
-
-def test_pilot_is_read_at_the_profiles_difficulty(tmp_path):
-    import json
-
-    from ctrls.config.schema import load_config
-    from ctrls.report.scorecard import pilot
-
-    cfg = load_config("demo")
-    tag = cfg.data.word_problems.difficulty().tag()
-    f = tmp_path / "pilot.json"
-    level = {"questions": 40, "samples": 4, "pass@1 95% CI": [0.1, 0.95], "succ": 0.9, "icc": 0.1}  # what the pages read
-    f.write_text(json.dumps({"levels": [{**level, "difficulty": "other", "pass@1": 0.9},
-                                        {**level, "difficulty": tag, "pass@1": 0.2}]}))
-    assert pilot(cfg, f)["pass@1"] == 0.2
-    assert pilot(load_config("demo", ["data.word_problems.n_ops=3"]), f) is None  # not measured at that difficulty
-    assert pilot(load_config("smoke"), f) is None  # not the word problems
 
 
 def test_missing_values_never_print_nan():

@@ -56,26 +56,6 @@ def test_table1_family_interval_and_one_family_per_comparison():
     assert (a.family == 2 * len(a)).all() and f"{FIXED} − {BASE}" in set(a.comparison)
 
 
-def test_scorecard_judges_controllability_on_kappa_against_the_independent_chain_null():
-    """Eq. 8 is judged on the epsilon rows' kappa against the independent-chain null (Holm over those
-    rows); the fixed-s0 row has no kappa, is reported beside, and cannot change the verdict."""
-    from ctrls.report.scorecard import controllability_claim
-
-    row = dict(dataset="wp", K=4, follows=0.5, steps=200, questions=20, **{"Base, random states": 0.25})
-    nan = float("nan")
-    ct = pd.DataFrame([{**row, "config": FIXED, "Δ vs Base": 0.6, "Δ lo": 0.4, "Δ hi": 0.8, "p (Holm)": 0.001,
-                        "null": nan, "κ": nan, "κ lo": nan, "κ hi": nan, "p (κ, Holm)": nan},
-                       {**row, "config": "eps=0.1", "Δ vs Base": 0.25, "Δ lo": 0.1, "Δ hi": 0.4, "p (Holm)": 0.001,
-                        "null": 0.45, "κ": 0.09, "κ lo": -0.05, "κ hi": 0.2, "p (κ, Holm)": 0.3}])
-    c = controllability_claim(ct, {"controllability": 12.0}, "p")
-    assert c.verdict.startswith("not supported: the estimate is in the claimed direction")  # Δ vs Base would say supported
-    assert "independent chain" in c.evidence and "κ 0.09 [-0.05, 0.20]" in c.evidence
-    assert [e.label for e in c.beside] == ["wp fixed s0 − Base steps in s0"]
-    assert controllability_claim(ct[ct.config == FIXED], {}, "p") is None  # fixed s0 alone is not the claim's test
-    ct.loc[1, ["κ", "κ lo", "κ hi", "p (κ, Holm)"]] = 0.2, 0.05, 0.35, 0.01
-    assert controllability_claim(ct, {"controllability": 12.0}, "p").verdict == "supported"
-
-
 def test_case_sentences_per_dataset():
     from ctrls.report.verdicts import case_sentences
 
@@ -92,7 +72,7 @@ def test_case_sentences_per_dataset():
 
 
 def test_paper_tables_by_table_paired_p_range_against_brute_force():
-    """Item 6: the range of exact McNemar p-values a pairing of the questions could give, checked
+    """The range of exact McNemar p-values a pairing of the questions could give, checked
     against every feasible 2x2 table (scipy's binomial test); Table 1 resolves nothing under any
     pairing (5 questions at most, p >= 0.0625), Table 2's published rates leave 0 to 17 of 32 open."""
     from scipy.stats import binomtest
@@ -120,7 +100,7 @@ def test_paper_tables_by_table_paired_p_range_against_brute_force():
 
 
 def test_sizing_simulates_the_pages_own_tests():
-    """Item 5: the simulated tests are the pages' (exact McNemar against scipy's binomial test, the
+    """The simulated tests are the pages' (exact McNemar against scipy's binomial test, the
     swap test against ctrls.stats.metrics'), Holm's family lowers the power, a between-arm correlation
     below 1 lowers it too, and the null rejects at most at the level."""
     import numpy as np
@@ -160,31 +140,3 @@ def test_between_arm_correlation():
     noise = np.random.default_rng(0).random(400)
     assert abs(between_arm_correlation(np.random.default_rng(1).random(400), noise)) < 0.15
     assert between_arm_correlation(np.zeros(5), r[:5]) == 1.0  # no spread: no information, the shift model
-
-
-def test_one_mdd_per_claim_and_the_pages_families(monkeypatch):
-    """The scorecard quotes the summary page's MDDs (one number per claim); each comparison is sized
-    with its page's test and family, Succ. with its own correlation, controllability against its
-    reference."""
-    from ctrls.config.schema import load_config
-    from ctrls.report import scorecard as sc
-    from ctrls.stats.sizing import demo_comparisons, families
-
-    cfg = load_config("demo")
-    monkeypatch.setattr(sc, "N_SIM", 60)
-    table, mdds = sc.demo_power_table(cfg), sc.demo_mdds(cfg)
-    assert len(table) == 6 and set(mdds) == {"pass@n", "succ", "ablation", "ablation design", "rl", "controllability"}
-    for name, mdd in zip(table.comparison, table["MDD at 80% power (pts)"]):
-        key = {c.name: c.key for c in demo_comparisons(cfg, 0.2)}[name]
-        assert (math.isnan(mdd) and math.isnan(mdds[key])) or mdds[key] == mdd
-    fam = families(cfg)
-    cs = {c.key: c for c in demo_comparisons(cfg, 0.2, succ0=0.9, icc_succ=0.01, reference=0.3)}
-    assert cs["pass@n"].test == "mcnemar" and cs["pass@n"].family == fam["table1"]
-    assert cs["succ"].test == "permutation" and cs["succ"].icc == 0.01 and cs["succ"].family == fam["ablation"]
-    assert cs["controllability"].p0 == 0.3 and cs["rl"].family == fam["rl"]
-    n = cfg.grid.n_samples  # the design beside the ablation: twice the samples, the unbiased pass@n, permuted
-    d = cs["ablation design"]
-    assert (d.m, d.stat, d.test, d.family) == (2 * n, f"pass@{n}", "permutation", fam["ablation"])
-    g = cfg.grid
-    assert fam["table1"] == len(g.backbones) * (len(g.datasets) * len(g.temperatures) * len(g.epsilons)
-                                                 + len(g.transfer_datasets))

@@ -31,7 +31,8 @@ ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
 
 def launch_env() -> dict:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS.parent), str(TESTS)]))  # conftest is in tests/
+               TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS.parent), str(TESTS)]))  # conftest is in tests/
     env.pop("WORLD_SIZE", None)
     return env
 

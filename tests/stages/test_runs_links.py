@@ -1,10 +1,9 @@
 """A stage's lock and markers never follow a symbolic link.
 
 A lock file (``.<stage>.lock``) or a marker (``done``, ``key``, ``config.yaml``, the ``done`` marker's
-temp file) that is a symbolic link was opened and written through: a user's file outside the run
-directory was truncated and overwritten, and a dangling link created its target there. Now such a
-link is refused with :class:`UnsafeLinkError` naming it, and nothing outside the run directory is
-written or created.
+temp file) that is a symbolic link is refused with :class:`UnsafeLinkError` naming it: a user's file
+outside the run directory is neither truncated nor overwritten through it, a dangling link creates
+nothing where it points, and nothing outside the run directory is written or created.
 """
 import json
 import os

@@ -62,7 +62,8 @@ def writer(tmp_path):
 
 
 def test_a_second_writer_with_another_config_fails_at_once_and_deletes_nothing(tmp_path, writer):
-    """The issue's case: today the second run clears the first one's running stage."""
+    """A second writer of a running stage, under another config or the same one, fails at once naming the
+    holder: it neither waits nor clears the first one's work, which finishes intact."""
     first = writer(tmp_path, seed=1)
     st_dir = Stage(cfg_at(tmp_path, 1), "a", ("seed",)).dir
     t0 = time.time()

@@ -1,34 +1,20 @@
-"""A part file that a done marker records but the directory lacks is an error.
+"""A part file that a done marker records but the directory lacks is an error, never a smaller sample.
 
-The readers took the files in the directory that the marker recorded: a deleted exploration part (a
-question's samples) or RL curve simply vanished, and the verdicts came from fewer questions. Now
-``current_outputs`` refuses a finished stage whose recorded file is missing, with
-:class:`UnreadableResultsError` naming it (the scorecard shows "unreadable: <file>"); a rerun of the
-stage redoes it (``Stage.is_done`` verifies every recorded file).
+A deleted exploration part (a question's samples) or synthetic result of a finished stage is refused by
+its reader with :class:`UnreadableResultsError` naming the file (the scorecard shows "unreadable: <file>"),
+not dropped from the verdicts; a rerun of the stage redoes it (``Stage.is_done`` verifies every recorded
+file).
 """
 import pandas as pd
 import pytest
 
 from ctrls.config.schema import load_config
-from ctrls.stages.common import UnreadableResultsError, current_outputs
+from ctrls.stages.common import UnreadableResultsError
 from ctrls.stages.runs import Stage
 
 
 def cfg_at(run_dir):
     return load_config("smoke", [f"run_dir={run_dir}"])
-
-
-def test_a_recorded_file_that_is_missing_makes_the_stage_unreadable(tmp_path):
-    st = Stage(cfg_at(tmp_path), "a", ("seed",)).begin()
-    for name in ("q1.parquet", "q2.parquet"):
-        (st.dir / name).write_text(name)
-    st.finish()
-    assert current_outputs(st, "results") == {st.dir / "q1.parquet", st.dir / "q2.parquet"}
-    (st.dir / "q2.parquet").unlink()
-    with pytest.raises(UnreadableResultsError) as e:
-        current_outputs(Stage(cfg_at(tmp_path), "a", ("seed",)), "results")
-    assert e.value.path == st.dir / "q2.parquet" and "missing" in str(e.value)
-    assert not Stage(cfg_at(tmp_path), "a", ("seed",)).is_done()  # and a rerun redoes it
 
 
 def part(cfg, qid):
@@ -50,7 +36,7 @@ def test_a_deleted_exploration_part_is_named_not_dropped(tmp_path):
     assert E.load_samples(cfg).question_id.nunique() == 3
     part(cfg, "q2").unlink()
     with pytest.raises(UnreadableResultsError) as e:
-        E.load_samples(cfg)  # was: the samples of q1 and q3 only
+        E.load_samples(cfg)  # not the samples of q1 and q3 alone
     assert e.value.path == part(cfg, "q2") and str(part(cfg, "q2")) in str(e.value)
 
 

@@ -169,7 +169,8 @@ def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeyp
     for g, acts, logs, mask in seen:
         D = len(g.policy_states) - 1
         assert D >= len(g.steps) and torch.allclose(g.policy_states[1:], acts[:D].float())
-        assert torch.equal(g.log_actions, logs[:D]) and torch.equal(g.allowed, torch.stack([mask.allowed[mask.bucket(t)] for t in range(D)]))
+        assert torch.equal(g.log_actions, logs[:D]) and torch.equal(
+            g.allowed, torch.stack([mask.allowed[mask.bucket(t)] for t in range(D)]))
         assert torch.isinf(g.log_actions[~g.allowed]).all() and torch.isfinite(g.log_actions[g.allowed]).all()
         assert g.states[1:].argmax(-1).tolist() == acts[:len(g.steps)].argmax(-1).tolist()  # decoded under a_t's state
     curves = load_curves(c)

@@ -136,7 +136,8 @@ def test_rate_intervals_equal_rate_interval_row_by_row():
     many = rate_intervals(m, np.full(30, 6.0))
     for i in range(0, 20, 7):
         one = rate_interval(m[i], np.full(30, 6.0))
-        assert [one[k] for k in ("rate", "lo", "hi", "n_eff")] == pytest.approx([many[k][i] for k in ("rate", "lo", "hi", "n_eff")])
+        assert [one[k] for k in ("rate", "lo", "hi", "n_eff")] == pytest.approx(
+            [many[k][i] for k in ("rate", "lo", "hi", "n_eff")])
 
 
 @pytest.mark.parametrize("p", [0.95, 0.96, 0.97, 0.98])

@@ -96,43 +96,6 @@ def test_a_fresh_adapter_leaves_the_backbone_unchanged(tiny_llama, inj_mod):
     torch.testing.assert_close(adapted, plain)
 
 
-def _result(follows: float = 0.3) -> dict:
-    rate = {"rate": follows, "lo": follows - 0.1, "hi": follows + 0.1, "steps": 100, "questions": 10}
-    ref = {"rate": 0.1, "lo": 0.05, "hi": 0.2, "steps": 90, "questions": 10}
-    row = lambda g: {"fit": {"kept_epoch": 3, "optimizer_steps": 39},  # noqa: E731
-                     "controls": {"gain_over_backbone": {"no adapter": 0.0, "posterior": g, "shuffled states": g / 2,
-                                                         "random state": g / 3}},
-                     "steering": {"follows": rate, "coincidence": ref, "pass1": 0.25, "succ": 0.9, "samples": 40}}
-    return {"machine": {"cpu": "x"}, "commit": "abc1234", "n_layers": 30, "questions": 10, "samples_per_question": 4,
-            "epsilon": 0.1, "train_chains": 100, "base": {"pass1": 0.2, "succ": 0.8, "samples": 40},
-            "rows": {"last": row(0.3), "20": row(0.6), "0": row(0.9)}}
-
-
-def test_injection_frame_reads_every_row_with_its_reference(tmp_path):
-    import json
-
-    from ctrls.report.studies import injection_frame
-
-    p = tmp_path / "injection.json"
-    p.write_text(json.dumps(_result()))
-    df = injection_frame(p)
-    assert list(df["injection"]) == ["last hidden state (the stages' adapter)", "output of layer 20 of 30",
-                                     "input embeddings (Alg. 1)"]
-    assert df["posterior"].tolist() == [0.3, 0.6, 0.9] and df["shuffled"].tolist() == [0.15, 0.3, 0.45]
-    assert (df["coincidence"] == 0.1).all() and (df["Base pass@1"] == 0.2).all()
-    assert df.attrs["commit"] == "abc1234" and df.attrs["questions"] == 10 and df.attrs["K"] is None
-    p.write_text(json.dumps({**_result(), "n_states": 4}))
-    assert injection_frame(p).attrs["K"] == 4
-    bad = _result(float("nan"))
-    p.write_text(json.dumps(bad))
-    with pytest.raises(ValueError, match="NaN"):
-        injection_frame(p)
-    del bad["base"]
-    p.write_text(json.dumps(bad))
-    with pytest.raises(ValueError, match="not a readable"):
-        injection_frame(p)
-
-
 def test_the_prompt_cached_loss_equals_the_full_forward(tiny_llama, inj_mod):
     """Training runs the chains on the prompt's cached keys and values, the LM head on step tokens only: the
     summed NLL equals the full teacher-forced forward's over the same positions, for chains of one question

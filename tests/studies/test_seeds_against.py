@@ -47,7 +47,8 @@ def test_each_seeds_differences_are_paired_and_holm_adjusted(seeds, monkeypatch)
     for o in out:
         assert o["kappa_diff"]["diff"] == pytest.approx(0.8) and o["kappa_diff"]["lo"] > 0.5
         assert o["eps_pass1_diff"]["diff"] == pytest.approx(0.25)
-        assert o["kappa_diff"]["p_holm"] >= o["kappa_diff"]["p_value"] and o["eps_pass1_diff"]["p_holm"] >= o["eps_pass1_diff"]["p"]
+        assert (o["kappa_diff"]["p_holm"] >= o["kappa_diff"]["p_value"]
+                and o["eps_pass1_diff"]["p_holm"] >= o["eps_pass1_diff"]["p"])
         assert o["kappa_other"] == {"kappa": 0.0}
 
 
@@ -70,7 +71,8 @@ def test_table2_policies_are_paired_with_base_and_the_pretrained_row(seeds, monk
     out = seeds.rl_rows(cfg, base, pre)
     assert set(out) == {"ε=0.0, H=0.0", "ε=0.1, H=0.01"}
     a = out["ε=0.0, H=0.0"]
-    assert a["pass1"] == 0.75 and a["minus_base"]["diff"] == pytest.approx(0.75) and a["minus_pretrained_eps"]["diff"] == pytest.approx(0.25)
+    assert (a["pass1"] == 0.75 and a["minus_base"]["diff"] == pytest.approx(0.75)
+            and a["minus_pretrained_eps"]["diff"] == pytest.approx(0.25))
     assert out["ε=0.1, H=0.01"]["minus_pretrained_eps"]["diff"] == pytest.approx(-0.25)
     assert all(r[k]["p_holm"] >= r[k]["p"] for r in out.values() for k in ("minus_base", "minus_pretrained_eps"))
 

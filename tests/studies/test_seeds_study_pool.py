@@ -33,9 +33,11 @@ def synthetic_seed(study, seed: int, shift: int = 0, nq: int = 8) -> pd.DataFram
             for m in range(4):
                 rows.append({"data_seed": seed, "source": "rl" if config.startswith("ε") else "exploration",
                              "config": config, "question_id": q, "question": "Ana has 4 cards and gets 6 more.",
-                             "sample_index": m, "correct": m < c, "steps": ["Ana has 4 cards.", "4 + 6 = 10", "The answer is 10."],
+                             "sample_index": m, "correct": m < c,
+                             "steps": ["Ana has 4 cards.", "4 + 6 = 10", "The answer is 10."],
                              "states": [0, 1, 1], "encoded": [0, 1, 1] if config == "eps=0.1" else [0, 1, 0],
-                             "s0": 0, "chains": [[1, 0, 0]] if config == "Base" else [], "chain_eps": [0.1] if config == "Base" else [],
+                             "s0": 0, "chains": [[1, 0, 0]] if config == "Base" else [],
+                             "chain_eps": [0.1] if config == "Base" else [],
                              "split": split[q]})
     return pd.DataFrame(rows)
 

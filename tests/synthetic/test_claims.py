@@ -28,7 +28,8 @@ def test_zero_of_eight_against_zero_of_eight():
     # on an entropy's range [0, log K] the count is rescaled
     log_k = math.log(8)
     d, lo, hi = welch_interval([log_k] * 8, [0.0] * 8, bounds=(0.0, log_k))
-    assert d == pytest.approx(log_k) and hi == pytest.approx(log_k) and lo == pytest.approx(log_k * (1 - math.hypot(0.3245, 0.3245)), abs=1e-3)  # Newcombe, rescaled
+    assert (d == pytest.approx(log_k) and hi == pytest.approx(log_k)
+            and lo == pytest.approx(log_k * (1 - math.hypot(0.3245, 0.3245)), abs=1e-3))  # Newcombe, rescaled
     # one side: the Wilson interval of the count
     m, lo, hi = welch_interval([1.0, 0.0, 1.0, 1.0], bounds=UNIT)
     assert (m, lo, hi) == pytest.approx((0.75, *wilson_interval(3, 4)))

@@ -107,11 +107,13 @@ _WIDE_PAGE = """<!doctype html>
 <table id="t2"><tr><th>acc</th></tr><tr><td>nan</td></tr></table>
 <p id="ans">The normalised answer nan was wrong.</p>
 <p id="path">Runs are in /work/main/runs/smoke.</p>
-<div class="cell_output"><div class="output stream highlight-myst-ansi"><div class="highlight"><pre id="none">config = None</pre></div></div></div>
+<div class="cell_output"><div class="output stream highlight-myst-ansi"><div class="highlight">\
+<pre id="none">config = None</pre></div></div></div>
 <h2>Clipped text</h2>
 <p id="cutx" style="width: 120px; white-space: nowrap; overflow: hidden">pass@1 rose from 20.0% to 35.0% on 60 questions</p>
 <p id="cutmath" style="width: 80px; white-space: nowrap; overflow: hidden">{math_text}</p>
-<div id="cuty" style="height: 1.5em; line-height: 1.2; overflow: hidden"><p style="margin: 0">The first line shows.</p><p style="margin: 0">The second never does.</p></div>
+<div id="cuty" style="height: 1.5em; line-height: 1.2; overflow: hidden"><p style="margin: 0">The first line shows.</p>\
+<p style="margin: 0">The second never does.</p></div>
 </article></main>{page_wide}</body></html>
 """
 
@@ -125,9 +127,11 @@ _CLEAN_PAGE = """<!doctype html>
 <div class="highlight-python notranslate"><div class="highlight"><pre>y = None if z else float("nan")</pre></div></div>
 <pre>short code</pre>
 <p style="width: 300px; overflow: hidden">Short enough to fit its box.</p>
-<span style="position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0)">a screen reader's copy of a formula</span>
+<span style="position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0)">\
+a screen reader's copy of a formula</span>
 <p>The rate <span class="math" style="display: inline-block; width: 12px; height: 1em; overflow: hidden">x<span
- style="position: absolute; clip: rect(1px, 1px, 1px, 1px); overflow: hidden; white-space: nowrap">MathJax's assistive copy of the formula, as wide as it likes</span></span> rises.</p>
+ style="position: absolute; clip: rect(1px, 1px, 1px, 1px); overflow: hidden; white-space: nowrap">\
+MathJax's assistive copy of the formula, as wide as it likes</span></span> rises.</p>
 </article></main></body></html>
 """
 
@@ -262,7 +266,8 @@ def leaky_site(chromium, tmp_path_factory):
 def test_every_kind_of_connection_to_another_host_is_recorded_and_blocked(leaky_site, kind):
     """A WebSocket, an EventSource, a beacon (and fetch, XHR, a worker's fetch,
     a WebRTC ICE server, a preconnect, a popup window and a popup's own fetch) to a non-local host is
-    external: recorded with its type on the page that opened it, the page fails the check, and the host receives no connection at all."""
+    external: recorded with its type on the page that opened it, the page fails the check, and the host \
+receives no connection at all."""
     from tools.sitecheck import format_report, page_ok
 
     report, hits, h, status = leaky_site

@@ -178,12 +178,15 @@ _BOOK_STYLE_PAGE = """<!doctype html>
 <body><main><article class="bd-article">
 <h2>Where each piece lives</h2>
 <table><tr><th>paper</th><th>code</th><th>test</th><th>tag</th></tr>{rows}</table>
-<p>Results are in <code class="docutils literal"><span class="pre">bench/results/gpu_estimate_measured_nvidia_h200_qwen.json</span></code>.</p>
+<p>Results are in <code class="docutils literal"><span class="pre">\
+bench/results/gpu_estimate_measured_nvidia_h200_qwen.json</span></code>.</p>
 </article></main></body></html>
 """
 _ROW = ("<tr><td>Eq. {i}, spectrum embedding</td>"
-        "<td><code class='docutils literal'><span class='pre'>ctrls/method/spectral.py::spectral_embeddings_{i}</span></code></td>"
-        "<td><code class='docutils literal'><span class='pre'>tests/method/test_spectral.py::test_batched_equals_per_step_across_chunks_and_keeps_order</span></code></td>"
+        "<td><code class='docutils literal'><span class='pre'>"
+        "ctrls/method/spectral.py::spectral_embeddings_{i}</span></code></td>"
+        "<td><code class='docutils literal'><span class='pre'>"
+        "tests/method/test_spectral.py::test_batched_equals_per_step_across_chunks_and_keeps_order</span></code></td>"
         "<td><code class='docutils literal'><span class='pre'>Sec. 5.2</span></code></td>"
         "<td style='white-space: nowrap'>mean reference steps over the whole split, nowrap as in a notebook's table</td></tr>")
 

@@ -1,0 +1,91 @@
+"""ctrls.stages.common: which of a stage's files a reader takes as this config's (``current_outputs``: only
+what the finished stage's done marker recorded under this config's key; not run, another config's and
+unfinished stages refused naming why), and the result reader that names the file and the column holding NaN."""
+import logging
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ctrls.stages.common import (
+    NotRunError,
+    UnreadableResultsError,
+    _not_finite,
+    current_outputs,
+    only_current,
+    read_results,
+)
+from ctrls.stages.runs import Stage
+from tests.stages.test_runs_missing import cfg_at
+
+
+def test_a_recorded_file_that_is_missing_makes_the_stage_unreadable(tmp_path):
+    st = Stage(cfg_at(tmp_path), "a", ("seed",)).begin()
+    for name in ("q1.parquet", "q2.parquet"):
+        (st.dir / name).write_text(name)
+    st.finish()
+    assert current_outputs(st, "results") == {st.dir / "q1.parquet", st.dir / "q2.parquet"}
+    (st.dir / "q2.parquet").unlink()
+    with pytest.raises(UnreadableResultsError) as e:
+        current_outputs(Stage(cfg_at(tmp_path), "a", ("seed",)), "results")
+    assert e.value.path == st.dir / "q2.parquet" and "missing" in str(e.value)
+    assert not Stage(cfg_at(tmp_path), "a", ("seed",)).is_done()  # and a rerun redoes it
+
+
+def test_only_the_finished_stages_recorded_files_of_this_config_are_current(tmp_path):
+    a = Stage(cfg_at(tmp_path), "a", ("seed",))
+    with pytest.raises(NotRunError, match=r"no results in .*: the a stage has not run"):
+        current_outputs(a, "results")
+    a.begin()
+    (a.dir / "q1.parquet").write_text("1")
+    with pytest.raises(NotRunError, match="has not finished for this config"):
+        current_outputs(a, "results")
+    assert current_outputs(a, "results", unfinished=True) is None  # the stage itself reads its parts: all of them
+    a.finish()
+    (a.dir / "stray.parquet").write_text("written after the stage finished")
+    assert current_outputs(a, "results") == {a.dir / "q1.parquet"}
+    other = Stage(_other_seed(tmp_path), "a", ("seed",))  # the same stage under another seed
+    assert other.dir == a.dir and other.key != a.key
+    with pytest.raises(NotRunError, match=r"made under another config .* run the a stage with this config"):
+        current_outputs(other, "results")
+
+
+def _other_seed(tmp_path):
+    from ctrls.config.schema import load_config
+
+    return load_config("smoke", [f"run_dir={tmp_path}", "seed=1"])
+
+
+def test_only_current_keeps_the_allowed_files_and_logs_the_others(tmp_path, caplog):
+    files = [tmp_path / "a", tmp_path / "sub" / ".." / "b", tmp_path / "c"]
+    assert only_current(files, None) == files
+    with caplog.at_level(logging.WARNING, logger="ctrls.stages.common"):
+        kept = only_current(files, {tmp_path / "a", tmp_path / "b"})
+    assert kept == files[:2]  # compared after normalising the path
+    assert "1 file(s) the finished stage did not record are not read" in caplog.text and str(tmp_path / "c") in caplog.text
+
+
+@pytest.mark.parametrize("value,missing", [(None, True), (math.nan, True), (math.inf, True), (-math.inf, True),
+                                           (np.float32("nan"), True), (pd.NA, True), ([1.0, math.nan], True),
+                                           (np.array([1.0, np.inf]), True), (0.0, False), (3, False), ("text", False),
+                                           ([1, 2], False), (np.array([0.5]), False), (["a", "b"], False)])
+def test_a_missing_result_cell_is_none_nan_or_infinite(value, missing):
+    assert _not_finite(value) is missing
+
+
+def test_results_holding_nan_or_lacking_a_column_are_unreadable_naming_the_file(tmp_path):
+    f = tmp_path / "r.parquet"
+    pd.DataFrame({"config": ["Base", "eps=0.1", "eps=0.1"], "correct": [1.0, math.nan, math.nan],
+                  "accuracy": [[1.0], [0.5], [1.0]]}).to_parquet(f)
+    assert len(read_results(f, ("accuracy",))) == 3
+    with pytest.raises(UnreadableResultsError, match=r"r\.parquet is unreadable: NaN in column 'correct' \(2 of 3 rows\)") as e:
+        read_results(f, ("config", "correct"))
+    assert e.value.path == f
+    assert len(read_results(f, ("correct",), rows=lambda df: df[df.config == "Base"])) == 3  # only the selected rows
+    with pytest.raises(UnreadableResultsError, match="no column 'seed'"):
+        read_results(f, ("seed",))
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not a parquet file")
+    with pytest.raises(UnreadableResultsError, match=r"bad\.parquet is unreadable"):
+        read_results(bad)
