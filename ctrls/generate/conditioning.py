@@ -412,5 +412,5 @@ def conditioning_for(model: "CTRLSModel | None", conditioning: Conditioning | No
     return AdapterConditioning(model) if model is not None else Conditioning()
 
 
-__all__ = ["AdapterConditioning", "Conditioning", "LockstepConditioning", "StatePromptConditioning", "conditioning_for", "draw_states",
-           "held_state", "record_states", "redraw_states"]
+__all__ = ["AdapterConditioning", "Conditioning", "LockstepConditioning", "StatePromptConditioning", "conditioning_for",
+           "draw_states", "held_state", "record_states", "redraw_states"]
