@@ -13,7 +13,6 @@ import re
 import pandas as pd
 
 from ctrls.config.settings import BASE, setting_label
-from ctrls.stages.cases import PAPER_CASES  # noqa: F401 (the paper's case questions: the stage finds them)
 
 # Table 1 of the paper (pass@20 and Succ., in %), keyed by (backbone, dataset, eta, row).
 PAPER_TABLE1 = {

@@ -11,7 +11,6 @@ from ctrls.config.schema import Config
 from ctrls.config.settings import BASE
 from ctrls.data.problems import load_problems
 from ctrls.data.prompts import encode_prompt
-from ctrls.generate.sampling import sample, seeded
 from ctrls.method.streams import seed_of
 from ctrls.stages.common import backbone_for, sample_params
 from ctrls.stages.exploration import generation_rows
@@ -45,6 +44,8 @@ def sample_paper_cases(cfg, n: int = 4, backbone: str | None = None, cases: dict
     is conditioned as the exploration rows are: under the state prompt (and its position mask) with
     ``state_prompt.use``, else through the adapter.
     ``cases``: :func:`find_paper_cases`'s result, when the caller has it (reading MATH takes seconds)."""
+    from ctrls.generate.sampling import sample, seeded  # here: the page that reads the stored cases skips torch's models
+
     bname = backbone or cfg.pairs()[0][0]
     mine = [d for b, d in cfg.pairs() if b == bname]
     if not mine:

@@ -192,9 +192,8 @@ def raise_unwritable(e: OSError, path: str | Path) -> None:
 
 @contextlib.contextmanager
 def writing(path: str | Path):
-    """Within the block, a failed write of ``path`` is a :class:`RunDirError` naming it when the disk is full or
-    the directory is not writable (``raise_unwritable``); safetensors' writer reports a full disk in its own error
-    type, whose text is read for the OS's error 28."""
+    """A failed write of ``path`` in the block is a :class:`RunDirError` naming it for a full disk or an unwritable
+    directory (``raise_unwritable``); safetensors reports a full disk in its own error, read for OS error 28."""
     try:
         yield
     except OSError as e:
