@@ -9,7 +9,8 @@ per-run batch at the study's sizes) and ``exploration``, one CTRLS(epsilon) row 
 (24 test questions x 4 samples = 96 rows). SmolLM2-135M-Instruct in fp32, the demo's prompt, temperature,
 top-k, token and step limits and ``sampling.batch_size`` (so lockstep batches stay within it). Every run
 decodes the same questions with its own seeds, and a lockstep sample is checked equal to its run's alone
-(``tokens_equal_fraction``). The machine's 128 x 576 x 1536 fp32 GEMM rate is measured at the start.
+(``tokens_equal_fraction``). One warm-up decode first; the two modes alternate which runs first. The
+machine's 128 x 576 x 1536 fp32 GEMM rate is measured at the start.
 Usage: python bench/seeds.py [--out bench/results/seeds.json] [--runs 1 2 4 8] [--workloads rl exploration]
 """
 from __future__ import annotations
@@ -74,13 +75,16 @@ def main():
                           max_steps=cfg.prompt.max_steps, epsilon=0.1, batch_size=cfg.sampling.batch_size)
     res: dict = {"workloads": {}}
     with torch.no_grad():
+        decode(bb, allp[:2], params, runs(bb, 1), lockstep=False)  # warm-up: threads, allocator, the prompts' template
         for w in args.workloads:
             prompts = allp[:ROWS[w]]
             rows = []
-            for s in args.runs:
+            for i, s in enumerate(args.runs):
                 conds = runs(bb, s)
-                seq, seq_tok = decode(bb, prompts, params, conds, lockstep=False)
-                lock, lock_tok = decode(bb, prompts, params, conds, lockstep=True)
+                timed = {}
+                for mode in (("sequential", "lockstep") if i % 2 == 0 else ("lockstep", "sequential")):  # alternate order
+                    timed[mode] = decode(bb, prompts, params, conds, lockstep=mode == "lockstep")
+                (seq, seq_tok), (lock, lock_tok) = timed["sequential"], timed["lockstep"]
                 eq = [a == b for x, y in zip(seq_tok, lock_tok) for a, b in zip(x, y)]
                 rows.append({"runs": s, "sequential_seconds": seq, "lockstep_seconds": lock,
                              "sequential_seconds_per_run": seq / s, "lockstep_seconds_per_run": lock / s,
