@@ -9,6 +9,8 @@ three kinds, chosen by ``sample(..., conditioning=)``.
   state chain a_1, a_2, ... is drawn before decoding from its question's seed (``controllability.draw_actions``),
   and the m vectors of a_t enter the KV cache when step t opens (a ragged pass, :mod:`ctrls.generate.ragged`);
   with a ``head`` the adapter of Eq. 8 is applied to the last hidden state as well.
+- :class:`LockstepConditioning`: several training runs' rows in one batch, each row under its own run's
+  conditioning (one of the kinds above), the backbone's passes shared.
 
 The engine calls, per group of rows: :meth:`~Conditioning.start` after the prefill (s_0 and the state of the
 first step), :meth:`~Conditioning.vectors` for the rows that open a step (extra input embeddings, or None),
