@@ -272,17 +272,18 @@ def test_the_paper_cases_are_decoded_as_the_exploration_rows_are(sp_run, monkeyp
     from ctrls.stages import cases
 
     cfg, _, _ = sp_run
+    import ctrls.generate.sampling as sampling
     from ctrls.generate.conditioning import StatePromptConditioning
 
     calls = []
-    real = cases.sample
+    real = sampling.sample
 
     def spy(bb, prompts, *a, **kw):
         if isinstance(kw.get("conditioning"), StatePromptConditioning):
             calls.append(len(prompts))
         return real(bb, prompts, *a, **kw)
 
-    monkeypatch.setattr(cases, "sample", spy)
+    monkeypatch.setattr(sampling, "sample", spy)  # the case-study stage imports the engine when it decodes
     found = {"two": Problem(id="c0", question="Tom has 3 apples and buys 4 more. How many apples?", answer="7",
                              steps=("3 + 4 = 7",), source="math", split="test")}
     df = cases.sample_paper_cases(cfg, n=2, cases=found)
