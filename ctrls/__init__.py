@@ -29,6 +29,10 @@ _LAZY = {  # public name -> the module that defines it
     "load_run": "ctrls.stages.finished",
     "LoadedRun": "ctrls.stages.finished",
     "SampleParams": "ctrls.generate.sampling",
+    "Conditioning": "ctrls.generate.conditioning",  # Base; the three below condition on the latent state
+    "AdapterConditioning": "ctrls.generate.conditioning",
+    "StatePromptConditioning": "ctrls.generate.conditioning",
+    "LockstepConditioning": "ctrls.generate.conditioning",
     "encode_prompt": "ctrls.data.prompts",
     "load_pretrained": "ctrls.stages.pretrain",
     "load_samples": "ctrls.stages.exploration",
