@@ -147,9 +147,8 @@ class StatePromptConditioning(Conditioning):
 
     def check(self, params, n_prompts, policies, epsilons) -> None:
         AdapterConditioning.check(self, params, n_prompts, policies, epsilons)
-        if isinstance(params.hold, int) and not params.transitions and not 0 <= params.hold < self.n_states:
-            raise ValueError(f"hold={params.hold}: a constant state must lie in [0, {self.n_states}) "
-                             f"(K = {self.n_states} states)")
+        if isinstance(params.hold, int) and not params.transitions:
+            check_hold(params.hold, self.n_states)
 
     def prepare(self, backbone, prompts, starts, seeds, sample_ids, params, policies, epsilons,
                 index: Sequence[int] | None = None) -> None:
@@ -379,12 +378,17 @@ def record_states(rows: Sequence["Row"], log_a: torch.Tensor) -> None:
         r.states.append(s)
 
 
+def check_hold(j: int, K: int) -> None:
+    """Refuse a constant state ``j`` that is not one of the K states, naming j and K."""
+    if not 0 <= j < K:
+        raise ValueError(f"hold={j}: a constant state must lie in [0, {K}) (K = {K} states)")
+
+
 def held_state(j: int, like: torch.Tensor) -> torch.Tensor:
     """One-hot state ``j`` for every row of ``like`` (rows x K), its dtype and device; an error naming j and K
     when j is not a state."""
     K = like.shape[-1]
-    if not 0 <= j < K:
-        raise ValueError(f"hold={j}: a constant state must lie in [0, {K}) (K = {K} states)")
+    check_hold(j, K)
     return torch.nn.functional.one_hot(torch.full(like.shape[:-1], j, dtype=torch.long, device=like.device), K).to(like.dtype)
 
 
@@ -415,4 +419,4 @@ def conditioning_for(model: "CTRLSModel | None", conditioning: Conditioning | No
 
 
 __all__ = ["AdapterConditioning", "Conditioning", "LockstepConditioning", "StatePromptConditioning", "conditioning_for",
-           "draw_states", "held_state", "record_states", "redraw_states"]
+           "check_hold", "draw_states", "held_state", "record_states", "redraw_states"]

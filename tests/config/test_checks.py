@@ -9,6 +9,7 @@ import pytest
 from ctrls.config import checks
 from ctrls.config.checks import CROSS_CHECKS, MAX_SEED, check_type, refuse, validate
 from ctrls.config.schema import ConfigError, load_config
+from tests.config.test_schema_strict import dataset_dir
 
 
 def test_cross_key_checks():
@@ -31,16 +32,9 @@ def test_a_generated_dataset_size_is_bounded_at_load(key):
         load_config("smoke", ["data.dataset=gsm_symbolic", "grid.datasets=[gsm_symbolic]", f"{key}={10**18}"])
 
 
-def _dataset(d):
-    d.mkdir(parents=True)
-    for split in ("train", "test"):
-        (d / f"{split}.jsonl").write_text('{"question": "1+1?", "answer": 2}\n')
-    return d
-
-
 def test_two_pairs_sharing_one_run_directory_are_refused(tmp_path):
-    d = _dataset(tmp_path / "d")
-    other = _dataset(tmp_path / "elsewhere" / "d")
+    d = dataset_dir(tmp_path / "d")
+    other = dataset_dir(tmp_path / "elsewhere" / "d")
     for datasets in ([str(d), f"{d}/"], [str(d), str(other)]):
         with pytest.raises(ConfigError, match=r"grid.datasets\[1\].*both would write to runs/<profile>/<stage>/d"):
             load_config("smoke", [f"data.dataset={d}", f"grid.datasets=[{', '.join(datasets)}]"])

@@ -92,7 +92,8 @@ def test_a_transfer_size_its_split_cannot_hold_is_refused_at_load():
                               "data.word_problems.max_value=2", "data.word_problems.ops=[add]", "data.word_problems.wordings=1"])
 
 
-def _dataset(d):
+def dataset_dir(d):
+    """A JSONL dataset folder at ``d`` with one train and one test question."""
     d.mkdir(parents=True)
     for split in ("train", "test"):
         (d / f"{split}.jsonl").write_text('{"question": "1+1?", "answer": 2}\n')
@@ -100,13 +101,13 @@ def _dataset(d):
 
 
 def test_two_transfer_datasets_sharing_one_directory_are_refused(tmp_path):
-    a, b = _dataset(tmp_path / "one" / "d"), _dataset(tmp_path / "two" / "d")  # both runs/.../<pair>__d-from-...
+    a, b = dataset_dir(tmp_path / "one" / "d"), dataset_dir(tmp_path / "two" / "d")  # both runs/.../<pair>__d-from-...
     with pytest.raises(ConfigError, match=r"grid\.transfer_datasets\[1\].*both would write"):
         load_config("smoke", [f"grid.transfer_datasets=[{a}, {b}]"])
 
 
 def test_two_pairs_sharing_one_directory_name_across_the_separator_are_refused(tmp_path):
-    a, b = _dataset(tmp_path / "x__y"), _dataset(tmp_path / "y")
+    a, b = dataset_dir(tmp_path / "x__y"), dataset_dir(tmp_path / "y")
     # "m" with "x__y" and "m__x" with "y" would both write runs/<profile>/<stage>/m__x__y
     with pytest.raises(ConfigError, match=r"both would write to runs/<profile>/<stage>/m__x__y"):
         load_config("smoke", [f"grid.datasets=[{a}, {b}]", "grid.backbones=[m, m__x]", "backbone.name=m",
