@@ -194,12 +194,13 @@ def one_thread():
 
 @pytest.fixture
 def scripted(monkeypatch):
-    """Scripted decoding, the engine's token draw replaced by each row's script:
+    """Scripted decoding, the engine's token draw (and the state prompt's static path's) replaced by each row's script:
     ``run(bb, prompts, scripts, params, **sample_kw) -> (generations, logp)``, one sample of each prompt whose
     j-th drawn token is ``scripts[i][j]``; ``logp[i][j]`` the decode's log P of that token (EOS included)."""
     import torch
 
     import ctrls.generate.sampling as sampling
+    import ctrls.generate.static_decode as static_decode
     from ctrls.method.streams import stream_key
 
     def run(bb, prompts, scripts, params, **kw):
@@ -217,6 +218,7 @@ def scripted(monkeypatch):
             return torch.tensor(out)
 
         monkeypatch.setattr(sampling, "_pick", pick)
+        monkeypatch.setattr(static_decode, "_pick", pick)  # the state prompt's static path draws through it too
         return sampling.sample(bb, prompts, 1, params, seeds=seeds, **kw), logp
 
     return run

@@ -7,6 +7,8 @@
 - :func:`static_cache` (the static path, ``sampling.decode: static``): transformers' ``StaticCache``,
   filled from a prefill's keys and values; :func:`select_rows` moves its live rows to a smaller
   bucket; :func:`packed_decode_attention` makes a compiled step attend over it on the KV heads.
+- :func:`row_static_cache` (the static path under the state prompt): the same preallocated buffers, but each
+  row writes at its own column (:class:`RowStaticLayer`), since a row that opens a step feeds m vectors more.
 """
 from __future__ import annotations
 
@@ -120,14 +122,20 @@ def new_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
     return cache
 
 
+def _new_static(config, n_layers: int, capacity: int) -> StaticCache:
+    """An empty ``StaticCache``; an error unless it has ``n_layers`` full-attention layers."""
+    cache = StaticCache(config=config, max_cache_len=capacity)
+    if len(cache.layers) != n_layers or any(type(layer) is not StaticLayer for layer in cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in cache.layers})
+        raise ValueError(f"sampling.decode=static supports full-attention layers only; this model's static cache "
+                         f"has {kinds} ({len(cache.layers)} layers for {n_layers} in the prefill): use sampling.decode=engine")
+    return cache
+
+
 def static_cache(config, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int, capacity: int) -> StaticCache:
     """A ``StaticCache`` of ``capacity`` positions holding the first ``length`` positions of the keys and
     values ``kv`` (one (B, H, >= length, D) pair per layer), with its write position at ``length``."""
-    cache = StaticCache(config=config, max_cache_len=capacity)
-    if len(cache.layers) != len(kv) or any(type(layer) is not StaticLayer for layer in cache.layers):
-        kinds = sorted({type(layer).__name__ for layer in cache.layers})
-        raise ValueError(f"sampling.decode=static supports full-attention layers only; this model's static cache "
-                         f"has {kinds} ({len(cache.layers)} layers for {len(kv)} in the prefill): use sampling.decode=engine")
+    cache = _new_static(config, len(kv), capacity)
     for layer, (k, v) in zip(cache.layers, kv):
         layer.lazy_initialization(k, v)
         layer.keys[:, :, :length].copy_(k[:, :, :length])
@@ -141,6 +149,54 @@ def select_rows(cache: StaticCache, config, idx: torch.Tensor, length: int) -> S
     cap = cache.layers[0].max_cache_len
     kv = [(layer.keys[idx, :, :length], layer.values[idx, :, :length]) for layer in cache.layers]
     return static_cache(config, kv, length, cap)
+
+
+class RowStaticLayer(StaticLayer):
+    """A ``StaticLayer`` whose rows write at their own columns: row b's new keys and values go to columns
+    ``write[b], write[b] + 1, ...`` (one scatter, static shapes). ``write`` (B,) is shared by every layer and
+    advanced by the caller after the pass, by each row's real slots: a row that fed padding leaves its
+    pointer where it was, and its next pass overwrites the padding (masked out until then)."""
+
+    def __init__(self, max_cache_len: int, write: torch.Tensor):
+        super().__init__(max_cache_len)
+        self.write = write
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        cols = self.write[:, None] + torch.arange(key_states.shape[-2], device=self.write.device)  # (B, w)
+        at = cols[:, None, :, None]
+        self.keys.scatter_(2, at.expand_as(key_states), key_states)
+        self.values.scatter_(2, at.expand_as(value_states), value_states)
+        return self.keys, self.values
+
+
+def row_static_cache(config, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int | torch.Tensor,
+                     capacity: int) -> StaticCache:
+    """:func:`static_cache` with :class:`RowStaticLayer` layers: the first ``length`` columns (an int, or one per
+    row) of ``kv`` copied in, each row's write pointer (``cache.write``) at its length."""
+    cache = _new_static(config, len(kv), capacity)
+    b, dev = kv[0][0].shape[0], kv[0][0].device
+    write = torch.as_tensor(length, dtype=torch.long, device=dev).expand(b).clone()
+    n = min(int(write.max()), kv[0][0].shape[-2])
+    layers = []
+    for k, v in kv:
+        layer = RowStaticLayer(capacity, write)
+        layer.lazy_initialization(k, v)
+        layer.keys[:, :, :n].copy_(k[:, :, :n])  # columns past a row's length are never read: masked out
+        layer.values[:, :, :n].copy_(v[:, :, :n])
+        layers.append(layer)
+    cache.layers, cache.write = layers, write
+    return cache
+
+
+def select_row_cache(cache: StaticCache, config, idx: torch.Tensor) -> StaticCache:
+    """The rows ``idx`` of a :func:`row_static_cache` in a new one of the same capacity (a smaller bucket)."""
+    cap = cache.layers[0].max_cache_len
+    write = cache.write[idx]
+    n = int(write.max())
+    return row_static_cache(config, [(layer.keys[idx, :, :n], layer.values[idx, :, :n]) for layer in cache.layers],
+                            write, cap)
 
 
 PACKED_SDPA = "ctrls_packed_sdpa"
@@ -246,5 +302,6 @@ def shared_prefix_attention(model, length: int):
 
 
 __all__ = ["MIN_SHARED_PREFIX", "PACKED_SDPA", "PreallocatedLayer", "fill_holes", "new_cache", "packed_decode_attention",
-           "packed_sdpa_attention", "prefix_sdpa_attention", "select_rows",
+           "packed_sdpa_attention", "prefix_sdpa_attention", "row_static_cache", "RowStaticLayer", "select_row_cache",
+           "select_rows",
            "shared_prefix_attention", "static_cache"]

@@ -103,10 +103,9 @@ def sample(backbone: Backbone, prompts: Sequence[Sequence[int]], n: int = 1, par
     if read_states is not None and isinstance(cond, LockstepConditioning) and not cond.feeds_vectors:
         raise ValueError("read_states reads one Q_phi from the decoding pass: runs in lockstep through the adapter "
                          "have one each; re-encode their steps (ctrls.generate.controllability.encode_generations)")
-    if params.decode == "static" and (cond.feeds_vectors or isinstance(cond, LockstepConditioning)):
-        raise ValueError("sampling.decode=static decodes Base and one adapter: the state prompt's passes feed a "
-                         "varying number of slots per row, and runs in lockstep condition rows apart; "
-                         "use sampling.decode=engine")
+    if params.decode == "static" and isinstance(cond, LockstepConditioning) and not cond.feeds_vectors:
+        raise ValueError("sampling.decode=static applies one adapter inside its compiled step: runs in lockstep "
+                         "through the adapter need sampling.decode=engine (under the state prompt both paths serve)")
     pol = list(policies) if policies is not None else [None] * len(prompts)
     eps = list(epsilons) if epsilons is not None else [None] * len(prompts)
     out: list[list[Generation]] = [[] for _ in prompts]

@@ -18,7 +18,6 @@ from ctrls.config.schema import Config, override
 from ctrls.config.settings import BASE, Setting, judge_pair, parse_setting
 from ctrls.data.answers import grade
 from ctrls.data.prompts import check_prompts, encode_prompt, model_positions
-from ctrls.method.policy import TransitionPolicy
 from ctrls.method.reinforce import Trajectory, state_usage_entropy
 from ctrls.method.streams import seed_of
 from ctrls.stages.common import (
@@ -124,186 +123,256 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
 
     Data parallel under a launcher (``ctrls.stages.distributed``): trajectory slots, evaluation questions
     and table questions are sharded by rank and gathered; the result equals a single process's."""
+    return run_rl_lockstep([cfg], force, progress)[0]
+
+
+def run_rl_lockstep(cfgs: list[Config], force: bool = False, progress: bool = True) -> list[Path]:
+    """:func:`run_rl` for several training runs at once (configs that differ in their seeds and run directory,
+    each with its own pretraining): every RL run of every config trains in one lockstep loop, each decode's
+    rows of all of them in one batch over the frozen backbone's passes, each row under its own run's
+    conditioning (``ctrls.generate.conditioning.LockstepConditioning``). Each config's stage is begun,
+    written and finished as :func:`run_rl` writes it; a run's samples are the ones it draws alone, up to the
+    batch's float rounding. Returns each config's ``rl`` directory."""
     from ctrls.stages.distributed import world
 
     w = world()
-    stage = _rl_stage(cfg)
-    if stage.is_done() and not force:
-        return stage.dir
-    if w.is_main:
-        # takes the stage's lock (one writer per stage); checks the fits exist before clearing another config's runs
-        stage.begin(force=force, check=lambda: check_fitted(cfg, "RL"))
+    stages = [_rl_stage(c) for c in cfgs]
+    todo = [(c, st) for c, st in zip(cfgs, stages) if force or not st.is_done()]
+    if len(todo) > 1:
+        _check_lockstep([c for c, _ in todo])
     clock, t0 = PhaseClock(), time.perf_counter()
+    begun: list[Stage] = []
     try:
+        if w.is_main:
+            for c, st in todo:  # each takes its stage's lock and checks its fits before clearing another config's runs
+                st.begin(force=force, check=lambda c=c: check_fitted(c, "RL"))
+                begun.append(st)
         w.barrier()
-        _train_and_sample(cfg, stage, w, progress, clock)  # Alg. 2: sample with pi~, reward, Eq. 16 update
+        if todo:
+            _train_and_sample(todo, w, progress, clock)  # Alg. 2: sample with pi~, reward, Eq. 16 update
         w.barrier()
         if w.is_main:  # profile_s: where this run's time went (ctrls.stages.rl.PHASES), main process
-            stage.finish(pairs=len(cfg.pairs()), profile_s=clock.record(time.perf_counter() - t0))  # releases the lock
+            prof = clock.record(time.perf_counter() - t0)
+            for _, st in todo:
+                st.finish(pairs=len(st.cfg.pairs()), profile_s=prof,  # releases the lock
+                          **({"lockstep_configs": len(todo)} if len(todo) > 1 else {}))
+                begun.remove(st)
     except BaseException:
-        stage.release()  # a failed or killed run gives the lock back; a rerun resumes from what it wrote
+        for st in begun:
+            st.release()  # a failed or killed run gives the lock back; a rerun resumes from what it wrote
         raise
     w.barrier()
-    return stage.dir
+    return [st.dir for st in stages]
 
 
-def _train_and_sample(cfg: Config, stage: Stage, w, progress: bool, clock: PhaseClock) -> None:
-    """The body of :func:`run_rl`, between the stage's begin and finish; ``clock`` times its phases."""
+def _check_lockstep(cfgs: list[Config]) -> None:
+    """Refuse configs that cannot share one lockstep loop, naming the first key that differs."""
+    same = ("backbone", "sampling", "prompt", "state_prompt.use", "rl.steps", "rl.temperature", "rl.lockstep",
+            "rl.eval_every", "grid.n_samples")
+    ref = cfgs[0]
+    for c in cfgs[1:]:
+        for key in same:
+            a, b = (ref, c)
+            for part in key.split("."):
+                a, b = getattr(a, part), getattr(b, part)
+            if a != b:
+                raise ValueError(f"RL runs in lockstep need the same {key}: {a!r} in one config, {b!r} in another")
+    dirs = [c.stage_dir("rl").resolve() for c in cfgs]
+    if len(set(dirs)) != len(dirs):
+        raise ValueError("RL runs in lockstep need a run directory each: two configs write the same rl directory")
+    if not ref.rl.lockstep:
+        raise ValueError("RL runs of several configs train together only with rl.lockstep=true")
+
+
+class _PairRL:
+    """One config's pair in the RL stage: its backbone, pretrained model, conditioning, questions and prompts."""
+
+    def __init__(self, cfg: Config, stage: Stage, bname: str, ds: str, clock: "PhaseClock", backbones: dict):
+        from ctrls.generate.controllability import PromptPasses
+        from ctrls.stages.state_prompt import ctrls_conditioning, pair_state_prompt
+
+        rl = cfg.rl
+        self.cfg, self.stage, self.bname, self.ds = cfg, stage, bname, ds
+        self.pc = pc = cfg.for_pair(bname, ds)
+        self.slug = pair_slug(bname, ds)
+        with clock("load"):
+            b = pc.backbone
+            at = (bname, b.device, b.dtype, b.cache_dir)
+            if at not in backbones:  # configs in lockstep share the frozen backbone's passes: one copy of it
+                backbones[at] = backbone_for(pc, bname)
+            self.bb = bb = backbones[at]
+            self.pretrained = load_pretrained(pc, bb)
+            self.sp, mask = pair_state_prompt(pc, bb, self.pretrained, pretrain_stages(pc))
+        self.train = problems_from_config(pc, "train")
+        n_table = rl.n_test if rl.n_test is not None else pc.data.n_test
+        self.test = problems_from_config(override(pc, {"data.n_test": max(n_table, rl.eval_questions)}), "test")
+        self.n_table, self.n_eval = min(n_table, len(self.test)), min(rl.eval_questions, len(self.test))
+        self.encoded: dict[tuple[str, int], tuple[list[int], int]] = {}
+        # each prompt's s_0 pass once for every run, step and table row (all share the pretrained Q_phi); no read-back
+        self.cond = ctrls_conditioning(pc, bb, self.pretrained, self.sp, mask, PromptPasses(keep=0))
+
+    def problems(self, split: str):
+        return self.train if split == "train" else self.test
+
+    def enc(self, split: str, i: int) -> tuple[list[int], int]:
+        if (split, i) not in self.encoded:
+            p, pc = self.problems(split)[i], self.pc
+            self.encoded[split, i] = encode_prompt(self.bb.tokenizer, p.question, pc.prompt.use_chat_template,
+                                                   pc.prompt.few_shot)
+            # refused, not decoded, when it does not fit the model's positions with its new tokens
+            check_prompts([self.encoded[split, i][0]], pc.sampling.max_new_tokens, model_positions(self.bb),
+                          [f"the prompt of {split} question {p.id!r}"])
+        return self.encoded[split, i]
+
+
+def _train_and_sample(todo: list[tuple[Config, Stage]], w, progress: bool, clock: PhaseClock) -> None:
+    """The body of :func:`run_rl_lockstep`, between the stages' begin and finish; ``clock`` times its phases."""
     # Alg. 2: sample trajectories with pi~ (ctrls.generate.sampling), reward, Eq. 16 update per run
     import copy
 
     # here, not at the top: the engine loads transformers, which pages that only read results skip
-    from ctrls.generate.controllability import PromptPasses
-    from ctrls.generate.sampling import SampleParams, sample
-    from ctrls.stages.state_prompt import ctrls_conditioning, pair_state_prompt
+    from ctrls.generate.conditioning import LockstepConditioning
+    from ctrls.generate.sampling import sample
 
-    rl = cfg.rl
-    for bname, ds in cfg.pairs():
-        pc = cfg.for_pair(bname, ds)
-        pair = pair_slug(bname, ds)
-        with clock("load"):
-            bb = backbone_for(pc, bname)
-            pretrained = load_pretrained(pc, bb)
-            sp, mask = pair_state_prompt(pc, bb, pretrained, pretrain_stages(pc))
-        train = problems_from_config(pc, "train")
-        n_table = rl.n_test if rl.n_test is not None else pc.data.n_test
-        test = problems_from_config(override(pc, {"data.n_test": max(n_table, rl.eval_questions)}), "test")
-        n_table, n_eval = min(n_table, len(test)), min(rl.eval_questions, len(test))
-        encoded: dict[tuple[str, int], tuple[list[int], int]] = {}
-        # each prompt's s_0 pass once for every run, step and table row (all share the pretrained Q_phi); no read-back here
-        passes = PromptPasses(keep=0)
-        cond = ctrls_conditioning(pc, bb, pretrained, sp, mask, passes)  # the CTRLS rows' conditioning
+    rl = todo[0][0].rl  # the keys every config in lockstep shares (_check_lockstep)
+    backbones: dict = {}
+    pairs = [_PairRL(c, st, b, d, clock, backbones) for c, st in todo for b, d in c.pairs()]
 
-        def enc(split: str, i: int) -> tuple[list[int], int]:
-            if (split, i) not in encoded:
-                p = (train if split == "train" else test)[i]
-                encoded[split, i] = encode_prompt(bb.tokenizer, p.question, pc.prompt.use_chat_template, pc.prompt.few_shot)
-                # refused, not decoded, when it does not fit the model's positions with its new tokens
-                check_prompts([encoded[split, i][0]], pc.sampling.max_new_tokens, model_positions(bb),
-                              [f"the prompt of {split} question {p.id!r}"])
-            return encoded[split, i]
+    def generate(reqs, lockstep, phase):
+        with clock(phase):
+            return _generate(reqs, lockstep)
 
-        def params(eps: float) -> SampleParams:
-            return sample_params(pc, rl.temperature, epsilon=eps)
+    def _generate(reqs, lockstep):
+        """reqs: [(pair, split, model or None for Base, question indices, sample ids, epsilon, seeds)]; returns one
+        list of (problem, generations) per request. Lockstep: the CTRLS requests in one call, each prompt with its
+        request's policy and epsilon under its pair's conditioning (the state prompt, else the pretrained adapter);
+        the requests of several pairs (training runs) under ``LockstepConditioning``."""
+        together: dict[int, list[int]] = {}  # the CTRLS requests of each backbone (pairs may differ in it)
+        for j, r in enumerate(reqs):
+            if lockstep and r[2] is not None:
+                together.setdefault(id(r[0].bb), []).append(j)
+        joint = {j for c in together.values() for j in c}
+        chunks = list(together.values()) + [[j] for j in range(len(reqs)) if j not in joint]
+        out: list = [None] * len(reqs)
+        for chunk in chunks:
+            flat = [(j, i, ids, seed) for j in chunk for i, ids, seed in zip(reqs[j][3], reqs[j][4], reqs[j][6])]
+            prompts = [reqs[j][0].enc(reqs[j][1], i) for j, i, _, _ in flat]
+            first = reqs[chunk[0]][0]
+            kw = dict(seeds=[s for *_, s in flat], sample_ids=[ids for _, _, ids, _ in flat],
+                      prompt_starts=[st for _, st in prompts])
+            if reqs[chunk[0]][2] is not None and (first.sp is not None or lockstep or len(chunk) > 1):
+                owners = list(dict.fromkeys(reqs[j][0] for j in chunk))  # the pairs (training runs) in this call
+                cond = first.cond if len(owners) == 1 else LockstepConditioning(
+                    [o.cond for o in owners], [owners.index(reqs[j][0]) for j, *_ in flat])
+                gens = sample(first.bb, [p for p, _ in prompts], params=sample_params(first.pc, rl.temperature, epsilon=0.0),
+                              conditioning=cond, policies=[reqs[j][2].policy for j, *_ in flat],
+                              epsilons=[reqs[j][5] for j, *_ in flat], **kw)
+            else:
+                _, _, m, _, _, eps, _ = reqs[chunk[0]]
+                gens = sample(first.bb, [p for p, _ in prompts], params=sample_params(first.pc, rl.temperature, epsilon=eps),
+                              model=m, **kw)
+            for j in chunk:
+                out[j] = []
+            for (j, i, _, _), gs in zip(flat, gens):
+                out[j].append((reqs[j][0].problems(reqs[j][1])[i], gs))
+        return out
 
-        def generate(split, reqs, lockstep, phase):
-            with clock(phase):
-                return _generate([(split, *r) for r in reqs], lockstep)
+    def trajectories(res) -> list[Trajectory]:
+        # Eq. 16's trajectory: every state draw that conditioned a sampled token (Generation.policy_states)
+        return [Trajectory(states=x.policy_states if x.policy_states is not None else x.states[:1],
+                           reward=float(grade(x.text, p.answer).correct), group=gi, log_actions=x.log_actions,
+                           allowed=x.allowed)
+                for gi, (p, gs) in enumerate(res) for x in gs]
 
-        def _generate(reqs, lockstep):
-            """reqs: [(split, model or None for Base, question indices, sample ids, epsilon, seeds)]; returns
-            one list of (problem, generations) per request. Lockstep: the CTRLS requests in one call, each
-            prompt with its request's policy and epsilon and the shared adapter (``pretrained``)."""
-            together = [j for j, r in enumerate(reqs) if lockstep and r[1] is not None]
-            chunks = ([together] if together else []) + [[j] for j in range(len(reqs)) if j not in together]
-            out: list = [None] * len(reqs)
-            for chunk in chunks:
-                flat = [(j, i, ids, seed) for j in chunk for i, ids, seed in zip(reqs[j][2], reqs[j][3], reqs[j][5])]
-                prompts = [enc(reqs[j][0], i) for j, i, _, _ in flat]
-                # the CTRLS requests together, each prompt with its request's policy and epsilon, under the pair's
-                # conditioning (the state prompt, else the pretrained adapter); a lone request under its own model
-                if reqs[chunk[0]][1] is not None and (sp is not None or lockstep or len(chunk) > 1):
-                    gens = sample(bb, [p for p, _ in prompts], params=params(0.0), conditioning=cond,
-                                  seeds=[s for *_, s in flat], sample_ids=[ids for _, _, ids, _ in flat],
-                                  prompt_starts=[st for _, st in prompts],
-                                  policies=[reqs[j][1].policy for j, *_ in flat], epsilons=[reqs[j][4] for j, *_ in flat])
-                else:
-                    _, m, _, _, eps, _ = reqs[chunk[0]]
-                    gens = sample(bb, [p for p, _ in prompts], params=params(eps), model=m,
-                                  seeds=[s for *_, s in flat], sample_ids=[ids for _, _, ids, _ in flat],
-                                  prompt_starts=[st for _, st in prompts])
-                for j in chunk:
-                    out[j] = []
-                for (j, i, _, _), gs in zip(flat, gens):
-                    out[j].append(((train if reqs[j][0] == "train" else test)[i], gs))
-            return out
+    trajectories = clock.wrap("grading", trajectories)  # rewards: math-verify on every sample
 
-        def trajectories(res) -> list[Trajectory]:
-            # Eq. 16's trajectory: every state draw that conditioned a sampled token (Generation.policy_states)
-            return [Trajectory(states=x.policy_states if x.policy_states is not None else x.states[:1],
-                               reward=float(grade(x.text, p.answer).correct), group=gi, log_actions=x.log_actions,
-                               allowed=x.allowed)
-                    for gi, (p, gs) in enumerate(res) for x in gs]
+    def eval_request(t: Trainer, step: int):
+        pr = t.pair
+        idx = w.shard(range(pr.n_eval))
+        return (pr, "test", t.model, idx, [range(rl.eval_samples)] * len(idx), t.setting.epsilon,
+                [seed_of(t.seed, "eval", step, pr.test[i].id) for i in idx])
 
-        trajectories = clock.wrap("grading", trajectories)  # rewards: math-verify on every sample
+    def metrics(t: Trainer, res) -> dict:
+        policy = t.policy
+        correct = [[grade(x.text, p.answer).correct for x in gs] for p, gs in res]
+        valid = [[grade(x.text, p.answer).valid for x in gs] for p, gs in res]
+        states = [x.states for _, gs in res for x in gs if x.states is not None and len(x.states) > 1]
+        with torch.no_grad():
+            H = [float(policy.entropy(s[:-1].to(policy.L.device), kind=t.pair.cfg.policy.entropy).mean())
+                 for s in states]
+        hard = [int(k) for s in states for k in s[1:].argmax(-1)]
+        correct, valid = np.array(w.gather_list(correct)), np.array(w.gather_list(valid))
+        H, hard = w.gather_list(H), w.gather_list(hard)
+        return {"accuracy": float(correct.mean()), "pass@k": float(correct.any(1).mean()),
+                "correct_by_question": correct.sum(1).astype(int).tolist(),  # eval questions in order: paired verdicts
+                "samples_per_question": int(correct.shape[1]),
+                "succ": float(valid.mean()), "policy_entropy": float(np.mean(H)) if H else math.nan,
+                "state_usage_entropy": state_usage_entropy(hard, policy.L.shape[0])}
 
-        def eval_request(t: Trainer, step: int):
-            idx = w.shard(range(n_eval))
-            return (t.model, idx, [range(rl.eval_samples)] * len(idx), t.setting.epsilon,
-                    [seed_of(t.seed, "eval", step, test[i].id) for i in idx])
+    metrics = clock.wrap("grading", metrics)
 
-        def metrics(policy: TransitionPolicy, res) -> dict:
-            correct = [[grade(x.text, p.answer).correct for x in gs] for p, gs in res]
-            valid = [[grade(x.text, p.answer).valid for x in gs] for p, gs in res]
-            states = [x.states for _, gs in res for x in gs if x.states is not None and len(x.states) > 1]
-            with torch.no_grad():
-                H = [float(policy.entropy(s[:-1].to(policy.L.device), kind=cfg.policy.entropy).mean()) for s in states]
-            hard = [int(k) for s in states for k in s[1:].argmax(-1)]
-            correct, valid = np.array(w.gather_list(correct)), np.array(w.gather_list(valid))
-            H, hard = w.gather_list(H), w.gather_list(hard)
-            return {"accuracy": float(correct.mean()), "pass@k": float(correct.any(1).mean()),
-                    "correct_by_question": correct.sum(1).astype(int).tolist(),  # eval questions in order: paired verdicts
-                    "samples_per_question": int(correct.shape[1]),
-                    "succ": float(valid.mean()), "policy_entropy": float(np.mean(H)) if H else math.nan,
-                    "state_usage_entropy": state_usage_entropy(hard, policy.L.shape[0])}
+    def train_request(t: Trainer, p):
+        return (t.pair, "train", t.model, p.questions, p.sample_ids, t.setting.epsilon, p.seeds)
 
-        metrics = clock.wrap("grading", metrics)
-
-        trainers: dict[tuple[float, float, int], Trainer] = {}
-        for key, setting in rl_runs(cfg, bname, ds).items():
+    trainers: dict[tuple[int, tuple[float, float, int]], Trainer] = {}
+    for k, pr in enumerate(pairs):
+        for key, setting in rl_runs(pr.cfg, pr.bname, pr.ds).items():
             seed = key[2]
-            model = copy.deepcopy(pretrained)
-            out = stage.dir / pair / f"{file_name(setting.name)}__seed{seed}"
-            tb = stage.dir / "tensorboard" / pair / out.name if rl.tensorboard else None
-            t = Trainer(model.policy, pc, setting, seed, out, None, len(train), None, tensorboard=tb)
-            t.model = model
-            t.sampler = lambda qs, ids, eps, seeds, m=model: trajectories(
-                generate("train", [(m, qs, ids, eps, seeds)], False, "decode: training samples")[0])
+            model = copy.deepcopy(pr.pretrained)
+            out = pr.stage.dir / pr.slug / f"{file_name(setting.name)}__seed{seed}"
+            tb = pr.stage.dir / "tensorboard" / pr.slug / out.name if pr.cfg.rl.tensorboard else None
+            t = Trainer(model.policy, pr.pc, setting, seed, out, None, len(pr.train), None, tensorboard=tb)
+            t.model, t.pair = model, pr
+            t.sampler = lambda qs, ids, eps, seeds, t=t: trajectories(
+                generate([(t.pair, "train", t.model, qs, ids, eps, seeds)], False, "decode: training samples")[0])
             t.evaluate = lambda policy, step, t=t: metrics(
-                policy, generate("test", [eval_request(t, step)], False, "decode: evaluation")[0])
+                t, generate([eval_request(t, step)], False, "decode: evaluation")[0])
             t.update = clock.wrap("policy update", t.update)  # the instance's own timed Eq. 16 step
             t.save = clock.wrap("checkpoints", t.save)
-            trainers[key] = t
-        def train_request(t: Trainer, p):
-            return (t.model, p.questions, p.sample_ids, t.setting.epsilon, p.seeds)
+            trainers[k, key] = t
 
-        def sample_and_evaluate(plans, due):
-            """A step's training samples and the evaluations of the policies they are drawn with, in one batch."""
-            with clock("decode: training samples with evaluation"):
-                res = _generate([("train", *train_request(t, p)) for t, p in plans]
-                                + [("test", *eval_request(t, step)) for t, step in due], True)
-            return ([trajectories(r) for r in res[:len(plans)]],
-                    [metrics(t.policy, r) for (t, _), r in zip(due, res[len(plans):])])
+    def sample_and_evaluate(plans, due):
+        """A step's training samples and the evaluations of the policies they are drawn with, in one batch."""
+        with clock("decode: training samples with evaluation"):
+            res = _generate([train_request(t, p) for t, p in plans] + [eval_request(t, step) for t, step in due], True)
+        return ([trajectories(r) for r in res[:len(plans)]],
+                [metrics(t, r) for (t, _), r in zip(due, res[len(plans):])])
 
-        if rl.lockstep:
-            run_lockstep(list(trainers.values()), rl.steps, progress=progress,
-                         sample_many=lambda plans: [trajectories(r) for r in generate(
-                             "train", [train_request(t, p) for t, p in plans], True, "decode: training samples")],
-                         evaluate_many=lambda due: [metrics(t.policy, r) for (t, _), r in zip(
-                             due, generate("test", [eval_request(t, step) for t, step in due], True, "decode: evaluation"))],
-                         sample_and_evaluate=sample_and_evaluate)
-        else:
-            for t in trainers.values():
-                t.run(rl.steps, progress=progress)
+    if rl.lockstep:
+        run_lockstep(list(trainers.values()), rl.steps, progress=progress,
+                     sample_many=lambda plans: [trajectories(r) for r in generate(
+                         [train_request(t, p) for t, p in plans], True, "decode: training samples")],
+                     evaluate_many=lambda due: [metrics(t, r) for (t, _), r in zip(
+                         due, generate([eval_request(t, step) for t, step in due], True, "decode: evaluation"))],
+                     sample_and_evaluate=sample_and_evaluate)
+    else:
+        for t in trainers.values():
+            t.run(rl.steps, progress=progress)
 
-        # the table samples: every test question grid.n_samples times with each table policy (Tables 2, 3)
-        parts = stage.dir / "table2.parquet"
-        idx = w.shard(range(n_table))
-        todo = []
-        if rl.n_test is not None:  # Base on the same questions (the exploration stage has data.n_test of them)
-            todo.append((None, BASE, math.nan, math.nan, cfg.seed))
-        for row in table_rows(cfg, bname, ds):
-            t = trainers[row.epsilon, row.alpha, rl.seeds[0]]
-            todo.append((t.model, row.label, row.epsilon, row.alpha, t.seed))
-        def part(label, eps, alpha):  # an ASCII file name per table row
-            return parts / f"{pair}__{'Base' if label == BASE else safe_name(f'eps{float(eps)!r}_H{float(alpha)!r}')}.parquet"
+    # the table samples: every test question grid.n_samples times with each table policy (Tables 2, 3)
+    jobs, reqs = [], []
+    for k, pr in enumerate(pairs):
+        prl = pr.cfg.rl
+        parts = pr.stage.dir / "table2.parquet"
+        idx = w.shard(range(pr.n_table))
+        todo_rows = []
+        if prl.n_test is not None:  # Base on the same questions (the exploration stage has data.n_test of them)
+            todo_rows.append((None, BASE, math.nan, math.nan, pr.cfg.seed))
+        for row in table_rows(pr.cfg, pr.bname, pr.ds):
+            t = trainers[k, (row.epsilon, row.alpha, prl.seeds[0])]
+            todo_rows.append((t.model, row.label, row.epsilon, row.alpha, t.seed))
 
-        todo = [x for x in todo if not valid_part(part(*x[1:4]), n_table * pc.grid.n_samples)]  # a truncated part is redone
-        reqs = [(m, idx, [range(pc.grid.n_samples)] * len(idx), 0.0 if m is None else eps,
-                 [seed_of(seed, "table2", label, test[i].id) for i in idx]) for m, label, eps, _, seed in todo]
-        for (m, label, eps, alpha, seed), res in zip(todo, generate("test", reqs, rl.lockstep, "decode: Table 2 samples")):
-            _write_table_part(pc, part(label, eps, alpha), res,
-                              {"config": label, "epsilon": eps, "alpha": alpha, "seed": seed})
+        def part(label, eps, alpha, parts=parts, pr=pr):  # an ASCII file name per table row
+            return parts / f"{pr.slug}__{'Base' if label == BASE else safe_name(f'eps{float(eps)!r}_H{float(alpha)!r}')}.parquet"
+
+        for m, label, eps, alpha, seed in todo_rows:
+            if valid_part(part(label, eps, alpha), pr.n_table * pr.pc.grid.n_samples):  # a truncated part is redone
+                continue
+            jobs.append((pr, part(label, eps, alpha), {"config": label, "epsilon": eps, "alpha": alpha, "seed": seed}))
+            reqs.append((pr, "test", m, idx, [range(pr.pc.grid.n_samples)] * len(idx), 0.0 if m is None else eps,
+                         [seed_of(seed, "table2", label, pr.test[i].id) for i in idx]))
+    for (pr, path, meta), res in zip(jobs, generate(reqs, rl.lockstep, "decode: Table 2 samples")):
+        _write_table_part(pr.pc, path, res, meta)
 
 
 def _write_table_part(cfg: Config, part: Path, res, meta: dict) -> None:

@@ -1,6 +1,8 @@
 """The engine's three conditionings: teacher forcing equals decoding under the state prompt (its vectors
 before each step, positions included; with and without the adapter's head), each sample's chain drawn
 from its question's seed, and the engine's stopping rules for every conditioning."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -40,15 +42,17 @@ def state_prompt(bb, K=4, m=2, **kw):
     return model, sp, StatePromptConditioning(model, sp, **kw)
 
 
+@pytest.mark.parametrize("decode", ["engine", "static"])
 @pytest.mark.parametrize("with_head", [False, True])
-def test_teacher_forcing_equals_decoding_under_the_state_prompt(tiny_llama, scripted, with_head):
+def test_teacher_forcing_equals_decoding_under_the_state_prompt(tiny_llama, scripted, with_head, decode):
     """Rows of different prompts open their steps at different tokens, stop at EOS or the token limit, and
     one starts with a blank line: each row's log P of its step tokens equals its own teacher-forced sequence
-    (``chain_logprob``, each step under its drawn state's vectors), and the blank line joins the step."""
+    (``chain_logprob``, each step under its drawn state's vectors), and the blank line joins the step; on
+    both decode paths (the static one feeds a step's vectors in a pass of their own)."""
     bb = tiny_llama
     head = _head(bb) if with_head else None
     model, sp, cond = state_prompt(bb, head=head)
-    gens, logp = scripted(bb, PROMPTS, SCRIPTS, RAW, conditioning=cond)
+    gens, logp = scripted(bb, PROMPTS, SCRIPTS, replace(RAW, decode=decode), conditioning=cond)
     got = [gs[0] for gs in gens]
     assert [g.spans for g in got] == [[(0, 2), (2, 5), (5, 9)], [(0, 5), (5, 7), (7, 8)], [(0, 4), (4, 10)]]
     assert [g.finish for g in got] == ["max_steps", "eos", "max_tokens"]
@@ -126,8 +130,9 @@ def test_a_conditioning_is_chosen_once(tiny_llama):
         conditioning_for(model, cond)
     with pytest.raises(ValueError, match="needs a CTRLS model"):
         sample(bb, [[1, 2, 3]], 1, RAW, epsilons=[0.1])
-    with pytest.raises(ValueError, match="decode=static"):
-        sample(bb, [[1, 2, 3]], 1, SampleParams(decode="static"), conditioning=cond)
+    with pytest.raises(ValueError, match="decode=static"):  # one adapter inside the compiled step
+        adapters = [AdapterConditioning(random_ctrls(bb, seed=s)) for s in (0, 1)]
+        sample(bb, [[1, 2, 3]], 1, SampleParams(decode="static"), conditioning=LockstepConditioning(adapters, [0]))
     with pytest.raises(ValueError, match="0 vectors"):
         StatePromptConditioning(model, StatePrompt(4, 0, bb.model.get_input_embeddings().weight.detach()))
 

@@ -120,6 +120,82 @@ def test_compiled_static_step_equals_the_engine(tiny_llama, monkeypatch):
     assert moves
 
 
+def _count_row_moves(monkeypatch):
+    import ctrls.generate.static_decode as S
+
+    moves = []
+    orig = S.select_row_cache
+    monkeypatch.setattr(S, "select_row_cache", lambda cache, config, idx: (moves.append(len(idx)),
+                                                                          orig(cache, config, idx))[1])
+    return moves
+
+
+def _state_prompt(bb, seed=0, with_head=False):
+    from ctrls.generate.conditioning import StatePromptConditioning
+    from tests.generate.test_conditioning import _head, state_prompt
+
+    _, _, cond = state_prompt(bb, head=_head(bb) if with_head else None)
+    if seed:  # another training run: its own Q_phi, policy and vectors
+        from ctrls.method.state_prompt import StatePrompt
+
+        model = random_ctrls(bb, K=4, trained=True, scale=0.5, seed=seed)
+        cond = StatePromptConditioning(model, StatePrompt(4, 2, bb.model.get_input_embeddings().weight.detach(),
+                                                          seed=seed), head=cond.head)
+    return cond
+
+
+def _same_fed(engine, static):
+    _assert_same(engine, static, states=False)
+    for e, s in zip([g for gs in engine for g in gs], [g for gs in static for g in gs]):
+        assert torch.equal(s.states, e.states) and torch.equal(s.log_actions, e.log_actions)
+        if e.encoded is not None:
+            assert list(s.encoded) == list(e.encoded) and torch.equal(s.encoded_s0, e.encoded_s0)
+
+
+@pytest.mark.parametrize("with_head", [False, True])
+def test_static_equals_engine_under_the_state_prompt(tiny_llama, monkeypatch, with_head):
+    """The state prompt on the static path: rows open steps at different tokens (a vector step beside the
+    token step, the other rows' slots padding) and end at different times (bucket moves); tokens, spans,
+    finish reasons, drawn chains, Eq. 16's log-actions and the read-back states equal the engine's."""
+    _many_eos(tiny_llama, monkeypatch)
+    moves = _count_row_moves(monkeypatch)
+    cond = _state_prompt(tiny_llama, with_head=with_head)
+    prompts = _prompts(tiny_llama.tokenizer)
+    p = replace(ENDING, max_new_tokens=20, max_steps=6, epsilon=0.3)
+    import ctrls.generate.decoding as decoding
+
+    nl = decoding.newline_token_ids(tiny_llama.tokenizer)
+    monkeypatch.setattr(decoding, "newline_token_ids", lambda tok: frozenset(nl | set(range(3, 49152, 7))))
+    engine, static = _both(tiny_llama, prompts, 4, p, seeds=[1, 2, 3], conditioning=cond,
+                           read_states=cond.model)
+    flat = [g for gs in engine for g in gs]
+    assert len({g.n_tokens for g in flat}) > 3 and len({len(g.spans) for g in flat}) > 2, "rows must differ"
+    assert moves
+    _same_fed(engine, static)
+
+
+def test_static_equals_engine_for_state_prompt_runs_in_lockstep(tiny_llama, monkeypatch):
+    """Two training runs' state prompts in one static batch: each sample is the engine's (and so its run's alone)."""
+    from ctrls.generate.conditioning import LockstepConditioning
+
+    _many_eos(tiny_llama, monkeypatch)
+    _frequent_boundaries(monkeypatch)
+    runs = [_state_prompt(tiny_llama), _state_prompt(tiny_llama, seed=3)]
+    prompts = _prompts(tiny_llama.tokenizer)
+    p = replace(ENDING, max_new_tokens=16, max_steps=5, epsilon=0.2)
+    engine, static = _both(tiny_llama, prompts + prompts[:1], 2, p, seeds=[1, 2, 3, 4],
+                           conditioning=LockstepConditioning(runs, [0, 1, 0, 1]))
+    _same_fed(engine, static)
+
+
+def test_compiled_state_prompt_step_equals_the_engine(tiny_llama):
+    """torch.compile of the state prompt's two static passes (the token step and the vector step, one row):
+    the same sample as the engine."""
+    cond = _state_prompt(tiny_llama)
+    p = replace(ENDING, max_new_tokens=10, max_steps=4, decode="static", compile="default", epsilon=0.2)
+    _same_fed(*_both(tiny_llama, _prompts(tiny_llama.tokenizer)[:1], 1, p, seeds=[11], conditioning=cond))
+
+
 @pytest.mark.integration
 def test_static_equals_engine_on_the_real_backbone(smollm):
     """SmolLM2-135M with a random CTRLS model, word problems with the demo's 1-shot chat prompt, seeded

@@ -1,8 +1,7 @@
 """Every stage gives its lock back when it fails or is interrupted.
 
-Only the RL stage released its lock on an exception: an interrupted pretraining, exploration, judge or
-synthetic stage in a notebook kernel (where the traceback keeps the stage object alive) left
-"stage ... is being written" for every other process until the kernel restarted. Each stage here is
+A stage interrupted in a notebook kernel (where the traceback keeps the stage object alive) that kept its
+lock would leave "stage ... is being written" for every other process until the kernel restarted. Each stage here is
 interrupted right after it began (KeyboardInterrupt, and an ordinary exception), while the test
 still holds the traceback; another holder (another open file description, as another process has)
 must then get the lock.

@@ -213,6 +213,38 @@ def test_rl_in_lockstep_with_merged_evaluations_equals_sequential_runs(reference
 
 @pytest.mark.integration
 @requires_data
+def test_rl_of_two_training_runs_in_lockstep_equals_each_run_alone(reference, smoke_cfg, tmp_path):
+    """Two training runs (their own run directories and pretrained models; the second with another RL seed)
+    in one lockstep loop, their rows in one batch: each writes the curves and Table 2 samples it writes
+    alone, and configs that cannot share the loop are refused before anything begins."""
+    from ctrls.config.schema import override
+    from ctrls.stages.rl import _rl_stage, run_rl, run_rl_lockstep
+
+    other = {"rl.seeds": [7]}
+    alone, a, b = tmp_path / "alone", tmp_path / "a", tmp_path / "b"
+    for d in (alone, a, b):
+        copy_stages(reference, d, "pretrain", "exploration")
+    run_rl(override(smoke_cfg(alone), other), progress=False)
+    run_rl_lockstep([smoke_cfg(a), override(smoke_cfg(b), other)], progress=False)
+    for ref, got in ((reference, a), (alone, b)):
+        files = sorted((ref / "smoke" / "rl").rglob("*.parquet"))
+        assert files
+        for f in files:
+            pd.testing.assert_frame_equal(pd.read_parquet(f), pd.read_parquet(got / f.relative_to(ref)),
+                                          check_exact=False, rtol=1e-4, atol=1e-6, obj=str(f.relative_to(ref)))
+    assert _rl_stage(smoke_cfg(a)).summary()["lockstep_configs"] == 2
+    cut = pd.read_parquet(next((b / "smoke" / "rl").rglob("curve.parquet")))
+    assert not cut.equals(pd.read_parquet(next((a / "smoke" / "rl").rglob("curve.parquet"))))  # two runs, not one
+    c = tmp_path / "c"
+    with pytest.raises(ValueError, match="rl.steps"):
+        run_rl_lockstep([smoke_cfg(c), override(smoke_cfg(tmp_path / "d"), {"rl.steps": 3})], progress=False)
+    with pytest.raises(ValueError, match="a run directory each"):
+        run_rl_lockstep([smoke_cfg(c), smoke_cfg(c)], progress=False)
+    assert not (c / "smoke" / "rl").exists()
+
+
+@pytest.mark.integration
+@requires_data
 def test_collection_killed_mid_question_counts_nothing_twice(reference, smoke_cfg, tmp_path, monkeypatch):
     import ctrls.stages.collect as C
     import ctrls.stages.pretrain as P
