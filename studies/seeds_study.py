@@ -80,11 +80,11 @@ def machine() -> dict:
 # ---- running the seeds ---------------------------------------------------------------------------------------
 
 
-def run_seed(seed: int, run_root: Path, threads: int) -> dict:
-    """Pretraining, exploration and RL of one seed (each stage reused when finished), then its stored files."""
+def run_seed(seed: int, run_root: Path, threads: int, stages=("pretrain", "exploration", "rl"), store: bool = True) -> dict:
+    """The ``stages`` of one seed (each reused when finished), then (``store``) its stored files."""
     t0 = time.time()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, "-m", "ctrls", "stage", "pretrain", "exploration", "rl", "--profile", PROFILE,
+    cmd = [sys.executable, "-m", "ctrls", "stage", *stages, "--profile", PROFILE,
            "--run-dir", str(run_root / str(seed)), "--quiet", "-o", f"data.seed={seed}", *[x for o in STUDY for x in ("-o", o)]]
     log = run_root / f"seed_{seed}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -92,6 +92,8 @@ def run_seed(seed: int, run_root: Path, threads: int) -> dict:
         rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
     if rc != 0:
         raise SystemExit(f"seed {seed}: the stages failed (exit {rc}); see {log}")
+    if not store:
+        return {"seed": seed, "seconds": round(time.time() - t0)}
     rc = subprocess.run([sys.executable, __file__, "collect", "--seeds", str(seed), "--run-root", str(run_root)],
                         env=env, cwd=ROOT).returncode
     if rc != 0:
@@ -99,15 +101,32 @@ def run_seed(seed: int, run_root: Path, threads: int) -> dict:
     return {"seed": seed, "seconds": round(time.time() - t0)}
 
 
-def run(seeds: list[int], run_root: Path, lanes: int, threads: int) -> None:
-    """The seeds in ``lanes`` side by side (each seed's stages one after another, ``threads`` threads each)."""
+def run(seeds: list[int], run_root: Path, lanes: int, threads: int, lockstep_rl: bool = False) -> None:
+    """The seeds in ``lanes`` side by side (each seed's stages one after another, ``threads`` threads each). With
+    ``lockstep_rl`` the seeds' RL stages run together after their pretraining and exploration, in this process
+    (``ctrls.stages.rl.run_rl_lockstep``: every seed's decodes in one batch over the backbone's passes)."""
     from concurrent.futures import ThreadPoolExecutor
 
     todo = [s for s in seeds if not (OUT / f"seed_{s}.json").is_file()]
-    print(f"seeds study: {len(seeds) - len(todo)} of {len(seeds)} seeds stored; running {todo} in {lanes} lane(s)", flush=True)
+    print(f"seeds study: {len(seeds) - len(todo)} of {len(seeds)} seeds stored; running {todo} in {lanes} lane(s)"
+          + (", RL in lockstep" if lockstep_rl else ""), flush=True)
+    stages = ("pretrain", "exploration") if lockstep_rl else ("pretrain", "exploration", "rl")
     with ThreadPoolExecutor(lanes) as ex:
-        for r in ex.map(lambda s: run_seed(s, run_root, threads), todo):
-            print(f"seed {r['seed']}: stored in {r['seconds']} s", flush=True)
+        for r in ex.map(lambda s: run_seed(s, run_root, threads, stages, store=not lockstep_rl), todo):
+            print(f"seed {r['seed']}: {'stored' if not lockstep_rl else 'pretrained and explored'} in {r['seconds']} s",
+                  flush=True)
+    if lockstep_rl and todo:
+        import torch
+
+        from ctrls.stages.rl import run_rl_lockstep
+
+        torch.set_num_threads(threads * lanes)  # one process now: every lane's threads
+        t0 = time.time()
+        run_rl_lockstep([config(s, run_root) for s in todo], progress=False)
+        print(f"seeds {todo}: RL in lockstep in {round(time.time() - t0)} s", flush=True)
+        for s in todo:
+            collect(s, run_root)
+            print(f"seed {s}: stored", flush=True)
 
 
 # ---- storing one seed ----------------------------------------------------------------------------------------
@@ -329,6 +348,8 @@ def main(argv=None) -> None:
     ap.add_argument("--run-root", default=str(ROOT / "runs" / "seeds"), help="one run directory per seed below it")
     ap.add_argument("--lanes", type=int, default=1, help="seeds run side by side")
     ap.add_argument("--threads", type=int, default=None, help="torch threads per lane (default: cores / lanes)")
+    ap.add_argument("--lockstep-rl", action="store_true",
+                    help="the seeds' RL stages together, after their pretraining and exploration (run_rl_lockstep)")
     args = ap.parse_args(argv)
     try:
         seeds = SEEDS if args.seeds is None else [int(s) for s in args.seeds.split(",")]
@@ -341,7 +362,7 @@ def main(argv=None) -> None:
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.lanes)
     root = Path(args.run_root)
     if args.command == "run":
-        run(seeds, root, args.lanes, threads)
+        run(seeds, root, args.lanes, threads, args.lockstep_rl)
     elif args.command == "collect":
         for s in seeds:
             collect(s, root)
