@@ -51,7 +51,7 @@ from ctrls.data.answers import grade  # noqa: E402
 from ctrls.data.prompts import encode_prompt, newline_token_ids, step_spans  # noqa: E402
 from ctrls.generate.controllability import draw_chains, encode_generations, match_rate  # noqa: E402
 from ctrls.method.adapter import StateAdapter  # noqa: E402
-from ctrls.method.backbone import load_backbone  # noqa: E402
+from ctrls.method.backbone import load_backbone, with_cache  # noqa: E402
 from ctrls.stages.adapter_train import StepData, prompted_trajectories  # noqa: E402
 from ctrls.stages.common import problems_from_config
 from ctrls.stages.pretrain import load_pretrained, pretrain_stages  # noqa: E402
@@ -114,7 +114,8 @@ class PromptCache:
 
             kv = DynamicCache(config=self.lm.config)
             with torch.no_grad():
-                self.lm.get_decoder()(input_ids=item["ids"][None, : item["P"] - 1], past_key_values=kv, use_cache=True)
+                body = self.lm.get_decoder()
+                body(input_ids=item["ids"][None, : item["P"] - 1], **with_cache(body, kv), use_cache=True)
             self.caches[q] = kv
         return self.caches[q]
 
@@ -159,7 +160,8 @@ def nll(lm, inj: Injection | None, items, s_rows, adapter, centroids, pad, promp
         inj.code, inj.mask = code, on
     try:
         with torch.set_grad_enabled(grad):
-            h = lm.get_decoder()(input_ids=ids, attention_mask=full, position_ids=pos, past_key_values=kv,
+            body = lm.get_decoder()
+            h = body(input_ids=ids, attention_mask=full, position_ids=pos, **with_cache(body, kv),
                                  use_cache=True).last_hidden_state
             want = on[:, :-1]  # a position carrying a state predicts a step token
             logits = lm.get_output_embeddings()(h[:, :-1][want])

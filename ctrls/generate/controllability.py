@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Hashable, Sequence
 import numpy as np
 import torch
 
-from ctrls.method.backbone import decoder_body
+from ctrls.method.backbone import decoder_body, with_cache
 from ctrls.stats.metrics import bootstrap_ci, paired_rate_difference, rate_interval
 
 if TYPE_CHECKING:
@@ -122,16 +122,16 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
 
             def run(ids: tuple):
                 kv = DynamicCache(config=lm.config)
-                body(input_ids=torch.as_tensor([list(ids)], device=dev), past_key_values=kv, use_cache=True)
+                body(input_ids=torch.as_tensor([list(ids)], device=dev), **with_cache(body, kv), use_cache=True)
                 return kv
 
             cache = passes.template(tuple(int(t) for t in prompt[:start]), run)
-            out = body(input_ids=torch.as_tensor([list(prompt[start:])], device=dev), past_key_values=cache,
+            out = body(input_ids=torch.as_tensor([list(prompt[start:])], device=dev), **with_cache(body, cache),
                        position_ids=torch.arange(start, P, device=dev)[None], use_cache=True, output_hidden_states=want)
             h = pick(out)[0]  # the hidden states [start:P]
         else:
             cache = DynamicCache(config=lm.config)
-            out = body(input_ids=torch.as_tensor([list(prompt)], device=dev), past_key_values=cache, use_cache=True,
+            out = body(input_ids=torch.as_tensor([list(prompt)], device=dev), **with_cache(body, cache), use_cache=True,
                        output_hidden_states=want)
             h = pick(out)[0, start:P]
         s0 = model.encode([h])[0]  # as the sampler encodes s_0 (no float16 rounding)
@@ -150,7 +150,7 @@ def encode_generations(backbone: "Backbone", model: "CTRLSModel", prompt: Sequen
         cache.batch_repeat_interleave(n)
         pos = torch.arange(P, P + G)[None].expand(n, -1)
         h = pick(body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev),
-                      past_key_values=cache, use_cache=True, output_hidden_states=want))
+                      **with_cache(body, cache), use_cache=True, output_hidden_states=want))
         # generated token j sits at position P + j: step [a, b) is h[i, a:b] (pretraining's H[1+a : 1+b])
         steps = [feature_precision(h[i, a:b]) for i, g in enumerate(gens) for a, b in g.spans]
     counts = [len(g.spans) if len(g.token_ids) else 0 for g in generations]

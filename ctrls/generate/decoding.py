@@ -15,7 +15,7 @@ from transformers import DynamicCache
 
 from ctrls.data.prompts import ANSWER_LINE, newline_token_ids
 from ctrls.generate.kv_cache import MIN_SHARED_PREFIX, new_cache
-from ctrls.method.backbone import Backbone, decoder_body
+from ctrls.method.backbone import Backbone, decoder_body, with_cache
 from ctrls.method.streams import stream_key, stream_uniform
 
 if TYPE_CHECKING:
@@ -196,10 +196,10 @@ def prefill(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequen
     h_pre = None
     if L:  # the shared prefix once, its cache copied to every prompt
         h_pre = body(input_ids=torch.as_tensor([U[0][:L]], device=dev), position_ids=pos[:1, :L].to(dev),
-                     past_key_values=cache, use_cache=True).last_hidden_state[0]
+                     **with_cache(body, cache), use_cache=True).last_hidden_state[0]
         cache.batch_repeat_interleave(n)
     h = body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos[:, L:].to(dev),
-             past_key_values=cache, use_cache=True).last_hidden_state
+             **with_cache(body, cache), use_cache=True).last_hidden_state
 
     def prompt_hidden(i: int, st: int) -> torch.Tensor:
         """Hidden states of prompt i's tokens from its token ``st`` on."""

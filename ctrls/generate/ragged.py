@@ -107,7 +107,7 @@ def feed_pass(lm, cache, mask: torch.Tensor, pos: torch.Tensor, slots: list[list
     mask (B, S + W) after the pass, the rows' next positions). Rows are padded to the widest row's W slots,
     masked out of attention and not counted as positions; on ``sdpa`` models only the real slots go through
     the linear layers (module docstring), else the padded rectangle does."""
-    from ctrls.method.backbone import decoder_body
+    from ctrls.method.backbone import decoder_body, with_cache
 
     emb = lm.get_input_embeddings().weight
     dev, dt = emb.device, emb.dtype
@@ -130,7 +130,7 @@ def feed_pass(lm, cache, mask: torch.Tensor, pos: torch.Tensor, slots: list[list
         x = torch.zeros((B, W, emb.shape[1]), dtype=dt, device=dev)
         for j, f in enumerate(slots):
             x[j, :len(f)] = torch.stack(f)
-        out = body(inputs_embeds=x, attention_mask=mask, position_ids=pid, past_key_values=cache,
+        out = body(inputs_embeds=x, attention_mask=mask, position_ids=pid, **with_cache(body, cache),
                    use_cache=True).last_hidden_state
         h = out[torch.arange(B, device=dev), n - 1]
     return h, mask, pos + n

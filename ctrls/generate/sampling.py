@@ -44,7 +44,7 @@ from ctrls.generate.decoding import (
 from ctrls.generate.kv_cache import PreallocatedLayer, fill_holes, new_cache, shared_prefix_attention  # noqa: F401 (re-exported)
 from ctrls.generate.ragged import feed_pass
 from ctrls.generate.static_decode import STATIC_PAD_TO, decode_static, step_fn  # noqa: F401 (re-exported)
-from ctrls.method.backbone import Backbone, decoder_body
+from ctrls.method.backbone import Backbone, decoder_body, with_cache
 
 if TYPE_CHECKING:
     from ctrls.method.model import CTRLSModel
@@ -205,7 +205,7 @@ def _steps(backbone: Backbone, pre, params: SampleParams, cond: Conditioning, re
             continue
         attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
         h_last = body(input_ids=nxt[:, None].to(dev), attention_mask=attn, position_ids=next_pos[:, None],
-                      past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+                      **with_cache(body, cache), use_cache=True).last_hidden_state[:, -1]
         next_pos = next_pos + 1
         if reader is not None:
             reader.add(h_last, active)

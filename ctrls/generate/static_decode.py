@@ -42,7 +42,7 @@ from ctrls.generate.kv_cache import (
     select_rows,
     static_cache,
 )
-from ctrls.method.backbone import Backbone, decoder_body
+from ctrls.method.backbone import Backbone, decoder_body, with_cache
 
 if TYPE_CHECKING:
     from ctrls.generate.conditioning import Conditioning
@@ -69,7 +69,7 @@ def _step(body, head, model, temperature: float, top_k: int, cache, ids: torch.T
     nothing is read by the host. The draw itself (``draw_tokens``, a few ops on B x top-k) runs
     eagerly after it: inductor's CPU code for splitmix64's wrapping int64 arithmetic corrupted memory
     (torch 2.13; ``free(): corrupted unsorted chunks``), and the draw is not where the time goes."""
-    h = body(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+    h = body(input_ids=ids, attention_mask=mask, position_ids=pos, **with_cache(body, cache),
              use_cache=True).last_hidden_state[:, -1]
     return (*_head_candidates(head, model, temperature, top_k, h, state), h)
 
@@ -77,7 +77,7 @@ def _step(body, head, model, temperature: float, top_k: int, cache, ids: torch.T
 def _fed_step(body, cache, embeds: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """One static-shape pass of the state prompt's decode: input embeddings ``embeds`` (B, w) at positions
     ``pos`` (B, w) under ``mask`` (B, 1, w, capacity) into a row cache; the last slot's hidden states (B, d)."""
-    return body(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, past_key_values=cache,
+    return body(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, **with_cache(body, cache),
                 use_cache=True).last_hidden_state[:, -1]
 
 

@@ -75,10 +75,10 @@ class Backbone:
         KV ``cache`` (extended in place) the tokens continue its sequence; ``attention_mask`` then covers the
         cache's positions and the new ones."""
         # the decoder body alone: the LM head's logits (a fifth of SmolLM2's FLOPs per token) are not needed
-        out = decoder_body(self.model)(input_ids=input_ids.to(self.device),
-                                       attention_mask=None if attention_mask is None else attention_mask.to(self.device),
-                                       output_hidden_states=layer != -1, use_cache=cache is not None,
-                                       past_key_values=cache)
+        body = decoder_body(self.model)
+        out = body(input_ids=input_ids.to(self.device),
+                   attention_mask=None if attention_mask is None else attention_mask.to(self.device),
+                   output_hidden_states=layer != -1, use_cache=cache is not None, **with_cache(body, cache))
         return out.hidden_states[layer] if layer != -1 else out.last_hidden_state
 
     @torch.no_grad()
@@ -391,6 +391,25 @@ def tiny_backbone(arch: str = "llama", tokenizer: object | None = None, seed: in
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     return freeze(model, tokenizer, f"tiny-{arch}")
+
+
+_CACHE_ARG: dict[type, str] = {}
+
+
+def cache_arg(module: torch.nn.Module) -> str:
+    """The keyword ``module``'s forward takes its KV cache by: ``cache`` (transformers' name from 5.24, where
+    ``past_key_values`` is deprecated) or ``past_key_values`` (earlier versions and remote-code models)."""
+    kind = type(module)
+    if kind not in _CACHE_ARG:
+        import inspect
+
+        _CACHE_ARG[kind] = "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+    return _CACHE_ARG[kind]
+
+
+def with_cache(module: torch.nn.Module, cache) -> dict:
+    """``{cache_arg(module): cache}``: a forward's KV-cache keyword argument, under the name ``module`` takes."""
+    return {cache_arg(module): cache}
 
 
 def decoder_body(model: torch.nn.Module) -> torch.nn.Module:

@@ -85,13 +85,14 @@ def adapter_head(lm, adapter, centroids: torch.Tensor) -> Head:
     return head
 
 
-def _run(lm, head: Head | None, **kw) -> torch.Tensor:
-    """The backbone's logits (B, S, V) without a head, its last hidden states (B, S, d) with one."""
-    if head is None:
-        return lm(**kw).logits
-    from ctrls.method.backbone import decoder_body
+def _run(lm, head: Head | None, cache=None, **kw) -> torch.Tensor:
+    """The backbone's logits (B, S, V) without a head, its last hidden states (B, S, d) with one; with a KV
+    ``cache``, the tokens continue its sequence."""
+    from ctrls.method.backbone import decoder_body, with_cache
 
-    return decoder_body(lm)(**kw).last_hidden_state
+    fn = lm if head is None else decoder_body(lm)
+    out = fn(**kw, **(with_cache(fn, cache) if cache is not None else {}))
+    return out.logits if head is None else out.last_hidden_state
 
 
 def prompt_cache(lm, prompt: Sequence[int]):
@@ -117,7 +118,7 @@ def chain_logprob(lm, prompt: Sequence[int], chain: Sequence[int], spans: Sequen
     if cache is None:
         out, offset = _run(lm, head, inputs_embeds=x[None])[0], 0
     else:  # positions continue from the cache's length, as in decoding
-        out, offset = _run(lm, head, inputs_embeds=x[None, P:], past_key_values=cache, use_cache=True)[0], P
+        out, offset = _run(lm, head, cache=cache, inputs_embeds=x[None, P:], use_cache=True)[0], P
     want = [P + i for a, b in spans for i in range(a, b)]  # the step tokens
     src = where[want] - 1 - offset  # each predicted from the position before it (a state vector at a step's start)
     if head is None:

@@ -53,3 +53,28 @@ def test_device_and_dtype_choice():
     assert bbmod.pick_dtype("auto", torch.device("cuda")) == torch.bfloat16
     with pytest.raises(bbmod.BackboneError):
         bbmod.pick_dtype("fp8", torch.device("cpu"))
+
+
+def test_the_cache_keyword_is_the_one_the_model_takes(tiny_llama):
+    """transformers' ``cache`` where the forward has it (no deprecation warning from a decode), else the older
+    ``past_key_values`` (a remote-code model's forward)."""
+    import warnings
+
+    import torch
+
+    from ctrls.generate.sampling import SampleParams, sample
+    from ctrls.method.backbone import cache_arg, decoder_body
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None):
+            return input_ids
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None):
+            return input_ids
+
+    assert cache_arg(Old()) == "past_key_values" and cache_arg(New()) == "cache"
+    assert cache_arg(decoder_body(tiny_llama.model)) == "cache"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        sample(tiny_llama, [[1, 5, 9]], 2, SampleParams(max_new_tokens=4), seeds=[0])

@@ -8,6 +8,8 @@ import time
 import torch
 from common import forced_params
 
+from ctrls.method.backbone import with_cache
+
 
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
@@ -165,7 +167,7 @@ def forward_floor(bb, prompts, n: int, iters: int) -> dict:
     rec: dict = {"rows": len(prompts) * n, "iterations": iters}
     with measured(dev, rec):
         cache = new_cache(bb.model, width + iters + 1)
-        h = body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev), past_key_values=cache,
+        h = body(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev), **with_cache(body, cache),
                  use_cache=True).last_hidden_state
         expand = torch.arange(len(prompts)).repeat_interleave(n)
         cache.batch_select_indices(expand.to(dev))
@@ -176,7 +178,7 @@ def forward_floor(bb, prompts, n: int, iters: int) -> dict:
             nxt = head(h_last[:, None])[:, 0].topk(50, dim=-1).indices[:, 0]
             attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
             h_last = body(input_ids=nxt[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                          past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+                          **with_cache(body, cache), use_cache=True).last_hidden_state[:, -1]
             next_pos = next_pos + 1
         sync(dev)
         rec["s_per_iteration"] = (time.perf_counter() - t) / iters
