@@ -9,7 +9,7 @@ seed, 24 test questions x 4 samples for Table 2) with ``rl.steps`` cut to ``--st
 per-step work is the study's). Reported per S: seconds per run in each mode, the ratio, and whether both
 modes wrote the same curves and Table 2 samples (rows equal at rtol 1e-4). The modes alternate which runs
 first; the machine's 128 x 576 x 1536 fp32 GEMM rate is measured at the start.
-Usage: python bench/rl_lockstep.py [--from runs/seeds] [--seeds 100 101 102 103] [--runs 1 2 4] [--steps 4]
+Usage: python bench/rl_lockstep.py [--from runs/seeds] [--seeds 100 101 102 103] [--runs 1 4] [--steps 2]
        [--out bench/results/rl_lockstep.json]
 """
 from __future__ import annotations
@@ -59,8 +59,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from", dest="src", default="runs/seeds")
     ap.add_argument("--seeds", type=int, nargs="+", default=[100, 101, 102, 103])
-    ap.add_argument("--runs", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--runs", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     src = Path(args.src)
@@ -89,8 +89,10 @@ def main():
                      "sequential_seconds_per_run": round(seq / n, 1), "lockstep_seconds_per_run": round(lock / n, 1),
                      "speedup": round(seq / lock, 2), "same_results": same})
         print(f"S={n}: sequential {seq:.0f} s, lockstep {lock:.0f} s ({seq / lock:.2f}x), same results: {same}", flush=True)
-    write_result({"results": rows, "rl_steps": args.steps, "gemm_gflops": gemm, "machine": machine(),
-                  "command": "python bench/rl_lockstep.py --out bench/results/rl_lockstep.json"}, args.out)
+        # written after every S: a stopped run keeps what it measured
+        write_result({"results": rows, "rl_steps": args.steps, "gemm_gflops": gemm, "machine": machine(),
+                      "command": f"python bench/rl_lockstep.py --runs {' '.join(map(str, args.runs))} --steps {args.steps} "
+                                 "--out bench/results/rl_lockstep.json"}, args.out)
 
 
 if __name__ == "__main__":
