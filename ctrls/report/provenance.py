@@ -73,30 +73,30 @@ ROOT = Path(__file__).resolve().parents[2]
 def _device(machine) -> str:
     """A stored result's machine record as a reader's words: "CPU (AMD EPYC, 1 thread)", "NVIDIA H200"."""
     if isinstance(machine, str):
-        return machine or "not recorded"
+        return machine or "—"
     if not isinstance(machine, dict) or not machine:
-        return "not recorded"
+        return "—"
     if machine.get("gpu"):
         return str(machine["gpu"])
     cpu, threads = machine.get("cpu"), machine.get("threads")
     if not cpu:
-        return "not recorded"
+        return "—"
     return f"CPU ({cpu}" + (f", {threads} thread{'s' if threads != 1 else ''})" if threads else ")")
 
 
 def stored_record(rel: str, root: Path = ROOT) -> dict:
     """{file, commit, device, stored} of one stored result (a JSON file of the repository, ``rel`` relative
-    to its root): the commit and machine it records, or "not recorded"; ``stored`` False when this checkout
-    does not have the file."""
+    to its root): the commit and machine it records (None where the file records no commit, "—" where it
+    names no machine); ``stored`` False when this checkout does not have the file."""
     p = Path(root) / rel
     if not p.is_file():
-        return {"file": rel, "commit": "—", "device": "—", "stored": False}
+        return {"file": rel, "commit": None, "device": "—", "stored": False}
     try:
         d = json.loads(p.read_text())
     except (OSError, ValueError):
-        return {"file": rel, "commit": "unreadable", "device": "unreadable", "stored": True}
+        return {"file": rel, "commit": None, "device": "unreadable", "stored": True}
     d = d if isinstance(d, dict) else {}
-    return {"file": rel, "commit": str(d.get("commit") or "not recorded"),
+    return {"file": rel, "commit": str(d["commit"]) if d.get("commit") else None,
             "device": _device(d.get("machine") or d.get("environment") or {}), "stored": True}
 
 
@@ -105,24 +105,29 @@ STUDIES_INTRO = ("This build's own runs come from the commit in the banner above
 
 
 def stored_note(rels: Iterable[str] | dict[str, str], root: Path = ROOT, intro: str = STUDIES_INTRO) -> str:
-    """The page's one note on the stored results it reads: a table of file, commit and device, one row
-    per file (a file this checkout lacks says so in its row, and its section shows nothing). ``rels`` may
+    """The page's one note on the stored results it reads: a table of file, commit (where a file records
+    one) and device, one row per file (a file this checkout lacks says so in its row, and its section shows nothing). ``rels`` may
     map each file to the section that shows it (a column of its own); ``intro`` opens the note. "" when
     the page reads none."""
     where = dict(rels) if isinstance(rels, dict) else {}
     rows = [stored_record(r, root) for r in dict.fromkeys(rels)]
     if not rows:
         return ""
-    commits = {r["commit"] for r in rows if r["stored"] and r["commit"] != "not recorded"}
+    commits = {r["commit"] for r in rows if r["stored"] and r["commit"]}
     lines = [":::{admonition} Where this page's stored results come from", ":class: note", "",
              intro + (f" They come from {len(commits)} different commits." if len(commits) > 1 else ""), ""]
-    head = "| stored result | " + ("shown in | " if where else "") + "commit | device |"
-    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    # a commit column only where a stored file records its commit: a field no file records is left out
+    cols = ["stored result"] + (["shown in"] if where else []) + (["commit"] if commits else []) + ["device"]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        section = f"{where.get(r['file'], '')} | " if where else ""
-        commit = f"`{r['commit']}`" if re.fullmatch(r"[0-9a-f]{6,40}(\+dirty)?", r["commit"]) else r["commit"]
-        lines.append(f"| `{r['file']}` | {section}" + (f"{commit} | {r['device']} |" if r["stored"] else
-                                                         "not stored: its study makes it | — |"))
+        cells = [f"`{r['file']}`"] + ([where.get(r["file"], "")] if where else [])
+        c = r["commit"] or "—"
+        c = f"`{c}`" if re.fullmatch(r"[0-9a-f]{6,40}(\+dirty)?", c) else c
+        if not r["stored"]:
+            cells += ["not stored: its study makes it"] + (["—"] if commits else [])
+        else:
+            cells += ([c] if commits else []) + [r["device"]]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines + [":::", ""])
 
 
