@@ -8,7 +8,7 @@
   a filter (1, 3, 4) (a named or labelled index, such as Table 1's rows, is kept);
 * says once, above it, the columns whose value is the same in every row (backbone, dataset,
   questions, ...), which are then dropped from the table (tables of 2 rows or more, flat columns);
-* shows a missing value as "—", never ``nan``/``None``, and each float to at most 3 significant
+* shows a missing value as "—", never ``nan``/``None``, a truth value as "yes" or "no", and each float to at most 3 significant
   digits (4 at 1000 and above), which is more than any interval in this book supports;
 * is preceded by ``df.attrs["note"]`` when the frame has one (e.g. why a table's columns were left
   out because every value in them was equal).
@@ -21,17 +21,19 @@ import html
 import math
 import numbers
 
+import numpy as np
 import pandas as pd
 
 MISSING = "—"
 
 
 def fmt(v) -> str:
-    """One cell: ``—`` for a missing value, floats to 3 significant digits, the rest as ``str``."""
+    """One cell: ``—`` for a missing value, "yes"/"no" for a truth value, floats to 3 significant digits, the
+    rest as ``str``."""
     if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT:
         return MISSING
-    if isinstance(v, bool):
-        return str(v)
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
     if isinstance(v, numbers.Integral):
         return str(int(v))
     if isinstance(v, numbers.Real):
@@ -47,6 +49,12 @@ def fmt(v) -> str:
     except (TypeError, ValueError):  # lists, arrays: not a scalar
         pass
     return str(v)
+
+
+def and_list(items) -> str:
+    """Items as a reader writes them: "0", "0 and 1", "0, 1 and 2" (never a Python list's "[0, 1, 2]")."""
+    names = [str(x) for x in items]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}" if names else ""
 
 
 def constant_columns(df: pd.DataFrame, min_rows: int = 2) -> dict[str, str]:

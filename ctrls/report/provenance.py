@@ -39,17 +39,42 @@ def notebook_config(profile: str = "demo", run_dir: str = "runs", overrides: str
     return load_config(profile, {**parse_overrides(overrides), "run_dir": run_dir})
 
 
-def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: Iterable[str] | None = None) -> str:
+def dtype_words(choice) -> str:
+    """A backbone's dtype as a banner says it: "float32 (`backbone.dtype: device`, the device's default)",
+    "bfloat16 (`backbone.dtype: auto`, by a probe: fp32 100.0 GFLOP/s, bf16 400.0 GFLOP/s)"; the logs and
+    config.yaml keep ``DtypeChoice.describe``."""
+    if choice.requested == choice.dtype:
+        return choice.dtype
+    key = f"`backbone.dtype: {choice.requested}`"
+    if choice.probe is None:
+        why = "on CUDA" if choice.device == "cuda" else "the device's default"
+        return f"{choice.dtype} ({key}, {why})"
+    p = choice.probe
+    return f"{choice.dtype} ({key}, by a probe: fp32 {p.fp32_gflops:.1f} GFLOP/s, bf16 {p.bf16_gflops:.1f} GFLOP/s)"
+
+
+def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: Iterable[str] | None = None,
+               synthetic: bool = False) -> str:
     """A Markdown banner: backbone and its dtype (``backbone.dtype: auto``: the probe's choice and numbers),
-    data, profile, seed, commit, hardware."""
+    data, profile, seed, commit, hardware. ``synthetic``: the synthetic study's banner, which has no language
+    model, no data set and no conditioning to name, only the chain's seeds."""
+    n = torch.get_num_threads()
+    dev = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+           else f"CPU ({platform.processor() or platform.machine()}, {n} thread{'s' if n != 1 else ''})")
+    commit = git_commit()
+    code = f"ctrls {sys.modules['ctrls'].__version__}" + (f" at commit `{commit}`" if commit != "unknown" else "")
+    tail = f"{code} · torch {torch.__version__} on {dev}"
+    if synthetic:
+        from ctrls.report.display import and_list
+
+        seeds = cfg.synthetic.seeds
+        return (f"**Produced by** profile `{cfg.profile}` · a synthetic latent chain, no language model · "
+                f"seed{'s' if len(seeds) != 1 else ''} {and_list(seeds)} · {tail}")
     bb = ", ".join(backbones or cfg.grid.backbones)
     ds = ", ".join(datasets or cfg.grid.datasets)
-    dev = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
-           else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
-    return (f"**Produced by** profile `{cfg.profile}` · backbone `{bb}`, {cfg.dtype_choice().describe()} · data `{ds}` "
-            f"(n_train={cfg.data.n_train}, n_test={cfg.data.n_test}) · seed {cfg.seed} · CTRLS steps conditioned by "
-            f"{conditioning(cfg)} · ctrls {sys.modules['ctrls'].__version__} at commit `{git_commit()}` · "
-            f"torch {torch.__version__} on {dev}")
+    return (f"**Produced by** profile `{cfg.profile}` · backbone `{bb}` in {dtype_words(cfg.dtype_choice())} · data `{ds}` "
+            f"({cfg.data.n_train} training and {cfg.data.n_test} test questions) · seed {cfg.seed} · CTRLS steps "
+            f"conditioned by {conditioning(cfg)} · {tail}")
 
 
 def conditioning_name(cfg: Config) -> str:

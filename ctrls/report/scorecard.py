@@ -305,7 +305,8 @@ def design_inputs(cfg: Config) -> dict | None:
                 rs += [between_arm_correlation(rates["Base"], rates[c]) for c in rates if c not in ("Base", "fixed s0")
                        and rates[c].notna().all() and rates["Base"].notna().all() and len(rates) >= 3]
         if rs:
-            out["rho"], out["rho from"] = float(np.mean(rs)), f"this run's Base and CTRLS rows ({len(rs)} pairs)"
+            pairs = f"{len(rs)} pair{'s' if len(rs) != 1 else ''}"
+            out["rho"], out["rho from"] = float(np.mean(rs)), f"this run's Base and CTRLS rows ({pairs})"
     if samples is not None:
         try:
             ct = tables.controllability_table(samples, n_boot=10, seed=cfg.seed)

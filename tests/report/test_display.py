@@ -2,6 +2,7 @@
 no nan/None, floats rounded."""
 import math
 
+import numpy as np
 import pandas as pd
 
 from ctrls.report.display import constant_columns, fmt, frame_html
@@ -10,7 +11,7 @@ from ctrls.report.display import constant_columns, fmt, frame_html
 def test_cells_are_rounded_and_missing_values_are_a_dash():
     assert fmt(float("nan")) == "—" and fmt(None) == "—" and fmt(pd.NA) == "—"
     assert fmt(0.123456789) == "0.123" and fmt(12.3456) == "12.3" and fmt(1234.567) == "1235"
-    assert fmt(3.0) == "3" and fmt(7) == "7" and fmt(True) == "True" and fmt("a b") == "a b"
+    assert fmt(3.0) == "3" and fmt(7) == "7" and fmt(True) == "yes" and fmt(np.False_) == "no" and fmt("a b") == "a b"
     assert fmt(math.inf) == "∞"
 
 
@@ -66,3 +67,9 @@ def test_an_all_equal_judge_table_is_one_sentence_beside_the_papers_scores():
     rows[0][CRITERIA[0]] = 7.0
     t = table3_vs_paper(pd.DataFrame(rows), seed=0)
     assert "note" not in t.attrs and any("(ours)" in c for c in t.columns)
+
+
+def test_a_list_reads_as_words():
+    from ctrls.report.display import and_list
+
+    assert [and_list(x) for x in ([0], [0, 1], (0, 1, 2), [])] == ["0", "0 and 1", "0, 1 and 2", ""]
