@@ -91,9 +91,9 @@ def claim_sentence(path: str | Path | None = None) -> str:
     r = d["result"]
     m = int(r["samples_per_question"])
     k = min(PASS_K, m)
-    return (f" At scale, on one {d['machine'].get('gpu', '?')} with {r['questions']} questions × {m} samples of a data "
-            f"seed no choice saw (the section *The demo's task at scale* below), the adapter's ε − fixed s₀ in the unbiased "
-            f"pass@{k} is {_pts(r[f'eps_minus_fixed_pass{k}'])} points.")
+    return (f" At scale ({r['questions']} questions × {m} samples of a data seed no choice saw, on one "
+            f"{d['machine'].get('gpu', '?')}: *The demo's task at scale* below), the adapter's ε − fixed s₀ in the "
+            f"unbiased pass@{k} is {_pts(r[f'eps_minus_fixed_pass{k}'])} points.")
 
 
 def scaled_frame(build: pd.DataFrame | None, epsilon: float, path: str | Path | None = None,

@@ -149,8 +149,8 @@ class PretrainRun:
         a = self.summaries.get("adapter") or {}
         if "epochs_run" not in a:
             return "The adapter stage has not run."
-        stop = (f"stopped early after {a['epochs_run']} epochs without a better held-out bound"
-                if a["stopped_early"] else f"ran all {a['epochs_run']} epochs (at most {a['max_epochs']})")
+        stop = (f"ran {a['epochs_run']} epochs and stopped early, as none after epoch {a['kept_epoch']} had a better "
+                "held-out bound" if a["stopped_early"] else f"ran all {a['epochs_run']} epochs (at most {a['max_epochs']})")
         return (f"Adapter training: {a['optimizer_steps']} Adam steps ({a['optimizer_steps_per_epoch']} per epoch); "
                 f"{stop}; the adapter of epoch {a['kept_epoch']}, the best held-out bound per token, is kept.")
 
