@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ctrls.stats.agreement import base_chain, null_steps  # noqa: F401  (read by the pages)
-from ctrls.stats.metrics import holm
+from ctrls.stats.metrics import format_p, holm
 
 REPO = Path(__file__).resolve().parents[2]
 SEEDS_RESULT = "studies/results/seeds.json"
@@ -174,7 +174,7 @@ def seeds_view(t: pd.DataFrame) -> pd.DataFrame:
         "data seed": t["data seed"], "questions": t.questions, "steps": t.steps,
         "follows (%)": (100 * t.follows).round(1), "independent-chain null (%)": (100 * t["null"]).round(1),
         "κ [95%]": [iv(*r) for r in zip(t.kappa, t["kappa lo"], t["kappa hi"])],
-        "p (Holm over seeds)": [("—" if pd.isna(p) else f"{p:.3g}") for p in t.get("p (Holm)", [math.nan] * len(t))],
+        "p (Holm over seeds)": [("—" if pd.isna(p) else format_p(p)) for p in t.get("p (Holm)", [math.nan] * len(t))],
         "fixed s0 − Base pass@1 (pts)": [iv(*r, scale=100, digits=1, sign=True) for r in zip(t.harm, t["harm lo"], t["harm hi"])],
         f"non-inferior ({t.attrs.get('margin', 5):g} pts)": [("—" if pd.isna(x) else ("yes" if x else "no"))
                                                               for x in t["non-inferior"]],
@@ -250,7 +250,7 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
                        f"κ = {ci_text(r['state prompt κ'], r['sp lo'], r['sp hi'])} ({int(r['sp steps'])} steps) "
                        f"against the adapter's {ci_text(r['adapter κ'], r['ad lo'], r['ad hi'])} on the same "
                        f"{int(r.questions)} questions: Δκ = {ci_text(r['Δκ'], r['Δκ lo'], r['Δκ hi'], '{:+.2f}')}, "
-                       f"Holm p = {r['p (Holm)']:.3g}.")
+                       f"Holm p = {format_p(r['p (Holm)'])}.")
     lo, hi = TEXT_CUE_BOUND
     out.append(f"The ceiling the backbone allows: a text cue forced at a step's start lands in its target state "
                f"{100 * lo:.0f}–{100 * hi:.0f}% of the time (37 contexts per cue).")
@@ -435,10 +435,10 @@ def with_adapter_view(t: pd.DataFrame) -> pd.DataFrame:
         "κ with the adapter [95%]": [ci_text(*r) for r in zip(t["κ"], t["κ lo"], t["κ hi"])],
         "κ alone [95%]": [ci_text(*r) for r in zip(t["κ alone"], t["κ alone lo"], t["κ alone hi"])],
         "Δκ [95%]": [ci_text(*r, "{:+.2f}") for r in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
-        "Δκ p (Holm)": [f"{p:.3g}" for p in t["Δκ p (Holm)"]],
+        "Δκ p (Holm)": [format_p(p) for p in t["Δκ p (Holm)"]],
         "ε pass@1 with / alone (%)": [f"{100 * a:.1f} / {100 * b:.1f}" for a, b in zip(t["ε pass@1"], t["ε pass@1 alone"])],
         "Δ ε pass@1 (pts)": [pts(*r) for r in zip(t["Δ pass@1"], t["Δ pass@1 lo"], t["Δ pass@1 hi"])],
-        "Δ pass@1 p (Holm)": [f"{p:.3g}" for p in t["Δ pass@1 p (Holm)"]]})
+        "Δ pass@1 p (Holm)": [format_p(p) for p in t["Δ pass@1 p (Holm)"]]})
 
 
 def with_adapter_sentence(t: pd.DataFrame) -> str:
@@ -471,7 +471,7 @@ def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
         "adapter κ (steps)": [f"{iv(a, b, c)} ({int(n)})"
                               for a, b, c, n in zip(t["adapter κ"], t["ad lo"], t["ad hi"], t["ad steps"])],
         "Δκ [95%]": [iv(a, b, c, sign=True) for a, b, c in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
-        "p (Holm)": t["p (Holm)"].map(lambda p: f"{p:.3g}"),
+        "p (Holm)": t["p (Holm)"].map(format_p),
         "pass@1 state prompt (%)": (100 * t["state prompt pass@1"]).round(1),
         "pass@1 adapter (%)": (100 * t["adapter pass@1"]).round(1),
         "pass@1 Base (%)": [("—" if pd.isna(b) else f"{100 * b:.1f}") for b in t.get("Base pass@1", [math.nan] * len(t))]})

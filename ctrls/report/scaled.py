@@ -17,6 +17,7 @@ import pandas as pd
 from ctrls.config.settings import BASE, FIXED
 from ctrls.report.mechanism import checked_interval, checked_kappa, checked_number, read_result, results_dir
 from ctrls.stages.sample_tables import PASS_K, run_numbers  # noqa: F401 (re-exported: the pages read them here)
+from ctrls.stats.metrics import format_p
 from ctrls.stats.paired import paired_pass
 
 SCALED_RESULT = "studies/results/scaled_demo_h200.json"
@@ -136,7 +137,7 @@ def scaled_markdown(build: pd.DataFrame | None, epsilon: float, path: str | Path
         f"choice saw, on one {mach.get('gpu', '?')} (commit `{d.get('commit', '?')}`, "
         f"{sum((d.get('seconds') or {}).values()):.0f} s for both stages). With the adapter held fixed, "
         f"exploration is **{word(claim)}** fixed s₀: ε − fixed s₀ in the unbiased pass@{k} is {_pts(claim)} points "
-        f"(sign-flip p = {claim['p']:.2g}). ε − Base in the same pass@{k} is {_pts(beside)} points; the adapter "
+        f"(sign-flip p = {format_p(claim['p'])}). ε − Base in the same pass@{k} is {_pts(beside)} points; the adapter "
         f"alone (fixed s₀ − Base, pass@1) is {_pts(harm)} points. Steps follow their drawn state with "
         f"κ = {_minus(format(kap['kappa'], '.2f'))} [{_minus(format(kap['kappa lo'], '.2f'))}, "
         f"{_minus(format(kap['kappa hi'], '.2f'))}] against independent chains ({kap['steps']:,} steps).{steer}",
