@@ -497,7 +497,7 @@ def steering_table(seeds: str | Path | None = None, prompts: list[Path] | None =
 
     def add(what, which, k, lo, hi, q, steps):
         met = "yes" if k >= KAPPA_BAR and lo > KAPPA_LO_BAR else "no"
-        if met == "no" and k < KAPPA_BAR <= round(k, 2):  # shown at the bar, yet below it
+        if met == "no" and k < KAPPA_BAR <= round(k, 2):  # shown at the threshold, yet below it
             met = f"no (κ = {k:.3f})"
         rows.append(f"| {what} | {seed_words(which)} | {ci_text(k, lo, hi)} | {int(q)} | {int(steps)} | {met} |")
 
