@@ -305,8 +305,9 @@ def case_sentences(samples: pd.DataFrame, config: str) -> list[str]:
         only_c = int((solved[config] & ~solved["Base"]).sum())
         only_b = int((~solved[config] & solved["Base"]).sum())
         where = f"{ds}, η = {eta:g}" if ds is not None else f"At η = {eta:g}"
-        out.append(f"{where}: {config} solves {only_c} question(s) that Base misses in its samples, and misses "
-                   f"{only_b} that Base solves (of {len(solved)}); the cases below are drawn from the first kind.")
+        out.append(f"{where}: {config} solves {only_c} question{'s' if only_c != 1 else ''} that Base misses in its "
+                   f"samples, and misses {only_b} that Base solves (of {len(solved)}); the cases below are drawn from "
+                   "the first kind.")
     return out
 
 
@@ -341,7 +342,7 @@ class Estimate:
         if _missing(self.d, self.lo, self.hi):
             size = "not computed"
         else:
-            f = lambda x: f"{self.scale * x:+.1f}" if self.scale != 1 else f"{x:+.3g}"  # noqa: E731
+            f = lambda x: f"{self.scale * x:+.1f}" if self.scale != 1 else f"{x:+.2f}"  # noqa: E731
             size = (f"{f(self.d)}{' ' + self.unit if self.unit else ''} [{f(self.lo)}, {f(self.hi)}]").replace("-", "−")
         return f"{self.label}: {self.arrow} {size}" if label and self.label else f"{self.arrow} {size}"
 
