@@ -30,6 +30,7 @@ import pandas as pd
 
 from ctrls.config.schema import Config
 from ctrls.report import seeds_study, stored  # stored: the one validating reader of stored results
+from ctrls.report.display import and_list
 from ctrls.report.glossary import term
 from ctrls.report.paper import PAPER_TABLE2
 from ctrls.report.provenance import conditioning_name
@@ -344,7 +345,7 @@ def scale_finding(cfg: Config, path: Path | None = None) -> str:
     """Finding 5: whether this build ran a paper backbone, the command that does, and the measured
     GPU-hours of one backbone × dataset (the captured decode path, judge excluded; the GPU cost page)."""
     ran = ran_at_scale(cfg)
-    head = (f"**This build ran the paper's backbone(s) {', '.join(ran)}.**" if ran else
+    head = (f"**This build ran the paper's backbone{'s' if len(ran) != 1 else ''} {and_list(ran)}.**" if ran else
             f"**Nothing in this build ran at the paper's 3B scale.** Every number above comes from "
             f"{', '.join(f'`{b}`' for b in cfg.grid.backbones)} (profile `{cfg.profile}`).")
     cmd = "The paper's setting is one command, `ctrls reproduce --profile paper`."
@@ -386,7 +387,7 @@ def verdict_sentences(cfg: Config, claims: list[Claim], counts: dict) -> list[st
                f"that excludes 0 (n inferred: {ns}).")
     bb, ds = ", ".join(cfg.grid.backbones), ", ".join(cfg.grid.datasets)
     ran = ran_at_scale(cfg)
-    two = (f"This build ran the paper's backbone(s) {', '.join(ran)}, on {ds}." if ran else
+    two = (f"This build ran the paper's backbone{'s' if len(ran) != 1 else ''} {and_list(ran)}, on {ds}." if ran else
            f"Nothing here ran at the paper's 3B scale: every number of this build comes from {bb} on {ds}, "
            "and one command runs the paper's setting (finding 5).")
     by = {c.claim: c for c in claims}

@@ -167,7 +167,7 @@ def test_scale_finding_reads_the_measured_hours(tmp_path):
     assert "have not been measured" in fd.scale_finding(cfg, tmp_path / "absent.json")
     assert "absent.json" not in fd.scale_finding(cfg, tmp_path / "absent.json")  # no file name in the prose
     paper = load_config("paper", ["grid.backbones=[Qwen/Qwen2.5-3B-Instruct]"])
-    assert fd.scale_finding(paper).startswith("**This build ran the paper's backbone(s) Qwen/Qwen2.5-3B-Instruct.**")
+    assert fd.scale_finding(paper).startswith("**This build ran the paper's backbone Qwen/Qwen2.5-3B-Instruct.**")
 
 
 def test_findings_page_is_at_most_five_with_the_forest_plot_and_its_provenance():
