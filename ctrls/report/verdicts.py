@@ -387,7 +387,7 @@ def page_link(page: str) -> str:
 
 def scorecard_markdown(claims: list[Claim], where: str) -> str:
     """The scorecard in two blocks (:data:`BLOCKS`: the paper's claims, then this book's own checks),
-    each a Markdown table with the claimed direction, the direction and size found, a short verdict
+    each a Markdown table with the claim, a short verdict, the direction and size found, the claimed direction
     and the page (by its title), with a line naming the run behind it."""
     esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
     lines = [f"*{where}*", ""]
@@ -395,10 +395,11 @@ def scorecard_markdown(claims: list[Claim], where: str) -> str:
         rows = [c for c in claims if c.block == block]
         if not rows:
             continue
-        lines += [f"### {title}", "", "| claim | claimed | found: direction, size (family 95% CI) | verdict | page |",
+        # claim, verdict and estimate first: on a phone the table scrolls, and those are what a reader needs
+        lines += [f"### {title}", "", "| claim | verdict | found: direction, size (family 95% CI) | claimed | page |",
                   "|---|---|---|---|---|"]
         for c in rows:
-            lines.append(f"| {esc(c.claim)} ({esc(c.source)}) | {esc(c.claimed or '–')} | {esc(c.found())} | "
-                         f"**{esc(c.label)}** | {page_link(c.page)} |")
+            lines.append(f"| {esc(c.claim)} ({esc(c.source)}) | **{esc(c.label)}** | {esc(c.found())} | "
+                         f"{esc(c.claimed or '–')} | {page_link(c.page)} |")
         lines.append("")
     return "\n".join(lines)

@@ -43,8 +43,10 @@ def test_scorecard_has_two_blocks_with_direction_columns_short_verdicts_and_titl
     for block in (paper, own):
         header = next(line for line in block.splitlines() if line.startswith("| claim"))
         assert "| claimed |" in header and "found: direction, size" in header and "| verdict |" in header
+        assert header.index("verdict") < header.index("found") < header.index("claimed")  # what a phone shows first
     row = next(line for line in paper.splitlines() if sc.PASS_CLAIM in line)
     assert "| ↑ CTRLS(ε) − Base, pass@n |" in row and "↓ −7.5 points [−25.0, +10.0]" in row
+    assert row.index("**not supported**") < row.index("↓ −7.5 points")
     assert "| **not supported** |" in row and "opposite direction" not in row  # the verdict cell is the label alone
     assert "detectable: about 31 points" in row
     # the page is linked by its title: {doc} with no text of its own, never a slug
