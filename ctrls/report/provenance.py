@@ -111,7 +111,8 @@ def _device(machine) -> str:
 
 def stored_record(rel: str, root: Path = ROOT) -> dict:
     """{file, commit, device, stored} of one stored result (a JSON file of the repository, ``rel`` relative
-    to its root): the commit and machine it records (None where the file records no commit, "—" where it
+    to its root): the commit (its own, or its environment's ``git_commit``, shortened) and machine it records
+    (None where the file records no commit, "—" where it
     names no machine); ``stored`` False when this checkout does not have the file."""
     p = Path(root) / rel
     if not p.is_file():
@@ -121,7 +122,10 @@ def stored_record(rel: str, root: Path = ROOT) -> dict:
     except (OSError, ValueError):
         return {"file": rel, "commit": None, "device": "unreadable", "stored": True}
     d = d if isinstance(d, dict) else {}
-    return {"file": rel, "commit": str(d["commit"]) if d.get("commit") else None,
+    env = d.get("environment") if isinstance(d.get("environment"), dict) else {}
+    commit = d.get("commit") or env.get("git_commit")  # a benchmark records its commit in its environment
+    return {"file": rel, "commit": (str(commit)[:7] if re.fullmatch(r"[0-9a-f]{40}", str(commit)) else str(commit))
+            if commit else None,
             "device": _device(d.get("machine") or d.get("environment") or {}), "stored": True}
 
 

@@ -25,6 +25,9 @@ def test_the_stored_note_names_file_commit_and_device(tmp_path):
     plain = provenance.stored_note(["studies/a.json"], tmp_path)
     assert "| stored result | commit | device |\n|---|---|---|" in plain
     (tmp_path / "studies" / "h.json").write_text(json.dumps({"environment": {"gpu": "NVIDIA H200"}}))
+    env = {"gpu": "NVIDIA H100", "git_commit": "d116c06" + "a" * 33}
+    (tmp_path / "studies" / "e.json").write_text(json.dumps({"environment": env}))
+    assert "| `studies/e.json` | `d116c06` | NVIDIA H100 |" in provenance.stored_note(["studies/e.json"], tmp_path)
     none = provenance.stored_note(["studies/h.json"], tmp_path)  # no file records its commit: no commit column
     assert "| stored result | device |\n|---|---|\n| `studies/h.json` | NVIDIA H200 |" in none
 
