@@ -89,8 +89,9 @@ def _default_index(df: pd.DataFrame) -> bool:
 
 
 def is_p_column(name) -> bool:
-    """Whether a column holds p-values by its name: "p", "p (Holm)", "p (κ, Holm)", "Δκ p (Holm)", "p-value"."""
-    return bool(re.search(r"(^|\s)p(\s*\(|$)|^p-value", str(name)))
+    """Whether a column holds p-values by its name: "p", "p (Holm)", "p (κ, Holm)", "Δκ p (Holm)", "p, minimal
+    discordance", "p-value"."""
+    return bool(re.search(r"(^|\s)p(\s*[(,]|$)|^p-value", str(name)))
 
 
 def p_text(v) -> str:

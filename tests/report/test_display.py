@@ -78,7 +78,7 @@ def test_a_list_reads_as_words():
 def test_a_p_value_column_prints_one_way():
     from ctrls.report.display import is_p_column
 
-    assert all(map(is_p_column, ["p", "p (Holm)", "p (κ, Holm)", "Δκ p (Holm)", "p-value"]))
+    assert all(map(is_p_column, ["p", "p (Holm)", "p (κ, Holm)", "Δκ p (Holm)", "p, minimal discordance", "p-value"]))
     assert not any(map(is_p_column, ["pass@1", "steps", "paper", "n (inferred)"]))
     out = frame_html(pd.DataFrame({"x": [1.5, 2.5], "p (Holm)": [1.52e-24, 0.0312]}))
     assert " ><1e-4</td>" in out and "0.031" in out and "e-24" not in out  # as format_p prints it in other tables
