@@ -1,6 +1,5 @@
 """Where a decode iteration's time goes on this CPU, and what a compiled static-shape step buys at the
-demo's sizes (issue #26, item 2: "a profile of where a decode iteration's time goes is the first
-deliverable").
+demo's sizes.
 
 SmolLM2-135M-Instruct, fp32, the demo's prompt length (a one-exemplar word-problem prompt) and batch.
 

@@ -1,4 +1,4 @@
-"""What ``backbone.dtype: auto`` measures and what it changes on this CPU (issue 37, item 8).
+"""What ``backbone.dtype: auto`` measures and what it changes on this CPU.
 
 1. The GEMM probe that ``auto`` runs (``ctrls.method.backbone.probe_gemm``, measured afresh here, not read
    from the probe file): GFLOP/s of square products in float32 and bfloat16, and the dtype ``auto``

@@ -13,7 +13,7 @@
    difference of their counts: the prefill and the first state draw cancel).
 5. The goals, measured side by side in one run: CTRLS / Base tokens/s (goal >= 0.95) and Base / the
    fp32 matmul-bound limit (goal >= 0.40).
-6. The static-shape path (``SampleParams(decode="static")``, issue #26) against the engine, side by
+6. The static-shape path (``SampleParams(decode="static")``) against the engine, side by
    side in this run (fp32 only; ``--no-static`` skips it), keys ``*_static_*``:
    - forced length at the batch above, Base and CTRLS, eager: tokens/s ratios static / engine;
    - the same, with the static step compiled (``torch.compile``, inductor default mode): the

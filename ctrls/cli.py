@@ -268,14 +268,16 @@ def write_timings_page(path: Path, args: argparse.Namespace, seconds: dict[str, 
     ``runs/<profile>/reproduce_timings.json``)."""
     build = build_facts()
     rows = "\n".join(f"| {STAGES[k]} | {v:.0f} |" for k, v in seconds.items())
-    text = (f"This book's notebooks ran in **{sum(seconds.values()) / 60:.1f} minutes** on profile "
-            f"`{args.profile}`{' with overrides ' + ', '.join(f'`{o}`' for o in args.override) if args.override else ''} "
-            f"(commit `{build['commit']}`, {build['cpu'] or 'an unnamed CPU'}, "
-            f"{build['cores']} cores, {getattr(args, 'gemm_gflops', float('nan')):.0f} GFLOP/s on the 128×576×1536 fp32 "
-            f"product, so about {sum(seconds.values()) * getattr(args, 'gemm_gflops', float('nan')) / 1000:,.0f} TFLOP·s "
-            f"of this machine's work); the largest notebook kernel peaked at {peak_kernel_rss_gib():.1f} GiB "
-            "of resident memory. A stage whose runs were already in the run directory was reused, so its "
-            "time is only what this build ran.\n\n| notebook | seconds |\n|---|---:|\n" + rows + "\n")
+    total, rate = sum(seconds.values()), getattr(args, "gemm_gflops", float("nan"))
+    over = f" with overrides {', '.join(f'`{o}`' for o in args.override)}" if args.override else ""
+    machine = ", ".join(x for x in (f"commit `{build['commit']}`" if build["commit"] not in ("", "unknown") else "",
+                                    build["cpu"] or "", f"{build['cores']} cores") if x)
+    work = (f" That machine does {rate:.0f} GFLOP/s on the 128×576×1536 fp32 product, so the notebooks were about "
+            f"{total * rate / 1000:,.0f} TFLOP·s of its work." if rate == rate else "")
+    text = (f"This book's notebooks ran in **{total / 60:.1f} minutes** on profile `{args.profile}`{over} ({machine})."
+            f"{work} The largest notebook kernel peaked at {peak_kernel_rss_gib():.1f} GiB of resident memory. "
+            "A stage whose runs were already in the run directory was reused: its time is only what this build ran."
+            "\n\n| notebook | seconds |\n|---|---:|\n" + rows + "\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path

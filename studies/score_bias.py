@@ -1,6 +1,6 @@
 """Diagnostic (not a speed benchmark): the bias of Eq. 16's score under a clamped log-density.
 
-Issue 15: evaluating log pi~(a | s) at an action clamped to >= 1e-6 (the old code) moves
+Evaluating log pi~(a | s) at an action clamped to >= 1e-6 (the clamped variant measured here) moves
 E[grad log pi~] away from 0 once pretraining has made many c p_j tiny. This script measures, side
 by side on one sharp transition row (K = 16, 0.98 on the diagonal, c = 20):
 - the mean of d log pi~ / d log c over draws of the policy's own sampler (truth: 0);

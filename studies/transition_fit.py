@@ -1,4 +1,4 @@
-"""Diagnostic (not a speed benchmark): Thm. 5.3's bound under the two transition fits (issue 24, item 1).
+"""Diagnostic (not a speed benchmark): Thm. 5.3's bound under the two transition fits.
 
 The bound (``ctrls.method.elbo``) is reconstruction - expected KL; only the expected KL depends on L. This
 script draws soft state pairs (K = 8 by default) from a known sticky chain, fits L on ``--pairs``

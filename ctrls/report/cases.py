@@ -130,7 +130,7 @@ def trace_html(question: str, gold: str, left: pd.Series, right: pd.Series, left
             badge = (f"<span style='background:#e6eefc;border-radius:3px;padding:0 4px;margin-right:4px;"
                      f"font-size:0.8em' title='latent state of this step'>s = {states[i]}</span>") if i < len(states) else ""
             items.append(f"<li style='margin:2px 0'>{badge}{tex_html(step)}</li>")
-        verdict = "✓ correct" if row.correct else ("✗ wrong" if row.valid else "✗ no answer")
+        verdict = "✓ final answer correct" if row.correct else ("✗ final answer wrong" if row.valid else "✗ no answer")
         color = "#1a7f37" if row.correct else "#cf222e"
         label = title if title != "CTRLS" else f"CTRLS ({row.config})"
         return (f"<div style='flex:1;border:1px solid #ccc;border-radius:6px;padding:6px 10px;min-width:0'>"

@@ -8,7 +8,8 @@
   a filter (1, 3, 4) (a named or labelled index, such as Table 1's rows, is kept);
 * says once, above it, the columns whose value is the same in every row (backbone, dataset,
   questions, ...), which are then dropped from the table (tables of 2 rows or more, flat columns);
-* shows a missing value as "—", never ``nan``/``None``, and each float to at most 3 significant
+* shows a missing value as "—", never ``nan``/``None``, a truth value as "yes" or "no", a p-value column
+  (by its name: "p", "p (Holm)", ...) as ``ctrls.stats.metrics.format_p`` prints it, and each other float to at most 3 significant
   digits (4 at 1000 and above), which is more than any interval in this book supports;
 * is preceded by ``df.attrs["note"]`` when the frame has one (e.g. why a table's columns were left
   out because every value in them was equal).
@@ -20,18 +21,21 @@ from __future__ import annotations
 import html
 import math
 import numbers
+import re
 
+import numpy as np
 import pandas as pd
 
 MISSING = "—"
 
 
 def fmt(v) -> str:
-    """One cell: ``—`` for a missing value, floats to 3 significant digits, the rest as ``str``."""
+    """One cell: ``—`` for a missing value, "yes"/"no" for a truth value, floats to 3 significant digits, the
+    rest as ``str``."""
     if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT:
         return MISSING
-    if isinstance(v, bool):
-        return str(v)
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
     if isinstance(v, numbers.Integral):
         return str(int(v))
     if isinstance(v, numbers.Real):
@@ -47,6 +51,12 @@ def fmt(v) -> str:
     except (TypeError, ValueError):  # lists, arrays: not a scalar
         pass
     return str(v)
+
+
+def and_list(items) -> str:
+    """Items as a reader writes them: "0", "0 and 1", "0, 1 and 2" (never a Python list's "[0, 1, 2]")."""
+    names = [str(x) for x in items]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}" if names else ""
 
 
 def constant_columns(df: pd.DataFrame, min_rows: int = 2) -> dict[str, str]:
@@ -78,6 +88,19 @@ def _default_index(df: pd.DataFrame) -> bool:
         (pd.api.types.is_integer_dtype(idx) and idx.is_unique and idx.is_monotonic_increasing)
 
 
+def is_p_column(name) -> bool:
+    """Whether a column holds p-values by its name: "p", "p (Holm)", "p (κ, Holm)", "Δκ p (Holm)", "p, minimal
+    discordance", "p-value"."""
+    return bool(re.search(r"(^|\s)p(\s*[(,]|$)|^p-value", str(name)))
+
+
+def p_text(v) -> str:
+    """A p-value cell: :func:`ctrls.stats.metrics.format_p`, "—" when missing."""
+    from ctrls.stats.metrics import format_p
+
+    return MISSING if v is None or (isinstance(v, float) and math.isnan(v)) else format_p(float(v))
+
+
 def frame_html(df: pd.DataFrame) -> str:
     """The page's HTML for ``df`` (see the module docstring)."""
     const = constant_columns(df)
@@ -87,6 +110,9 @@ def frame_html(df: pd.DataFrame) -> str:
         items = " · ".join(f"{html.escape(k)}: <b>{html.escape(v)}</b>" for k, v in const.items())
         head += f"<p class='ctrls-constant'>In every row: {items}</p>"
     styled = shown.style.format(fmt)
+    pcols = [c for c in shown.columns if is_p_column(c) and pd.api.types.is_float_dtype(shown[c])]
+    if pcols:  # a p-value the one way the book prints it: "<1e-4", never "1.52e-24"
+        styled = styled.format(p_text, subset=pcols)
     if _default_index(shown):
         styled = styled.hide(axis="index")
     else:

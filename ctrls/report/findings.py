@@ -30,6 +30,7 @@ import pandas as pd
 
 from ctrls.config.schema import Config
 from ctrls.report import seeds_study, stored  # stored: the one validating reader of stored results
+from ctrls.report.display import and_list
 from ctrls.report.glossary import term
 from ctrls.report.paper import PAPER_TABLE2
 from ctrls.report.provenance import conditioning_name
@@ -40,7 +41,7 @@ GPU_RESULT = ROOT / "bench" / "results" / "gpu_estimate_measured_nvidia_h200_qwe
 FOREST = "paper_forest.png"  # written beside findings.md
 PAPER_BACKBONES = tuple(PAPER_TABLE2)  # the paper's 3B backbones
 FIGURE = "B0.1"  # the first page's figure number: the book's own numbering never collides with the paper's
-MAX_WORDS = 80  # no sentence of the first page is longer (tests/report/test_findings_page.py)
+MAX_WORDS = 40  # no sentence of the first page is longer (tests/report/test_findings_page.py)
 
 
 def _minus(s: str) -> str:
@@ -109,10 +110,10 @@ HEADS = {  # claim -> {verdict label: the finding's headline, and the verdict's 
     "pass": {"supported": "CTRLS raises pass@n over Base", "contradicted": "CTRLS lowers pass@n below Base",
              NOT_SUPPORTED: "CTRLS does not detectably change pass@n",
              "mixed": "CTRLS raises pass@n in some rows and lowers it in others"},
-    "control": {"supported": "Steps land in their drawn latent state more often than by chance",
-                "contradicted": "Steps land in their drawn latent state less often than by chance",
-                NOT_SUPPORTED: "Steps do not detectably land in their drawn latent state more often than by chance",
-                "mixed": "Steps land in their drawn latent state more often than by chance in some rows and less in others"},
+    "control": {"supported": "Steps land in their drawn state more often than by chance",
+                "contradicted": "Steps land in their drawn state less often than by chance",
+                NOT_SUPPORTED: "Steps do not detectably land in their drawn state beyond chance",
+                "mixed": "Steps land in their drawn state beyond chance in some rows, below it in others"},
     "rl": {"supported": "RL on the transition policy raises held-out accuracy",
            "contradicted": "RL on the transition policy lowers held-out accuracy",
            NOT_SUPPORTED: "RL on the transition policy does not detectably change held-out accuracy",
@@ -197,13 +198,14 @@ def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict, scaled: s
     return text + scaled + "\n\n" + "\n".join(table)
 
 
-def control_finding(c: Claim | None, sizes: dict, mechanism: str = "") -> str:
+def control_finding(c: Claim | None, sizes: dict, mechanism: str = "", seeds: str = "") -> str:
     """Finding 3: the epsilon rows' estimates (the claim: κ against the independent-chain null, or, from an
     older scorecard, follows − coincidence in points), the fixed-s0 row beside them in a sentence, and
-    ``mechanism`` (:func:`mechanism_note`), one short sentence."""
+    ``mechanism`` (:func:`mechanism_note`), one short sentence, and ``seeds`` (:func:`seeds_note`) after the table."""
+    after = f"\n\n{seeds}" if seeds else ""
     missing = _unmeasured(c, "control")
     if missing:
-        return missing + (f" {mechanism}" if mechanism else "")
+        return missing + (f" {mechanism}" if mechanism else "") + after
     kappa = any(getattr(e, "scale", 100.0) == 1 for e in c.estimates)
     measure = (f"{term('kappa', 'κ')} of the steps' read-back states against the "
                f"{term('coincidence', 'independent-chain null')}: 0 is no steering, 1 every step in its drawn state"
@@ -217,7 +219,7 @@ def control_finding(c: Claim | None, sizes: dict, mechanism: str = "") -> str:
     head = "κ [95% CI]" if kappa else "follows − coincidence, points [family 95% CI]"  # κ: a marginal interval
     table = [f"| CTRLS(ε) row | questions | {head} |", "|---|---:|---:|"]
     table += [f"| {e.label.removesuffix(' κ')} | {_n(e, sizes)} | {_est(e)} |" for e in c.estimates]
-    return text + (f" {mechanism}" if mechanism else "") + "\n\n" + "\n".join(table)
+    return text + (f" {mechanism}" if mechanism else "") + "\n\n" + "\n".join(table) + after
 
 
 def rl_finding(c: Claim | None, sizes: dict) -> str:
@@ -249,7 +251,7 @@ def demo_findings(claims: list[Claim], sizes: dict | None = None, conditioned: s
     from ctrls.report.scaled import claim_sentence
 
     return [pass_finding(by.get(PASS_CLAIM), by.get(ABLATION_CLAIM), sizes, claim_sentence(), conditioned),
-            control_finding(by.get(CONTROL_CLAIM), sizes, " ".join(x for x in (mechanism_note(), seeds_note()) if x)),
+            control_finding(by.get(CONTROL_CLAIM), sizes, mechanism_note(), seeds_note()),
             rl_finding(by.get(RL_CLAIM), sizes)]
 
 
@@ -301,25 +303,21 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
         return ""
     best = v.loc[v.kappa.idxmax()]
     lo, hi = _minus(f"{v.kappa.min():.2f}"), _minus(f"{v.kappa.max():.2f}")
-    return (f"The stored mechanism studies tried {len(v)} variants on data seed 0, where the choices were made "
-            f"(pretraining page, with their intervals); their {term('kappa', 'κ')} against the coincidence rate runs "
-            f"from {lo} to {hi}, highest for {best.variant}.")
+    return (f"On data seed 0, where the choices were made, the pretraining page's {len(v)} stored variants give "
+            f"{term('kappa', 'κ')} against the coincidence rate from {lo} to {hi}, highest for {best.variant}.")
 
 
-def seeds_note(path: Path | None = None, prompts: list[Path] | None = None, option: Path | None = None) -> str:
-    """Finding 3's test numbers: κ pooled over the fresh data seeds no choice saw (``studies/seeds.py``) with its interval and n;
-    the state prompt beside the adapter (``studies/state_prompt.py``) and through the stages, where stored; the text-cue bound."""
+def seeds_note(path: Path | None = None, prompts: list[Path] | None = None, option: Path | None = None,
+               mask: Path | None = None) -> str:
+    """Finding 3's numbers on the data seeds other than the development one: a sentence and
+    ``ctrls.report.mechanism.steering_table`` (each seed named with its role); "" when none is stored."""
     from ctrls.report import mechanism
 
-    path = Path(path) if path else mechanism.results_dir() / mechanism.SEEDS_RESULT
-    if not path.exists():
+    table = mechanism.steering_table(path, prompts, option, mask)
+    if not table:
         return ""
-    sentences = mechanism.steering_sentences(mechanism.seeds_frame(path))
-    if prompts is None:
-        prompts = sorted(mechanism.results_dir().glob(mechanism.STATE_PROMPT_RESULTS))
-    state_prompt = [mechanism.state_prompt_sentence(mechanism.state_prompt_frame(prompts, seeds=path))] if prompts else []
-    state_prompt += mechanism.stage_option_note(option)  # the stage option on a further fresh seed, where stored
-    return " ".join([sentences[0], *state_prompt, sentences[-1]])  # pooled κ, the state prompt, the ceiling
+    return (f"On other data seeds (their roles: {{ref}}`design notes <design-choices>`), κ against the independent-chain "
+            f"null, with the criterion fixed before the runs:\n\n{table}")
 
 
 # ---- 5. the paper's scale -----------------------------------------------------------------------
@@ -347,7 +345,7 @@ def scale_finding(cfg: Config, path: Path | None = None) -> str:
     """Finding 5: whether this build ran a paper backbone, the command that does, and the measured
     GPU-hours of one backbone × dataset (the captured decode path, judge excluded; the GPU cost page)."""
     ran = ran_at_scale(cfg)
-    head = (f"**This build ran the paper's backbone(s) {', '.join(ran)}.**" if ran else
+    head = (f"**This build ran the paper's backbone{'s' if len(ran) != 1 else ''} {and_list(ran)}.**" if ran else
             f"**Nothing in this build ran at the paper's 3B scale.** Every number above comes from "
             f"{', '.join(f'`{b}`' for b in cfg.grid.backbones)} (profile `{cfg.profile}`).")
     cmd = "The paper's setting is one command, `ctrls reproduce --profile paper`."
@@ -380,23 +378,22 @@ def verdict_sentences(cfg: Config, claims: list[Claim], counts: dict) -> list[st
     from ctrls.report.scorecard import CONTROL_CLAIM, PASS_CLAIM, RL_CLAIM
 
     t = counts["tables"]
-    ns = " and ".join(f"{v['n']} in {name}" for name, v in t.items())
+    ns = ", ".join(f"{v['n']} in {name}" for name, v in t.items())
     if counts["excluding 0"] == 0:
         one = (f"The paper's own tables cannot show that CTRLS beats Base: none of their {counts['n']} "
-               f"CTRLS − Base differences has a 95% interval that excludes 0 at the numbers of questions "
-               f"inferred from their rounding ({ns}).")
+               f"CTRLS − Base differences has a 95% interval that excludes 0 (n inferred: {ns}).")
     else:
         one = (f"{counts['excluding 0']} of the paper's {counts['n']} CTRLS − Base differences have a 95% interval "
-               f"that excludes 0 at the numbers of questions inferred from its rounding ({ns}).")
+               f"that excludes 0 (n inferred: {ns}).")
     bb, ds = ", ".join(cfg.grid.backbones), ", ".join(cfg.grid.datasets)
     ran = ran_at_scale(cfg)
-    two = (f"This build ran the paper's backbone(s) {', '.join(ran)}, on {ds}." if ran else
+    two = (f"This build ran the paper's backbone{'s' if len(ran) != 1 else ''} {and_list(ran)}, on {ds}." if ran else
            f"Nothing here ran at the paper's 3B scale: every number of this build comes from {bb} on {ds}, "
            "and one command runs the paper's setting (finding 5).")
     by = {c.claim: c for c in claims}
     clauses = [_clause(by.get(PASS_CLAIM), "pass"), _clause(by.get(CONTROL_CLAIM), "control"), _clause(by.get(RL_CLAIM), "rl")]
     res = seeds_study.pooled() if any(c.page == seeds_study.PAGE for c in claims) else None
-    three = (f"Over {len(res['seeds'])} fresh training runs of the demo (the seeds study), " if res is not None
+    three = (f"Over the seeds study's {len(res['seeds'])} training runs, " if res is not None
              else "On this build's run, ") + "; ".join(clauses[:-1]) + "; and " + clauses[-1] + "."
     return [one, two, three]
 

@@ -1,19 +1,20 @@
 """Does the state steer the step? The stored test-seed results, read for the pretraining page and finding 3.
 
-- ``seeds_frame``: the demo's mechanism numbers on fresh data seeds (``studies/seeds.py``): kappa against the
+- ``seeds_frame``: the demo's mechanism numbers on the validation data seeds (``studies/seeds.py``): kappa against the
   independent-chain null, the fixed-s0 harm as non-inferiority, epsilon - Base pass@n; a pooled row;
 - ``state_prompt_frame``: the state prompt against the last-hidden adapter on the same test questions
   (``studies/state_prompt.py``), a paired test per seed, Holm over the seeds;
 - ``null_steps``: each epsilon step beside an independent chain's state at that step (the null of the
   controllability table);
 - ``stage_option_frame`` / ``stage_option_sentence``: the state prompt as the stages run it
-  (``state_prompt.use=true``, ``studies/seeds.py`` on those runs), against the fresh-seed criterion;
+  (``state_prompt.use=true``, ``studies/seeds.py`` on those runs), against the steering criterion;
 - ``position_mask_frame`` / ``position_mask_view``: the same runs' exploration with the position mask
   (``grid.position_floor``, ``ctrls.method.positions``): the states that mark a position are drawn only where
   they can occur, and the fixed-s0 row holds s0 only there;
 - ``with_adapter_frame`` / ``with_adapter_view``: the masked runs again with the frozen adapter applied as
   well (``state_prompt.with_adapter``), against the state prompt alone on the same questions (``--against``);
-- ``TEXT_CUE_BOUND``: the ceiling the backbone allows, measured by forcing text cues (the issue's probe).
+- ``steering_table``: finding 3's table of kappa on the data seeds other than the development one, by role;
+- ``TEXT_CUE_BOUND``: the ceiling the backbone allows, measured by forcing text cues.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ctrls.stats.agreement import base_chain, null_steps  # noqa: F401  (read by the pages)
-from ctrls.stats.metrics import holm
+from ctrls.stats.metrics import format_p, holm
 
 REPO = Path(__file__).resolve().parents[2]
 SEEDS_RESULT = "studies/results/seeds.json"
@@ -36,13 +37,35 @@ POSITION_MASK_RESULT = "studies/results/state_prompt_positions.json"  # the same
 # the demo's defaults (the state prompt, masked) on data seed 10
 DEFAULT_RESULT = "studies/results/state_prompt_default_seed10.json"
 ADAPTER_RESULT = "studies/results/state_prompt_adapter.json"  # the masked runs with state_prompt.with_adapter, --against them
-# the criterion for a fresh seed, fixed before the runs: kappa >= 0.5 with its 95% lower bound above 0.3, the fixed-s0 row
-# within 5 points of Base
+# the criterion for a seed other than the development one, fixed before the runs: kappa >= 0.5 with its 95% lower bound
+# above 0.3, the fixed-s0 row non-inferior to Base (its interval's lower bound above -5 points)
 KAPPA_BAR, KAPPA_LO_BAR = 0.5, 0.3
+# each data seed's role, by what saw it (the design notes' table); the seeds study's 100-107 are test seeds too
+SEED_ROLES = {0: "development", 1: "validation", 2: "validation", 3: "validation", 5: "validation",
+              6: "confirmation", 7: "confirmation", 8: "confirmation", 9: "confirmation", 10: "test"}
 # A text cue forced at a step's start ("a ± b =", "The answer is", "To solve this problem,") lands in its
 # target state 95-97% of the time (37 contexts each, the demo's backbone and read-back, untrained): what
 # an input-side state could reach on this backbone. Measured outside this repository (a probe on seed 0's questions).
 TEXT_CUE_BOUND = (0.95, 0.97)
+
+
+def seed_role(seed: int) -> str | None:
+    """A data seed's role (:data:`SEED_ROLES`; 100-107 are the seeds study's test seeds), None when it has none."""
+    return SEED_ROLES.get(int(seed)) or ("test" if 100 <= int(seed) <= 107 else None)
+
+
+def seed_words(seeds) -> str:
+    """Data seeds with their role, as a reader writes them: "validation data seeds 1, 2 and 3", "confirmation
+    data seed 6", "data seeds 5 (validation) and 6 (confirmation)"."""
+    from ctrls.report.display import and_list
+
+    seeds = [int(s) for s in seeds]
+    roles = {seed_role(s) for s in seeds}
+    many = "s" if len(seeds) != 1 else ""
+    if len(roles) == 1:
+        role = roles.pop()
+        return f"{role + ' ' if role else ''}data seed{many} {and_list(seeds)}"
+    return f"data seed{many} " + and_list(f"{s} ({seed_role(s)})" if seed_role(s) else str(s) for s in seeds)
 
 
 def results_dir() -> Path:
@@ -86,7 +109,7 @@ def checked_kappa(k: dict, path) -> dict:
 
 
 def seeds_frame(path: str | Path | None = None) -> pd.DataFrame:
-    """One row per fresh data seed, a pooled row, and the development seed's row beside (every choice was
+    """One row per data seed (its role: :data:`SEED_ROLES`), a pooled row, and the development seed's row beside (every choice was
     made on it: outside the pool and Holm): kappa [95%] against the independent-chain null with its n,
     the fixed-s0 harm (pass@1 minus Base's) [95%] and whether it is non-inferior at the stored margin,
     and epsilon - Base pass@n [Table 1's family interval]."""
@@ -151,7 +174,7 @@ def seeds_view(t: pd.DataFrame) -> pd.DataFrame:
         "data seed": t["data seed"], "questions": t.questions, "steps": t.steps,
         "follows (%)": (100 * t.follows).round(1), "independent-chain null (%)": (100 * t["null"]).round(1),
         "κ [95%]": [iv(*r) for r in zip(t.kappa, t["kappa lo"], t["kappa hi"])],
-        "p (Holm over seeds)": [("—" if pd.isna(p) else f"{p:.3g}") for p in t.get("p (Holm)", [math.nan] * len(t))],
+        "p (Holm over seeds)": [("—" if pd.isna(p) else format_p(p)) for p in t.get("p (Holm)", [math.nan] * len(t))],
         "fixed s0 − Base pass@1 (pts)": [iv(*r, scale=100, digits=1, sign=True) for r in zip(t.harm, t["harm lo"], t["harm hi"])],
         f"non-inferior ({t.attrs.get('margin', 5):g} pts)": [("—" if pd.isna(x) else ("yes" if x else "no"))
                                                               for x in t["non-inferior"]],
@@ -190,7 +213,7 @@ def state_prompt_frame(paths: list[str | Path] | None = None, seeds: str | Path 
 
 
 def _base_pass1(path: Path | None) -> dict:
-    """Base's pass@1 per fresh data seed from the stored seeds result ({} when it is not stored)."""
+    """Base's pass@1 per data seed from the stored seeds result ({} when it is not stored)."""
     path = path or results_dir() / SEEDS_RESULT
     if not Path(path).is_file():
         return {}
@@ -207,7 +230,7 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
         fresh = seeds["data seed"].map(lambda x: isinstance(x, (int, np.integer)))
         per, dev = seeds[fresh], seeds[~fresh & (seeds["data seed"] != "pooled")]
         pooled = seeds[seeds["data seed"] == "pooled"].iloc[0]
-        out.append(f"On {len(per)} fresh data seeds ({int(pooled.questions)} test questions, {int(pooled.steps)} steps), the "
+        out.append(f"On {seed_words(per['data seed'])} ({int(pooled.questions)} test questions, {int(pooled.steps)} steps), the "
                    f"adapter's ε row's steps land in their drawn state {100 * pooled.follows:.1f}% of the time against "
                    f"{100 * pooled['null']:.1f}% for an independent chain: κ = "
                    f"{ci_text(pooled.kappa, pooled['kappa lo'], pooled['kappa hi'])}.")
@@ -227,7 +250,7 @@ def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame |
                        f"κ = {ci_text(r['state prompt κ'], r['sp lo'], r['sp hi'])} ({int(r['sp steps'])} steps) "
                        f"against the adapter's {ci_text(r['adapter κ'], r['ad lo'], r['ad hi'])} on the same "
                        f"{int(r.questions)} questions: Δκ = {ci_text(r['Δκ'], r['Δκ lo'], r['Δκ hi'], '{:+.2f}')}, "
-                       f"Holm p = {r['p (Holm)']:.3g}.")
+                       f"Holm p = {format_p(r['p (Holm)'])}.")
     lo, hi = TEXT_CUE_BOUND
     out.append(f"The ceiling the backbone allows: a text cue forced at a step's start lands in its target state "
                f"{100 * lo:.0f}–{100 * hi:.0f}% of the time (37 contexts per cue).")
@@ -247,8 +270,8 @@ def stage_option_frame(path: str | Path | None = None) -> pd.DataFrame:
 
 
 def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=true`") -> str:
-    """:func:`stage_option_frame` in sentences: per fresh seed, the epsilon row's kappa [95%] with its n and the
-    fixed-s0 harm [95%], each held against the fresh-seed criterion (kappa >= 0.5 with its lower bound above 0.3;
+    """:func:`stage_option_frame` in sentences: per data seed, the epsilon row's kappa [95%] with its n and the
+    fixed-s0 harm [95%], each held against the steering criterion (kappa >= 0.5 with its lower bound above 0.3;
     the harm non-inferior at the stored margin), and by how much a missed part misses."""
     per = t[t["data seed"].map(lambda x: isinstance(x, (int, np.integer)))]
     out = []
@@ -261,10 +284,10 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
             miss.append(f"its lower bound is {KAPPA_LO_BAR - r['kappa lo']:.3f} short of {KAPPA_LO_BAR}")
         margin = t.attrs.get("margin", 5)
         out.append(
-            f"{lead} on data seed {int(r['data seed'])} ({int(r.questions)} test questions, "
+            f"{lead} on {seed_words([r['data seed']])} ({int(r.questions)} test questions, "
             f"{int(r.steps)} steps of the ε row), steps land in their drawn state {100 * r.follows:.1f}% of the time "
             f"against {100 * r['null']:.1f}% for an independent chain: κ = {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}"
-            + (" (it meets the fresh-seed criterion, κ ≥ 0.5 with its lower bound above 0.3)" if k_ok
+            + (" (it meets the steering criterion, κ ≥ 0.5 with its lower bound above 0.3)" if k_ok
                else f" ({'; '.join(miss)})")
             + f"; fixed s₀ − Base pass@1 is {ci_text(100 * r.harm, 100 * r['harm lo'], 100 * r['harm hi'], '{:+.1f}')} points, "
             + ("non-inferior" if r["non-inferior"] else "not shown non-inferior") + f" at {margin:g} points"
@@ -289,39 +312,9 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
         r = pool.iloc[0]
         out.append(f"Pooled over the {len(per)} seeds ({int(r.questions)} questions, {int(r.steps)} steps): "
                    f"{100 * r.follows:.1f}% against {100 * r['null']:.1f}%, κ = {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}"
-                   + (", meeting the fresh-seed criterion." if r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
-                      else ", short of the fresh-seed criterion."))
+                   + (", meeting the steering criterion." if r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
+                      else ", short of the steering criterion."))
     return " ".join(out)
-
-
-def stage_option_summary(t: pd.DataFrame, lead: str = "Through the stages (`state_prompt.use=true`)") -> str:
-    """:func:`stage_option_frame` in one sentence for the first page: each seed's kappa [95%], the pooled one with
-    its n against the fresh-seed criterion, and each seed's fixed-s0 harm [95%] (the pretraining page says why a seed loses)."""
-    per = t[t["data seed"].map(lambda x: isinstance(x, (int, np.integer)))]
-    pool = t[t["data seed"] == "pooled"]
-    r = pool.iloc[0] if len(per) > 1 and len(pool) else per.iloc[0]
-    names = [str(int(x)) for x in per["data seed"]]
-    seeds = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-    met = r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
-    return (f"{lead} on fresh data seed{'s' if len(per) > 1 else ''} {seeds}, "
-            f"κ = {', '.join(ci_text(x.kappa, x['kappa lo'], x['kappa hi']) for _, x in per.iterrows())}"
-            + (f", pooled {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}" if len(per) > 1 else "")
-            + f" ({int(r.questions)} questions, {int(r.steps)} steps): "
-            f"the fresh-seed criterion is {'met' if met else 'not met'}; the fixed-s₀ row is "
-            f"{', '.join(ci_text(100 * x.harm, 100 * x['harm lo'], 100 * x['harm hi'], '{:+.1f}') for _, x in per.iterrows())} "
-            "points of pass@1 against Base (the pretraining page says why).")
-
-
-def stage_option_note(path: str | Path | None = None, mask: str | Path | None = None) -> list[str]:
-    """[:func:`stage_option_summary` of the stored stage-option result, and of the position-mask result where
-    stored], or [] when neither is stored."""
-    path = Path(path) if path else results_dir() / STAGE_OPTION_RESULT
-    mask = Path(mask) if mask else results_dir() / POSITION_MASK_RESULT
-    out = [stage_option_summary(stage_option_frame(path))] if path.exists() else []
-    if mask.exists():
-        t = position_mask_frame(mask)
-        out.append(stage_option_summary(t, lead=f"With the position mask (`grid.position_floor={t.attrs['floor']:g}`)"))
-    return out
 
 
 def check_state_prompt_runs(d: dict, path) -> None:
@@ -442,10 +435,10 @@ def with_adapter_view(t: pd.DataFrame) -> pd.DataFrame:
         "κ with the adapter [95%]": [ci_text(*r) for r in zip(t["κ"], t["κ lo"], t["κ hi"])],
         "κ alone [95%]": [ci_text(*r) for r in zip(t["κ alone"], t["κ alone lo"], t["κ alone hi"])],
         "Δκ [95%]": [ci_text(*r, "{:+.2f}") for r in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
-        "Δκ p (Holm)": [f"{p:.3g}" for p in t["Δκ p (Holm)"]],
+        "Δκ p (Holm)": [format_p(p) for p in t["Δκ p (Holm)"]],
         "ε pass@1 with / alone (%)": [f"{100 * a:.1f} / {100 * b:.1f}" for a, b in zip(t["ε pass@1"], t["ε pass@1 alone"])],
         "Δ ε pass@1 (pts)": [pts(*r) for r in zip(t["Δ pass@1"], t["Δ pass@1 lo"], t["Δ pass@1 hi"])],
-        "Δ pass@1 p (Holm)": [f"{p:.3g}" for p in t["Δ pass@1 p (Holm)"]]})
+        "Δ pass@1 p (Holm)": [format_p(p) for p in t["Δ pass@1 p (Holm)"]]})
 
 
 def with_adapter_sentence(t: pd.DataFrame) -> str:
@@ -464,19 +457,6 @@ def with_adapter_sentence(t: pd.DataFrame) -> str:
             ).replace("-", "−")
 
 
-def state_prompt_sentence(t: pd.DataFrame) -> str:
-    """:func:`state_prompt_frame` in one sentence for the first page: each seed's kappa of the state prompt
-    and of the adapter with intervals, the questions, and on how many seeds the paired gain holds after Holm."""
-    seeds = [str(s) for s in t["data seed"]]
-    said = seeds[0] if len(seeds) == 1 else f"{', '.join(seeds[:-1])} and {seeds[-1]}"
-    sp = ", ".join(ci_text(r["state prompt κ"], r["sp lo"], r["sp hi"]) for _, r in t.iterrows())
-    ad = ", ".join(ci_text(r["adapter κ"], r["ad lo"], r["ad hi"]) for _, r in t.iterrows())
-    won = int(((t["Δκ lo"] > 0) & (t["p (Holm)"] < 0.05)).sum())
-    return (f"On data seed{'s' if len(t) > 1 else ''} {said} ({'/'.join(str(int(q)) for q in t.questions)} test questions), "
-            f"the state prompt ({int(t['vectors per state'].iloc[0])} vectors per state) reaches κ = {sp} against "
-            f"the adapter's {ad} on the same questions; its paired gain holds (Holm p < 0.05) on {won} of {len(t)}.")
-
-
 def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`state_prompt_frame` for the page: kappa of both variants with intervals and n, the paired
     difference with Holm's p, pass@1 of both, and the state prompt's kappa at steps 1, 2 and 3+."""
@@ -491,7 +471,7 @@ def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
         "adapter κ (steps)": [f"{iv(a, b, c)} ({int(n)})"
                               for a, b, c, n in zip(t["adapter κ"], t["ad lo"], t["ad hi"], t["ad steps"])],
         "Δκ [95%]": [iv(a, b, c, sign=True) for a, b, c in zip(t["Δκ"], t["Δκ lo"], t["Δκ hi"])],
-        "p (Holm)": t["p (Holm)"].map(lambda p: f"{p:.3g}"),
+        "p (Holm)": t["p (Holm)"].map(format_p),
         "pass@1 state prompt (%)": (100 * t["state prompt pass@1"]).round(1),
         "pass@1 adapter (%)": (100 * t["adapter pass@1"]).round(1),
         "pass@1 Base (%)": [("—" if pd.isna(b) else f"{100 * b:.1f}") for b in t.get("Base pass@1", [math.nan] * len(t))]})
@@ -499,3 +479,46 @@ def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
         if k in t:
             out[f"state prompt {k}"] = [("—" if pd.isna(v) else f"{v:.2f}".replace("-", "−")) for v in t[k]]
     return out
+
+
+def steering_table(seeds: str | Path | None = None, prompts: list[Path] | None = None, option: str | Path | None = None,
+                   mask: str | Path | None = None) -> str:
+    """Finding 3's table: kappa [95%] against the independent-chain null with its n, on the data seeds other than
+    the development one (named with their role, :func:`seed_words`), and whether it meets the criterion fixed before
+    the runs: the adapter pooled over :func:`seeds_frame`'s seeds, the state prompt per seed (:func:`state_prompt_frame`),
+    the state prompt through the stages and with the position mask (pooled where there are several seeds). "" when
+    none of them is stored."""
+    seeds = Path(seeds) if seeds else results_dir() / SEEDS_RESULT
+    option = Path(option) if option else results_dir() / STAGE_OPTION_RESULT
+    mask = Path(mask) if mask else results_dir() / POSITION_MASK_RESULT
+    if prompts is None:
+        prompts = sorted(results_dir().glob(STATE_PROMPT_RESULTS))
+    rows = []
+
+    def add(what, which, k, lo, hi, q, steps):
+        met = "yes" if k >= KAPPA_BAR and lo > KAPPA_LO_BAR else "no"
+        if met == "no" and k < KAPPA_BAR <= round(k, 2):  # shown at the threshold, yet below it
+            met = f"no (κ = {k:.3f})"
+        rows.append(f"| {what} | {seed_words(which)} | {ci_text(k, lo, hi)} | {int(q)} | {int(steps)} | {met} |")
+
+    def pooled(what, t):
+        per = t[t["data seed"].map(lambda x: isinstance(x, (int, np.integer)))]
+        pool = t[t["data seed"] == "pooled"]
+        r = pool.iloc[0] if len(per) > 1 and len(pool) else per.iloc[0]
+        add(what, per["data seed"], r.kappa, r["kappa lo"], r["kappa hi"], r.questions, r.steps)
+
+    if seeds.exists():
+        pooled("the adapter", seeds_frame(seeds))
+    if prompts:
+        for _, r in state_prompt_frame(prompts, seeds=seeds if seeds.exists() else None).iterrows():
+            add(f"the state prompt ({int(r['vectors per state'])} vectors per state)", [r["data seed"]], r["state prompt κ"],
+                r["sp lo"], r["sp hi"], r.questions, r["sp steps"])
+    if option.exists():
+        pooled("the state prompt through the stages", stage_option_frame(option))
+    if mask.exists():
+        t = position_mask_frame(mask)
+        pooled(f"the same, with the position mask (floor {t.attrs['floor']:g})", t)
+    if not rows:
+        return ""
+    return "\n".join(["| conditioning | data seeds | κ [95% CI] | questions | steps | κ ≥ 0.5, lower bound > 0.3 |",
+                      "|---|---|---:|---:|---:|---|", *rows]) + "\n"

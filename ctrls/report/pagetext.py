@@ -76,8 +76,8 @@ def rl_settings_note(curves: pd.DataFrame, planned: list[str]) -> str:
     absent = [s for s in paper if s not in ran.index and s not in missing]
     if absent:
         text += (" The paper's other setting" + ("s" if len(absent) > 1 else "") + ", "
-                 + ", ".join(f"`{s}`" for s in absent) + ", " + ("were" if len(absent) > 1 else "was")
-                 + " not run by this profile.")
+                 + ", ".join(f"`{s}`" for s in absent) + ", " + ("run" if len(absent) > 1 else "runs")
+                 + " in the `paper` profile, which runs all four.")
     return text
 
 

@@ -12,9 +12,8 @@ book, the page's number (the first page is 0; a notebook's page is its number pl
 paper's Figures 1 to 7.
 
 **Legibility.** Every text of a figure is at least :data:`MIN_FONT_PT` points, and no figure is wider
-than :data:`MAX_WIDTH_IN` inches at 100 dpi. On a 390 px phone the book's stylesheet shows a figure at
-least :data:`PHONE_MIN_PX` pixels wide, scrolling sideways inside its own box, so that its smallest text
-is about 9 px high (``book/_static/ctrls.css``; ``tests/report/test_plots_legibility.py``).
+than :data:`MAX_WIDTH_IN` inches at 100 dpi. The book's stylesheet scales every figure to its column, so
+that none is cut off on a 390 px phone (``book/_static/ctrls.css``; ``tests/report/test_plots_legibility.py``).
 """
 from __future__ import annotations
 
@@ -37,7 +36,6 @@ _PAGE = ["B"]  # this page's figure prefix: "B<page>" once set_page has run
 # The book's content column is 948 px wide at 1280 px; at 100 dpi a figure at most this many inches
 # wide is shown at its own size, never downscaled (ctrls.report.synthetic_figures uses the same width).
 MAX_WIDTH_IN = 9.3
-PHONE_MIN_PX = 560  # ctrls.css: a figure's width on a phone, at least (it scrolls inside its box)
 
 
 def _kernel() -> bool:

@@ -39,17 +39,42 @@ def notebook_config(profile: str = "demo", run_dir: str = "runs", overrides: str
     return load_config(profile, {**parse_overrides(overrides), "run_dir": run_dir})
 
 
-def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: Iterable[str] | None = None) -> str:
+def dtype_words(choice) -> str:
+    """A backbone's dtype as a banner says it: "float32 (`backbone.dtype: device`, the device's default)",
+    "bfloat16 (`backbone.dtype: auto`, by a probe: fp32 100.0 GFLOP/s, bf16 400.0 GFLOP/s)"; the logs and
+    config.yaml keep ``DtypeChoice.describe``."""
+    if choice.requested == choice.dtype:
+        return choice.dtype
+    key = f"`backbone.dtype: {choice.requested}`"
+    if choice.probe is None:
+        why = "on CUDA" if choice.device == "cuda" else "the device's default"
+        return f"{choice.dtype} ({key}, {why})"
+    p = choice.probe
+    return f"{choice.dtype} ({key}, by a probe: fp32 {p.fp32_gflops:.1f} GFLOP/s, bf16 {p.bf16_gflops:.1f} GFLOP/s)"
+
+
+def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: Iterable[str] | None = None,
+               synthetic: bool = False) -> str:
     """A Markdown banner: backbone and its dtype (``backbone.dtype: auto``: the probe's choice and numbers),
-    data, profile, seed, commit, hardware."""
+    data, profile, seed, commit, hardware. ``synthetic``: the synthetic study's banner, which has no language
+    model, no data set and no conditioning to name, only the chain's seeds."""
+    n = torch.get_num_threads()
+    dev = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+           else f"CPU ({platform.processor() or platform.machine()}, {n} thread{'s' if n != 1 else ''})")
+    commit = git_commit()
+    code = f"ctrls {sys.modules['ctrls'].__version__}" + (f" at commit `{commit}`" if commit != "unknown" else "")
+    tail = f"{code} · torch {torch.__version__} on {dev}"
+    if synthetic:
+        from ctrls.report.display import and_list
+
+        seeds = cfg.synthetic.seeds
+        return (f"**Produced by** profile `{cfg.profile}` · a synthetic latent chain, no language model · "
+                f"seed{'s' if len(seeds) != 1 else ''} {and_list(seeds)} · {tail}")
     bb = ", ".join(backbones or cfg.grid.backbones)
     ds = ", ".join(datasets or cfg.grid.datasets)
-    dev = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
-           else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
-    return (f"**Produced by** profile `{cfg.profile}` · backbone `{bb}`, {cfg.dtype_choice().describe()} · data `{ds}` "
-            f"(n_train={cfg.data.n_train}, n_test={cfg.data.n_test}) · seed {cfg.seed} · CTRLS steps conditioned by "
-            f"{conditioning(cfg)} · ctrls {sys.modules['ctrls'].__version__} at commit `{git_commit()}` · "
-            f"torch {torch.__version__} on {dev}")
+    return (f"**Produced by** profile `{cfg.profile}` · backbone `{bb}` in {dtype_words(cfg.dtype_choice())} · data `{ds}` "
+            f"({cfg.data.n_train} training and {cfg.data.n_test} test questions) · seed {cfg.seed} · CTRLS steps "
+            f"conditioned by {conditioning(cfg)} · {tail}")
 
 
 def conditioning_name(cfg: Config) -> str:
@@ -73,30 +98,34 @@ ROOT = Path(__file__).resolve().parents[2]
 def _device(machine) -> str:
     """A stored result's machine record as a reader's words: "CPU (AMD EPYC, 1 thread)", "NVIDIA H200"."""
     if isinstance(machine, str):
-        return machine or "not recorded"
+        return machine or "—"
     if not isinstance(machine, dict) or not machine:
-        return "not recorded"
+        return "—"
     if machine.get("gpu"):
         return str(machine["gpu"])
     cpu, threads = machine.get("cpu"), machine.get("threads")
     if not cpu:
-        return "not recorded"
+        return "—"
     return f"CPU ({cpu}" + (f", {threads} thread{'s' if threads != 1 else ''})" if threads else ")")
 
 
 def stored_record(rel: str, root: Path = ROOT) -> dict:
     """{file, commit, device, stored} of one stored result (a JSON file of the repository, ``rel`` relative
-    to its root): the commit and machine it records, or "not recorded"; ``stored`` False when this checkout
-    does not have the file."""
+    to its root): the commit (its own, or its environment's ``git_commit``, shortened) and machine it records
+    (None where the file records no commit, "—" where it
+    names no machine); ``stored`` False when this checkout does not have the file."""
     p = Path(root) / rel
     if not p.is_file():
-        return {"file": rel, "commit": "—", "device": "—", "stored": False}
+        return {"file": rel, "commit": None, "device": "—", "stored": False}
     try:
         d = json.loads(p.read_text())
     except (OSError, ValueError):
-        return {"file": rel, "commit": "unreadable", "device": "unreadable", "stored": True}
+        return {"file": rel, "commit": None, "device": "unreadable", "stored": True}
     d = d if isinstance(d, dict) else {}
-    return {"file": rel, "commit": str(d.get("commit") or "not recorded"),
+    env = d.get("environment") if isinstance(d.get("environment"), dict) else {}
+    commit = d.get("commit") or env.get("git_commit")  # a benchmark records its commit in its environment
+    return {"file": rel, "commit": (str(commit)[:7] if re.fullmatch(r"[0-9a-f]{40}", str(commit)) else str(commit))
+            if commit else None,
             "device": _device(d.get("machine") or d.get("environment") or {}), "stored": True}
 
 
@@ -105,24 +134,29 @@ STUDIES_INTRO = ("This build's own runs come from the commit in the banner above
 
 
 def stored_note(rels: Iterable[str] | dict[str, str], root: Path = ROOT, intro: str = STUDIES_INTRO) -> str:
-    """The page's one note on the stored results it reads: a table of file, commit and device, one row
-    per file (a file this checkout lacks says so in its row, and its section shows nothing). ``rels`` may
+    """The page's one note on the stored results it reads: a table of file, commit (where a file records
+    one) and device, one row per file (a file this checkout lacks says so in its row, and its section shows nothing). ``rels`` may
     map each file to the section that shows it (a column of its own); ``intro`` opens the note. "" when
     the page reads none."""
     where = dict(rels) if isinstance(rels, dict) else {}
     rows = [stored_record(r, root) for r in dict.fromkeys(rels)]
     if not rows:
         return ""
-    commits = {r["commit"] for r in rows if r["stored"] and r["commit"] != "not recorded"}
+    commits = {r["commit"] for r in rows if r["stored"] and r["commit"]}
     lines = [":::{admonition} Where this page's stored results come from", ":class: note", "",
              intro + (f" They come from {len(commits)} different commits." if len(commits) > 1 else ""), ""]
-    head = "| stored result | " + ("shown in | " if where else "") + "commit | device |"
-    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    # a commit column only where a stored file records its commit: a field no file records is left out
+    cols = ["stored result"] + (["shown in"] if where else []) + (["commit"] if commits else []) + ["device"]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        section = f"{where.get(r['file'], '')} | " if where else ""
-        commit = f"`{r['commit']}`" if re.fullmatch(r"[0-9a-f]{6,40}(\+dirty)?", r["commit"]) else r["commit"]
-        lines.append(f"| `{r['file']}` | {section}" + (f"{commit} | {r['device']} |" if r["stored"] else
-                                                         "not stored: its study makes it | — |"))
+        cells = [f"`{r['file']}`"] + ([where.get(r["file"], "")] if where else [])
+        c = r["commit"] or "—"
+        c = f"`{c}`" if re.fullmatch(r"[0-9a-f]{6,40}(\+dirty)?", c) else c
+        if not r["stored"]:
+            cells += ["not stored: its study makes it"] + (["—"] if commits else [])
+        else:
+            cells += ([c] if commits else []) + [r["device"]]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines + [":::", ""])
 
 

@@ -17,9 +17,12 @@ import pandas as pd
 from ctrls.config.settings import BASE, FIXED
 from ctrls.report.mechanism import checked_interval, checked_kappa, checked_number, read_result, results_dir
 from ctrls.stages.sample_tables import PASS_K, run_numbers  # noqa: F401 (re-exported: the pages read them here)
+from ctrls.stats.metrics import format_p
 from ctrls.stats.paired import paired_pass
 
 SCALED_RESULT = "studies/results/scaled_demo_h200.json"
+
+
 def _minus(s: str) -> str:
     return s.replace("-", "−")
 
@@ -91,9 +94,9 @@ def claim_sentence(path: str | Path | None = None) -> str:
     r = d["result"]
     m = int(r["samples_per_question"])
     k = min(PASS_K, m)
-    return (f" At scale, on one {d['machine'].get('gpu', '?')} with {r['questions']} questions × {m} samples of a data "
-            f"seed no choice saw (the section *The demo's task at scale* below), the adapter's ε − fixed s₀ in the unbiased "
-            f"pass@{k} is {_pts(r[f'eps_minus_fixed_pass{k}'])} points.")
+    return (f" At scale ({r['questions']} questions × {m} samples of a data seed no choice saw, on one "
+            f"{d['machine'].get('gpu', '?')}: *The demo's task at scale* below), the adapter's ε − fixed s₀ in the "
+            f"unbiased pass@{k} is {_pts(r[f'eps_minus_fixed_pass{k}'])} points.")
 
 
 def scaled_frame(build: pd.DataFrame | None, epsilon: float, path: str | Path | None = None,
@@ -131,20 +134,22 @@ def scaled_markdown(build: pd.DataFrame | None, epsilon: float, path: str | Path
     steer = (" The last-hidden adapter barely steers at this size either (κ's upper bound is below 0.2)."
              if kap["kappa hi"] < 0.2 else "")
     lines = [
-        f"The demo's pretraining and exploration were run once at {o.get('data.n_train', '?')} training and "
-        f"{r['questions']} test questions × {m} samples per row on data seed {o.get('data.seed', '?')}, which no "
-        f"choice saw, on one {mach.get('gpu', '?')} (commit `{d.get('commit', '?')}`, "
-        f"{sum((d.get('seconds') or {}).values()):.0f} s for both stages). With the adapter held fixed, "
+        f"The demo's pretraining and exploration were run once on one {mach.get('gpu', '?')}, in "
+        f"{sum((d.get('seconds') or {}).values()):.0f} s for both stages (commit `{d.get('commit', '?')}`). "
+        f"They used {o.get('data.n_train', '?')} training and {r['questions']} test questions × {m} samples per row, "
+        f"on data seed {o.get('data.seed', '?')}, which no choice saw. With the adapter held fixed, "
         f"exploration is **{word(claim)}** fixed s₀: ε − fixed s₀ in the unbiased pass@{k} is {_pts(claim)} points "
-        f"(sign-flip p = {claim['p']:.2g}). ε − Base in the same pass@{k} is {_pts(beside)} points; the adapter "
+        f"(sign-flip p = {format_p(claim['p'])}). ε − Base in the same pass@{k} is {_pts(beside)} points. The adapter "
         f"alone (fixed s₀ − Base, pass@1) is {_pts(harm)} points. Steps follow their drawn state with "
         f"κ = {_minus(format(kap['kappa'], '.2f'))} [{_minus(format(kap['kappa lo'], '.2f'))}, "
         f"{_minus(format(kap['kappa hi'], '.2f'))}] against independent chains ({kap['steps']:,} steps).{steer}",
         "",
         table_markdown(scaled_frame(build, epsilon, path, build_label, stored=d)),
         f"Stored in `{SCALED_RESULT}`, with every graded sample beside it (`scaled_demo_h200_samples.parquet`); "
-        "the command is in `studies/scaled_demo.py`. Differences in points, paired by question, with "
-        "question-bootstrap 95% intervals; pass@k is the unbiased estimator from each question's samples.",
+        "the command is in `studies/scaled_demo.py`. Differences are in points, paired by question, with "
+        "question-bootstrap 95% intervals, one comparison at a time. For this build's column, the findings above give "
+        "family intervals instead, which cover Table 1's comparisons together and are wider. pass@k is the "
+        "unbiased estimator from each question's samples.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -19,6 +19,7 @@ import pandas as pd
 from ctrls.config.schema import Config
 from ctrls.config.settings import FIXED
 from ctrls.report import paper_power, tables
+from ctrls.report.display import and_list
 from ctrls.report.provenance import git_commit
 from ctrls.report.stored import read as read_stored
 from ctrls.report.stored import result_path
@@ -305,7 +306,8 @@ def design_inputs(cfg: Config) -> dict | None:
                 rs += [between_arm_correlation(rates["Base"], rates[c]) for c in rates if c not in ("Base", "fixed s0")
                        and rates[c].notna().all() and rates["Base"].notna().all() and len(rates) >= 3]
         if rs:
-            out["rho"], out["rho from"] = float(np.mean(rs)), f"this run's Base and CTRLS rows ({len(rs)} pairs)"
+            pairs = f"{len(rs)} pair{'s' if len(rs) != 1 else ''}"
+            out["rho"], out["rho from"] = float(np.mean(rs)), f"this run's Base and CTRLS rows ({pairs})"
     if samples is not None:
         try:
             ct = tables.controllability_table(samples, n_boot=10, seed=cfg.seed)
@@ -383,11 +385,14 @@ def scorecard(cfg: Config) -> list[Claim]:
 def write_scorecard(cfg: Config, path: Path, claims: list[Claim] | None = None) -> Path:
     """Write the scorecard Markdown (with the run it comes from) to ``path``: ``claims``, or the
     scorecard of ``cfg``'s runs."""
-    where = (f"Generated from the `{cfg.profile}` profile's runs: backbone(s) {', '.join(cfg.grid.backbones)}, "
-             f"dataset(s) {', '.join(cfg.grid.datasets)}, commit `{git_commit()}`. Verdicts are read off Holm-adjusted "
-             f"p-values at 0.05 over each page's family together with the family interval beside them (Newcombe's, "
-             f"Bonferroni over the family: simultaneous 95%); *not supported* means the test and the interval do not "
-             f"resolve the difference at this size, with the estimate's direction stated: not evidence of no effect.")
+    bb, ds = cfg.grid.backbones, cfg.grid.datasets
+    commit = git_commit()
+    where = (f"Generated from the `{cfg.profile}` profile's runs: backbone{'s' if len(bb) != 1 else ''} {and_list(bb)}, "
+             f"dataset{'s' if len(ds) != 1 else ''} {and_list(ds)}"
+             + (f", commit `{commit}`" if commit != "unknown" else "") + ". Verdicts are read off Holm-adjusted "
+             "p-values at 0.05 over each page's family, together with the family interval beside them (Newcombe's, "
+             "Bonferroni over the family: simultaneous 95%). *Not supported* means the test and the interval do not "
+             "resolve the difference at this size; the estimate's direction is stated. It is not evidence of no effect.")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(scorecard_markdown(scorecard(cfg) if claims is None else claims, where))

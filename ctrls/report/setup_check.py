@@ -24,14 +24,17 @@ def _splits(cfg: Config) -> list[tuple[str, str]]:
 
 
 def dataset_table(cfg: Config) -> pd.DataFrame:
-    """Size of every split, and the size of the seeded subsets this profile uses."""
+    """Size of every split, and the size of the seeded subsets this profile uses (a transfer dataset's test
+    split: ``grid.transfer_questions``; "not used" where the profile uses none)."""
     rows = []
     for ds, split in _splits(cfg):
         probs = load_problems(ds, split, data_dir=cfg.data.data_dir)
-        used = cfg.data.n_train if split == "train" else cfg.data.n_test
+        used = (cfg.data.n_train if split == "train" else cfg.data.n_test) if ds in cfg.grid.datasets else None
+        if ds in cfg.grid.transfer_datasets and split == "test" and used is None:  # transfer: test questions only
+            used = f"{cfg.grid.transfer_questions} (transfer)"
         rows.append({"dataset": ds, "split": split, "problems": len(probs),
                      "mean reference steps": round(sum(len(p.steps) for p in probs) / len(probs), 1),
-                     "used by this profile": used if ds in cfg.grid.datasets else "not used"})
+                     "used by this profile": "not used" if used is None else used})
     return pd.DataFrame(rows)
 
 

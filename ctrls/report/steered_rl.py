@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ctrls.report.mechanism import check_state_prompt_runs, checked_interval, checked_number, ci_text, read_result, results_dir
+from ctrls.stats.metrics import format_p
 
 RL_RESULT = "studies/results/state_prompt_rl.json"
 VS = {"− Base": "minus_base", "− pretrained ε": "minus_pretrained_eps"}
@@ -55,7 +56,7 @@ def rl_view(t: pd.DataFrame) -> pd.DataFrame:
                         "pass@1 (%)": [f"{100 * v:.1f} (n = {n})" for v, n in zip(t["pass@1"], t.samples)],
                         "questions": t.questions})
     for label in VS:
-        out[f"{label} (points)"] = [f"{ci_text(100 * v, 100 * lo, 100 * hi, '{:+.1f}')}, Holm p {p:.3f}" for v, lo, hi, p in
+        out[f"{label} (points)"] = [f"{ci_text(100 * v, 100 * lo, 100 * hi, '{:+.1f}')}, Holm p {format_p(p)}" for v, lo, hi, p in
                                     zip(t[label], t[f"{label} lo"], t[f"{label} hi"], t[f"{label} p (Holm)"])]
     return out
 

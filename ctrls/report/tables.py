@@ -54,7 +54,7 @@ def layout(t: pd.DataFrame) -> pd.DataFrame:
                          aggfunc="first", sort=False)
     wide = wide.swaplevel(0, 1, axis=1).sort_index(axis=1, level=0, sort_remaining=False)
     wide.index = wide.index.set_names(["η", "exploration"])
-    return wide.fillna("not run")  # a row a dataset has no samples for (the transfer rows run CTRLS and Base only)
+    return wide.fillna("—")  # a row a dataset has no samples for: the transfer datasets run CTRLS and Base only (the page says)
 
 
 def _isnan(x) -> bool:

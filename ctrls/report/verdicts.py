@@ -305,8 +305,9 @@ def case_sentences(samples: pd.DataFrame, config: str) -> list[str]:
         only_c = int((solved[config] & ~solved["Base"]).sum())
         only_b = int((~solved[config] & solved["Base"]).sum())
         where = f"{ds}, η = {eta:g}" if ds is not None else f"At η = {eta:g}"
-        out.append(f"{where}: {config} solves {only_c} question(s) that Base misses in its samples, and misses "
-                   f"{only_b} that Base solves (of {len(solved)}); the cases below are drawn from the first kind.")
+        out.append(f"{where}: {config} solves {only_c} question{'s' if only_c != 1 else ''} that Base misses in its "
+                   f"samples, and misses {only_b} that Base solves (of {len(solved)}); the cases below are drawn from "
+                   "the first kind.")
     return out
 
 
@@ -341,7 +342,7 @@ class Estimate:
         if _missing(self.d, self.lo, self.hi):
             size = "not computed"
         else:
-            f = lambda x: f"{self.scale * x:+.1f}" if self.scale != 1 else f"{x:+.3g}"  # noqa: E731
+            f = lambda x: f"{self.scale * x:+.1f}" if self.scale != 1 else f"{x:+.2f}"  # noqa: E731
             size = (f"{f(self.d)}{' ' + self.unit if self.unit else ''} [{f(self.lo)}, {f(self.hi)}]").replace("-", "−")
         return f"{self.label}: {self.arrow} {size}" if label and self.label else f"{self.arrow} {size}"
 
@@ -386,7 +387,7 @@ def page_link(page: str) -> str:
 
 def scorecard_markdown(claims: list[Claim], where: str) -> str:
     """The scorecard in two blocks (:data:`BLOCKS`: the paper's claims, then this book's own checks),
-    each a Markdown table with the claimed direction, the direction and size found, a short verdict
+    each a Markdown table with the claim, a short verdict, the direction and size found, the claimed direction
     and the page (by its title), with a line naming the run behind it."""
     esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
     lines = [f"*{where}*", ""]
@@ -394,10 +395,11 @@ def scorecard_markdown(claims: list[Claim], where: str) -> str:
         rows = [c for c in claims if c.block == block]
         if not rows:
             continue
-        lines += [f"### {title}", "", "| claim | claimed | found: direction, size (family 95% CI) | verdict | page |",
+        # claim, verdict and estimate first: on a phone the table scrolls, and those are what a reader needs
+        lines += [f"### {title}", "", "| claim | verdict | found: direction, size (family 95% CI) | claimed | page |",
                   "|---|---|---|---|---|"]
         for c in rows:
-            lines.append(f"| {esc(c.claim)} ({esc(c.source)}) | {esc(c.claimed or '–')} | {esc(c.found())} | "
-                         f"**{esc(c.label)}** | {page_link(c.page)} |")
+            lines.append(f"| {esc(c.claim)} ({esc(c.source)}) | **{esc(c.label)}** | {esc(c.found())} | "
+                         f"{esc(c.claimed or '–')} | {page_link(c.page)} |")
         lines.append("")
     return "\n".join(lines)

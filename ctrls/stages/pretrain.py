@@ -149,8 +149,8 @@ class PretrainRun:
         a = self.summaries.get("adapter") or {}
         if "epochs_run" not in a:
             return "The adapter stage has not run."
-        stop = (f"stopped early after {a['epochs_run']} epochs without a better held-out bound"
-                if a["stopped_early"] else f"ran all {a['epochs_run']} epochs (at most {a['max_epochs']})")
+        stop = (f"ran {a['epochs_run']} epochs and stopped early, as none after epoch {a['kept_epoch']} had a better "
+                "held-out bound" if a["stopped_early"] else f"ran all {a['epochs_run']} epochs (at most {a['max_epochs']})")
         return (f"Adapter training: {a['optimizer_steps']} Adam steps ({a['optimizer_steps_per_epoch']} per epoch); "
                 f"{stop}; the adapter of epoch {a['kept_epoch']}, the best held-out bound per token, is kept.")
 
@@ -370,7 +370,8 @@ def cluster_states(cfg: Config, spectral_dir: Path, features_dir: Path, out: Pat
     frac = cfg.pretrain.heldout_fraction
     held = set(heldout_questions(qids, frac, cfg.seed))
     heldout = torch.tensor([qids[q] in held for q, _, _ in sp["index"].tolist()], dtype=torch.bool)
-    note = None if held or frac == 0 else f"only {len(set(qids))} question(s) with a kept CoT: none held out"
+    nq = len(set(qids))
+    note = None if held or frac == 0 else f"only {nq} question{'s' if nq != 1 else ''} with a kept CoT: none held out"
     (out / "split.json").write_text(json.dumps({"heldout_fraction": frac, "seed": cfg.seed, "questions": len(set(qids)),
                                                 "heldout_qids": sorted(held), "note": note}))
     ids = [f"q{q}/traj{t}/step{s}" for (q, t, s), h in zip(sp["index"].tolist(), heldout.tolist()) if not h]

@@ -105,6 +105,11 @@ def test_parameter_count():
     ad = StateAdapter(16, 32, rank=4)
     assert sum(p.numel() for p in ad.parameters()) == StateAdapter.n_params(16, 32, 4) == 4 * 17 + 4 * 32 + 8 * 16 + 16
     assert StateAdapter.n_params(576, 4 * 576, 64) == 258_688  # SmolLM2-135M, as the module docstring says
+    from ctrls.config.schema import load_config
+
+    demo = load_config("demo")  # the demo's row of the method page's table: k = 1, rank 32
+    assert (demo.spectral.k, demo.adapter.rank) == (1, 32) and StateAdapter.n_params(576, 576, 32) == 74_336
+    assert round(100 * 74_336 / 134_515_008, 2) == 0.06  # SmolLM2-135M's 134,515,008 parameters
     assert StateAdapter.n_params(2048, 4 * 2048, 64) == 919_616  # Qwen2.5-3B
 
 

@@ -101,11 +101,12 @@ def test_the_choice_and_the_probe_are_recorded_in_config_yaml_and_the_banner(pro
     save_config(cfg, tmp_path / "config.yaml")
     text = (tmp_path / "config.yaml").read_text()
     assert f"# backbone.{RECORD}" in text
-    assert RECORD in provenance(cfg)
+    assert "bfloat16 (`backbone.dtype: auto`, by a probe: fp32 100.0 GFLOP/s, bf16 400.0 GFLOP/s)" in provenance(cfg)
     plain = load_config("smoke", ["backbone.device=cpu"])
     save_config(plain, tmp_path / "plain.yaml")
     assert "#" not in (tmp_path / "plain.yaml").read_text()  # the default's file is as before
-    assert "dtype device -> float32" in provenance(plain)
+    assert "float32 (`backbone.dtype: device`, the device's default)" in provenance(plain)
+    assert "->" not in provenance(plain)
 
 
 def test_load_backbone_uses_and_logs_the_choice(probed, tiny_llama, tmp_path, caplog):

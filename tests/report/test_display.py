@@ -2,6 +2,7 @@
 no nan/None, floats rounded."""
 import math
 
+import numpy as np
 import pandas as pd
 
 from ctrls.report.display import constant_columns, fmt, frame_html
@@ -10,7 +11,7 @@ from ctrls.report.display import constant_columns, fmt, frame_html
 def test_cells_are_rounded_and_missing_values_are_a_dash():
     assert fmt(float("nan")) == "—" and fmt(None) == "—" and fmt(pd.NA) == "—"
     assert fmt(0.123456789) == "0.123" and fmt(12.3456) == "12.3" and fmt(1234.567) == "1235"
-    assert fmt(3.0) == "3" and fmt(7) == "7" and fmt(True) == "True" and fmt("a b") == "a b"
+    assert fmt(3.0) == "3" and fmt(7) == "7" and fmt(True) == "yes" and fmt(np.False_) == "no" and fmt("a b") == "a b"
     assert fmt(math.inf) == "∞"
 
 
@@ -66,3 +67,18 @@ def test_an_all_equal_judge_table_is_one_sentence_beside_the_papers_scores():
     rows[0][CRITERIA[0]] = 7.0
     t = table3_vs_paper(pd.DataFrame(rows), seed=0)
     assert "note" not in t.attrs and any("(ours)" in c for c in t.columns)
+
+
+def test_a_list_reads_as_words():
+    from ctrls.report.display import and_list
+
+    assert [and_list(x) for x in ([0], [0, 1], (0, 1, 2), [])] == ["0", "0 and 1", "0, 1 and 2", ""]
+
+
+def test_a_p_value_column_prints_one_way():
+    from ctrls.report.display import is_p_column
+
+    assert all(map(is_p_column, ["p", "p (Holm)", "p (κ, Holm)", "Δκ p (Holm)", "p, minimal discordance", "p-value"]))
+    assert not any(map(is_p_column, ["pass@1", "steps", "paper", "n (inferred)"]))
+    out = frame_html(pd.DataFrame({"x": [1.5, 2.5], "p (Holm)": [1.52e-24, 0.0312]}))
+    assert " ><1e-4</td>" in out and "0.031" in out and "e-24" not in out  # as format_p prints it in other tables

@@ -43,8 +43,10 @@ def test_scorecard_has_two_blocks_with_direction_columns_short_verdicts_and_titl
     for block in (paper, own):
         header = next(line for line in block.splitlines() if line.startswith("| claim"))
         assert "| claimed |" in header and "found: direction, size" in header and "| verdict |" in header
+        assert header.index("verdict") < header.index("found") < header.index("claimed")  # what a phone shows first
     row = next(line for line in paper.splitlines() if sc.PASS_CLAIM in line)
     assert "| ↑ CTRLS(ε) − Base, pass@n |" in row and "↓ −7.5 points [−25.0, +10.0]" in row
+    assert row.index("**not supported**") < row.index("↓ −7.5 points")
     assert "| **not supported** |" in row and "opposite direction" not in row  # the verdict cell is the label alone
     assert "detectable: about 31 points" in row
     # the page is linked by its title: {doc} with no text of its own, never a slug
@@ -108,7 +110,7 @@ def test_demo_findings_are_the_scorecards_estimates_and_verdicts():
     assert "| wp fixed s0 − Base | the adapter alone | 60 | ↓ −12.5 [−30.0, +5.0] |" in two  # the adapter alone
     assert "| wp eps=0.1 − fixed s0 | the transitions beyond the adapter | 60 | ↑ +20.0 [+5.0, +35.0] |" in two
     assert "it is *supported*" in two
-    assert three.startswith("**Steps land in their drawn latent state less often than by chance**")
+    assert three.startswith("**Steps land in their drawn state less often than by chance**")
     assert "↓ −4.0 [−7.0, −1.0]" in three
     assert four.startswith("**RL on the transition policy (Table 2): not run**")
     assert "Its stage has not run for this build's profile." in four and "the RL stage has not run" not in four
@@ -167,7 +169,7 @@ def test_scale_finding_reads_the_measured_hours(tmp_path):
     assert "have not been measured" in fd.scale_finding(cfg, tmp_path / "absent.json")
     assert "absent.json" not in fd.scale_finding(cfg, tmp_path / "absent.json")  # no file name in the prose
     paper = load_config("paper", ["grid.backbones=[Qwen/Qwen2.5-3B-Instruct]"])
-    assert fd.scale_finding(paper).startswith("**This build ran the paper's backbone(s) Qwen/Qwen2.5-3B-Instruct.**")
+    assert fd.scale_finding(paper).startswith("**This build ran the paper's backbone Qwen/Qwen2.5-3B-Instruct.**")
 
 
 def test_findings_page_is_at_most_five_with_the_forest_plot_and_its_provenance():
@@ -286,47 +288,43 @@ def test_mechanism_note_is_one_short_sentence_from_the_stored_studies(tmp_path):
     v = fd.mechanism_variants(scaling=sc_, injection=inj, states=ks)
     assert len(v) == 2 + 2 + 2 and v.kappa.max() > 0
     text = fd.mechanism_note(scaling=sc_, injection=inj, states=ks)
-    assert text.startswith("The stored mechanism studies tried 6 variants on data seed 0")
+    assert text.startswith("On data seed 0, where the choices were made, the pretraining page's 6 stored variants")
     assert f"to {v.kappa.max():.2f}, highest for {v.loc[v.kappa.idxmax()].variant}." in text
     assert "40%" not in text and "3×" not in text and "would need" not in text
-    assert len(text.split()) < 70
+    assert len(text.split()) <= 40
     fu = tmp_path / "fusion.json"  # a token-dependent F_u at K = 4, paired with the sweep's K = 4 point
     fu.write_text(json.dumps({"points": [{**_point(64, 0.5), "K": 4, "fusion": "mlp", "follows_lo": 0.45}]}))
     assert "highest for a token-dependent F_u at K = 4." in fd.mechanism_note(scaling=sc_, injection=inj, states=ks, fusion=fu)
     ks.write_text(json.dumps({"points": [{**_point(64, 0.05), "K": 4}]}))
-    assert "runs from −0.06" in fd.mechanism_note(scaling=sc_, injection=inj, states=ks)
+    assert "rate from −0.06" in fd.mechanism_note(scaling=sc_, injection=inj, states=ks)
 
 
-def test_seeds_note_gives_the_pooled_test_kappa_with_n_and_the_text_cue_bound(tmp_path):
-    """Finding 3's test number is the κ pooled over the fresh seeds, not a development seed's."""
+def test_seeds_note_is_a_table_of_kappa_by_seed_role_with_n(tmp_path):
+    """Finding 3's numbers on the other data seeds: a table, each κ with its interval and n, each seed named
+    with its role, the adapter pooled, never the development seed's number."""
     from tests.report.test_mechanism import kappa, seed
 
+    none = tmp_path / "absent.json"
     p = tmp_path / "seeds.json"
     pooled = {**kappa(0.08, 0.03, 0.13), "questions": 180, "steps": 1500}
     p.write_text(json.dumps({"margin_points": 5, "seeds": [seed(1), seed(2), seed(3)], "pooled_kappa": pooled,
                              "development": [seed(0, k=0.14, lo=0.06, hi=0.21)]}))
-    text = fd.seeds_note(p, prompts=[], option=tmp_path / "no_option.json")
-    assert text.startswith("On 3 fresh data seeds (180 test questions, 1500 steps)")
-    assert "κ = 0.08 [0.03, 0.13]" in text and "0.14" not in text
-    assert "95–97%" in text and "state prompt" not in text
-    assert fd.seeds_note(tmp_path / "absent.json") == ""
-    sp = tmp_path / "state_prompt_seed1.json"  # a stored state-prompt run: its κ beside the adapter's, before the bound
-    sp.write_text(json.dumps({"data_seed": 1, "vectors_per_state": 2, "state_prompt": {**kappa(0.41, 0.30, 0.52), "pass1": 0.2},
+    text = fd.seeds_note(p, prompts=[], option=none, mask=none)
+    assert "| the adapter | validation data seeds 1, 2 and 3 | 0.08 [0.03, 0.13] | 180 | 1500 | no |" in text
+    assert "0.14" not in text and "95–97%" not in text and "state prompt" not in text
+    assert fd.seeds_note(none, prompts=[], option=none, mask=none) == ""
+    sp = tmp_path / "state_prompt_seed1.json"  # a stored state-prompt run: its own row
+    sp.write_text(json.dumps({"data_seed": 1, "vectors_per_state": 2,
+                              "state_prompt": {**kappa(0.4972, 0.43, 0.56), "pass1": 0.2},
                               "adapter": {**kappa(0.08, 0.01, 0.15), "pass1": 0.25},
                               "state_prompt_minus_adapter": {"diff": 0.33, "lo": 0.2, "hi": 0.46, "p_value": 0.001}}))
-    text = fd.seeds_note(p, prompts=[sp])
-    assert "On data seed 1 (60 test questions), the state prompt (2 vectors per state) reaches κ = 0.41 [0.30, 0.52]" in text
-    assert "against the adapter's 0.08 [0.01, 0.15]" in text and "holds (Holm p < 0.05) on 1 of 1." in text
-    assert text.endswith("(37 contexts per cue).")
-    sp2 = tmp_path / "state_prompt_seed2.json"  # two seeds, one sentence: the second's gain does not hold
-    sp2.write_text(sp.read_text().replace('"data_seed": 1', '"data_seed": 2').replace('"lo": 0.2', '"lo": -0.1'))
-    text = fd.seeds_note(p, prompts=[sp, sp2])
-    assert "On data seeds 1 and 2 (60/60 test questions)" in text and "κ = 0.41 [0.30, 0.52], 0.41 [0.30, 0.52]" in text
-    assert "on 1 of 2." in text
-    opt = tmp_path / "state_prompt_stage.json"  # the stage option on a further seed: after the study, before the bound
+    text = fd.seeds_note(p, prompts=[sp], option=none, mask=none)
+    assert ("| the state prompt (2 vectors per state) | validation data seed 1 | 0.50 [0.43, 0.56] | 60 | 678 | "
+            "no (κ = 0.497) |") in text
+    opt = tmp_path / "state_prompt_stage.json"  # the stage option on two confirmation seeds: pooled
     opt.write_text(json.dumps({"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"],
-                               "seeds": [seed(6, k=0.63, lo=0.57, hi=0.69)], "pooled_kappa": kappa()}))
-    text = fd.seeds_note(p, prompts=[sp], option=opt)
-    assert (text.index("On data seed 1") < text.index("Through the stages (`state_prompt.use=true`) on fresh data seed 6")
-            < text.index("95–97%"))
-    assert "κ = 0.63 [0.57, 0.69] (60 questions, 678 steps): the fresh-seed criterion is met" in text
+                               "seeds": [seed(6, k=0.63, lo=0.57, hi=0.69), seed(7)], "pooled_kappa": kappa(0.6, 0.55, 0.65)}))
+    text = fd.seeds_note(p, prompts=[sp], option=opt, mask=none)
+    assert "| the state prompt through the stages | confirmation data seeds 6 and 7 | 0.60 [0.55, 0.65] | 60 | 678 | yes" in text
+    assert text.index("the adapter") < text.index("state prompt (2") < text.index("through the stages")
+    assert len(text.split("\n\n")[0].split()) <= 40

@@ -1,6 +1,6 @@
 """The first page: a three-sentence verdict a reader can repeat, with the scale caveat on the first
 screen; then the findings as short sentences, each number with its 95% interval and n, a small table where
-there are several; no first-page sentence over 80 words; no threshold the book does not justify.
+there are several; no first-page sentence over 40 words; no threshold the book does not justify.
 
 ``sentences`` splits a page's prose (Markdown, MyST) into sentences, leaving out what is not prose: code,
 math blocks, tables, directive options, headings. ``tests/report/test_pagetext_prose.py`` uses it too."""
@@ -115,7 +115,7 @@ def _page(tmp_path) -> str:
     return intro.replace("```{include} generated/findings.md\n```", findings)
 
 
-def test_no_first_page_sentence_is_over_80_words(tmp_path):
+def test_no_first_page_sentence_is_over_40_words(tmp_path):
     page = _page(tmp_path)
     long = [s for s in sentences(page) if words(s) > fd.MAX_WORDS]
     assert not long, "\n\n".join(f"{words(s)} words: {s}" for s in long)

@@ -73,7 +73,7 @@ def test_the_development_seed_is_shown_beside_outside_the_pool_and_holm(tmp_path
     assert t["p (Holm)"].iloc[:2].tolist() == pytest.approx([0.02, 0.04])  # Holm over the two fresh seeds only
     assert seeds_view(t)["κ [95%]"].iloc[3] == "0.14 [0.06, 0.21]"
     s = steering_sentences(t)
-    assert s[0].startswith("On 2 fresh data seeds") and "excludes 0 on 2 of 2 seeds" in s[1]
+    assert s[0].startswith("On validation data seeds 1 and 2") and "excludes 0 on 2 of 2 seeds" in s[1]
     assert any("0 (development)" in x and "[0.06, 0.21]" in x for x in s)
 
 
@@ -89,7 +89,7 @@ def test_the_sentences_carry_n_and_intervals(tmp_path):
 
 
 def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses(tmp_path):
-    from ctrls.report.mechanism import stage_option_frame, stage_option_sentence, stage_option_summary
+    from ctrls.report.mechanism import stage_option_frame, stage_option_sentence, steering_table
 
     met = seed(6, k=0.55, lo=0.42, hi=0.66)
     met["harm_fixed_minus_base_pass1"] = {"diff": 0.01, "lo": -0.04, "hi": 0.06, "non_inferior": True}
@@ -97,13 +97,13 @@ def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses
                          "seeds": [met, seed(7, k=0.46, lo=0.28, hi=0.6)], "pooled_kappa": kappa()})
     s = stage_option_sentence(stage_option_frame(p))
     first, second = s.split("With ")[1:]
-    assert ("data seed 6" in first and "0.55 [0.42, 0.66]" in first and "meets the fresh-seed criterion" in first
+    assert ("data seed 6" in first and "0.55 [0.42, 0.66]" in first and "meets the steering criterion" in first
             and "non-inferior at 5" in first)
     assert "+1.0 [−4.0, +6.0] points" in first
     assert "κ is 0.040 short of 0.5" in second and "lower bound is 0.020 short of 0.3" in second and "not shown" in second
     assert "its estimate is within 5 points" in second and "its estimate" not in first  # −2.0 [−7.0, +3.0]
     assert ("Pooled over the 2 seeds (60 questions, 678 steps)" in second
-            and "0.10 [0.03, 0.17], short of the fresh-seed criterion." in second)
+            and "0.10 [0.03, 0.17], short of the steering criterion." in second)
     assert "gives an answer" not in s  # stored without answer rates (older results): no reason given
     bad = seed(8, k=0.63, lo=0.57, hi=0.7)
     bad["harm_fixed_minus_base_pass1"] = {"diff": -0.1625, "lo": -0.229, "hi": -0.1, "non_inferior": False}
@@ -115,10 +115,9 @@ def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses
     a, b = stage_option_sentence(stage_option_frame(two)).split("With ")[1:]
     assert "On seed 8 the row held at s₀ gives an answer in 18.8% of its chains against Base's 82.9%, and 51.0% run all 8" in b
     assert "gives an answer" not in a  # within the margin: no reason needed
-    short = stage_option_summary(stage_option_frame(two))
-    assert "seeds 6 and 8" in short and "0.55 [0.42, 0.66], 0.63 [0.57, 0.70], pooled 0.10 [0.03, 0.17]" in short
-    assert "the fresh-seed criterion is not met" in short and "+1.0 [−4.0, +6.0], −16.2 [−22.9, −10.0] points" in short
-    assert len(short.split()) <= 80
+    none = tmp_path / "absent.json"
+    row = steering_table(none, [], two, none)
+    assert "| the state prompt through the stages | confirmation data seeds 6 and 8 | 0.10 [0.03, 0.17] | 60 | 678 | no |" in row
     one = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": ["state_prompt.use=true"], "seeds": [met],
                            "pooled_kappa": kappa()}, "one.json")
     t = stage_option_frame(one)
@@ -129,7 +128,7 @@ def test_the_stage_option_is_held_against_the_bar_and_says_by_how_much_it_misses
 
 
 def test_the_position_mask_result_is_read_with_its_masks_and_refused_without_them(tmp_path):
-    from ctrls.report.mechanism import position_mask_frame, position_mask_view, stage_option_note, stage_option_sentence
+    from ctrls.report.mechanism import position_mask_frame, position_mask_view, stage_option_sentence, steering_table
 
     mask = {"allowed": [[0, 1, 1], [1, 0, 1]], "mode": [1, 0], "counts": [[0, 30, 5], [40, 1, 9]]}
     s6 = {**seed(6, k=0.6, lo=0.5, hi=0.7), "position_masks": {"smollm2__word_problems": mask}}
@@ -137,13 +136,13 @@ def test_the_position_mask_result_is_read_with_its_masks_and_refused_without_the
     p = write(tmp_path, {"commit": "abc", "margin_points": 5, "overrides": over, "seeds": [s6], "pooled_kappa": kappa()})
     t = position_mask_frame(p)
     assert t.attrs["floor"] == 0.05 and list(t["data seed"]) == [6]
-    assert stage_option_sentence(t, lead="With the mask").startswith("With the mask on data seed 6")
+    assert stage_option_sentence(t, lead="With the mask").startswith("With the mask on confirmation data seed 6")
     v = position_mask_view(t)
     assert v.position.tolist() == ["step 1", "step 2+"] and v["training steps"].tolist() == [35, 50]
     assert v["state 0"].tolist() == ["0", "40 ✓"] and v["state 1"].tolist() == ["30 ✓", "1"]
-    note = stage_option_note(tmp_path / "absent.json", p)
-    assert len(note) == 1 and note[0].startswith("With the position mask (`grid.position_floor=0.05`) on fresh data seed 6")
-    assert len(note[0].split()) <= 80
+    note = steering_table(tmp_path / "absent.json", [], tmp_path / "absent.json", p)
+    assert ("| the same, with the position mask (floor 0.05) | confirmation data seed 6 | 0.60 [0.50, 0.70] | 60 | 678 | "
+            "yes |") in note
     for bad_over, what in ((["state_prompt.use=true"], "position_floor"),
                            (over[:1] + ["grid.position_floor=0"], "position_floor")):
         q = write(tmp_path, {"margin_points": 5, "overrides": bad_over, "seeds": [s6], "pooled_kappa": kappa()}, "q.json")

@@ -46,7 +46,10 @@ def test_the_rl_page_names_the_settings_that_ran():
     curves = pd.DataFrame([dict(setting=s, epsilon=e, alpha=a) for s, e, a in (("none", 0.0, 0.0), ("both", 0.1, 0.01))])
     text = pagetext.rl_settings_note(curves, ["none", "both"])
     assert text.startswith("2 settings ran: `none` (ε = 0, α = 0); `both` (ε = 0.1, α = 0.01).")
-    assert "The paper's other settings, `epsilon`, `entropy`, were not run by this profile." in text
+    assert "The paper's other settings, `epsilon`, `entropy`, run in the `paper` profile, which runs all four." in text
+    from ctrls.config.schema import load_config
+
+    assert load_config("paper").rl.settings == ["none", "epsilon", "entropy", "both"]  # the sentence's claim
     assert "Asked for but not in the curves: `epsilon`." in pagetext.rl_settings_note(curves, ["none", "both", "epsilon"])
     assert "four curves" not in text
 

@@ -17,13 +17,19 @@ def test_the_stored_note_names_file_commit_and_device(tmp_path):
     assert note.startswith(":::{admonition} Where this page's stored results come from\n:class: note\n")
     assert "| `studies/a.json` | the K sweep | `60c5c21` | CPU (AMD EPYC, 1 thread) |" in note
     assert "| `studies/b.json` | the K sweep | `b7f6c4f` | AMD EPYC; 2 cores |" in note
-    assert "| `studies/g.json` | GPU hours | not recorded | NVIDIA H200 |" in note
+    assert "| `studies/g.json` | GPU hours | — | NVIDIA H200 |" in note and "not recorded" not in note
     assert "| `studies/missing.json` | the concentration | not stored: its study makes it | — |" in note
     assert "They come from 2 different commits." in note
     assert str(tmp_path) not in note  # files are named from the repository's root, never by a build path
     assert provenance.stored_note([], tmp_path) == ""
     plain = provenance.stored_note(["studies/a.json"], tmp_path)
     assert "| stored result | commit | device |\n|---|---|---|" in plain
+    (tmp_path / "studies" / "h.json").write_text(json.dumps({"environment": {"gpu": "NVIDIA H200"}}))
+    env = {"gpu": "NVIDIA H100", "git_commit": "d116c06" + "a" * 33}
+    (tmp_path / "studies" / "e.json").write_text(json.dumps({"environment": env}))
+    assert "| `studies/e.json` | `d116c06` | NVIDIA H100 |" in provenance.stored_note(["studies/e.json"], tmp_path)
+    none = provenance.stored_note(["studies/h.json"], tmp_path)  # no file records its commit: no commit column
+    assert "| stored result | device |\n|---|---|\n| `studies/h.json` | NVIDIA H200 |" in none
 
 
 def test_the_pretraining_page_lists_every_stored_study_once():

@@ -33,8 +33,8 @@ def test_each_policy_is_shown_with_n_intervals_and_holm_and_the_sentence_follows
     assert list(t.policy) == list(RL) and set(t["data seed"]) == {9}
     v = rl_view(t)
     assert v["pass@1 (%)"].iloc[0] == "30.0 (n = 240)" and v["questions"].iloc[0] == 60
-    assert v["− Base (points)"].iloc[0] == "+11.0 [+4.0, +18.0], Holm p 0.020"
-    assert v["− pretrained ε (points)"].iloc[0] == "−1.0 [−10.0, +8.0], Holm p 1.000"
+    assert v["− Base (points)"].iloc[0] == "+11.0 [+4.0, +18.0], Holm p 0.02"
+    assert v["− pretrained ε (points)"].iloc[0] == "−1.0 [−10.0, +8.0], Holm p 1"
     s = rl_sentence(t)
     assert "Base answers 19.0% and the pretrained policy's ε row 31.0%" in s
     assert "2 of the 2 RL policies beat Base and 0 lose to it; 0 beat the pretrained ε row" in s

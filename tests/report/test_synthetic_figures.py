@@ -198,5 +198,9 @@ def test_setup_tables_show_no_raw_tex_and_say_which_data_the_profile_skips(monke
     t = setup_check.dataset_table(cfg)
     used = dict(zip(t.dataset + "/" + t.split, t["used by this profile"]))
     assert used["math/test"] == "not used" and used["gsm8k/test"] == cfg.data.n_test, used
+    demo = load_config("demo")  # the demo's GSM8K transfer questions are used, and said so
+    t = setup_check.dataset_table(demo)
+    used = dict(zip(t.dataset + "/" + t.split, t["used by this profile"]))
+    assert used["gsm8k/test"] == f"{demo.grid.transfer_questions} (transfer)" and used["gsm8k/train"] == "not used", used
     ex = setup_check.example_problems(cfg, n=1)
     assert not ex.question.str.contains("$", regex=False).any() and set(ex.gold) == {"2"}, ex.to_dict("records")

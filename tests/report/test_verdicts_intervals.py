@@ -65,9 +65,9 @@ def test_case_sentences_per_dataset():
             for q, ok in enumerate(oks):
                 rows.append({"dataset": ds, "temperature": 0.7, "config": cfg, "question_id": f"q{q}", "correct": bool(ok)})
     s = case_sentences(pd.DataFrame(rows), "eps=0.1")
-    assert s == ["gsm8k, η = 0.7: eps=0.1 solves 1 question(s) that Base misses in its samples, and misses 0 that "
+    assert s == ["gsm8k, η = 0.7: eps=0.1 solves 1 question that Base misses in its samples, and misses 0 that "
                  "Base solves (of 2); the cases below are drawn from the first kind.",
-                 "word_problems, η = 0.7: eps=0.1 solves 0 question(s) that Base misses in its samples, and misses 1 "
+                 "word_problems, η = 0.7: eps=0.1 solves 0 questions that Base misses in its samples, and misses 1 "
                  "that Base solves (of 3); the cases below are drawn from the first kind."]
 
 
