@@ -8,8 +8,9 @@ for each mode so that both start from the same files. The study's RL (the demo's
 seed, 24 test questions x 4 samples for Table 2) with ``rl.steps`` cut to ``--steps`` (a reduced grid: the
 per-step work is the study's). Reported per S: seconds per run in each mode, the ratio, and whether both
 modes wrote the same curves and Table 2 samples (rows equal at rtol 1e-4). The modes alternate which runs
-first; the machine's 128 x 576 x 1536 fp32 GEMM rate is measured at the start.
-Usage: python bench/rl_lockstep.py [--from runs/seeds] [--seeds 100 101 102 103] [--runs 1 4] [--steps 2]
+first, after an untimed warm-up
+(one seed's RL at one step); the machine's 128 x 576 x 1536 fp32 GEMM rate is measured at the start.
+Usage: python bench/rl_lockstep.py [--from runs/seeds] [--seeds 100 101 102 103] [--runs 4 1] [--steps 2]
        [--out bench/results/rl_lockstep.json]
 """
 from __future__ import annotations
@@ -53,13 +54,14 @@ def same_results(a: Path, b: Path) -> bool:
 
 
 def main():
+    from ctrls.config.schema import override
     from ctrls.method.backbone import gemm_gflops
     from ctrls.stages.rl import run_rl, run_rl_lockstep
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from", dest="src", default="runs/seeds")
     ap.add_argument("--seeds", type=int, nargs="+", default=[100, 101, 102, 103])
-    ap.add_argument("--runs", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--runs", type=int, nargs="+", default=[4, 1])
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -68,6 +70,8 @@ def main():
     if missing:
         raise SystemExit(f"no pretrained seed {missing[0]} under {src}: run studies/seeds_study.py run first")
     gemm = gemm_gflops()
+    with tempfile.TemporaryDirectory() as tmp:  # warm-up, untimed: the backbone's files, threads, the allocator
+        run_rl(override(configs(src, args.seeds[:1], Path(tmp), 1)[0], {"rl.n_test": 2}), progress=False)
     rows = []
     for i, n in enumerate(args.runs):
         seeds = args.seeds[:n]
