@@ -8,6 +8,7 @@ repository root, so ``bench/`` is on ``sys.path``). Running this file does nothi
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -71,7 +72,10 @@ def write_result(res: dict, out: str | None) -> None:
     """Write a benchmark's JSON result to ``out`` (when given, creating its folder), and print it as the
     last line. Serialised first, refusing a non-finite number (no reader takes a bare NaN), then written to a
     temporary file in the same folder, fsynced and renamed: a failure midway leaves the old result whole."""
-    text = json.dumps(res, indent=1, allow_nan=False)  # ValueError naming nothing is better than a NaN on disk
+    bad = non_finite(res)
+    if bad is not None:
+        raise ValueError(f"{out or 'the result'}: {bad[0] or '(the result)'} is {bad[1]}, not a finite number; nothing written")
+    text = json.dumps(res, indent=1, allow_nan=False)
     if out:
         os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
         tmp = os.path.join(os.path.dirname(out) or ".", f".{os.path.basename(out)}.tmp")
@@ -81,6 +85,18 @@ def write_result(res: dict, out: str | None) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, out)
     print(json.dumps(res, allow_nan=False))
+
+
+def non_finite(value, at: str = "") -> tuple[str, float] | None:
+    """(field, value) of the first NaN or infinity in a result (``a.b[2]``), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return at, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for k, v in items:
+        hit = non_finite(v, f"{at}[{k}]" if isinstance(k, int) else f"{at}.{k}" if at else str(k))
+        if hit is not None:
+            return hit
+    return None
 
 
 def gemm_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> float:
