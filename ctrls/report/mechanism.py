@@ -102,8 +102,8 @@ def _seed_row(s: dict, path, margin: float) -> dict:
                          f"harm's lower bound {100 * hlo:+.1f} points is {'not ' if ni else ''}above −{margin:g}")
     return {"data seed": checked_count(s, "data_seed", path, 0), "questions": checked_count(s, "questions", path),
             **checked_kappa(s["kappa"], path), "harm": hd, "harm lo": hlo, "harm hi": hhi, "non-inferior": ni,
-            "ε − Base pass@n": checked_number(e, "diff", path, -1, 1), "ε − Base lo": checked_number(e, "lo", path, -1, 1),
-            "ε − Base hi": checked_number(e, "hi", path, -1, 1), **_answer_rates(s, path), **_eps_minus_fixed(s, path)}
+            **dict(zip(("ε − Base pass@n", "ε − Base lo", "ε − Base hi"), checked_interval(e, "diff", "lo", "hi", path))),
+            **_answer_rates(s, path), **_eps_minus_fixed(s, path)}
 
 
 def _eps_minus_fixed(s: dict, path) -> dict:

@@ -259,6 +259,7 @@ def harm(**kw):
     ({**seed(1), "questions": True}, "'questions'"), ({**seed(1), "data_seed": "1"}, "'data_seed'"),
     ({k: v for k, v in seed(1).items() if k != "kappa"}, "field 'kappa' is missing"),
     ({**seed(1), "kappa": {**kappa(), "steps": 0}}, "'steps'"),
+    ({**seed(1), "eps_minus_base_pass_n": {"diff": 0.3, "lo": -0.05, "hi": 0.15}}, "does not contain its estimate"),
 ])
 def test_a_seed_field_of_the_wrong_kind_or_a_verdict_against_its_interval_is_refused_naming_file_and_field(tmp_path, s, field):
     with pytest.raises(ValueError, match="seeds.json") as e:
