@@ -103,3 +103,35 @@ def test_a_damaged_artifact_is_one_line(tmp_path, capsys, monkeypatch):
     code, err = run_stage(tmp_path, capsys)
     assert code == 1 and err == [f"ctrls stage: ArtifactError: {tmp_path}/adapter.safetensors: damaged (header too large) "
                                  "run the stage again"], err
+
+
+@pytest.mark.parametrize("error, named", [
+    (OSError(errno.ENOSPC, "No space left on device", "{d}/smoke/exploration/part-3.parquet"),
+     "{d}/smoke/exploration/part-3.parquet"),
+    (RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'),
+     "{d}"),
+])
+def test_a_full_disk_anywhere_in_a_stage_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch, error, named):
+    import ctrls.stages.exploration as E
+
+    if isinstance(error, OSError):
+        error.filename = error.filename.format(d=tmp_path)
+
+    def full(*a, **k):
+        try:
+            raise error
+        except Exception as e:
+            raise RuntimeError("writing a part failed") from e  # a full disk under another error is found too
+
+    monkeypatch.setattr(E, "explore", full)
+    code, err = run_stage(tmp_path, capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"ctrls stage: cannot write {named.format(d=tmp_path)}: no space left on the device"), err
+
+
+def test_an_error_that_is_no_full_disk_still_raises(tmp_path, capsys, monkeypatch):
+    import ctrls.stages.exploration as E
+
+    monkeypatch.setattr(E, "explore", lambda *a, **k: (_ for _ in ()).throw(ZeroDivisionError("a bug")))
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["stage", "exploration", "--profile", "smoke", "--run-dir", str(tmp_path), "--quiet"])
