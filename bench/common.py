@@ -77,14 +77,25 @@ def write_result(res: dict, out: str | None) -> None:
         raise ValueError(f"{out or 'the result'}: {bad[0] or '(the result)'} is {bad[1]}, not a finite number; nothing written")
     text = json.dumps(res, indent=1, allow_nan=False)
     if out:
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        tmp = os.path.join(os.path.dirname(out) or ".", f".{os.path.basename(out)}.tmp")
+        replace_file(out, text)
+    print(json.dumps(res, allow_nan=False))
+
+
+def replace_file(out: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``out`` (creating its folder) through a temporary file in the same folder, fsynced and
+    renamed: a reader, or a kill midway, sees the old file or the new one, never half of one."""
+    out = os.fspath(out)
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    tmp = os.path.join(os.path.dirname(out) or ".", f".{os.path.basename(out)}.{os.getpid()}.tmp")
+    try:
         with open(tmp, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out)
-    print(json.dumps(res, allow_nan=False))
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def non_finite(value, at: str = "") -> tuple[str, float] | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -29,3 +30,22 @@ def test_a_non_finite_number_is_refused_naming_its_field_and_nothing_is_written(
     with pytest.raises(ValueError, match="result.json: ") as e:
         write_result(res, str(out))
     assert field in str(e.value) and "nothing written" in str(e.value) and not out.exists()
+
+
+def test_a_replaced_file_is_the_old_one_or_the_new_one_never_half(tmp_path, monkeypatch):
+    from common import replace_file
+
+    out = tmp_path / "d" / "measured.json"
+    replace_file(out, "old")
+    real = os.fsync
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        replace_file(out, "new")
+    monkeypatch.setattr(os, "fsync", real)
+    assert out.read_text() == "old" and [p.name for p in out.parent.iterdir()] == ["measured.json"]
+    replace_file(out, "new")
+    assert out.read_text() == "new"
