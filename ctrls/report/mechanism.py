@@ -122,7 +122,7 @@ def _answer_rates(s: dict, path) -> dict:
     if not isinstance(v, dict) or not isinstance(a, dict):
         return {"Base answers": math.nan, "fixed answers": math.nan, "fixed ran all steps": math.nan, "T": math.nan}
     return {"Base answers": checked_number(v, "Base", path, 0, 1), "fixed answers": checked_number(v, "fixed s0", path, 0, 1),
-            "fixed ran all steps": checked_number(a, "fixed s0", path, 0, 1), "T": checked_number(s, "max_steps", path, 1)}
+            "fixed ran all steps": checked_number(a, "fixed s0", path, 0, 1), "T": checked_count(s, "max_steps", path)}
 
 
 def ci_text(v, lo, hi, fmt: str = "{:.2f}") -> str:

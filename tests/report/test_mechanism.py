@@ -260,6 +260,7 @@ def harm(**kw):
     ({k: v for k, v in seed(1).items() if k != "kappa"}, "field 'kappa' is missing"),
     ({**seed(1), "kappa": {**kappa(), "steps": 0}}, "'steps'"),
     ({**seed(1), "eps_minus_base_pass_n": {"diff": 0.3, "lo": -0.05, "hi": 0.15}}, "does not contain its estimate"),
+    ({**seed(1), "max_steps": 7.5, "valid": {"Base": 0.9, "fixed s0": 0.8}, "ran_all_steps": {"fixed s0": 0.1}}, "'max_steps'"),
 ])
 def test_a_seed_field_of_the_wrong_kind_or_a_verdict_against_its_interval_is_refused_naming_file_and_field(tmp_path, s, field):
     with pytest.raises(ValueError, match="seeds.json") as e:
