@@ -60,13 +60,34 @@ def results_dir() -> Path:
     return Path(os.environ.get("CTRLS_RESULTS_DIR", REPO))
 
 
+def read_seeds_result(path) -> dict:
+    """:func:`read_result` of a ``studies/seeds.py`` (or ``studies/state_prompt.py``) result, its variant's fields
+    checked: ``overrides`` a list of key=value texts, ``settings`` an object, ``seeds`` and ``development`` lists of
+    objects, and the same in its ``against`` runs."""
+    d = read_result(path)
+    for where, r in (("", d), ("against.", d.get("against"))):
+        if r is None and where:
+            continue
+        if not isinstance(r, dict):
+            raise ValueError(f"{path}: field 'against' must be an object, got {r!r:.60}")
+        over = r.get("overrides")
+        if over is not None and not (isinstance(over, list) and all(isinstance(o, str) for o in over)):
+            raise ValueError(f"{path}: field '{where}overrides' must be a list of key=value texts, got {over!r:.60}")
+        if r.get("settings") is not None and not isinstance(r["settings"], dict):
+            raise ValueError(f"{path}: field '{where}settings' must be an object, got {r['settings']!r:.60}")
+        for key in ("seeds", "development"):
+            if r.get(key) is not None:
+                checked_seeds(r[key], path, f"{where}{key}")
+    return d
+
+
 def seeds_frame(path: str | Path | None = None) -> pd.DataFrame:
     """One row per fresh data seed, a pooled row, and the development seed's row beside (every choice was
     made on it: outside the pool and Holm): kappa [95%] against the independent-chain null with its n,
     the fixed-s0 harm (pass@1 minus Base's) [95%] and whether it is non-inferior at the stored margin,
     and epsilon - Base pass@n [Table 1's family interval]."""
     path = Path(path) if path else results_dir() / SEEDS_RESULT
-    d = read_result(path)
+    d = read_seeds_result(path)
     with reading(path):
         margin = checked_number(d, "margin_points", path, 0, 100)
         rows = [_seed_row(s, path, margin) for s in checked_seeds(d.get("seeds") or [], path)]
@@ -162,7 +183,7 @@ def state_prompt_frame(paths: list[str | Path] | None = None, seeds: str | Path 
         raise FileNotFoundError(f"no stored state-prompt result ({STATE_PROMPT_RESULTS})")
     rows, seen = [], {}
     for path in paths:
-        d = read_result(path)
+        d = read_seeds_result(path)
         with reading(path):
             rows.append(_state_prompt_row(d, path))
         seed = rows[-1]["data seed"]
@@ -195,7 +216,7 @@ def _base_pass1(path: Path | None) -> dict:
     path = path or results_dir() / SEEDS_RESULT
     if not Path(path).is_file():
         return {}
-    d = read_result(Path(path))
+    d = read_seeds_result(Path(path))
     with reading(path):
         return {checked_count(s, "data_seed", path, 0): checked_number(s.get("pass1", {}), "Base", path, 0, 1)
                 for s in checked_seeds(d.get("seeds") or [], path) if "Base" in s.get("pass1", {})}
@@ -240,7 +261,7 @@ def stage_option_frame(path: str | Path | None = None) -> pd.DataFrame:
     """:func:`seeds_frame` of the stored result of runs made with ``state_prompt.use=true`` (the stages'
     own fit and decode, run by the README's commands); refused when its overrides do not hold the option."""
     path = Path(path) if path else results_dir() / STAGE_OPTION_RESULT
-    check_state_prompt_runs(read_result(path), path)
+    check_state_prompt_runs(read_seeds_result(path), path)
     t = seeds_frame(path)
     if t["data seed"].map(lambda x: isinstance(x, (int, np.integer))).sum() == 1:  # one seed: its pooled row repeats it
         attrs, t = t.attrs, t[t["data seed"] != "pooled"].reset_index(drop=True)
@@ -353,7 +374,7 @@ def position_mask_frame(path: str | Path | None = None) -> pd.DataFrame:
     """:func:`stage_option_frame` of the stored runs explored with the position mask; refused unless their
     overrides set ``grid.position_floor`` above 0 (``attrs["floor"]``) and every seed stores its mask."""
     path = Path(path) if path else results_dir() / POSITION_MASK_RESULT
-    d = read_result(path)
+    d = read_seeds_result(path)
     try:
         floor = float(stored_setting(d, "grid.position_floor") or 0)
     except ValueError:
@@ -389,7 +410,7 @@ def defaults_frame(path: str | Path | None = None) -> pd.DataFrame:
     from ctrls.config.schema import load_config
 
     path = Path(path) if path else results_dir() / DEFAULT_RESULT
-    d = read_result(path)
+    d = read_seeds_result(path)
     cfg = load_config(stored_profile(d, path).replace("?", "demo"))
     if d.get("overrides"):
         raise ValueError(f"{path}: not runs made with the {cfg.profile} profile's defaults: overrides {d['overrides']}")
@@ -425,7 +446,7 @@ def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
     differences [95%] with Holm p over the seeds. Refused unless the stored runs and the ones they are
     compared with differ in that option alone."""
     path = Path(path) if path else results_dir() / ADAPTER_RESULT
-    d = read_result(path)
+    d = read_seeds_result(path)
     other = d.get("against")
     if str(stored_setting(d, "state_prompt.with_adapter")).lower() != "true" or not isinstance(other, dict):
         raise ValueError(f"{path}: not runs with state_prompt.with_adapter=true compared --against others "

@@ -20,7 +20,7 @@ from ctrls.report.mechanism import (
     checked_number,
     checked_seeds,
     ci_text,
-    read_result,
+    read_seeds_result,
     reading,
     results_dir,
     stored_profile,
@@ -36,7 +36,7 @@ def rl_frame(path: str | Path | None = None) -> pd.DataFrame:
     (``VS``) the paired difference [95%] and its Holm p; refused, naming the file and the field, when the runs were
     not made with the state prompt and its position mask (the page says both), a seed has no RL rows or a field is wrong."""
     path = Path(path) if path else results_dir() / RL_RESULT
-    d = read_result(path)
+    d = read_seeds_result(path)
     check_state_prompt_runs(d, path)
     try:
         floor = float(stored_setting(d, "grid.position_floor") or 0)

@@ -349,3 +349,18 @@ def test_the_adapter_comparison_is_refused_when_the_runs_differ_in_another_setti
         bad = {**d, "against": {**d["against"], **against}}
         with pytest.raises(ValueError, match=rf"bad.json: .*{what}"):
             with_adapter_frame(write(tmp_path, bad, "bad.json"))
+
+
+@pytest.mark.parametrize("change, field", [({"overrides": "state_prompt.use=true"}, "'overrides'"),
+                                           ({"overrides": [1]}, "'overrides'"), ({"settings": ["x"]}, "'settings'"),
+                                           ({"seeds": [1, 2]}, "'seeds'"), ({"development": {"data_seed": 0}}, "'development'"),
+                                           ({"against": [1]}, "'against'"),
+                                           ({"against": {"overrides": 3, "seeds": []}}, "'against.overrides'")])
+def test_a_variant_field_of_the_wrong_kind_is_refused_naming_file_and_field(tmp_path, change, field):
+    from ctrls.report.mechanism import position_mask_frame, stage_option_frame, with_adapter_frame
+
+    p = write(tmp_path, {**seeds_result(seed(1), seed(2)), **change}, "kinds.json")
+    for frame in (seeds_frame, stage_option_frame, position_mask_frame, with_adapter_frame):
+        with pytest.raises(ValueError, match="kinds.json") as e:
+            frame(p)
+        assert field in str(e.value), (frame.__name__, str(e.value))
