@@ -407,11 +407,15 @@ DEFAULT_KEYS = ("state_prompt.use", "state_prompt.with_adapter", "grid.position_
 def defaults_frame(path: str | Path | None = None) -> pd.DataFrame:
     """:func:`position_mask_frame` of runs made with a profile's defaults (the page says so): refused unless the
     result has no overrides and records each of ``DEFAULT_KEYS`` at the value its profile has today."""
-    from ctrls.config.schema import load_config
+    from ctrls.config.schema import ConfigError, load_config
 
     path = Path(path) if path else results_dir() / DEFAULT_RESULT
     d = read_seeds_result(path)
-    cfg = load_config(stored_profile(d, path).replace("?", "demo"))
+    name = stored_profile(d, path)
+    try:
+        cfg = load_config("demo" if name == "?" else name)
+    except ConfigError as e:
+        raise ValueError(f"{path}: field 'profile': {name!r} is no profile this checkout has ({e})") from None
     if d.get("overrides"):
         raise ValueError(f"{path}: not runs made with the {cfg.profile} profile's defaults: overrides {d['overrides']}")
     for key in DEFAULT_KEYS:

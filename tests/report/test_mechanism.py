@@ -322,6 +322,8 @@ def test_only_runs_of_the_profiles_defaults_are_read_as_the_defaults(tmp_path):
     s10 = {**seed(10), "position_masks": {"smollm2__word_problems": MASK}}
     ok = write(tmp_path, seeds_result(s10, overrides=[], settings=MASKED))
     assert list(defaults_frame(ok)["data seed"]) == [10]
+    with pytest.raises(ValueError, match=r"nosuch.json: field 'profile': 'nosuch' is no profile"):
+        defaults_frame(write(tmp_path, seeds_result(s10, overrides=[], settings=MASKED, profile="nosuch"), "nosuch.json"))
     for bad, what in (({"settings": {**MASKED, "state_prompt.with_adapter": True}}, "state_prompt.with_adapter is true"),
                       ({"settings": {**MASKED, "grid.position_floor": 0.1}}, "grid.position_floor is 0.1"),
                       ({"settings": MASKED, "overrides": ["rl.steps=2"]}, "overrides"),
