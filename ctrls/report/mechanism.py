@@ -13,6 +13,8 @@
   they can occur, and the fixed-s0 row holds s0 only there;
 - ``with_adapter_frame`` / ``with_adapter_view``: the masked runs again with the frozen adapter applied as
   well (``state_prompt.with_adapter``), against the state prompt alone on the same questions (``--against``);
+- ``defaults_frame``: runs made with a profile's defaults, refused unless their recorded settings are that
+  profile's today;
 - ``TEXT_CUE_BOUND``: the ceiling the backbone allows, measured by forcing text cues (the issue's probe).
 """
 from __future__ import annotations
