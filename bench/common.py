@@ -8,6 +8,7 @@ repository root, so ``bench/`` is on ``sys.path``). Running this file does nothi
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -71,16 +72,42 @@ def write_result(res: dict, out: str | None) -> None:
     """Write a benchmark's JSON result to ``out`` (when given, creating its folder), and print it as the
     last line. Serialised first, refusing a non-finite number (no reader takes a bare NaN), then written to a
     temporary file in the same folder, fsynced and renamed: a failure midway leaves the old result whole."""
-    text = json.dumps(res, indent=1, allow_nan=False)  # ValueError naming nothing is better than a NaN on disk
+    bad = non_finite(res)
+    if bad is not None:
+        raise ValueError(f"{out or 'the result'}: {bad[0] or '(the result)'} is {bad[1]}, not a finite number; nothing written")
+    text = json.dumps(res, indent=1, allow_nan=False)
     if out:
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        tmp = os.path.join(os.path.dirname(out) or ".", f".{os.path.basename(out)}.tmp")
+        replace_file(out, text)
+    print(json.dumps(res, allow_nan=False))
+
+
+def replace_file(out: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``out`` (creating its folder) through a temporary file in the same folder, fsynced and
+    renamed: a reader, or a kill midway, sees the old file or the new one, never half of one."""
+    out = os.fspath(out)
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    tmp = os.path.join(os.path.dirname(out) or ".", f".{os.path.basename(out)}.{os.getpid()}.tmp")
+    try:
         with open(tmp, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out)
-    print(json.dumps(res, allow_nan=False))
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def non_finite(value, at: str = "") -> tuple[str, float] | None:
+    """(field, value) of the first NaN or infinity in a result (``a.b[2]``), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return at, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for k, v in items:
+        hit = non_finite(v, f"{at}[{k}]" if isinstance(k, int) else f"{at}.{k}" if at else str(k))
+        if hit is not None:
+            return hit
+    return None
 
 
 def gemm_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> float:

@@ -24,13 +24,12 @@
 The last line is a JSON object of the ratios and counts. Usage: python bench/sampling.py [--dtype float32|bfloat16|both]
 """
 import argparse
-import json
 import os
 import time
 from dataclasses import replace
 
 import torch
-from common import QUESTIONS, CpuCopyCounter, DispatchCounter, forced_params, gemm_gflops, random_ctrls
+from common import QUESTIONS, CpuCopyCounter, DispatchCounter, forced_params, gemm_gflops, random_ctrls, write_result
 
 from ctrls.data.prompts import prompt_ids
 from ctrls.generate.sampling import SampleParams, sample, seeded
@@ -184,10 +183,7 @@ def main():
     for dt in (["float32", "bfloat16"] if a.dtype == "both" else [a.dtype]):
         out.update(run(dt, a.batch, a.new if dt == "float32" else min(a.new, 16),
                        (a.count_from, a.count_to) if dt == "float32" else None, dt == "float32" and not a.no_static))
-    print(json.dumps(out))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=1)
+    write_result(out, a.out)  # printed as the last line; written whole or not at all, never with a NaN
 
 
 if __name__ == "__main__":

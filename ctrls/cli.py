@@ -12,8 +12,8 @@ before any stage runs; data that cannot be loaded (``ctrls.data.problems.DataErr
 split, a missing file) is one line and exit status 1; so is a failed notebook (e.g. a table given no
 samples). A ``--run-dir`` that is not a writable directory and an unknown ``CTRLS_LOG`` level are
 one line and exit status 2, as is a directory under it that a stage cannot write (e.g. a read-only
-profile directory) or a stage lock that is a symbolic link; a stage that another process is writing
-is one line and exit status 1.
+profile directory), a full disk or a stage lock that is a symbolic link; a stage that another process is
+writing is one line and exit status 1.
 
 Several GPUs: ``accelerate launch --multi_gpu --num_processes 8 -m ctrls stage rl --profile paper``
 runs a stage data-parallel (``ctrls.stages.distributed``); ``ctrls reproduce`` then reuses its results.
@@ -21,6 +21,7 @@ runs a stage data-parallel (``ctrls.stages.distributed``); ``ctrls reproduce`` t
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -455,7 +456,27 @@ def main(argv: list[str] | None = None) -> None:
     except (PretrainError, ArtifactError, BackboneError) as e:  # a missing earlier stage, a damaged file, a bad model path
         print(f"ctrls {args.cmd}: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
         rc = 1
+    except Exception as e:  # a full disk wherever a stage writes (an OSError, or a library's own error for OS error 28)
+        where = full_disk(e)
+        if where is None:
+            raise
+        print(f"ctrls {args.cmd}: cannot write {where or getattr(args, 'run_dir', 'the run directory')}: no space left on "
+              "the device that holds it; free some space or use a run_dir on another disk (finished stages are kept)",
+              file=sys.stderr)
+        rc = 2
     sys.exit(rc)
+
+
+def full_disk(e: BaseException) -> str | None:
+    """The file a full disk (ENOSPC, EDQUOT) failed to write in ``e`` or the errors it was raised from ("" when
+    none is named), or None when ``e`` is no full disk."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return str(e.filename or "")
+        if "No space left on device" in str(e) or "os error 28" in str(e):
+            return ""
+        e = e.__cause__ or e.__context__
+    return None
 
 
 STAGE_NAMES = ("pretrain", "exploration", "rl")

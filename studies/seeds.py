@@ -137,6 +137,28 @@ def against(cfgs, others, trips, seed: int = 0) -> list[dict]:
     return out
 
 
+def study(args, cfgs: list, dev: list, others: list) -> dict:
+    """The stored result of :func:`main`'s runs: each seed's numbers, the pooled kappa, the development seed and
+    the ``--against`` differences."""
+    per, pooled, trips = [], ([], [], []), []
+    for cfg in cfgs:
+        r, (f, n, q) = one_seed(cfg, args.margin)
+        per.append(r)
+        trips.append((f, n, q))
+        pooled[0].extend(f), pooled[1].extend(n), pooled[2].extend(q)
+        print({"data_seed": r["data_seed"], "kappa": round(float(r["kappa"]["kappa"]), 3),
+               "harm": round(r["harm_fixed_minus_base_pass1"]["diff"], 3)}, flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    res = {"machine": machine(), "commit": commit or "?", "profile": args.profile, "overrides": args.override,
+           "settings": variant(cfgs[0]),
+           "margin_points": args.margin, "seeds": per, "pooled_kappa": kappa_vs_null(*pooled),
+           "development": [one_seed(cfg, args.margin)[0] for cfg in dev]}
+    if others:
+        res["against"] = {"overrides": args.against_override, "settings": variant(others[0]), "profile": args.profile,
+                          "seeds": against(cfgs, others, trips)}
+    return res
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", nargs="+", required=True, metavar="SEED:RUN_DIR")
@@ -162,6 +184,10 @@ def main(argv=None) -> dict:
     if not 0 < args.margin < 100:
         ap.error(f"--margin must lie in (0, 100) points, got {args.margin}")
     n_runs, n_dev = len(args.runs), int(bool(args.dev))
+    given = [s for s, _ in runs[:n_runs + n_dev]]
+    twice = sorted({s for s in given if given.count(s) > 1})
+    if twice:  # its questions would be counted twice in the pooled kappa and in Holm
+        ap.error(f"data seed {twice[0]} is given twice in --runs and --dev; give each seed's run once")
     if args.against and [s for s, _ in runs[n_runs + n_dev:]] != [s for s, _ in runs[:n_runs]]:
         ap.error("--against takes runs of the same data seeds as --runs, in the same order")
     try:
@@ -173,22 +199,12 @@ def main(argv=None) -> dict:
                   for s, d in runs[n_runs + n_dev:]]
     except ConfigError as e:
         ap.error(str(e))
-    per, pooled, trips = [], ([], [], []), []
-    for cfg in cfgs:
-        r, (f, n, q) = one_seed(cfg, args.margin)
-        per.append(r)
-        trips.append((f, n, q))
-        pooled[0].extend(f), pooled[1].extend(n), pooled[2].extend(q)
-        print({"data_seed": r["data_seed"], "kappa": round(float(r["kappa"]["kappa"]), 3),
-               "harm": round(r["harm_fixed_minus_base_pass1"]["diff"], 3)}, flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    res = {"machine": machine(), "commit": commit or "?", "profile": args.profile, "overrides": args.override,
-           "settings": variant(cfgs[0]),
-           "margin_points": args.margin, "seeds": per, "pooled_kappa": kappa_vs_null(*pooled),
-           "development": [one_seed(cfg, args.margin)[0] for cfg in dev]}
-    if others:
-        res["against"] = {"overrides": args.against_override, "settings": variant(others[0]),
-                          "seeds": against(cfgs, others, trips)}
+    from ctrls.stages.common import NotRunError
+
+    try:
+        res = study(args, cfgs, dev, others)
+    except NotRunError as e:  # a run whose exploration has not finished under these overrides: one line
+        ap.exit(1, f"{ap.prog}: error: {' '.join(str(e).split())}\n")
     if args.out:
         write_result(res, args.out)
     return res

@@ -201,13 +201,18 @@ def collect(seed: int, run_root: Path) -> None:
 
 
 def write_json(res: dict, path: Path) -> None:
-    """Atomically, and refusing a non-finite number (no reader takes a bare NaN)."""
+    """Atomically, and refusing a non-finite number (no reader takes a bare NaN): serialised first, so a refusal
+    writes nothing, then a temporary file in the same folder, fsynced and renamed."""
+    text = json.dumps(res, indent=1, allow_nan=False)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=1, allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone after the rename; a half-written one on a failure
 
 
 # ---- pooling ---------------------------------------------------------------------------------------------------

@@ -147,6 +147,10 @@ def check_args(args):
         refuse(str(e).splitlines()[0])
     if args.questions is not None and args.questions > cfg.data.n_test:
         refuse(f"--questions {args.questions}: the profile has data.n_test = {cfg.data.n_test} test questions")
+    fitted = pretrain_stages(cfg)["adapter"]
+    if not fitted.is_done():  # the pretraining this study reads (its chains, Q_phi and adapter)
+        refuse(f"--run-dir {args.run_dir}: no finished pretraining in {fitted.dir.parent} for these overrides "
+               "(run `ctrls stage pretrain exploration` with them first)")
     return cfg
 
 

@@ -14,6 +14,7 @@ Usage: python studies/word_problems.py [--questions 48] [--samples 4] [--levels 
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,9 @@ from ctrls.generate.sampling import SampleParams, sample
 from ctrls.method.backbone import cpu_model, git_commit, load_backbone
 from ctrls.stats.power import wilson_interval
 from ctrls.stats.sizing import icc_from_rates
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench/common.py
+from common import write_result  # noqa: E402
 
 LEVELS = {  # name -> Difficulty
     "ops1-max10-add-w1": Difficulty(n_ops=1, max_value=10, ops=("add",), wordings=1),
@@ -87,8 +91,7 @@ def main() -> None:
     out = {"backbone": "smollm2-135m-instruct", "prompt": f"chat template, {a.few_shot}-shot", "temperature": 0.7, "top_k": 50,
            "max_new_tokens": a.max_new_tokens, "machine": cpu_model(), "commit": git_commit(), "levels": rows,
            "in 15-40%": target}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_result(out, a.out)  # whole or not at all, never with a NaN (an ICC of identical rates), naming its field
     print(json.dumps({"in 15-40%": target}))
 
 

@@ -1,4 +1,4 @@
-"""`ctrls stage` errors of the run directory are one line, no traceback.
+"""`ctrls stage` errors of the run directory, a missing fit and a damaged file are one line, no traceback.
 
 A stage that another process is writing (its lock is held) printed a 20-line StageBusyError
 traceback; a run directory that is writable while the profile's directory under it is read-only
@@ -81,3 +81,57 @@ def test_a_lock_that_is_a_symbolic_link_is_one_line(tmp_path, capsys):
     code, err = run_stage(tmp_path / "runs", capsys)
     assert code == 2 and len(err) == 1 and str(lf) in err[0] and "symbolic link" in err[0], err
     assert precious.read_text() == "keep me"
+
+
+def test_a_stage_without_its_fit_is_one_line_before_any_backbone(tmp_path, capsys, monkeypatch):
+    import ctrls.stages.exploration as E
+
+    monkeypatch.setattr(E, "backbone_for", lambda *a, **k: pytest.fail("loaded a backbone without a fit"))
+    code, err = run_stage(tmp_path, capsys)
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith("ctrls stage: PretrainError: the exploration stage needs a finished pretraining in ")
+    assert "(nothing was removed)" in err[0]
+
+
+def test_a_damaged_artifact_is_one_line(tmp_path, capsys, monkeypatch):
+    import ctrls.stages.exploration as E
+
+    def damaged(*a, **k):
+        raise R.ArtifactError(f"{tmp_path}/adapter.safetensors: damaged (header too large)\nrun the stage again")
+
+    monkeypatch.setattr(E, "explore", damaged)
+    code, err = run_stage(tmp_path, capsys)
+    assert code == 1 and err == [f"ctrls stage: ArtifactError: {tmp_path}/adapter.safetensors: damaged (header too large) "
+                                 "run the stage again"], err
+
+
+@pytest.mark.parametrize("error, named", [
+    (OSError(errno.ENOSPC, "No space left on device", "{d}/smoke/exploration/part-3.parquet"),
+     "{d}/smoke/exploration/part-3.parquet"),
+    (RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'),
+     "{d}"),
+])
+def test_a_full_disk_anywhere_in_a_stage_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch, error, named):
+    import ctrls.stages.exploration as E
+
+    if isinstance(error, OSError):
+        error.filename = error.filename.format(d=tmp_path)
+
+    def full(*a, **k):
+        try:
+            raise error
+        except Exception as e:
+            raise RuntimeError("writing a part failed") from e  # a full disk under another error is found too
+
+    monkeypatch.setattr(E, "explore", full)
+    code, err = run_stage(tmp_path, capsys)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"ctrls stage: cannot write {named.format(d=tmp_path)}: no space left on the device"), err
+
+
+def test_an_error_that_is_no_full_disk_still_raises(tmp_path, capsys, monkeypatch):
+    import ctrls.stages.exploration as E
+
+    monkeypatch.setattr(E, "explore", lambda *a, **k: (_ for _ in ()).throw(ZeroDivisionError("a bug")))
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["stage", "exploration", "--profile", "smoke", "--run-dir", str(tmp_path), "--quiet"])

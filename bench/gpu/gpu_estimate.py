@@ -115,6 +115,7 @@ for p in (ROOT, HERE.parent, HERE):  # ctrls, and bench/ (gpuest, common) when i
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from common import replace_file  # noqa: E402
 from gpuest.analytic_run import analytic_data, analytic_sensitivity  # noqa: E402
 from gpuest.estimate import ACCEPTANCE, MEAN_TOKENS, STEPS_PER_COT, estimate, print_estimate  # noqa: E402
 from gpuest.graph import path_estimates, static_summary  # noqa: E402
@@ -240,7 +241,7 @@ def main(argv=None) -> dict:
             multi["rl_runs_side_by_side_wall_hours"] = {b: h / args.gpus for b, h in
                                                         data["estimate"]["rl_training_sequential_hours"].items()}
     if args.out:
-        Path(args.out).write_text(json.dumps(data, indent=1, default=str))
+        replace_file(args.out, json.dumps(data, indent=1, default=str))  # whole or not at all
         print(f"\nwrote {args.out}")
     if args.md:
         if not (args.analytic and args.out):

@@ -14,11 +14,12 @@
 - ``with_adapter_frame`` / ``with_adapter_view``: the masked runs again with the frozen adapter applied as
   well (``state_prompt.with_adapter``), against the state prompt alone on the same questions (``--against``);
 - ``steering_table``: finding 3's table of kappa on the data seeds other than the development one, by role;
+- ``defaults_frame``: runs made with a profile's defaults, refused unless their recorded settings are that
+  profile's today;
 - ``TEXT_CUE_BOUND``: the ceiling the backbone allows, measured by forcing text cues.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -26,6 +27,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+# the readers of one stored result's fields (steered_rl and scaled import them from here)
+from ctrls.report.stored import (
+    checked_count,
+    checked_flag,
+    checked_interval,
+    checked_kappa,
+    checked_number,
+    checked_seeds,
+    read_result,
+    reading,
+)
 from ctrls.stats.agreement import base_chain, null_steps  # noqa: F401  (read by the pages)
 from ctrls.stats.metrics import format_p, holm
 
@@ -73,39 +85,25 @@ def results_dir() -> Path:
     return Path(os.environ.get("CTRLS_RESULTS_DIR", REPO))
 
 
-def read_result(path: Path) -> dict:
-    """A stored result's JSON object (NaN and Infinity refused), or a ValueError naming the file."""
-    try:
-        d = json.loads(Path(path).read_text(), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: unreadable stored result ({e})") from e
-    if not isinstance(d, dict):
-        raise ValueError(f"{path}: a stored result is a JSON object")
+def read_seeds_result(path) -> dict:
+    """:func:`read_result` of a ``studies/seeds.py`` (or ``studies/state_prompt.py``) result, its variant's fields
+    checked: ``overrides`` a list of key=value texts, ``settings`` an object, ``seeds`` and ``development`` lists of
+    objects, and the same in its ``against`` runs."""
+    d = read_result(path)
+    for where, r in (("", d), ("against.", d.get("against"))):
+        if r is None and where:
+            continue
+        if not isinstance(r, dict):
+            raise ValueError(f"{path}: field 'against' must be an object, got {r!r:.60}")
+        over = r.get("overrides")
+        if over is not None and not (isinstance(over, list) and all(isinstance(o, str) for o in over)):
+            raise ValueError(f"{path}: field '{where}overrides' must be a list of key=value texts, got {over!r:.60}")
+        if r.get("settings") is not None and not isinstance(r["settings"], dict):
+            raise ValueError(f"{path}: field '{where}settings' must be an object, got {r['settings']!r:.60}")
+        for key in ("seeds", "development"):
+            if r.get(key) is not None:
+                checked_seeds(r[key], path, f"{where}{key}")
     return d
-
-
-def checked_number(d: dict, key: str, path, lo: float = -math.inf, hi: float = math.inf) -> float:
-    """``d[key]`` as a finite number in [lo, hi], or a ValueError naming the file and the field."""
-    v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-        raise ValueError(f"{path}: field {key!r} must be a finite number in [{lo}, {hi}], got {v!r}")
-    return float(v)
-
-
-def checked_interval(d: dict, est: str, lo: str, hi: str, path, bound=(-1.0, 1.0)) -> tuple[float, float, float]:
-    """(estimate, lo, hi) of ``d``, each within ``bound`` and the interval holding its estimate."""
-    e, a, b = (checked_number(d, k, path, *bound) for k in (est, lo, hi))
-    if not a <= e <= b:
-        raise ValueError(f"{path}: the interval [{a}, {b}] of {est!r} does not contain its estimate {e}")
-    return e, a, b
-
-
-def checked_kappa(k: dict, path) -> dict:
-    """A stored kappa record (``ctrls.stats.agreement.kappa_vs_null``'s), checked field by field."""
-    kap, lo, hi = checked_interval(k, "kappa", "kappa lo", "kappa hi", path)
-    return {"steps": int(checked_number(k, "steps", path, 1)), "questions": int(checked_number(k, "questions", path, 1)),
-            "follows": checked_number(k, "follows", path, 0, 1), "null": checked_number(k, "null", path, 0, 1),
-            "kappa": kap, "kappa lo": lo, "kappa hi": hi, "p": checked_number(k, "p_value", path, 0, 1)}
 
 
 def seeds_frame(path: str | Path | None = None) -> pd.DataFrame:
@@ -114,28 +112,44 @@ def seeds_frame(path: str | Path | None = None) -> pd.DataFrame:
     the fixed-s0 harm (pass@1 minus Base's) [95%] and whether it is non-inferior at the stored margin,
     and epsilon - Base pass@n [Table 1's family interval]."""
     path = Path(path) if path else results_dir() / SEEDS_RESULT
-    d = read_result(path)
-    rows = [_seed_row(s, path) for s in d.get("seeds") or []]
-    if not rows:
-        raise ValueError(f"{path}: no seeds")
-    t = pd.DataFrame(rows)
-    t["p (Holm)"] = holm(t["p"])
-    pooled = {"data seed": "pooled", "questions": int(t.questions.sum()), **checked_kappa(d["pooled_kappa"], path)}
-    dev = [{**_seed_row(s, path), "data seed": f"{int(s['data_seed'])} (development)"} for s in d.get("development") or []]
-    # development: beside, outside Holm and the pool
+    d = read_seeds_result(path)
+    with reading(path):
+        margin = checked_number(d, "margin_points", path, 0, 100)
+        rows = [_seed_row(s, path, margin) for s in checked_seeds(d.get("seeds") or [], path)]
+        if not rows:
+            raise ValueError(f"{path}: no seeds")
+        t = pd.DataFrame(rows)
+        t["p (Holm)"] = holm(t["p"])
+        pooled = {"data seed": "pooled", "questions": int(t.questions.sum()), **checked_kappa(d["pooled_kappa"], path)}
+        # development: beside, outside Holm and the pool
+        dev = [{**_seed_row(s, path, margin), "data seed": f"{int(s['data_seed'])} (development)"}
+               for s in checked_seeds(d.get("development") or [], path, "development")]
     t = pd.concat([t, pd.DataFrame([pooled]), pd.DataFrame(dev)], ignore_index=True)
-    t.attrs.update(commit=d.get("commit", "?"), margin=checked_number(d, "margin_points", path, 0, 100), source=str(path))
+    t.attrs.update(commit=d.get("commit", "?"), margin=margin, source=str(path), profile=stored_profile(d, path))
     return t
 
 
-def _seed_row(s: dict, path) -> dict:
-    """One seed of a stored seeds result, validated."""
+def stored_profile(d: dict, path) -> str:
+    """The profile a stored result's runs were made with ("?" where not stored), refused when it is not a name."""
+    v = d.get("profile", "?")
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"{path}: field 'profile' must be a profile's name, got {v!r}")
+    return v
+
+
+def _seed_row(s: dict, path, margin: float) -> dict:
+    """One seed of a stored seeds result, validated; its non-inferiority verdict must follow its interval
+    (lower bound above -margin points)."""
     h, e = s["harm_fixed_minus_base_pass1"], s["eps_minus_base_pass_n"]
     hd, hlo, hhi = checked_interval(h, "diff", "lo", "hi", path)
-    return {"data seed": int(s["data_seed"]), "questions": int(s["questions"]), **checked_kappa(s["kappa"], path),
-            "harm": hd, "harm lo": hlo, "harm hi": hhi, "non-inferior": bool(h["non_inferior"]),
-            "ε − Base pass@n": checked_number(e, "diff", path, -1, 1), "ε − Base lo": checked_number(e, "lo", path, -1, 1),
-            "ε − Base hi": checked_number(e, "hi", path, -1, 1), **_answer_rates(s, path), **_eps_minus_fixed(s, path)}
+    ni = checked_flag(h, "non_inferior", path)
+    if ni != (hlo > -margin / 100):
+        raise ValueError(f"{path}: field 'non_inferior' of data seed {s.get('data_seed')!r} is {str(ni).lower()}, but the "
+                         f"harm's lower bound {100 * hlo:+.1f} points is {'not ' if ni else ''}above −{margin:g}")
+    return {"data seed": checked_count(s, "data_seed", path, 0), "questions": checked_count(s, "questions", path),
+            **checked_kappa(s["kappa"], path), "harm": hd, "harm lo": hlo, "harm hi": hhi, "non-inferior": ni,
+            **dict(zip(("ε − Base pass@n", "ε − Base lo", "ε − Base hi"), checked_interval(e, "diff", "lo", "hi", path))),
+            **_answer_rates(s, path), **_eps_minus_fixed(s, path)}
 
 
 def _eps_minus_fixed(s: dict, path) -> dict:
@@ -154,7 +168,7 @@ def _answer_rates(s: dict, path) -> dict:
     if not isinstance(v, dict) or not isinstance(a, dict):
         return {"Base answers": math.nan, "fixed answers": math.nan, "fixed ran all steps": math.nan, "T": math.nan}
     return {"Base answers": checked_number(v, "Base", path, 0, 1), "fixed answers": checked_number(v, "fixed s0", path, 0, 1),
-            "fixed ran all steps": checked_number(a, "fixed s0", path, 0, 1), "T": checked_number(s, "max_steps", path, 1)}
+            "fixed ran all steps": checked_number(a, "fixed s0", path, 0, 1), "T": checked_count(s, "max_steps", path)}
 
 
 def ci_text(v, lo, hi, fmt: str = "{:.2f}") -> str:
@@ -192,24 +206,34 @@ def state_prompt_frame(paths: list[str | Path] | None = None, seeds: str | Path 
     paths = [Path(p) for p in paths] if paths else sorted(results_dir().glob(STATE_PROMPT_RESULTS))
     if not paths:
         raise FileNotFoundError(f"no stored state-prompt result ({STATE_PROMPT_RESULTS})")
-    rows = []
+    rows, seen = [], {}
     for path in paths:
-        d = read_result(path)
-        sp, ad, c = checked_kappa(d["state_prompt"], path), checked_kappa(d["adapter"], path), d["state_prompt_minus_adapter"]
-        diff, lo, hi = checked_interval(c, "diff", "lo", "hi", path, (-2, 2))
-        by = {f"κ {k}": d["state_prompt"]["by_step"][k]["kappa"] for k in d["state_prompt"].get("by_step", {})}
-        rows.append({"data seed": int(d["data_seed"]), "questions": sp["questions"],
-                     "vectors per state": int(d["vectors_per_state"]),
-                     "state prompt κ": sp["kappa"], "sp lo": sp["kappa lo"], "sp hi": sp["kappa hi"], "sp steps": sp["steps"],
-                     "adapter κ": ad["kappa"], "ad lo": ad["kappa lo"], "ad hi": ad["kappa hi"], "ad steps": ad["steps"],
-                     "Δκ": diff, "Δκ lo": lo, "Δκ hi": hi, "p": checked_number(c, "p_value", path, 0, 1),
-                     "state prompt pass@1": checked_number(d["state_prompt"], "pass1", path, 0, 1),
-                     "adapter pass@1": checked_number(d["adapter"], "pass1", path, 0, 1), **by,
-                     "commit": d.get("commit", "?"), "source": str(path)})
+        d = read_seeds_result(path)
+        with reading(path):
+            rows.append(_state_prompt_row(d, path))
+        seed = rows[-1]["data seed"]
+        if seed in seen:  # one seed's run counted twice in Holm
+            raise ValueError(f"{path}: field 'data_seed': data seed {seed} is stored in {seen[seed]} too")
+        seen[seed] = path
     t = pd.DataFrame(rows).sort_values("data seed").reset_index(drop=True)
     t["p (Holm)"] = holm(t["p"])
     t["Base pass@1"] = t["data seed"].map(_base_pass1(seeds))  # the same seed's questions and samples (seeds.json)
     return t
+
+
+def _state_prompt_row(d: dict, path) -> dict:
+    """One stored state-prompt run of :func:`state_prompt_frame`, validated."""
+    sp, ad, c = checked_kappa(d["state_prompt"], path), checked_kappa(d["adapter"], path), d["state_prompt_minus_adapter"]
+    diff, lo, hi = checked_interval(c, "diff", "lo", "hi", path, (-2, 2))
+    by = {f"κ {k}": checked_number(v, "kappa", path, -1, 1) for k, v in d["state_prompt"].get("by_step", {}).items()}
+    return {"data seed": checked_count(d, "data_seed", path, 0), "questions": sp["questions"],
+            "vectors per state": checked_count(d, "vectors_per_state", path),
+            "state prompt κ": sp["kappa"], "sp lo": sp["kappa lo"], "sp hi": sp["kappa hi"], "sp steps": sp["steps"],
+            "adapter κ": ad["kappa"], "ad lo": ad["kappa lo"], "ad hi": ad["kappa hi"], "ad steps": ad["steps"],
+            "Δκ": diff, "Δκ lo": lo, "Δκ hi": hi, "p": checked_number(c, "p_value", path, 0, 1),
+            "state prompt pass@1": checked_number(d["state_prompt"], "pass1", path, 0, 1),
+            "adapter pass@1": checked_number(d["adapter"], "pass1", path, 0, 1), **by,
+            "commit": d.get("commit", "?"), "source": str(path)}
 
 
 def _base_pass1(path: Path | None) -> dict:
@@ -217,9 +241,10 @@ def _base_pass1(path: Path | None) -> dict:
     path = path or results_dir() / SEEDS_RESULT
     if not Path(path).is_file():
         return {}
-    d = read_result(Path(path))
-    return {int(s["data_seed"]): checked_number(s.get("pass1", {}), "Base", path, 0, 1)
-            for s in d.get("seeds") or [] if "Base" in s.get("pass1", {})}
+    d = read_seeds_result(Path(path))
+    with reading(path):
+        return {checked_count(s, "data_seed", path, 0): checked_number(s.get("pass1", {}), "Base", path, 0, 1)
+                for s in checked_seeds(d.get("seeds") or [], path) if "Base" in s.get("pass1", {})}
 
 
 def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame | None = None) -> list[str]:
@@ -261,7 +286,7 @@ def stage_option_frame(path: str | Path | None = None) -> pd.DataFrame:
     """:func:`seeds_frame` of the stored result of runs made with ``state_prompt.use=true`` (the stages'
     own fit and decode, run by the README's commands); refused when its overrides do not hold the option."""
     path = Path(path) if path else results_dir() / STAGE_OPTION_RESULT
-    check_state_prompt_runs(read_result(path), path)
+    check_state_prompt_runs(read_seeds_result(path), path)
     t = seeds_frame(path)
     if t["data seed"].map(lambda x: isinstance(x, (int, np.integer))).sum() == 1:  # one seed: its pooled row repeats it
         attrs, t = t.attrs, t[t["data seed"] != "pooled"].reset_index(drop=True)
@@ -344,7 +369,7 @@ def position_mask_frame(path: str | Path | None = None) -> pd.DataFrame:
     """:func:`stage_option_frame` of the stored runs explored with the position mask; refused unless their
     overrides set ``grid.position_floor`` above 0 (``attrs["floor"]``) and every seed stores its mask."""
     path = Path(path) if path else results_dir() / POSITION_MASK_RESULT
-    d = read_result(path)
+    d = read_seeds_result(path)
     try:
         floor = float(stored_setting(d, "grid.position_floor") or 0)
     except ValueError:
@@ -354,7 +379,7 @@ def position_mask_frame(path: str | Path | None = None) -> pd.DataFrame:
     if not all(isinstance(s.get("position_masks"), dict) and s["position_masks"] for s in d.get("seeds") or []):
         raise ValueError(f"{path}: a seed without its stored position mask (studies/seeds.py stores it)")
     masks = {}  # data seed -> {pair: (counts, allowed)}, checked here so that the view needs no second read
-    for s in d.get("seeds") or []:
+    for s in checked_seeds(d.get("seeds") or [], path):
         for pair, m in s["position_masks"].items():
             try:
                 counts, allowed = np.asarray(m["counts"], dtype=int), np.asarray(m["allowed"], dtype=bool)
@@ -362,10 +387,39 @@ def position_mask_frame(path: str | Path | None = None) -> pd.DataFrame:
                 raise ValueError(f"{path}: seed {s.get('data_seed')}'s mask for {pair} is malformed ({e})") from None
             if counts.shape != allowed.shape or counts.ndim != 2 or (counts < 0).any():
                 raise ValueError(f"{path}: seed {s.get('data_seed')}'s mask for {pair} is malformed")
+            if not allowed.any(axis=1).all():  # a draw restricted to no state
+                raise ValueError(f"{path}: seed {s.get('data_seed')}'s mask for {pair} (field 'allowed') allows no state at "
+                                 f"position bucket(s) {np.flatnonzero(~allowed.any(axis=1)).tolist()}")
             masks.setdefault(int(s["data_seed"]), {})[pair] = (counts.tolist(), allowed.tolist())  # lists: attrs are compared
     t = stage_option_frame(path)
     t.attrs.update(floor=floor, masks=masks)
     return t
+
+
+DEFAULT_KEYS = ("state_prompt.use", "state_prompt.with_adapter", "grid.position_floor")  # the settings a result records
+
+
+def defaults_frame(path: str | Path | None = None) -> pd.DataFrame:
+    """:func:`position_mask_frame` of runs made with a profile's defaults (the page says so): refused unless the
+    result has no overrides and records each of ``DEFAULT_KEYS`` at the value its profile has today."""
+    from ctrls.config.schema import ConfigError, load_config
+
+    path = Path(path) if path else results_dir() / DEFAULT_RESULT
+    d = read_seeds_result(path)
+    name = stored_profile(d, path)
+    try:
+        cfg = load_config("demo" if name == "?" else name)
+    except ConfigError as e:
+        raise ValueError(f"{path}: field 'profile': {name!r} is no profile this checkout has ({e})") from None
+    if d.get("overrides"):
+        raise ValueError(f"{path}: not runs made with the {cfg.profile} profile's defaults: overrides {d['overrides']}")
+    for key in DEFAULT_KEYS:
+        section, name = key.split(".")
+        want = getattr(getattr(cfg, section), name)
+        if stored_setting(d, key) != (str(want).lower() if isinstance(want, bool) else str(want)):
+            raise ValueError(f"{path}: not runs made with the {cfg.profile} profile's defaults: {key} is "
+                             f"{stored_setting(d, key)} there, {want} in the profile ({_variant_text(d)})")
+    return position_mask_frame(path)
 
 
 def position_mask_view(t: pd.DataFrame) -> pd.DataFrame:
@@ -391,7 +445,7 @@ def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
     differences [95%] with Holm p over the seeds. Refused unless the stored runs and the ones they are
     compared with differ in that option alone."""
     path = Path(path) if path else results_dir() / ADAPTER_RESULT
-    d = read_result(path)
+    d = read_seeds_result(path)
     other = d.get("against")
     if str(stored_setting(d, "state_prompt.with_adapter")).lower() != "true" or not isinstance(other, dict):
         raise ValueError(f"{path}: not runs with state_prompt.with_adapter=true compared --against others "
@@ -400,9 +454,26 @@ def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
             or str(stored_setting(other, "state_prompt.use")).lower() != "true"):
         raise ValueError(f"{path}: the runs compared against must use the state prompt without the adapter "
                          f"({_variant_text(other)})")
-    mine = {int(s["data_seed"]): s for s in d.get("seeds") or []}
+    keys = {str(o).split("=", 1)[0].strip() for r in (d, other) for o in r.get("overrides") or []}
+    keys |= {k for r in (d, other) if isinstance(r.get("settings"), dict) for k in r["settings"]}
+    for key in sorted(keys - {"state_prompt.with_adapter", "data.seed", "run_dir"}):
+        if stored_setting(d, key) != stored_setting(other, key):
+            raise ValueError(f"{path}: the runs compared differ in {key} as well ({stored_setting(d, key)} against "
+                             f"{stored_setting(other, key)}), not in state_prompt.with_adapter alone")
+    if other.get("profile", d.get("profile")) != d.get("profile"):
+        raise ValueError(f"{path}: the runs compared were made with another profile ({other.get('profile')!r} against "
+                         f"{d.get('profile')!r})")
+    with reading(path):
+        t = _with_adapter_rows(d, other, path)
+    t.attrs.update(commit=d.get("commit", "?"), source=str(path), profile=stored_profile(d, path))
+    return t
+
+
+def _with_adapter_rows(d: dict, other: dict, path) -> pd.DataFrame:
+    """The rows of :func:`with_adapter_frame`, validated."""
+    mine = {int(s["data_seed"]): s for s in checked_seeds(d.get("seeds") or [], path)}
     rows = []
-    for a in other.get("seeds") or []:
+    for a in checked_seeds(other.get("seeds") or [], path, "against.seeds"):
         s = mine.get(int(a["data_seed"]))
         if s is None:
             raise ValueError(f"{path}: seed {a['data_seed']} is compared but not stored")
@@ -421,9 +492,7 @@ def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
                      "Δ pass@1 p (Holm)": checked_number(dp, "p_holm", path, 0, 1)})
     if not rows:
         raise ValueError(f"{path}: no seeds compared")
-    t = pd.DataFrame(rows).sort_values("data seed").reset_index(drop=True)
-    t.attrs.update(commit=d.get("commit", "?"), source=str(path))
-    return t
+    return pd.DataFrame(rows).sort_values("data seed").reset_index(drop=True)
 
 
 def with_adapter_view(t: pd.DataFrame) -> pd.DataFrame:

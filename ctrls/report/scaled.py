@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ctrls.config.settings import BASE, FIXED
-from ctrls.report.mechanism import checked_interval, checked_kappa, checked_number, read_result, results_dir
+from ctrls.report.mechanism import checked_count, checked_interval, checked_kappa, checked_number, read_result, results_dir
 from ctrls.stages.sample_tables import PASS_K, run_numbers  # noqa: F401 (re-exported: the pages read them here)
 from ctrls.stats.metrics import format_p
 from ctrls.stats.paired import paired_pass
@@ -51,16 +51,17 @@ def _diff(d: dict, key: str, path) -> tuple[float, float, float]:
 def _column(r: dict, path) -> dict:
     """One column of the table from :func:`run_numbers`' dict (checked: finite numbers, intervals holding
     their estimates), keyed by row name."""
-    m = int(checked_number(r, "samples_per_question", path, 1))
+    m = checked_count(r, "samples_per_question", path)
     k = min(PASS_K, m)
     kap = checked_kappa(r.get("kappa") or {}, path)
+    checked_number(r.get(f"eps_minus_fixed_pass{k}") or {}, "p", path, 0, 1)  # the claim's sign-flip p, in the sentence
     p1 = r.get("pass1")
     if not isinstance(p1, dict) or len(p1) != 3:
         raise ValueError(f"{path}: field 'pass1' must hold the three rows' pass@1")
     eps = next(c for c in p1 if c not in (BASE, FIXED))
     ci = lambda t: _pts(dict(zip(("diff", "lo", "hi"), t)))  # noqa: E731
     return {
-        "questions × samples": f"{int(checked_number(r, 'questions', path, 1))} × {m}",
+        "questions × samples": f"{checked_count(r, 'questions', path)} × {m}",
         "pass@1 Base / fixed s₀ / " + "ε (%)": " / ".join(f"{100 * checked_number(p1, c, path, 0, 1):.1f}"
                                                           for c in (BASE, FIXED, eps)),
         "fixed s₀ − Base, pass@1": ci(_diff(r, "harm_fixed_minus_base_pass1", path)),

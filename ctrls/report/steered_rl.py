@@ -13,7 +13,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from ctrls.report.mechanism import check_state_prompt_runs, checked_interval, checked_number, ci_text, read_result, results_dir
+from ctrls.report.mechanism import (
+    check_state_prompt_runs,
+    checked_count,
+    checked_interval,
+    checked_number,
+    checked_seeds,
+    ci_text,
+    read_seeds_result,
+    reading,
+    results_dir,
+    stored_profile,
+    stored_setting,
+)
 from ctrls.stats.metrics import format_p
 
 RL_RESULT = "studies/results/state_prompt_rl.json"
@@ -22,20 +34,36 @@ VS = {"− Base": "minus_base", "− pretrained ε": "minus_pretrained_eps"}
 
 def rl_frame(path: str | Path | None = None) -> pd.DataFrame:
     """One row per (data seed, Table 2 policy): pass@1 with its samples and questions, and per comparison
-    (``VS``) the paired difference [95%] and its Holm p; refused, naming the file, when the runs were not made
-    with the state prompt or a seed has no RL rows."""
+    (``VS``) the paired difference [95%] and its Holm p; refused, naming the file and the field, when the runs were
+    not made with the state prompt and its position mask (the page says both), a seed has no RL rows or a field is wrong."""
     path = Path(path) if path else results_dir() / RL_RESULT
-    d = read_result(path)
+    d = read_seeds_result(path)
     check_state_prompt_runs(d, path)
+    try:
+        floor = float(stored_setting(d, "grid.position_floor") or 0)
+    except ValueError:
+        floor = 0.0
+    if not 0 < floor <= 1:
+        raise ValueError(f"{path}: not runs with the position mask "
+                         f"(grid.position_floor {stored_setting(d, 'grid.position_floor')})")
+    with reading(path):
+        t = _rows(d, path)
+    t.attrs.update(commit=d.get("commit", "?"), source=str(path), machine=d.get("machine", {}), profile=stored_profile(d, path),
+                   floor=floor, seconds={int(s["data_seed"]): s.get("stage_seconds", {}) for s in d["seeds"]})
+    return t
+
+
+def _rows(d: dict, path) -> pd.DataFrame:
+    """The rows of :func:`rl_frame`, validated."""
     rows = []
-    for s in d.get("seeds") or []:
+    for s in checked_seeds(d.get("seeds") or [], path):
         rl = s.get("rl_table2")
         if not isinstance(rl, dict) or not rl:
             raise ValueError(f"{path}: data seed {s.get('data_seed')!r} has no RL rows (rl_table2): run the rl stage")
         for name, r in rl.items():
             row = {"data seed": int(s["data_seed"]), "policy": str(name), "pass@1": checked_number(r, "pass1", path, 0, 1),
-                   "samples": int(checked_number(r, "samples", path, 1)),
-                   "questions": int(checked_number(r["minus_base"], "questions", path, 1))}  # one paired set for both
+                   "samples": checked_count(r, "samples", path),
+                   "questions": checked_count(r["minus_base"], "questions", path)}  # one paired set for both
             for label, key in VS.items():
                 diff, lo, hi = checked_interval(r[key], "diff", "lo", "hi", path)
                 row.update({label: diff, f"{label} lo": lo, f"{label} hi": hi,
@@ -44,10 +72,7 @@ def rl_frame(path: str | Path | None = None) -> pd.DataFrame:
             rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no seeds")
-    t = pd.DataFrame(rows)
-    t.attrs.update(commit=d.get("commit", "?"), source=str(path), machine=d.get("machine", {}),
-                   seconds={int(s["data_seed"]): s.get("stage_seconds", {}) for s in d["seeds"]})
-    return t
+    return pd.DataFrame(rows)
 
 
 def rl_view(t: pd.DataFrame) -> pd.DataFrame:

@@ -6,10 +6,13 @@ Each kind of file has one schema (:data:`SCHEMAS`); :func:`read` parses a file (
 ValueError) naming the file and the field (``points[1].follows_hi``). A schema checks only what the
 readers use: types, finite numbers, ranges, intervals that contain their estimates (the list:
 book/method.md, "ctrls/report/stored.py"). Files are read under ``root=``, else ``$CTRLS_RESULTS_DIR``
-(laid out like the repository), else this repository.
+(laid out like the repository), else this repository. The mechanism and RL pages' results (``studies/seeds.py``'s)
+are read field by field with :func:`read_result` and the ``checked_*`` readers, each refusal naming the file and
+the field; :func:`reading` turns a missing field into one such refusal.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -52,6 +55,82 @@ def stored_result(rel: str, root: str | os.PathLike | None = None) -> Path | Non
     """:func:`result_path` of ``rel`` when that file exists, else None (not run, or outside a checkout)."""
     p = result_path(rel, root)
     return p if p.is_file() else None
+
+
+# ---- the readers of one field of a stored result (the mechanism and RL pages' results) ----------------
+
+def read_result(path: Path) -> dict:
+    """A stored result's JSON object (NaN and Infinity refused), or a ValueError naming the file."""
+    try:
+        d = json.loads(Path(path).read_text(), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: unreadable stored result ({e})") from e
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: a stored result is a JSON object")
+    return d
+
+
+def checked_number(d: dict, key: str, path, lo: float = -math.inf, hi: float = math.inf) -> float:
+    """``d[key]`` as a finite number in [lo, hi], or a ValueError naming the file and the field."""
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise ValueError(f"{path}: field {key!r} must be a finite number in [{lo}, {hi}], got {v!r}")
+    return float(v)
+
+
+def checked_count(d: dict, key: str, path, lo: int = 1) -> int:
+    """``d[key]`` as a whole number >= ``lo`` (not a boolean, not 2.5), or a ValueError naming the file and the field."""
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or v < lo:
+        raise ValueError(f"{path}: field {key!r} must be a whole number >= {lo}, got {v!r}")
+    return int(v)
+
+
+def checked_flag(d: dict, key: str, path) -> bool:
+    """``d[key]`` as a JSON boolean (a string "false" is refused), or a ValueError naming the file and the field."""
+    v = d.get(key)
+    if not isinstance(v, bool):
+        raise ValueError(f"{path}: field {key!r} must be true or false, got {v!r}")
+    return v
+
+
+def checked_seeds(seeds, path, field: str = "seeds") -> list:
+    """The list of per-seed records at ``field``, each data seed a whole number listed once (a seed counted twice
+    would enter the pool and Holm twice)."""
+    if not isinstance(seeds, list) or not all(isinstance(s, dict) for s in seeds):
+        raise ValueError(f"{path}: field {field!r} must be a list of objects")
+    got = [checked_count(s, "data_seed", path, 0) for s in seeds]
+    twice = sorted({x for x in got if got.count(x) > 1})
+    if twice:
+        raise ValueError(f"{path}: field {field!r}: data seed {twice[0]} is listed twice")
+    return seeds
+
+
+@contextlib.contextmanager
+def reading(path):
+    """A field missing from a stored result, or of the wrong kind, is a ValueError naming the file and the field."""
+    try:
+        yield
+    except KeyError as e:
+        raise ValueError(f"{path}: field {e.args[0]!r} is missing") from None
+    except (TypeError, AttributeError, IndexError) as e:
+        raise ValueError(f"{path}: a field is malformed ({e})") from None
+
+
+def checked_interval(d: dict, est: str, lo: str, hi: str, path, bound=(-1.0, 1.0)) -> tuple[float, float, float]:
+    """(estimate, lo, hi) of ``d``, each within ``bound`` and the interval holding its estimate."""
+    e, a, b = (checked_number(d, k, path, *bound) for k in (est, lo, hi))
+    if not a <= e <= b:
+        raise ValueError(f"{path}: the interval [{a}, {b}] of {est!r} does not contain its estimate {e}")
+    return e, a, b
+
+
+def checked_kappa(k: dict, path) -> dict:
+    """A stored kappa record (``ctrls.stats.agreement.kappa_vs_null``'s), checked field by field."""
+    kap, lo, hi = checked_interval(k, "kappa", "kappa lo", "kappa hi", path)
+    return {"steps": checked_count(k, "steps", path), "questions": checked_count(k, "questions", path),
+            "follows": checked_number(k, "follows", path, 0, 1), "null": checked_number(k, "null", path, 0, 1),
+            "kappa": kap, "kappa lo": lo, "kappa hi": hi, "p": checked_number(k, "p_value", path, 0, 1)}
 
 
 # ---- the schema language: each spec checks a value at a field, or raises _Bad ----------------------------
@@ -325,4 +404,6 @@ def read(path: str | os.PathLike, kind: str) -> dict:
     return data
 
 
-__all__ = ["COMMITTED", "ENV", "SCHEMAS", "StoredResultError", "read", "result_path", "results_root", "stored_result"]
+__all__ = ["COMMITTED", "ENV", "SCHEMAS", "StoredResultError", "checked_count", "checked_flag", "checked_interval",
+           "checked_kappa", "checked_number", "checked_seeds", "read", "read_result", "reading", "result_path",
+           "results_root", "stored_result"]

@@ -531,8 +531,8 @@ class Stage:
         ``done`` marker is corrupt or has no checksums. Outputs that failed verification are deleted
         and the ``done`` marker removed. The lock is held until :meth:`finish` or :meth:`release`
         (``with stage.begin():`` releases it on an exception too); a begin that fails gives it back. ``check``
-        (no arguments) is called before a directory with outputs is cleared, and may refuse: nothing is removed
-        for a run the stage could not make anyway (a missing fit)."""
+        (no arguments) is called under the lock before anything is cleared or created, and may refuse: nothing is
+        removed for a run the stage could not make anyway (a missing fit)."""
         self.lock()
         try:
             return self._prepare(force, keep, check)
@@ -550,9 +550,9 @@ class Stage:
         key_file = self.dir / "key"
         stale = key_file.exists() and (not key_file.is_file() or key_file.read_text().strip() != self.key)
         unverifiable = self._unverifiable
+        if check is not None:
+            check()  # refuses before anything is removed or created
         if (force or stale or unverifiable) and self.dir.exists() and not keep:
-            if check is not None:
-                check()  # refuses before anything is removed
             log.info("clearing %s (%s)", self.dir, "forced" if force else "config changed" if stale
                      else "outputs without checksums, or a corrupt done marker")
             self._remove(self.dir)

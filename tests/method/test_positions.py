@@ -89,3 +89,15 @@ def test_a_mask_with_a_position_that_allows_no_state_is_refused_when_built():
         PositionMask(allowed, torch.ones(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="one shape"):
         PositionMask(torch.ones(2, 2, dtype=torch.bool), torch.ones(3, 2, dtype=torch.long))
+
+
+def test_a_mask_that_allows_no_state_at_a_position_is_refused_when_built():
+    from ctrls.method.positions import PositionMask
+
+    counts = torch.tensor([[3, 1], [0, 0], [2, 2]])
+    with pytest.raises(ValueError, match=r"allows no state at position bucket\(s\) \[1\]"):
+        PositionMask(torch.tensor([[True, False], [False, False], [True, True]]), counts)
+    with pytest.raises(ValueError, match="one shape"):
+        PositionMask(torch.ones(3, 2, dtype=torch.bool), torch.ones(2, 2))
+    m = PositionMask(torch.tensor([[True, False], [False, True], [True, True]]), counts)
+    assert m.buckets == 3 and m.mode.tolist() == [0, 0, 0]

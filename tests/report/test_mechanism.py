@@ -240,3 +240,128 @@ def test_runs_compared_against_are_read_by_their_recorded_settings_too(tmp_path)
     bad = {**d, "against": {"overrides": [], "settings": {**alone, "state_prompt.use": False}, "seeds": [vs]}}
     with pytest.raises(ValueError, match="without the adapter"):
         with_adapter_frame(write(tmp_path, bad, "bad.json"))
+
+
+def seeds_result(*seeds, **kw):
+    return {"commit": "abc", "profile": "demo", "margin_points": 5, "seeds": list(seeds), "pooled_kappa": kappa(), **kw}
+
+
+def harm(**kw):
+    return {**seed(1)["harm_fixed_minus_base_pass1"], **kw}
+
+
+@pytest.mark.parametrize("s, field", [
+    ({**seed(1), "harm_fixed_minus_base_pass1": harm(non_inferior="false")}, "'non_inferior' must be true or false"),
+    ({**seed(1), "harm_fixed_minus_base_pass1": harm(diff=-0.1, lo=-0.2, hi=0.0, non_inferior=True)}, "'non_inferior'"),
+    ({**seed(1), "harm_fixed_minus_base_pass1": harm(diff=0.01, lo=-0.01, hi=0.03, non_inferior=False)}, "'non_inferior'"),
+    ({**seed(1), "questions": -3}, "'questions'"), ({**seed(1), "questions": 2.5}, "'questions'"),
+    ({**seed(1), "questions": True}, "'questions'"), ({**seed(1), "data_seed": "1"}, "'data_seed'"),
+    ({k: v for k, v in seed(1).items() if k != "kappa"}, "field 'kappa' is missing"),
+    ({**seed(1), "kappa": {**kappa(), "steps": 0}}, "'steps'"),
+    ({**seed(1), "eps_minus_base_pass_n": {"diff": 0.3, "lo": -0.05, "hi": 0.15}}, "does not contain its estimate"),
+    ({**seed(1), "max_steps": 7.5, "valid": {"Base": 0.9, "fixed s0": 0.8}, "ran_all_steps": {"fixed s0": 0.1}}, "'max_steps'"),
+])
+def test_a_seed_field_of_the_wrong_kind_or_a_verdict_against_its_interval_is_refused_naming_file_and_field(tmp_path, s, field):
+    with pytest.raises(ValueError, match="seeds.json") as e:
+        seeds_frame(write(tmp_path, seeds_result(s, seed(2))))
+    assert field in str(e.value)
+
+
+def test_a_data_seed_listed_twice_is_refused_and_the_profile_is_kept(tmp_path):
+    with pytest.raises(ValueError, match=r"seeds.json: field 'seeds': data seed 1 is listed twice"):
+        seeds_frame(write(tmp_path, seeds_result(seed(1), seed(1))))
+    assert seeds_frame(write(tmp_path, seeds_result(seed(1), seed(2)))).attrs["profile"] == "demo"
+    with pytest.raises(ValueError, match="'profile'"):
+        seeds_frame(write(tmp_path, seeds_result(seed(1), seed(2), profile=3)))
+
+
+def state_prompt_run(s=1, **kw):
+    d = {"data_seed": s, "vectors_per_state": 2, "commit": "abc",
+         "state_prompt": {**kappa(0.5, 0.4, 0.6), "pass1": 0.2, "by_step": {"step 1": {"kappa": 0.7}}},
+         "adapter": {**kappa(), "pass1": 0.25},
+         "state_prompt_minus_adapter": {"diff": 0.4, "lo": 0.25, "hi": 0.55, "p_value": 0.001}}
+    return {**d, **kw}
+
+
+@pytest.mark.parametrize("d, field", [
+    (state_prompt_run(vectors_per_state=0), "'vectors_per_state'"),
+    (state_prompt_run(state_prompt={**state_prompt_run()["state_prompt"], "by_step": {"step 1": {"kappa": "high"}}}),
+     "'kappa'"),
+    ({k: v for k, v in state_prompt_run().items() if k != "adapter"}, "field 'adapter' is missing"),
+])
+def test_a_state_prompt_run_with_a_wrong_field_is_refused_naming_file_and_field(tmp_path, d, field):
+    with pytest.raises(ValueError, match="state_prompt_seed1.json") as e:
+        state_prompt_frame([write(tmp_path, d, "state_prompt_seed1.json")], seeds=tmp_path / "absent.json")
+    assert field in str(e.value)
+
+
+def test_one_seed_stored_in_two_state_prompt_files_is_refused(tmp_path):
+    a, b = write(tmp_path, state_prompt_run(1), "a.json"), write(tmp_path, state_prompt_run(1), "b.json")
+    with pytest.raises(ValueError, match=r"b.json: field 'data_seed': data seed 1 is stored in .*a.json too"):
+        state_prompt_frame([a, b], seeds=tmp_path / "absent.json")
+
+
+def test_a_stored_mask_position_that_allows_no_state_is_refused(tmp_path):
+    from ctrls.report.mechanism import position_mask_frame
+
+    mask = {"allowed": [[0, 1, 1], [0, 0, 0]], "counts": [[0, 30, 5], [40, 1, 9]]}
+    s = {**seed(6), "position_masks": {"smollm2__word_problems": mask}}
+    p = write(tmp_path, seeds_result(s, overrides=["state_prompt.use=true", "grid.position_floor=0.05"]), "empty.json")
+    with pytest.raises(ValueError, match=r"empty.json: .*'allowed'.* allows no state at position bucket\(s\) \[1\]"):
+        position_mask_frame(p)
+
+
+MASKED = {"state_prompt.use": True, "state_prompt.with_adapter": False, "grid.position_floor": 0.05}
+MASK = {"allowed": [[0, 1, 1], [1, 0, 1]], "counts": [[0, 30, 5], [40, 1, 9]]}
+
+
+def test_only_runs_of_the_profiles_defaults_are_read_as_the_defaults(tmp_path):
+    from ctrls.report.mechanism import defaults_frame
+
+    s10 = {**seed(10), "position_masks": {"smollm2__word_problems": MASK}}
+    ok = write(tmp_path, seeds_result(s10, overrides=[], settings=MASKED))
+    assert list(defaults_frame(ok)["data seed"]) == [10]
+    with pytest.raises(ValueError, match=r"nosuch.json: field 'profile': 'nosuch' is no profile"):
+        defaults_frame(write(tmp_path, seeds_result(s10, overrides=[], settings=MASKED, profile="nosuch"), "nosuch.json"))
+    for bad, what in (({"settings": {**MASKED, "state_prompt.with_adapter": True}}, "state_prompt.with_adapter is true"),
+                      ({"settings": {**MASKED, "grid.position_floor": 0.1}}, "grid.position_floor is 0.1"),
+                      ({"settings": MASKED, "overrides": ["rl.steps=2"]}, "overrides"),
+                      ({"overrides": ["state_prompt.use=true", "grid.position_floor=0.05"]}, "overrides"),
+                      ({}, "state_prompt.use is None there")):
+        with pytest.raises(ValueError, match=rf"bad.json: not runs made with the demo profile's defaults.*{what}"):
+            defaults_frame(write(tmp_path, seeds_result(s10, **{"overrides": [], **bad}), "bad.json"))
+
+
+def test_the_adapter_comparison_is_refused_when_the_runs_differ_in_another_setting_or_profile(tmp_path):
+    from ctrls.report.mechanism import with_adapter_frame
+
+    mine = {**seed(8, k=0.7, lo=0.6, hi=0.8), "pass1": {"Base": 0.2, "fixed s0": 0.5, "eps=0.1": 0.35}}
+    vs = {"data_seed": 8, "kappa_other": kappa(0.66, 0.57, 0.73), "pass1_other": {"Base": 0.2, "fixed s0": 0.6, "eps=0.1": 0.3},
+          "kappa_diff": {"diff": 0.04, "lo": -0.02, "hi": 0.1, "p_value": 0.2, "p_holm": 0.4},
+          "eps_pass1_diff": {"diff": 0.05, "lo": 0.01, "hi": 0.09, "p": 0.01, "p_holm": 0.02}}
+    d = seeds_result(mine, overrides=[], settings={**MASKED, "state_prompt.with_adapter": True},
+                     against={"overrides": [], "settings": MASKED, "profile": "demo", "seeds": [vs]})
+    assert with_adapter_frame(write(tmp_path, d)).attrs["profile"] == "demo"
+    for against, what in (({"settings": {**MASKED, "grid.position_floor": 0.0}}, "differ in grid.position_floor as well"),
+                          ({"overrides": ["rl.steps=2"]}, "differ in rl.steps as well"),
+                          ({"profile": "paper"}, "another profile"),
+                          ({"seeds": [vs, vs]}, "data seed 8 is listed twice"),
+                          ({"seeds": [{k: v for k, v in vs.items() if k != "kappa_diff"}]}, "field 'kappa_diff' is missing")):
+        bad = {**d, "against": {**d["against"], **against}}
+        with pytest.raises(ValueError, match=rf"bad.json: .*{what}"):
+            with_adapter_frame(write(tmp_path, bad, "bad.json"))
+
+
+@pytest.mark.parametrize("change, field", [({"overrides": "state_prompt.use=true"}, "'overrides'"),
+                                           ({"overrides": [1]}, "'overrides'"), ({"settings": ["x"]}, "'settings'"),
+                                           ({"seeds": [1, 2]}, "'seeds'"), ({"development": {"data_seed": 0}}, "'development'"),
+                                           ({"against": [1]}, "'against'"),
+                                           ({"against": {"overrides": 3, "seeds": []}}, "'against.overrides'")])
+def test_a_variant_field_of_the_wrong_kind_is_refused_naming_file_and_field(tmp_path, change, field):
+    from ctrls.report.mechanism import position_mask_frame, stage_option_frame, with_adapter_frame
+
+    p = write(tmp_path, {**seeds_result(seed(1), seed(2)), **change}, "kinds.json")
+    for frame in (seeds_frame, stage_option_frame, position_mask_frame, with_adapter_frame):
+        with pytest.raises(ValueError, match="kinds.json") as e:
+            frame(p)
+        assert field in str(e.value), (frame.__name__, str(e.value))

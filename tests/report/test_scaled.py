@@ -81,7 +81,9 @@ def test_the_stored_run_is_read_and_shown(tmp_path):
 @pytest.mark.parametrize("change,field", [({"eps_minus_fixed_pass4__lo": 0.5}, "interval"),
                                           ({"kappa__kappa": "NaN!"}, "NaN"),
                                           ({"kappa__kappa": 3.0}, "'kappa'"),
-                                          ({"pass1": {"Base": 0.2}}, "pass1")])
+                                          ({"pass1": {"Base": 0.2}}, "pass1"),
+                                          ({"questions": 2.5}, "'questions'"), ({"samples_per_question": True}, "samples"),
+                                          ({"eps_minus_fixed_pass4__p": "low"}, "'p'")])
 def test_a_wrong_stored_number_is_refused_naming_the_field(tmp_path, change, field):
     with pytest.raises(ValueError, match=field):
         stored_scaled(stored(tmp_path, **change))

@@ -54,3 +54,22 @@ def test_a_result_of_other_runs_or_a_bad_number_is_refused_naming_the_file(tmp_p
     with pytest.raises(ValueError, match="state_prompt_rl.json") as e:
         rl_frame(write(tmp_path, d))
     assert any(m in str(e.value) for m in msg.split("|"))
+
+
+@pytest.mark.parametrize("d, msg", [
+    (result(RL, overrides=("state_prompt.use=true",)), "not runs with the position mask"),
+    (result(RL, overrides=("state_prompt.use=true", "grid.position_floor=0")), "not runs with the position mask"),
+    (result({"x": {k: v for k, v in RL["ε=0.0, H=0.0"].items() if k != "minus_pretrained_eps"}}),
+     "field 'minus_pretrained_eps' is missing"),
+    (result({"x": {**RL["ε=0.0, H=0.0"], "samples": 2.5}}), "'samples'"),
+    ({**result(RL), "seeds": result(RL)["seeds"] * 2}, "data seed 9 is listed twice"),
+])
+def test_runs_without_the_mask_a_missing_field_or_a_seed_twice_is_refused_naming_file_and_field(tmp_path, d, msg):
+    with pytest.raises(ValueError, match=f"state_prompt_rl.json: .*{msg}"):
+        rl_frame(write(tmp_path, d))
+
+
+def test_the_profile_and_mask_floor_of_the_runs_are_kept_for_the_page(tmp_path):
+    t = rl_frame(write(tmp_path, {**result(RL), "profile": "smoke"}))
+    assert t.attrs["profile"] == "smoke" and t.attrs["floor"] == 0.05
+    assert rl_frame(write(tmp_path, result(RL))).attrs["profile"] == "?"

@@ -337,3 +337,24 @@ def test_pandas_reads_the_whole_samples_directory(tiny_runs):
     _, cfg, _ = tiny_runs
     df = pd.read_parquet(samples_dir(cfg))
     assert len(df) == len(load_samples(cfg)) and {"states", "chains", "pred"} <= set(df.columns)
+
+
+def test_a_run_without_its_fits_is_refused_before_its_directory_or_a_backbone(tmp_path, monkeypatch):
+    """A fresh run directory: exploration and RL each refuse with one PretrainError naming the fit, before
+    they create their directory or load a backbone."""
+    import pytest
+
+    import ctrls.stages.exploration as ex
+    import ctrls.stages.rl as rl
+    from ctrls.config.schema import load_config
+    from ctrls.stages.collect import PretrainError
+
+    monkeypatch.setattr(ex, "_sample_pairs", lambda *a, **k: pytest.fail("sampled without a fit"))
+    monkeypatch.setattr(rl, "_train_and_sample", lambda *a, **k: pytest.fail("trained without a fit"))
+    for over in ({}, {"state_prompt.use": True}):
+        cfg = load_config("smoke", {"run_dir": str(tmp_path), **over})
+        with pytest.raises(PretrainError, match=r"needs a finished .* \(nothing was removed\)"):
+            ex.explore(cfg, progress=False)
+        with pytest.raises(PretrainError, match="RL stage needs a finished"):
+            rl.run_rl(cfg, progress=False)
+        assert not cfg.stage_dir("exploration").exists() and not cfg.stage_dir("rl").exists()

@@ -294,3 +294,18 @@ def test_a_full_disk_is_a_run_dir_error_naming_the_file(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="other"):
         with writing(target):
             raise ValueError("other")
+
+
+def test_a_refused_check_leaves_a_fresh_stage_without_a_directory_and_its_lock_free(tmp_path):
+    from tests.stages.test_runs_lock import free
+
+    class Missing(RuntimeError):
+        pass
+
+    def refuse():
+        raise Missing("no fit")
+
+    st = Stage(cfg_at(tmp_path), "a", ("seed",))
+    with pytest.raises(Missing):
+        st.begin(check=refuse)
+    assert not st.dir.exists() and free(st.lock_file)

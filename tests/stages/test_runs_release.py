@@ -38,6 +38,7 @@ def exploration_case(cfg, monkeypatch, exc):
     def boom(*a, **k):
         raise exc
 
+    monkeypatch.setattr(E, "check_fitted", lambda *a: None)  # a run without fits is refused before it begins
     monkeypatch.setattr(E, "backbone_for", boom)
     return lambda: E.explore(cfg, progress=False), lambda: E._stage(cfg)
 

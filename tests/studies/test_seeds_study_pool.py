@@ -86,3 +86,11 @@ def test_the_pooled_file_holds_every_claim_over_the_seeds(study, tmp_path, monke
 def test_bad_arguments_are_one_line(study):
     assert "twice" in refused(study.main, ["pool", "--seeds", "100,100"])
     assert "integers" in refused(study.main, ["pool", "--seeds", "a"])
+
+
+def test_a_stored_file_is_written_whole_and_a_nan_writes_nothing(study, tmp_path):
+    out = tmp_path / "seed_1.json"
+    study.write_json({"a": 1}, out)
+    with pytest.raises(ValueError):
+        study.write_json({"a": float("nan")}, out)
+    assert json.loads(out.read_text()) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["seed_1.json"]

@@ -58,3 +58,8 @@ def test_saved_vectors_load_back_and_a_misfit_is_refused_by_name(state_prompt, t
     state_prompt.save_vectors(str(path), sp, {})
     with pytest.raises(SystemExit, match="finite: False"):
         state_prompt.load_vectors(str(path), 3, LM())
+
+
+def test_a_run_directory_without_a_finished_pretraining_is_refused_before_any_work(state_prompt, no_work, tmp_path):
+    msg = refused(state_prompt.main, ["--run-dir", str(tmp_path)])
+    assert msg.startswith(f"state_prompt.py: --run-dir {tmp_path}: no finished pretraining in {tmp_path}"), msg

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from common import QUESTIONS, random_ctrls
+from common import QUESTIONS, random_ctrls, replace_file
 
 from .decode import decode_hf, decode_ours, engine_vs_graph, forward_floor, measured
 from .estimate import STEPS_PER_COT, lockstep_batch
@@ -278,8 +278,8 @@ def measured_data(args, cfg) -> dict:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    def save():
-        out.write_text(json.dumps(data, indent=1, default=str))
+    def save():  # after each measurement: a kill midway keeps the last whole file
+        replace_file(out, json.dumps(data, indent=1, default=str))
 
     for name in args.backbones or cfg.grid.backbones:
         res = data["backbones"][name] = {}
