@@ -181,12 +181,12 @@ def fusion_sentence(fu: pd.DataFrame) -> str:
 # ---- the RL page ---------------------------------------------------------------------------------------
 
 
-def rl_view(t: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
-    """``ctrls.report.verdicts.rl_view`` of :func:`ctrls.report.verdicts.rl_verdicts`' table, with each accuracy
+def rl_verdicts_table(t: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """``ctrls.report.verdicts.rl_verdicts_view`` of :func:`ctrls.report.verdicts.rl_verdicts`' table, with each accuracy
     in % beside its 95% interval: the seeds' samples pooled per question, as the verdicts pool them
     (``ctrls.report.plots.pooled_accuracy``: Wilson at the question-clustered effective size)."""
     from ctrls.report.plots import pair_title, pooled_accuracy
-    from ctrls.report.verdicts import rl_view as view
+    from ctrls.report.verdicts import rl_verdicts_view as view
 
     v = view(t)
     ev = curves[curves.kind == "eval"] if "kind" in curves else curves
@@ -203,5 +203,5 @@ def rl_view(t: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     return v
 
 
-__all__ = ["NOT_STORED", "concentration_view", "rl_view", "exploration_families", "exploration_headlines", "folded",
+__all__ = ["NOT_STORED", "concentration_view", "rl_verdicts_table", "exploration_families", "exploration_headlines", "folded",
            "fusion_sentence", "injection_view", "k_sweep_sentence", "rl_settings_note"]

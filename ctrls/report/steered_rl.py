@@ -75,7 +75,7 @@ def _rows(d: dict, path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def rl_view(t: pd.DataFrame) -> pd.DataFrame:
+def steered_rl_view(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`rl_frame` for the page: pass@1 with n, each difference in points [95%] with its Holm p."""
     out = pd.DataFrame({"data seed": t["data seed"], "policy": t.policy,
                         "pass@1 (%)": [f"{100 * v:.1f} (n = {n})" for v, n in zip(t["pass@1"], t.samples)],
@@ -107,4 +107,4 @@ def rl_sentence(t: pd.DataFrame) -> str:
     return " ".join(out)
 
 
-__all__ = ["RL_RESULT", "rl_frame", "rl_sentence", "rl_view"]
+__all__ = ["RL_RESULT", "rl_frame", "rl_sentence", "steered_rl_view"]

@@ -238,7 +238,7 @@ def rl_verdicts(curves: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def rl_view(t: pd.DataFrame) -> pd.DataFrame:
+def rl_verdicts_view(t: pd.DataFrame) -> pd.DataFrame:
     """:func:`rl_verdicts` for the book: rates in %, the difference in points with its family interval."""
     return pd.DataFrame({"setting": t.setting, "seeds": t.seeds, "steps": t["last step"], "questions": t.questions,
                          "samples / question": t["samples per question"],

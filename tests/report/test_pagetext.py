@@ -87,7 +87,7 @@ def test_the_rl_verdict_table_gives_each_accuracy_with_its_interval():
 
     curves = rl_curves()
     t = rl_verdicts(curves)
-    v = pagetext.rl_view(t, curves)
+    v = pagetext.rl_verdicts_table(t, curves)
     none = curves[(curves.setting == "none") & (curves.kind == "eval")]
     p = plots.pooled_accuracy(none)
     first = p.iloc[0]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ctrls.report.steered_rl import rl_frame, rl_sentence, rl_view
+from ctrls.report.steered_rl import rl_frame, rl_sentence, steered_rl_view
 
 
 def pair(diff, lo, hi, b, p=0.01):
@@ -31,7 +31,7 @@ RL = {"ε=0.0, H=0.0": {"pass1": 0.30, "samples": 240, "minus_base": pair(0.11, 
 def test_each_policy_is_shown_with_n_intervals_and_holm_and_the_sentence_follows_them(tmp_path):
     t = rl_frame(write(tmp_path, result(RL)))
     assert list(t.policy) == list(RL) and set(t["data seed"]) == {9}
-    v = rl_view(t)
+    v = steered_rl_view(t)
     assert v["pass@1 (%)"].iloc[0] == "30.0 (n = 240)" and v["questions"].iloc[0] == 60
     assert v["− Base (points)"].iloc[0] == "+11.0 [+4.0, +18.0], Holm p 0.02"
     assert v["− pretrained ε (points)"].iloc[0] == "−1.0 [−10.0, +8.0], Holm p 1"
