@@ -123,7 +123,7 @@ def run_rl(cfg: Config, force: bool = False, progress: bool = True) -> Path:
 
     Data parallel under a launcher (``ctrls.stages.distributed``): trajectory slots, evaluation questions
     and table questions are sharded by rank and gathered; the result equals a single process's."""
-    return run_rl_lockstep([cfg], force, progress)[0]
+    return run_rl_lockstep([cfg], force, progress)[0]  # Alg. 2 for one config: its runs in lockstep with each other
 
 
 def run_rl_lockstep(cfgs: list[Config], force: bool = False, progress: bool = True) -> list[Path]:
