@@ -470,10 +470,12 @@ def main(argv: list[str] | None = None) -> None:
 def full_disk(e: BaseException) -> str | None:
     """The file a full disk (ENOSPC, EDQUOT) failed to write in ``e`` or the errors it was raised from ("" when
     none is named), or None when ``e`` is no full disk."""
+    from ctrls.errors import says_full_disk
+
     while e is not None:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return str(e.filename or "")
-        if "No space left on device" in str(e) or "os error 28" in str(e):
+        if says_full_disk(e):
             return ""
         e = e.__cause__ or e.__context__
     return None

@@ -29,7 +29,7 @@ from typing import Any
 
 from ctrls.config.schema import Config, save_config
 from ctrls.data.names import check_inside, file_name, inside, pair_slug, slug  # noqa: F401 (file_name, pair_slug, slug: re-exported)
-from ctrls.errors import ConfigError
+from ctrls.errors import ConfigError, says_full_disk
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def writing(path: str | Path):
         raise_unwritable(e, path)
         raise
     except Exception as e:
-        if "No space left on device" in str(e) or "os error 28" in str(e):
+        if says_full_disk(e):
             raise_unwritable(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)), path)
         raise
 
