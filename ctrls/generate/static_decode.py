@@ -103,6 +103,15 @@ def _bucket(live: int, slots: int) -> int:
     return 1 << max(live - 1, 0).bit_length() if live <= slots // 2 else slots
 
 
+def _bucket_order(hold: set[int], slots: int) -> list[int] | None:
+    """The old slot of each slot of the smaller bucket (``_bucket``) the slots ``hold`` move to: they in slot
+    order, then finished slots to fill it; None when the slots stay."""
+    n = _bucket(len(hold), slots)
+    if n >= slots:
+        return None
+    return sorted(hold) + [s for s in range(slots) if s not in hold][: n - len(hold)]
+
+
 def decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: Sequence[int],
                  sample_ids: Sequence[list[int]], seeds: Sequence[int], prompt_index: Sequence[int],
                  params: SampleParams, cond: "Conditioning", policies: Sequence = (),
@@ -152,9 +161,8 @@ def decode_static(backbone: Backbone, prompts: Sequence[Sequence[int]], starts: 
                 live[s] = s in kept
             redraw_slots = [slots[keep[k]] for k in redraw]
             hold = kept | set(tail)  # the slots this step must keep: the live rows, and the tail to be read
-            n_slots = _bucket(len(hold), len(slot_row))
-            if n_slots < len(slot_row):  # move the held rows (in slot order) to a smaller bucket
-                order = sorted(hold) + [s for s in range(len(slot_row)) if s not in hold][: n_slots - len(hold)]
+            order = _bucket_order(hold, len(slot_row))
+            if order is not None:  # move the held rows (in slot order) to a smaller bucket
                 at = {s: i for i, s in enumerate(order)}
                 redraw_slots = [at[s] for s in redraw_slots]
                 tail = [at[s] for s in tail]
@@ -203,7 +211,7 @@ def _decode_fed(backbone: Backbone, prompts, starts, sample_ids, seeds, prompt_i
     slot_row = list(range(n))
     live = [True] * n
     keys = torch.tensor([r.key for r in rows], dtype=torch.int64, device=dev)
-    tok_step, vec_step = step_fn(params.compile, _fed_step), step_fn(params.compile, _fed_step)
+    fed_step = step_fn(params.compile, _fed_step)  # one compiled function: the token step and the vector step
     ar = torch.arange(m, device=dev)
 
     def feed_vectors(h, slots):  # the rows in ``slots`` open a step: their state's m vectors after their token
@@ -217,7 +225,7 @@ def _decode_fed(backbone: Backbone, prompts, starts, sample_ids, seeds, prompt_i
         cols = cache.write[:, None] + ar  # (B, m): where each row's slots are written
         block = opened[:, None, None] & (torch.arange(cap, device=dev)[None, None] == cols[:, :, None])  # (B, m, cap)
         see = mask[:, 0] | block.cumsum(1).bool()  # slot i sees the real columns and the block's slots <= i
-        hv = vec_step(body, cache, x, next_pos[:, None] + ar, see[:, None])
+        hv = fed_step(body, cache, x, next_pos[:, None] + ar, see[:, None])
         mask = mask | block.any(1)[:, None, None]
         step = opened.long() * m
         cache.write.add_(step)
@@ -242,9 +250,8 @@ def _decode_fed(backbone: Backbone, prompts, starts, sample_ids, seeds, prompt_i
         kept = {slots[j] for j in keep}
         live = [s in kept for s in range(len(slot_row))]
         redraw_slots = [slots[keep[k]] for k in redraw]
-        n_slots = _bucket(len(kept), len(slot_row))
-        if n_slots < len(slot_row):
-            order = sorted(kept) + [s for s in range(len(slot_row)) if s not in kept][: n_slots - len(kept)]
+        order = _bucket_order(kept, len(slot_row))
+        if order is not None:
             at = {s: i for i, s in enumerate(order)}
             redraw_slots = [at[s] for s in redraw_slots]
             sel = torch.as_tensor(order, device=dev)
@@ -257,7 +264,7 @@ def _decode_fed(backbone: Backbone, prompts, starts, sample_ids, seeds, prompt_i
         if redraw_slots:
             state = cond.redraw(params, state, redraw_slots, [rows[slot_row[s]] for s in redraw_slots])
         mask[torch.arange(len(slot_row), device=dev), 0, 0, cache.write] = True
-        h = tok_step(body, cache, emb[nxt.to(dev)][:, None], next_pos[:, None], mask)
+        h = fed_step(body, cache, emb[nxt.to(dev)][:, None], next_pos[:, None], mask)
         cache.write.add_(1)
         next_pos = next_pos + 1
         if redraw_slots:
