@@ -133,7 +133,7 @@ def test_paired_difference_is_newcombes_and_covers():
     one = np.ones(20)
     d = paired_rate_difference(a, one, b, one)
     assert d["r"] == pytest.approx(0.0) and (d["diff"], d["lo"], d["hi"]) == pytest.approx(newcombe_interval(10, 20, 10, 20))
-    # identical 100% rows: a non-degenerate interval around 0 (the bootstrap gave [0, 0])
+    # identical 100% rows: a non-degenerate interval around 0 (where a bootstrap gives the degenerate [0, 0])
     same = paired_rate_difference(one, one, one, one)
     assert same["lo"] < 0 < same["hi"] and same["p_value"] == 1.0
     # coverage of the true difference near 95% for correlated binary pairs, n = 40
