@@ -11,18 +11,62 @@ top-k, token and step limits and ``sampling.batch_size`` (so lockstep batches st
 decodes the same questions with its own seeds, and a lockstep sample is checked equal to its run's alone
 (``tokens_equal_fraction``). One warm-up decode first; the two modes alternate which runs first. The
 machine's 128 x 576 x 1536 fp32 GEMM rate is measured at the start.
+
+A seed's budget beside it (``seed_budget``): the seeds study's stage seconds (``studies/results/seeds_study``,
+each seed run alone), split into the stages whose passes lockstep shares (RL, collection) and those bound by
+arithmetic, with each stage's time in lockstep projected from the measured ratios: RL's from
+``bench/results/rl_lockstep.json`` (the whole stage), collection's and exploration's from this run's
+``exploration`` workload at S = 8, the rest unchanged (they run one training run at a time). The projection
+is a computed estimate, named as one; ``bound_lockstep_speedup`` is what a seed would gain if RL and
+collection cost nothing.
 Usage: python bench/seeds.py [--out bench/results/seeds.json] [--runs 1 2 4 8] [--workloads rl exploration]
+       python bench/seeds.py --budget-only [--out ...]   # recompute the budget from the stored results
 """
 from __future__ import annotations
 
 import argparse
+import glob
+import json
+import statistics
 import time
+from pathlib import Path
 
 import torch
 from common import machine, write_result
 
 K, M = 4, 2  # the demo's states and vectors per state
 ROWS = {"rl": 6, "exploration": 24}  # questions per run (x 4 samples)
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ("collect", "rl")  # the stages whose passes carry few rows, so lockstep shares their fixed cost
+
+
+def seed_budget(res: dict, runs: int = 8) -> dict:
+    """One seed's stage seconds alone (the seeds study's mean) and in lockstep of ``runs`` seeds, projected from
+    the measured ratios (see the module docstring); every number computed from the stored results."""
+    seeds = [json.loads(Path(f).read_text()) for f in sorted(glob.glob(str(ROOT / "studies/results/seeds_study/seed_*.json")))]
+    if not seeds:
+        raise SystemExit("seed_budget: no studies/results/seeds_study/seed_*.json (run studies/seeds_study.py first)")
+    pre = seeds[0]["stage_seconds"]["pretrain"]
+    stages = {**{k: statistics.mean(s["stage_seconds"]["pretrain"][k] for s in seeds) for k in pre},
+              **{k: statistics.mean(s["stage_seconds"][k] for s in seeds) for k in ("exploration", "rl")}}
+    rl = json.loads((ROOT / "bench/results/rl_lockstep.json").read_text())["results"]
+    rl_ratio = max(rl, key=lambda r: r["runs"])
+    ex = {r["runs"]: r["speedup"] for r in res.get("workloads", {}).get("exploration", {}).get("results", [])}
+    if runs not in ex:
+        raise SystemExit(f"seed_budget: the exploration workload at S = {runs} is not in the result (run --runs ... {runs})")
+    ratio = {"rl": rl_ratio["speedup"], "collect": ex[runs], "exploration": ex[runs]}
+    alone = sum(stages.values())
+    lock = sum(v / ratio.get(k, 1.0) for k, v in stages.items())
+    return {"seeds": len(seeds), "stage_seconds_alone": {k: round(v, 1) for k, v in stages.items()},
+            "gemm_gflops_mean": round(statistics.mean(s["machine"]["gemm_gflops"] for s in seeds), 1),
+            "lockstep_ratio": {"rl": {"speedup": ratio["rl"], "runs": rl_ratio["runs"], "from": "bench/results/rl_lockstep.json"},
+                               "collect": {"speedup": ex[runs], "runs": runs, "from": "the exploration workload"},
+                               "exploration": {"speedup": ex[runs], "runs": runs, "from": "the exploration workload"}},
+            "seconds_per_seed_alone": round(alone, 1),
+            f"projected_seconds_per_seed_lockstep_{runs}": round(lock, 1),
+            f"projected_lockstep_speedup_{runs}": round(alone / lock, 3),
+            "arithmetic_bound_share": round(sum(v for k, v in stages.items() if k not in SHARED) / alone, 3),
+            "bound_lockstep_speedup": round(alone / sum(v for k, v in stages.items() if k not in SHARED), 3)}
 
 
 def runs(bb, n: int) -> list:
@@ -64,7 +108,13 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--runs", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--workloads", nargs="+", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--budget-only", action="store_true", help="recompute seed_budget from the stored --out")
     args = ap.parse_args()
+    if args.budget_only:
+        res = json.loads(Path(args.out or ROOT / "bench/results/seeds.json").read_text())
+        res["seed_budget"] = seed_budget(res)
+        write_result(res, args.out)
+        return
     gemm = gemm_gflops()
     bb = load_backbone("smollm2-135m-instruct", device="cpu", dtype="float32")
     cfg = load_config("demo")
@@ -94,6 +144,10 @@ def main():
                       f"tokens equal {sum(eq)}/{len(eq)}", flush=True)
             res["workloads"][w] = {"questions_per_run": ROWS[w], "samples": 4, "rows_per_run": 4 * ROWS[w],
                                    "results": rows}
+    eq = [r["tokens_equal_fraction"] for w in res["workloads"].values() for r in w["results"]]
+    res["samples_equal_fraction"] = min(eq)  # the lowest over every workload and S
+    if 8 in args.runs and "exploration" in args.workloads:
+        res["seed_budget"] = seed_budget(res)
     res.update({"decode": {"backbone": "smollm2-135m-instruct", "dtype": "float32", "states": K, "vectors": M,
                            "max_new_tokens": params.max_new_tokens, "max_steps": params.max_steps,
                            "batch_size": params.batch_size, "conditioning": "state prompt"},
