@@ -9,9 +9,9 @@ limits), one warm-up per model, the models alternating over ``--rounds`` rounds,
 128 rows the samples are graded and Base pass@1 compared, int8 minus fp32, paired by question (bootstrap over
 questions).
 
-The state-prompt fit needs the gradient through every layer to the input vectors; the quantized linear
-layers have no backward, so int8 could serve the decodes only. Whether it is kept: at least 1.3x faster at
-the batch the stages decode at in lockstep, and no verdict changed.
+The state-prompt fit needs the gradient through every layer to the input vectors: whether it reaches them
+through the quantized layers is recorded (``fit_backward_through_int8``). Whether int8 is kept: at least 1.3x
+faster at the batch the stages decode at in lockstep, and no verdict changed.
 Usage: python bench/int8.py [--rounds 2] [--out bench/results/int8.json]
 """
 from __future__ import annotations
