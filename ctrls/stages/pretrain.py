@@ -61,6 +61,7 @@ from ctrls.stages.runs import (
     load_torch,
     pair_slug,
     read_parquet,
+    writing,
 )
 from ctrls.stats.metrics import interval
 
@@ -430,7 +431,8 @@ def _save_checkpoint(cfg: Config, bb: Backbone, stages: dict[str, Stage], adapte
     tr = torch.load(stages["transitions"].dir / "transitions.pt", weights_only=True)
     model = build_model(cfg, bb, st, tr, notes=json.loads((stages["states"].dir / "notes.json").read_text()))
     model.adapter.load_state_dict(torch.load(adapter_dir / "adapter.pt", weights_only=True))
-    model.save_pretrained(ckpt)
+    with writing(ckpt / "model.safetensors"):  # a full disk (safetensors' own error too) is a RunDirError naming it
+        model.save_pretrained(ckpt)
 
 
 def load_pretrained(cfg: Config, backbone: Backbone | None = None) -> CTRLSModel:
