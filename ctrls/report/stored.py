@@ -315,11 +315,12 @@ PILOT = obj({"levels": listof(PILOT_LEVEL, min_len=1)})
 HOURS = obj({"mean": num(0), "cap": num(0)}, ordered=(("mean", "cap"),))  # 'mean' decodes fewer tokens than 'cap'
 PAIRS = r".+ / .+"  # "<backbone> / <dataset>"
 GPU = obj({"environment": obj({"gpu": text()}),
-           "estimate_graph": obj({"pairs_hours": mapof(HOURS, min_len=1, keys=PAIRS), "total_hours": HOURS},
-                                 optional=("total_hours",)),
+           "estimate": obj({"stages_hours": mapof(HOURS, min_len=1), "total_hours": HOURS}),  # the eager engine's
+           "estimate_graph": obj({"pairs_hours": mapof(HOURS, min_len=1, keys=PAIRS), "total_hours": HOURS,
+                                  "stages_hours": mapof(HOURS, min_len=1)}, optional=("total_hours", "stages_hours")),
            "estimate_graph_8gpu": obj({"world_size": POSITIVE, "pairs_hours": mapof(HOURS, keys=PAIRS)},
                                       optional=("world_size",))},
-          optional=("estimate_graph_8gpu",))
+          optional=("estimate", "estimate_graph_8gpu"))
 
 def unique(field: str) -> Spec:
     """The list at ``field`` holds no value twice (a seed listed twice would be counted twice)."""
