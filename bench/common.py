@@ -12,6 +12,7 @@ import math
 import os
 import time
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -69,16 +70,27 @@ def timed_decode(bb, prompts, params, variant) -> tuple[float, list]:
 
 
 def write_result(res: dict, out: str | None) -> None:
-    """Write a benchmark's JSON result to ``out`` (when given, creating its folder), and print it as the
-    last line. Serialised first, refusing a non-finite number (no reader takes a bare NaN), then written to a
-    temporary file in the same folder, fsynced and renamed: a failure midway leaves the old result whole."""
-    bad = non_finite(res)
+    """Write a benchmark's JSON result to ``out`` (when given, :func:`write_json`), and print it as the last line."""
+    if out:
+        write_json(out, res)
+    else:
+        refuse_non_finite(res, out)
+    print(json.dumps(res, allow_nan=False))
+
+
+def write_json(out: str | os.PathLike, data, *, default=None) -> None:
+    """Write ``data`` as JSON to ``out`` (creating its folder): refused naming its field when it holds a non-finite
+    number (no reader takes a bare NaN), serialised before the file is touched, then :func:`replace_file`: a
+    failure midway leaves the old file whole. ``default`` is json's (``str`` for a measurement's odd values)."""
+    refuse_non_finite(data, out)
+    replace_file(out, json.dumps(data, indent=1, allow_nan=False, default=default))
+
+
+def refuse_non_finite(data, out=None) -> None:
+    """A ValueError naming the file and the field of the first NaN or infinity in ``data``."""
+    bad = non_finite(data)
     if bad is not None:
         raise ValueError(f"{out or 'the result'}: {bad[0] or '(the result)'} is {bad[1]}, not a finite number; nothing written")
-    text = json.dumps(res, indent=1, allow_nan=False)
-    if out:
-        replace_file(out, text)
-    print(json.dumps(res, allow_nan=False))
 
 
 def replace_file(out: str | os.PathLike, text: str) -> None:
@@ -100,8 +112,8 @@ def replace_file(out: str | os.PathLike, text: str) -> None:
 
 def non_finite(value, at: str = "") -> tuple[str, float] | None:
     """(field, value) of the first NaN or infinity in a result (``a.b[2]``), or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return at, value
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):  # np.float32 is no float
+        return at, float(value)
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
     for k, v in items:
         hit = non_finite(v, f"{at}[{k}]" if isinstance(k, int) else f"{at}.{k}" if at else str(k))

@@ -109,7 +109,9 @@ def main(argv=None) -> dict:
 
         df = load_samples(cfg)
         Path(args.samples_out).parent.mkdir(parents=True, exist_ok=True)
-        df.to_parquet(args.samples_out, compression="zstd", index=False)
+        tmp = Path(args.samples_out).with_name(f".{Path(args.samples_out).name}.tmp")
+        df.to_parquet(tmp, compression="zstd", index=False)
+        tmp.replace(args.samples_out)  # whole or not at all, as the JSON beside it
         res["samples_file"] = Path(args.samples_out).name
         res["samples_rows"] = len(df)
     write_result(res, args.out)

@@ -115,7 +115,7 @@ for p in (ROOT, HERE.parent, HERE):  # ctrls, and bench/ (gpuest, common) when i
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from common import replace_file  # noqa: E402
+from common import replace_file, write_json  # noqa: E402
 from gpuest.analytic_run import analytic_data, analytic_sensitivity  # noqa: E402
 from gpuest.estimate import ACCEPTANCE, MEAN_TOKENS, STEPS_PER_COT, estimate, print_estimate  # noqa: E402
 from gpuest.graph import path_estimates, static_summary  # noqa: E402
@@ -241,14 +241,14 @@ def main(argv=None) -> dict:
             multi["rl_runs_side_by_side_wall_hours"] = {b: h / args.gpus for b, h in
                                                         data["estimate"]["rl_training_sequential_hours"].items()}
     if args.out:
-        replace_file(args.out, json.dumps(data, indent=1, default=str))  # whole or not at all
+        write_json(args.out, data, default=str)  # whole or not at all, a NaN refused naming its field
         print(f"\nwrote {args.out}")
     if args.md:
         if not (args.analytic and args.out):
             sys.exit("--md renders an --analytic JSON: give --analytic")
         out = Path(args.out).resolve()
         shown = str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)
-        Path(args.md).write_text(analytic_markdown(json.loads(out.read_text()), shown))
+        replace_file(args.md, analytic_markdown(json.loads(out.read_text()), shown))
         print(f"wrote {args.md}")
     return data
 

@@ -18,7 +18,6 @@ Measured (two commands of one lease; the second adds the lockstep batch, merged 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +92,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=str(ROOT / "book" / "_includes" / "gpu_measured_graph.md"))
     ap.add_argument("--headline", default=str(ROOT / "book" / "_includes" / "gpu_headline.md"))
     args = ap.parse_args(argv)
-    d = json.loads(Path(args.result).read_text())
+    from ctrls.report.stored import read
+
+    d = read(args.result, "gpu")  # the pages' one reader of this result: finite hours, mean <= cap, each refusal naming its field
     text = render(d)
     Path(args.out).write_text(text + "\n")
     Path(args.headline).write_text(headline(d) + "\n")

@@ -65,8 +65,12 @@ def main(argv=None) -> None:
         res = {"new_tokens": args.new, "backbone": args.backbone,
                "runs": {lab: parse_log(Path(f).read_text(), args.new) for lab, f in zip(labels, args.from_log)},
                "commits": dict(zip(labels, args.commits or []))}
-        text = json.dumps(res, indent=1)
-        Path(args.out).write_text(text) if args.out else print(text)
+        if args.out:
+            from common import write_json
+
+            write_json(args.out, res)  # whole, and a NaN (a log's 'nan ms') refused naming its field
+        else:
+            print(json.dumps(res, indent=1, allow_nan=False))
         return
     import torch
     from gpuest.models import build_backbone, calibrate_newline_bias, load_tokenizer

@@ -35,9 +35,11 @@ from ctrls.report.stored import (
     checked_kappa,
     checked_number,
     checked_seeds,
-    read_result,
+    position_floor,
     reading,
+    stored_setting,
 )
+from ctrls.report.stored import read as read_stored
 from ctrls.stats.agreement import base_chain, null_steps  # noqa: F401  (read by the pages)
 from ctrls.stats.metrics import format_p, holm
 
@@ -85,25 +87,13 @@ def results_dir() -> Path:
     return Path(os.environ.get("CTRLS_RESULTS_DIR", REPO))
 
 
-def read_seeds_result(path) -> dict:
-    """:func:`read_result` of a ``studies/seeds.py`` (or ``studies/state_prompt.py``) result, its variant's fields
-    checked: ``overrides`` a list of key=value texts, ``settings`` an object, ``seeds`` and ``development`` lists of
-    objects, and the same in its ``against`` runs."""
-    d = read_result(path)
-    for where, r in (("", d), ("against.", d.get("against"))):
-        if r is None and where:
-            continue
-        if not isinstance(r, dict):
-            raise ValueError(f"{path}: field 'against' must be an object, got {r!r:.60}")
-        over = r.get("overrides")
-        if over is not None and not (isinstance(over, list) and all(isinstance(o, str) for o in over)):
-            raise ValueError(f"{path}: field '{where}overrides' must be a list of key=value texts, got {over!r:.60}")
-        if r.get("settings") is not None and not isinstance(r["settings"], dict):
-            raise ValueError(f"{path}: field '{where}settings' must be an object, got {r['settings']!r:.60}")
-        for key in ("seeds", "development"):
-            if r.get(key) is not None:
-                checked_seeds(r[key], path, f"{where}{key}")
-    return d
+def read_seeds_result(path, kind: str = "seeds", **claims) -> dict:
+    """A ``studies/seeds.py`` (or, with ``kind="state_prompt"``, ``studies/state_prompt.py``) result read by its one
+    validating reader (``ctrls.report.stored.read``), with the settings, profile and seed fields its page claims."""
+    return read_stored(path, kind, **claims)
+
+
+SEED_FIELDS = ("questions", "kappa", "harm_fixed_minus_base_pass1", "eps_minus_base_pass_n")  # what seeds_frame shows
 
 
 def seeds_frame(path: str | Path | None = None) -> pd.DataFrame:
@@ -112,7 +102,7 @@ def seeds_frame(path: str | Path | None = None) -> pd.DataFrame:
     the fixed-s0 harm (pass@1 minus Base's) [95%] and whether it is non-inferior at the stored margin,
     and epsilon - Base pass@n [Table 1's family interval]."""
     path = Path(path) if path else results_dir() / SEEDS_RESULT
-    d = read_seeds_result(path)
+    d = read_seeds_result(path, seed_fields=SEED_FIELDS)
     with reading(path):
         margin = checked_number(d, "margin_points", path, 0, 100)
         rows = [_seed_row(s, path, margin) for s in checked_seeds(d.get("seeds") or [], path)]
@@ -208,7 +198,7 @@ def state_prompt_frame(paths: list[str | Path] | None = None, seeds: str | Path 
         raise FileNotFoundError(f"no stored state-prompt result ({STATE_PROMPT_RESULTS})")
     rows, seen = [], {}
     for path in paths:
-        d = read_seeds_result(path)
+        d = read_seeds_result(path, "state_prompt")
         with reading(path):
             rows.append(_state_prompt_row(d, path))
         seed = rows[-1]["data seed"]
@@ -286,7 +276,7 @@ def stage_option_frame(path: str | Path | None = None) -> pd.DataFrame:
     """:func:`seeds_frame` of the stored result of runs made with ``state_prompt.use=true`` (the stages'
     own fit and decode, run by the README's commands); refused when its overrides do not hold the option."""
     path = Path(path) if path else results_dir() / STAGE_OPTION_RESULT
-    check_state_prompt_runs(read_seeds_result(path), path)
+    read_seeds_result(path, settings={"state_prompt.use": "true"})
     t = seeds_frame(path)
     if t["data seed"].map(lambda x: isinstance(x, (int, np.integer))).sum() == 1:  # one seed: its pooled row repeats it
         attrs, t = t.attrs, t[t["data seed"] != "pooled"].reset_index(drop=True)
@@ -342,34 +332,16 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
     return " ".join(out)
 
 
-def check_state_prompt_runs(d: dict, path) -> None:
-    """Refuse, naming the file, a stored result whose runs were not made with ``state_prompt.use=true``."""
-    if str(stored_setting(d, "state_prompt.use")).lower() != "true":
-        raise ValueError(f"{path}: not runs with state_prompt.use=true ({_variant_text(d)})")
-
-
 def _variant_text(d: dict) -> str:
     """What a refusal names of a stored result's variant: its recorded ``settings``, else its ``overrides``."""
     return f"settings {d['settings']}" if isinstance(d.get("settings"), dict) else f"overrides {d.get('overrides')}"
-
-
-def stored_setting(d: dict, key: str) -> str | None:
-    """The value ``key`` had in a stored result's runs: its ``settings`` (``studies/seeds.py`` records them since
-    the demo's defaults changed), else the last of its ``overrides`` that sets it, else None. Booleans as
-    "true"/"false", as an override writes them."""
-    settings = d.get("settings") if isinstance(d.get("settings"), dict) else {}
-    if key in settings:
-        v = settings[key]
-        return str(v).lower() if isinstance(v, bool) else str(v)
-    hit = [str(o).split("=", 1)[1].strip() for o in d.get("overrides") or [] if str(o).split("=", 1)[0].strip() == key]
-    return hit[-1] if hit else None
 
 
 def position_mask_frame(path: str | Path | None = None) -> pd.DataFrame:
     """:func:`stage_option_frame` of the stored runs explored with the position mask; refused unless their
     overrides set ``grid.position_floor`` above 0 (``attrs["floor"]``) and every seed stores its mask."""
     path = Path(path) if path else results_dir() / POSITION_MASK_RESULT
-    d = read_seeds_result(path)
+    d = read_seeds_result(path, settings={"grid.position_floor": position_floor}, seed_fields=("position_masks",))
     try:
         floor = float(stored_setting(d, "grid.position_floor") or 0)
     except ValueError:
@@ -445,7 +417,8 @@ def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
     differences [95%] with Holm p over the seeds. Refused unless the stored runs and the ones they are
     compared with differ in that option alone."""
     path = Path(path) if path else results_dir() / ADAPTER_RESULT
-    d = read_seeds_result(path)
+    d = read_seeds_result(path, settings={"state_prompt.with_adapter": "true", "against.state_prompt.use": "true",
+                                          "against.state_prompt.with_adapter": _not_true})
     other = d.get("against")
     if str(stored_setting(d, "state_prompt.with_adapter")).lower() != "true" or not isinstance(other, dict):
         raise ValueError(f"{path}: not runs with state_prompt.with_adapter=true compared --against others "
@@ -467,6 +440,11 @@ def with_adapter_frame(path: str | Path | None = None) -> pd.DataFrame:
         t = _with_adapter_rows(d, other, path)
     t.attrs.update(commit=d.get("commit", "?"), source=str(path), profile=stored_profile(d, path))
     return t
+
+
+def _not_true(v: str | None) -> bool:
+    """state_prompt.with_adapter false or unset"""
+    return str(v).lower() != "true"
 
 
 def _with_adapter_rows(d: dict, other: dict, path) -> pd.DataFrame:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from ctrls.config.settings import BASE, FIXED
-from ctrls.report.mechanism import checked_count, checked_interval, checked_kappa, checked_number, read_result, results_dir
+from ctrls.report.mechanism import checked_count, checked_interval, checked_kappa, checked_number, results_dir
+from ctrls.report.stored import read as read_stored
 from ctrls.stages.sample_tables import PASS_K, run_numbers  # noqa: F401 (re-exported: the pages read them here)
 from ctrls.stats.metrics import format_p
 from ctrls.stats.paired import paired_pass
@@ -80,9 +81,7 @@ def stored_scaled(path: str | Path | None = None) -> dict | None:
     path = Path(path) if path else results_dir() / SCALED_RESULT
     if not path.is_file():
         return None
-    d = read_result(path)
-    if not isinstance(d.get("result"), dict) or not isinstance(d.get("machine"), dict):
-        raise ValueError(f"{path}: a scaled run holds the objects 'result' and 'machine'")
+    d = read_stored(path, "scaled")  # its one validating reader (ctrls.report.stored)
     _column(d["result"], path)  # every shown field checked here, before a page uses it
     return d
 

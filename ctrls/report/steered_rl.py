@@ -14,7 +14,6 @@ from pathlib import Path
 import pandas as pd
 
 from ctrls.report.mechanism import (
-    check_state_prompt_runs,
     checked_count,
     checked_interval,
     checked_number,
@@ -26,6 +25,7 @@ from ctrls.report.mechanism import (
     stored_profile,
     stored_setting,
 )
+from ctrls.report.stored import position_floor
 from ctrls.stats.metrics import format_p
 
 RL_RESULT = "studies/results/state_prompt_rl.json"
@@ -37,8 +37,8 @@ def rl_frame(path: str | Path | None = None) -> pd.DataFrame:
     (``VS``) the paired difference [95%] and its Holm p; refused, naming the file and the field, when the runs were
     not made with the state prompt and its position mask (the page says both), a seed has no RL rows or a field is wrong."""
     path = Path(path) if path else results_dir() / RL_RESULT
-    d = read_seeds_result(path)
-    check_state_prompt_runs(d, path)
+    d = read_seeds_result(path, settings={"state_prompt.use": "true", "grid.position_floor": position_floor},
+                          seed_fields=("rl_table2",))
     try:
         floor = float(stored_setting(d, "grid.position_floor") or 0)
     except ValueError:

@@ -6,9 +6,9 @@ Each kind of file has one schema (:data:`SCHEMAS`); :func:`read` parses a file (
 ValueError) naming the file and the field (``points[1].follows_hi``). A schema checks only what the
 readers use: types, finite numbers, ranges, intervals that contain their estimates (the list:
 book/method.md, "ctrls/report/stored.py"). Files are read under ``root=``, else ``$CTRLS_RESULTS_DIR``
-(laid out like the repository), else this repository. The mechanism and RL pages' results (``studies/seeds.py``'s)
-are read field by field with :func:`read_result` and the ``checked_*`` readers, each refusal naming the file and
-the field; :func:`reading` turns a missing field into one such refusal.
+(laid out like the repository), else this repository. ``read``'s keywords check what a page claims of the runs
+(their settings, profile, and the fields every seed must hold). The ``checked_*`` readers take one field of a
+result already read (their refusals name the file and the field); :func:`reading` turns a missing field into one.
 """
 from __future__ import annotations
 
@@ -315,11 +315,12 @@ PILOT = obj({"levels": listof(PILOT_LEVEL, min_len=1)})
 HOURS = obj({"mean": num(0), "cap": num(0)}, ordered=(("mean", "cap"),))  # 'mean' decodes fewer tokens than 'cap'
 PAIRS = r".+ / .+"  # "<backbone> / <dataset>"
 GPU = obj({"environment": obj({"gpu": text()}),
-           "estimate_graph": obj({"pairs_hours": mapof(HOURS, min_len=1, keys=PAIRS), "total_hours": HOURS},
-                                 optional=("total_hours",)),
+           "estimate": obj({"stages_hours": mapof(HOURS, min_len=1), "total_hours": HOURS}),  # the eager engine's
+           "estimate_graph": obj({"pairs_hours": mapof(HOURS, min_len=1, keys=PAIRS), "total_hours": HOURS,
+                                  "stages_hours": mapof(HOURS, min_len=1)}, optional=("total_hours", "stages_hours")),
            "estimate_graph_8gpu": obj({"world_size": POSITIVE, "pairs_hours": mapof(HOURS, keys=PAIRS)},
                                       optional=("world_size",))},
-          optional=("estimate_graph_8gpu",))
+          optional=("estimate", "estimate_graph_8gpu"))
 
 def unique(field: str) -> Spec:
     """The list at ``field`` holds no value twice (a seed listed twice would be counted twice)."""
@@ -348,8 +349,121 @@ SEEDS_POOLED = both(obj({"seeds": listof(SEED, min_len=2), "claims": mapof(POOLE
                                          )}),
                     unique("seeds"))
 
+# ---- studies/seeds.py and studies/state_prompt.py: the mechanism, stage-option, mask, adapter and RL pages' results --
+
+def flag() -> Spec:
+    def check(v, where):
+        if not isinstance(v, bool):
+            raise _Bad(_field(where), f"{str(v)[:60]!r} is not true or false")
+    return check
+
+
+def unique_by(field: str, key: str) -> Spec:
+    """No two records of the list at ``field`` share ``key`` (a data seed listed twice enters the pool and Holm twice)."""
+    def check(v, where):
+        seen = set()
+        for i, x in enumerate(v.get(field) or []):
+            if x[key] in seen:
+                raise _Bad(_field(_at(_at(_at(where, field), i), key)), f"data seed {x[key]!r} is listed twice")
+            seen.add(x[key])
+    return check
+
+
+def _verdicts_follow(v, where):
+    """Each seed's non-inferiority verdict is what its harm's interval says at the stored margin (lower bound above
+    -margin points): a 'yes' under a lower bound of -20 points is refused."""
+    if v.get("margin_points") is None:
+        return  # a page that shows verdicts reads the margin, and refuses its absence
+    margin = v["margin_points"] / 100
+    for field in ("seeds", "development"):
+        for i, s in enumerate(v.get(field) or []):
+            h = s.get("harm_fixed_minus_base_pass1")
+            if h is None:
+                continue  # a page that shows the harm names it in seed_fields
+            if h["non_inferior"] != (h["lo"] > -margin):
+                raise _Bad(_field(_at(_at(_at(_at(where, field), i), "harm_fixed_minus_base_pass1"), "non_inferior")),
+                           f"{str(h['non_inferior']).lower()}, but the lower bound {100 * h['lo']:+.1f} points is "
+                           f"{'not ' if h['non_inferior'] else ''}above -{v['margin_points']:g}")
+
+
+def _zero_one(v, where):
+    if not isinstance(v, bool):  # a mask's entry is stored as 0/1 or as a boolean
+        num(0, 1, integer=True)(v, where)
+
+
+def _mask(v, where):
+    """A stored position mask: ``counts`` (whole numbers >= 0) and ``allowed`` (0 or 1) of one shape, positions x
+    states, each position allowing a state (a draw restricted to no state has no distribution)."""
+    obj({"counts": listof(listof(COUNT), min_len=1), "allowed": listof(listof(_zero_one), min_len=1)})(v, where)
+    c, a = v["counts"], v["allowed"]
+    if len(c) != len(a) or any(len(x) != len(y) or not x for x, y in zip(c, a)) or len({len(x) for x in c}) != 1:
+        raise _Bad(_field(_at(where, "allowed")), "not of the shape of 'counts' (positions x states)")
+    for b, row in enumerate(a):
+        if not any(row):
+            raise _Bad(_field(_at(_at(where, "allowed"), b)), f"position bucket {b} allows no state")
+
+
+SECONDS = mapof(lambda v, where: None if v is None else num(0)(v, where))
+KAPPA_CI = num(-1, 1)
+KAPPA_REC = obj({"follows": RATE, "null": RATE, "kappa": KAPPA_CI, "kappa lo": KAPPA_CI, "kappa hi": KAPPA_CI,
+                 "p_value": RATE, "steps": POSITIVE, "questions": POSITIVE}, contains=(("kappa", "kappa lo", "kappa hi"),))
+PAIRED = obj({"diff": DIFF, "lo": DIFF, "hi": DIFF, "questions": POSITIVE, "p": RATE, "p_holm": RATE, "b": RATE},
+             optional=("questions", "p", "p_holm", "b"), contains=(("diff", "lo", "hi"),))
+HOLM = obj({"p_holm": RATE, "questions": POSITIVE, "b": RATE}, optional=("questions", "b"))  # what the RL and adapter pages read
+RL_BASE = obj({"p_holm": RATE, "questions": POSITIVE, "b": RATE})  # one paired set: its n and Base's pass@1
+RL_POLICY = obj({"pass1": RATE, "samples": POSITIVE, "minus_base": both(PAIRED, RL_BASE),
+                 "minus_pretrained_eps": both(PAIRED, obj({"p_holm": RATE, "b": RATE}))})
+SEED_RUN = obj({
+    "data_seed": SEED, "questions": POSITIVE, "samples_per_question": POSITIVE, "epsilon": RATE, "kappa": KAPPA_REC,
+    "harm_fixed_minus_base_pass1": both(PAIRED, obj({"non_inferior": flag()})), "eps_minus_base_pass_n": PAIRED,
+    "eps_minus_fixed_pass1": PAIRED, "pass1": mapof(RATE, min_len=1), "max_steps": POSITIVE,
+    "valid": mapof(RATE, required=("Base", "fixed s0")), "ran_all_steps": mapof(RATE, required=("fixed s0",)),
+    "position_masks": mapof(_mask, min_len=1), "rl_table2": mapof(RL_POLICY, min_len=1), "stage_seconds": SECONDS},
+    optional=("questions", "samples_per_question", "epsilon", "kappa", "harm_fixed_minus_base_pass1", "eps_minus_base_pass_n",
+              "pass1", "eps_minus_fixed_pass1", "max_steps", "valid", "ran_all_steps", "position_masks", "rl_table2",
+              "stage_seconds"))
+VARIANT = {"profile": text(), "overrides": listof(text()), "settings": mapof(lambda v, where: None)}
+AGAINST_SEED = obj({"data_seed": SEED, "kappa_other": KAPPA_REC, "pass1_other": mapof(RATE, min_len=1),
+                    "kappa_diff": both(obj({"diff": num(-2, 2), "lo": num(-2, 2), "hi": num(-2, 2)},
+                                           contains=(("diff", "lo", "hi"),)), HOLM),
+                    "eps_pass1_diff": both(PAIRED, HOLM)})
+SEEDS_RUNS = both(obj({"margin_points": num(0, 100), "seeds": listof(SEED_RUN, min_len=1), "development": listof(SEED_RUN),
+                       "pooled_kappa": KAPPA_REC, **VARIANT, **PROVENANCE,
+                       "against": both(obj({"seeds": listof(AGAINST_SEED), **VARIANT}, optional=tuple(VARIANT)),
+                                       unique_by("seeds", "data_seed"))},
+                      optional=("margin_points", "development", "pooled_kappa", *VARIANT, *PROVENANCE, "against")),
+                  unique_by("seeds", "data_seed"), unique_by("development", "data_seed"), _verdicts_follow)
+BY_STEP = obj({"kappa": KAPPA_CI, "kappa lo": KAPPA_CI, "kappa hi": KAPPA_CI}, optional=("kappa lo", "kappa hi"),
+              contains=(("kappa", "kappa lo", "kappa hi"),))
+STATE_PROMPT = obj({"data_seed": SEED, "vectors_per_state": POSITIVE, "questions": POSITIVE,
+                    "state_prompt": both(KAPPA_REC, obj({"pass1": RATE, "by_step": mapof(BY_STEP)}, optional=("by_step",))),
+                    "adapter": both(KAPPA_REC, obj({"pass1": RATE})),
+                    "state_prompt_minus_adapter": obj({"diff": num(-2, 2), "lo": num(-2, 2), "hi": num(-2, 2), "p_value": RATE},
+                                                      contains=(("diff", "lo", "hi"),)), **VARIANT, **PROVENANCE},
+                   optional=("questions", *VARIANT, *PROVENANCE))
+
+
+def _scaled_claims(v, where):
+    """The scaled run's pass@k differences at k = min(4, m), the ones its page prints."""
+    r, k = v["result"], min(4, v["result"]["samples_per_question"])
+    for key in (f"eps_minus_fixed_pass{k}", f"eps_minus_base_pass{k}"):
+        both(PAIRED, obj({"p": RATE}))(r.get(key), _at(_at(where, "result"), key))
+
+
+SCALED = both(obj({"machine": obj({"gpu": text()}, optional=("gpu",)), "margin_points": num(0, 100),
+                   "seconds": SECONDS, "profile": text(), "commit": text(), "overrides": mapof(lambda v, where: None),
+                   "result": obj({"questions": POSITIVE, "samples_per_question": POSITIVE, "kappa": KAPPA_REC,
+                                  "harm_fixed_minus_base_pass1": PAIRED, "eps_minus_fixed_pass1": PAIRED,
+                                  "pass1": mapof(RATE, min_len=3, required=("Base", "fixed s0")), "data_seed": SEED},
+                                 optional=("data_seed",))},
+                  optional=("margin_points", "seconds", "profile", "commit", "overrides")),
+              _scaled_claims)
+
 SCHEMAS: dict[str, tuple[Spec, str]] = {  # kind -> (schema, what the file is, for errors)
     "seeds_pooled": (SEEDS_POOLED, "studies/seeds_study.py pooled result"),
+    "seeds": (SEEDS_RUNS, "studies/seeds.py result"),
+    "state_prompt": (STATE_PROMPT, "studies/state_prompt.py result"),
+    "scaled": (SCALED, "studies/scaled_demo.py result"),
     "steering": (STEERING, "studies/steering.py result"),
     "generation": (GENERATION, "studies/steering.py result with rows"),
     "injection": (INJECTION, "studies/injection.py result"),
@@ -365,7 +479,12 @@ COMMITTED = {
     "studies/results/generation_controls.json": "generation", "studies/results/injection.json": "injection",
     "studies/results/injection_k4.json": "injection", "studies/results/word_problems_difficulty.json": "pilot",
     "bench/results/gpu_estimate_measured_nvidia_h200_qwen.json": "gpu",
-    "studies/results/seeds_pooled.json": "seeds_pooled",
+    "studies/results/seeds_pooled.json": "seeds_pooled", "studies/results/seeds.json": "seeds",
+    "studies/results/state_prompt_stage.json": "seeds", "studies/results/state_prompt_positions.json": "seeds",
+    "studies/results/state_prompt_default_seed10.json": "seeds", "studies/results/state_prompt_adapter.json": "seeds",
+    "studies/results/state_prompt_rl.json": "seeds", "studies/results/state_prompt_rl_seed6.json": "seeds",
+    **{f"studies/results/state_prompt_seed{i}.json": "state_prompt" for i in (1, 2, 3, 5)},
+    "studies/results/scaled_demo_h200.json": "scaled",
 }
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
@@ -380,9 +499,12 @@ def _depth(text: str) -> int:
     return most
 
 
-def read(path: str | os.PathLike, kind: str) -> dict:
-    """The stored result at ``path``, checked against the schema of ``kind`` (:data:`SCHEMAS`); a
-    :class:`StoredResultError` naming the file and the field when it is not one."""
+def read(path: str | os.PathLike, kind: str, *, settings: dict[str, str | Callable[[str | None], bool]] | None = None,
+         profile: str | None = None, seed_fields: tuple[str, ...] = ()) -> dict:
+    """The stored result at ``path``, checked against the schema of ``kind`` (:data:`SCHEMAS`) and against what the
+    page claims of its runs: each key of ``settings`` (``against.<key>`` in the runs compared with) at its value,
+    or passing its test (:func:`stored_setting`'s text, None where not recorded); ``profile``; each seed holding
+    ``seed_fields``. A :class:`StoredResultError` naming the file and the field when it is not one."""
     schema, what = SCHEMAS[kind]
     path = Path(path)
     try:
@@ -394,16 +516,56 @@ def read(path: str | os.PathLike, kind: str) -> dict:
     if _depth(text) > MAX_DEPTH:
         raise StoredResultError(path, what, "", f"nested deeper than {MAX_DEPTH} levels")
     try:
-        data = json.loads(text)
+        data = json.loads(text)  # a NaN parses: the schema refuses it naming its field
     except (ValueError, RecursionError) as e:
         raise StoredResultError(path, what, "", f"not JSON ({type(e).__name__}: {e})") from None
     try:
         schema(data, "")
+        _claims(data, settings or {}, profile, seed_fields)
     except _Bad as b:
         raise StoredResultError(path, what, b.field, b.problem) from None
     return data
 
 
+def _claims(d: dict, settings: dict, profile: str | None, seed_fields: tuple[str, ...]) -> None:
+    for key, want in settings.items():
+        r, name = (d.get("against"), key[len("against."):]) if key.startswith("against.") else (d, key)
+        if not isinstance(r, dict):
+            raise _Bad("against", "missing: the page compares these runs with others")
+        got = stored_setting(r, name)
+        if not (want(got) if callable(want) else got is not None and got.lower() == want.lower()):
+            where = ("against." if r is not d else "") + ("settings" if name in (r.get("settings") or {}) else "overrides")
+            raise _Bad(where, f"not runs with {want.__doc__ if callable(want) else f'{name}={want}'}, as the page says: "
+                              f"{name} is {got if got is not None else 'not recorded'} there")
+    if profile is not None and d.get("profile") != profile:
+        raise _Bad("profile", f"{d.get('profile')!r}, not the {profile!r} the page says")
+    for i, s in enumerate(d.get("seeds") or []):
+        for f in seed_fields:
+            if not s.get(f):
+                raise _Bad(f"seeds[{i}].{f}", "missing (the page shows it)")
+
+
+def stored_setting(d: dict, key: str) -> str | None:
+    """The value ``key`` had in a stored result's runs: its ``settings`` (``studies/seeds.py`` records them since
+    the demo's defaults changed), else the last of its ``overrides`` that sets it, else None. Booleans as
+    "true"/"false", as an override writes them."""
+    settings = d.get("settings") if isinstance(d.get("settings"), dict) else {}
+    if key in settings:
+        v = settings[key]
+        return str(v).lower() if isinstance(v, bool) else str(v)
+    over = d.get("overrides") if isinstance(d.get("overrides"), list) else []
+    hit = [str(o).split("=", 1)[1].strip() for o in over if str(o).split("=", 1)[0].strip() == key]
+    return hit[-1] if hit else None
+
+
+def position_floor(v: str | None) -> bool:
+    """the position mask (grid.position_floor in (0, 1])"""
+    try:
+        return v is not None and 0 < float(v) <= 1
+    except ValueError:
+        return False
+
+
 __all__ = ["COMMITTED", "ENV", "SCHEMAS", "StoredResultError", "checked_count", "checked_flag", "checked_interval",
-           "checked_kappa", "checked_number", "checked_seeds", "read", "read_result", "reading", "result_path",
-           "results_root", "stored_result"]
+           "checked_kappa", "checked_number", "checked_seeds", "position_floor", "read", "read_result", "reading",
+           "result_path", "results_root", "stored_result", "stored_setting"]

@@ -28,6 +28,7 @@ from ctrls.method.elbo import elbo, relaxed_loss, relaxed_terms
 from ctrls.method.model import CTRLSConfig, CTRLSModel
 from ctrls.method.policy import kl_to_prior
 from ctrls.stages.collect import PretrainError, feature_shards
+from ctrls.stages.common import save_torch
 from ctrls.stages.runs import Stage
 from ctrls.stats.metrics import interval
 
@@ -315,7 +316,7 @@ def train_adapter(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path
     hist = pd.DataFrame(history, columns=list(BOUND_COLUMNS))
     hist["kept"] = hist.epoch == best["epoch"]
     hist.to_parquet(out / "bound_history.parquet")
-    torch.save(adapter.state_dict(), out / "adapter.pt")
+    save_torch(adapter.state_dict(), out / "adapter.pt")
     split = "heldout" if has_heldout else "train"
     evaluate_controls(adapter, head, centroids, L, data, split, cfg.seed).to_parquet(out / "controls.parquet")
 

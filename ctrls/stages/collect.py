@@ -28,7 +28,7 @@ from ctrls.data.prompts import (
     step_spans,
 )
 from ctrls.method.backbone import Backbone
-from ctrls.stages.common import sample_params
+from ctrls.stages.common import sample_params, save_torch
 from ctrls.stages.runs import (
     ArtifactError,
     UnsafeArtifactError,
@@ -270,7 +270,7 @@ def cache_features(cfg: Config, bb: Backbone, problems: list[Problem], collect_d
                           "steps": steps, "source": g.source.iloc[i], "sample_index": int(g.sample_index.iloc[i])})
         question_hidden = hp[start:P].to(torch.float16)
         tmp = f.with_suffix(".tmp")
-        torch.save({"qid": qid, "question_hidden": question_hidden, "trajectories": items}, tmp)
+        save_torch({"qid": qid, "question_hidden": question_hidden, "trajectories": items}, tmp)
         tmp.replace(f)
         n_traj += len(items)
     return {"trajectories": n_traj, "questions": len(groups)}

@@ -16,7 +16,7 @@ import pandas as pd
 from ctrls.config.schema import Config
 from ctrls.data.problems import Problem, load_problems
 from ctrls.stages.distributed import world
-from ctrls.stages.runs import BAD_FILE_HINT, ArtifactError, UnsafeLinkError, read_parquet, refuse_link
+from ctrls.stages.runs import BAD_FILE_HINT, ArtifactError, UnsafeLinkError, read_parquet, refuse_link, writing
 
 if TYPE_CHECKING:  # the modelling stack is imported where it is used: a stage that only reads (and the
     # synthetic study's worker processes) does not pay for transformers
@@ -44,6 +44,15 @@ def backbone_for(cfg: Config, name: str | None = None) -> Backbone:
 
     b = cfg.backbone
     return load_backbone(name or b.name, world().device(b.device), b.dtype, b.cache_dir)
+
+
+def save_torch(obj, path: str | Path) -> None:
+    """``torch.save(obj)`` to ``path`` through a Python file: a full disk is then an OSError (torch's own writer says
+    only "unexpected pos"), a RunDirError naming ``path`` (``runs.writing``)."""
+    import torch
+
+    with writing(path), open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 class NotRunError(FileNotFoundError):

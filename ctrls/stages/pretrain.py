@@ -53,7 +53,7 @@ from ctrls.stages.collect import (
     feature_shards,
     read_trajectories,
 )
-from ctrls.stages.common import backbone_for, problems_from_config
+from ctrls.stages.common import backbone_for, problems_from_config, save_torch
 from ctrls.stages.runs import (
     Stage,
     artifact_error,
@@ -61,6 +61,7 @@ from ctrls.stages.runs import (
     load_torch,
     pair_slug,
     read_parquet,
+    writing,
 )
 from ctrls.stats.metrics import interval
 
@@ -339,7 +340,7 @@ def compute_spectral(cfg: Config, features_dir: Path, out: Path, progress: bool 
     if not index:
         raise PretrainError("no steps to embed")
     e = torch.cat(step_e)
-    torch.save({"step_e": e, "prompt_e": torch.stack(prompt_e),
+    save_torch({"step_e": e, "prompt_e": torch.stack(prompt_e),
                 "index": torch.as_tensor(index, dtype=torch.long)}, out / "spectral.pt")
     return {"steps": len(index), "dim": e.shape[1]}
 
@@ -380,7 +381,7 @@ def cluster_states(cfg: Config, spectral_dir: Path, features_dir: Path, out: Pat
                        ids=ids)
     s_post = space.assign(sp["step_e"])  # every step, the held-out ones included (for evaluation)
     s0 = space.assign(sp["prompt_e"])
-    torch.save({"centroids": space.centroids, "tau": torch.tensor(space.tau), "s_post": s_post, "s0": s0,
+    save_torch({"centroids": space.centroids, "tau": torch.tensor(space.tau), "s_post": s_post, "s0": s0,
                 "index": sp["index"], "requested_k": torch.tensor(space.requested_k), "heldout": heldout},
                out / "states.pt")
     (out / "notes.json").write_text(json.dumps(space.notes))
@@ -414,7 +415,7 @@ def fit_transition_model(cfg: Config, states_dir: Path, out: Path) -> dict:
         c, info = fit_concentration(prev, nxt, L)
         saved["c"] = torch.tensor(c)
         extra = {"concentration": c, "concentration_fit": info}
-    torch.save(saved, out / "transitions.pt")
+    save_torch(saved, out / "transitions.pt")
     # kl: the fitted objective's mean per pair, Thm. 5.3's expected KL (fit expected_kl: one closed-form
     # value) or the mixture-prior KL (fit mixture: one value per gradient step)
     pd.DataFrame({"step": range(len(history)), "kl": [float(h) for h in history],
@@ -430,7 +431,8 @@ def _save_checkpoint(cfg: Config, bb: Backbone, stages: dict[str, Stage], adapte
     tr = torch.load(stages["transitions"].dir / "transitions.pt", weights_only=True)
     model = build_model(cfg, bb, st, tr, notes=json.loads((stages["states"].dir / "notes.json").read_text()))
     model.adapter.load_state_dict(torch.load(adapter_dir / "adapter.pt", weights_only=True))
-    model.save_pretrained(ckpt)
+    with writing(ckpt / "model.safetensors"):  # a full disk (safetensors' own error too) is a RunDirError naming it
+        model.save_pretrained(ckpt)
 
 
 def load_pretrained(cfg: Config, backbone: Backbone | None = None) -> CTRLSModel:

@@ -22,6 +22,7 @@ from ctrls.config.settings import Setting
 from ctrls.method.policy import TransitionPolicy, check_finite
 from ctrls.method.reinforce import Sampler, Trajectory, reinforce_loss
 from ctrls.method.streams import seed_of
+from ctrls.stages.common import save_torch
 from ctrls.stages.runs import UnsafeArtifactError, load_torch, parquet_rows
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class Trainer:
             check_finite(p, f"policy.{name} (not saved to {self.ckpt})")
         tmp = self.ckpt.with_suffix(".tmp")
         # tensors and plain containers only: it loads with weights_only=True (no unpickling of code)
-        torch.save({"policy": self.policy.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+        save_torch({"policy": self.policy.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                     "log": plain(self.log), "setting": plain(dict(self.setting.__dict__)), "seed": int(self.seed)}, tmp)
         tmp.replace(self.ckpt)
         self._write_curve()

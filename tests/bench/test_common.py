@@ -49,3 +49,14 @@ def test_a_replaced_file_is_the_old_one_or_the_new_one_never_half(tmp_path, monk
     assert out.read_text() == "old" and [p.name for p in out.parent.iterdir()] == ["measured.json"]
     replace_file(out, "new")
     assert out.read_text() == "new"
+
+
+def test_write_json_refuses_a_numpy_nan_and_keeps_the_last_whole_file(tmp_path):
+    import numpy as np
+    from common import write_json
+
+    out = tmp_path / "measured.json"
+    write_json(out, {"rows": 160, "device": Path("/dev/x")}, default=str)
+    with pytest.raises(ValueError, match=r"measured.json: b\[0\].tokens_per_s is nan"):
+        write_json(out, {"b": [{"tokens_per_s": np.float32("nan")}]}, default=str)
+    assert json.loads(out.read_text()) == {"rows": 160, "device": "/dev/x"}

@@ -268,3 +268,20 @@ def test_the_prompt_memo_hands_out_copies_of_its_s0():
     p.put(("k",), s0, None, in_use=False)
     s0.mul_(0)  # the caller's tensor changes: the memo's does not
     assert torch.equal(p.s0[("k",)], torch.tensor([0.25, 0.75]))
+
+
+def test_the_prompt_memo_hands_each_caller_its_own_copy_of_s0(tiny_llama):
+    """A caller that edits the s_0 it was handed in place (every Generation's encoded_s0 is one) changes neither
+    the memo nor the s_0 a later call of the same prompt gets."""
+    bb = tiny_llama
+    d, k = bb.hidden_size, 2
+    model = _model(_oracle_centroids(4, k * d), d, k)
+    prompt = bb.tokenizer("Tom has 3 apples and buys 2 more. How many?")["input_ids"]
+    memo = ctl.PromptPasses()
+    for call in range(3):  # the pass, then twice from the memo
+        s0, _ = ctl.encode_generations(bb, model, prompt, 0, [], passes=memo)
+        if call == 0:
+            want = s0.clone()
+        assert torch.equal(s0, want)
+        s0.mul_(0)  # the caller's edit
+    assert memo.passes == 1 and torch.equal(next(iter(memo.s0.values())), want)

@@ -30,6 +30,8 @@ def test_a_prompt_beyond_the_context_is_refused_naming_its_index(tiny_llama, no_
 def test_a_prompt_start_outside_its_prompt_is_refused(tiny_llama, no_decode):
     with pytest.raises(ValueError, match=r"prompt 1: prompt_starts\[1\] = 2 is not among its 2 tokens"):
         sample(tiny_llama, [[1, 2, 3], [4, 5]], prompt_starts=[0, 2], seeds=[0, 1])
+    with pytest.raises(ValueError, match=r"prompt 0: prompt_starts\[0\] = -1 is not among its 3 tokens"):
+        sample(tiny_llama, [[1, 2, 3], [4, 5]], prompt_starts=[-1, 0], seeds=[0, 1])  # not "the last token"
     with pytest.raises(ValueError, match="1 prompt_starts for 2 prompts"):
         sample(tiny_llama, [[1, 2, 3], [4, 5]], prompt_starts=[0], seeds=[0, 1])
 

@@ -80,10 +80,11 @@ def test_the_stored_run_is_read_and_shown(tmp_path):
 
 @pytest.mark.parametrize("change,field", [({"eps_minus_fixed_pass4__lo": 0.5}, "interval"),
                                           ({"kappa__kappa": "NaN!"}, "NaN"),
-                                          ({"kappa__kappa": 3.0}, "'kappa'"),
+                                          ({"kappa__kappa": 3.0}, "result.kappa.kappa: 3.0 is outside"),
                                           ({"pass1": {"Base": 0.2}}, "pass1"),
-                                          ({"questions": 2.5}, "'questions'"), ({"samples_per_question": True}, "samples"),
-                                          ({"eps_minus_fixed_pass4__p": "low"}, "'p'")])
+                                          ({"questions": 2.5}, "result.questions: 2.5 is not an integer"),
+                                          ({"samples_per_question": True}, "samples"),
+                                          ({"eps_minus_fixed_pass4__p": "low"}, "pass4.p: 'low' is not a number")])
 def test_a_wrong_stored_number_is_refused_naming_the_field(tmp_path, change, field):
     with pytest.raises(ValueError, match=field):
         stored_scaled(stored(tmp_path, **change))

@@ -45,9 +45,9 @@ def test_each_policy_is_shown_with_n_intervals_and_holm_and_the_sentence_follows
 
 
 @pytest.mark.parametrize("d, msg", [
-    (result(RL, overrides=("grid.transfer_datasets=[]",)), "not runs with state_prompt.use=true"),
-    (result({}), "no RL rows"),
-    (result({"x": {**RL["ε=0.0, H=0.0"], "pass1": 1.5}}), "'pass1'"),
+    (result(RL, overrides=("grid.transfer_datasets=[]",)), "overrides: not runs with state_prompt.use=true"),
+    (result({}), "seeds[0].rl_table2: 0 entries"),
+    (result({"x": {**RL["ε=0.0, H=0.0"], "pass1": 1.5}}), "seeds[0].rl_table2.x.pass1: 1.5 is outside"),
     (result({"x": {**RL["ε=0.0, H=0.0"], "minus_base": pair(0.11, 0.12, 0.18, 0.19)}}), "minus_base|interval|lo"),
 ])
 def test_a_result_of_other_runs_or_a_bad_number_is_refused_naming_the_file(tmp_path, d, msg):
@@ -60,8 +60,8 @@ def test_a_result_of_other_runs_or_a_bad_number_is_refused_naming_the_file(tmp_p
     (result(RL, overrides=("state_prompt.use=true",)), "not runs with the position mask"),
     (result(RL, overrides=("state_prompt.use=true", "grid.position_floor=0")), "not runs with the position mask"),
     (result({"x": {k: v for k, v in RL["ε=0.0, H=0.0"].items() if k != "minus_pretrained_eps"}}),
-     "field 'minus_pretrained_eps' is missing"),
-    (result({"x": {**RL["ε=0.0, H=0.0"], "samples": 2.5}}), "'samples'"),
+     r"rl_table2.x.minus_pretrained_eps: missing"),
+    (result({"x": {**RL["ε=0.0, H=0.0"], "samples": 2.5}}), r"rl_table2.x.samples: 2.5 is not an integer"),
     ({**result(RL), "seeds": result(RL)["seeds"] * 2}, "data seed 9 is listed twice"),
 ])
 def test_runs_without_the_mask_a_missing_field_or_a_seed_twice_is_refused_naming_file_and_field(tmp_path, d, msg):

@@ -260,3 +260,77 @@ def test_readers_take_a_root_and_the_environment_variable(tmp_path, monkeypatch)
     monkeypatch.setenv(ENV, str(tmp_path / "empty"))
     assert st.states_result_path() is None and sc.pilot(cfg) is None
     assert "have not been measured" in fd.scale_finding(cfg)
+
+
+def _seeds_result(**kw) -> dict:
+    return {**json.loads((ROOT / "studies/results/state_prompt_rl.json").read_text()), **kw}
+
+
+def test_one_defect_is_refused_alike_by_every_page_that_reads_a_seeds_result(tmp_path):
+    """The mechanism, stage-option, mask, adapter and RL pages share one reader: a kappa interval that misses its
+    estimate in a seed is one refusal, the same on each page, naming the file and the field."""
+    from ctrls.report import mechanism, steered_rl
+
+    d = _seeds_result()
+    d["seeds"][0]["kappa"]["kappa lo"] = d["seeds"][0]["kappa"]["kappa"] + 0.01
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(d))
+    said = set()
+    for page in (mechanism.seeds_frame, mechanism.stage_option_frame, mechanism.position_mask_frame,
+                 mechanism.with_adapter_frame, steered_rl.rl_frame):
+        with pytest.raises(StoredResultError) as e:
+            page(p)
+        said.add(str(e.value))
+    assert len(said) == 1 and "r.json: " in said.pop()
+    assert e.value.field == "seeds[0].kappa.kappa"
+
+
+@pytest.mark.parametrize("claims, field, says", [
+    ({"settings": {"state_prompt.with_adapter": "true"}}, "overrides", "state_prompt.with_adapter is not recorded"),
+    ({"settings": {"against.state_prompt.use": "true"}}, "against", "missing"),
+    ({"profile": "paper"}, "profile", "'demo', not the 'paper'"),
+    ({"seed_fields": ("position_masks", "no_such_field")}, "seeds[0].no_such_field", "missing"),
+])
+def test_what_a_page_claims_of_the_runs_is_refused_naming_the_field(tmp_path, claims, field, says):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(_seeds_result()))
+    with pytest.raises(StoredResultError, match=f"r.json: .*{says}") as e:
+        read(p, "seeds", **claims)
+    assert e.value.field == field
+    read(p, "seeds", settings={"state_prompt.use": "true", "grid.position_floor": "0.05"}, profile="demo",
+         seed_fields=("rl_table2",))  # what the file does hold reads
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["seeds"][0]["harm_fixed_minus_base_pass1"].update(non_inferior="false"),
+     "seeds[0].harm_fixed_minus_base_pass1.non_inferior"),
+    (lambda d: d["seeds"][0]["harm_fixed_minus_base_pass1"].update(lo=-0.2, non_inferior=True),
+     "seeds[0].harm_fixed_minus_base_pass1.non_inferior"),  # 'yes' under a lower bound of -20 points
+    (lambda d: d["seeds"].append(copy.deepcopy(d["seeds"][0])), "seeds[1].data_seed"),
+    (lambda d: d["seeds"][0].update(questions=2.5), "seeds[0].questions"),
+    (lambda d: d["seeds"][0]["position_masks"]["smollm2-135m-instruct__word_problems"].update(allowed=[[0, 0, 0, 0]] * 3),
+     "seeds[0].position_masks['smollm2-135m-instruct__word_problems'].allowed[0]"),
+    (lambda d: d["seeds"][0]["rl_table2"]["ε=0.0, H=0.0"]["minus_base"].update(p_holm=float("nan")),
+     "seeds[0].rl_table2['ε=0.0, H=0.0'].minus_base.p_holm"),
+])
+def test_a_bad_seeds_result_is_refused_by_its_schema_naming_the_field(tmp_path, mutate, field):
+    d = _seeds_result()
+    mutate(d)
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(StoredResultError, match="r.json: not a readable studies/seeds.py result: ") as e:
+        read(p, "seeds")
+    assert e.value.field == field
+
+
+def test_a_state_prompt_result_with_zero_vectors_or_a_word_for_kappa_is_refused(tmp_path):
+    d = json.loads((ROOT / "studies/results/state_prompt_seed1.json").read_text())
+    for mutate, field in ((lambda x: x.update(vectors_per_state=0), "vectors_per_state"),
+                          (lambda x: x["state_prompt"]["by_step"]["step 1"].update(kappa="high"),
+                           "state_prompt.by_step['step 1'].kappa")):
+        bad = copy.deepcopy(d)
+        mutate(bad)
+        (tmp_path / "sp.json").write_text(json.dumps(bad))
+        with pytest.raises(StoredResultError) as e:
+            read(tmp_path / "sp.json", "state_prompt")
+        assert e.value.field == field

@@ -3,6 +3,7 @@ what the finished stage's done marker recorded under this config's key; not run,
 unfinished stages refused naming why), and the result reader that names the file and the column holding NaN."""
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -89,3 +90,17 @@ def test_results_holding_nan_or_lacking_a_column_are_unreadable_naming_the_file(
     bad.write_bytes(b"not a parquet file")
     with pytest.raises(UnreadableResultsError, match=r"bad\.parquet is unreadable"):
         read_results(bad)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full: a device whose every write is ENOSPC")
+def test_a_full_disk_in_a_torch_save_is_a_run_dir_error_naming_the_file(tmp_path):
+    """torch's own writer reports a full disk as "unexpected pos"; save_torch's is one RunDirError naming the file."""
+    import torch
+
+    from ctrls.stages.common import save_torch
+    from ctrls.stages.runs import RunDirError
+
+    with pytest.raises(RunDirError, match="cannot write /dev/full: no space left on the device"):
+        save_torch({"a": torch.zeros(100_000)}, "/dev/full")
+    save_torch({"a": torch.arange(3)}, tmp_path / "x.pt")
+    assert torch.load(tmp_path / "x.pt", weights_only=True)["a"].tolist() == [0, 1, 2]

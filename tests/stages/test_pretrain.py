@@ -106,3 +106,26 @@ def test_checkpoint_reload_gives_identical_logits_and_states(reference_run, smol
     assert torch.equal(smollm.lm_head(m1.adapt(h, s)), smollm.lm_head(m2.adapt(h, s)))
     steps = [torch.randn(n, smollm.hidden_size) for n in (3, 9)]
     assert torch.equal(m1.encode(steps), m2.encode(steps))
+
+
+def test_a_full_disk_writing_the_checkpoint_names_its_file(tmp_path, monkeypatch):
+    """safetensors reports a full disk in its own error, no OSError: the checkpoint's write is still a RunDirError
+    naming the file it could not write."""
+    import types
+
+    import ctrls.stages.pretrain as P
+    from ctrls.stages.runs import RunDirError
+
+    (tmp_path / "notes.json").write_text("{}")
+
+    def full(path):
+        raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                           'message: "No space left on device" })')
+
+    model = types.SimpleNamespace(adapter=types.SimpleNamespace(load_state_dict=lambda sd: None), save_pretrained=full)
+    monkeypatch.setattr(P.torch, "load", lambda *a, **k: {})
+    monkeypatch.setattr(P, "build_model", lambda *a, **k: model)
+    stages = {"states": types.SimpleNamespace(dir=tmp_path), "transitions": types.SimpleNamespace(dir=tmp_path)}
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(RunDirError, match=f"cannot write {ckpt / 'model.safetensors'}: no space left"):
+        P._save_checkpoint(None, None, stages, tmp_path, ckpt)

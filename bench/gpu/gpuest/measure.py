@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from common import QUESTIONS, random_ctrls, replace_file
+from common import QUESTIONS, non_finite, random_ctrls, refuse_non_finite, write_json
 
 from .decode import decode_hf, decode_ours, engine_vs_graph, forward_floor, measured
 from .estimate import STEPS_PER_COT, lockstep_batch
@@ -26,9 +26,11 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def guarded(results: dict, key: str, fn, *args, **kwargs):
-    """Run a measurement; on an error keep going and record the traceback under ``key``."""
+    """Run a measurement; on an error keep going and record the traceback under ``key``. A measurement holding a
+    NaN or an infinity is such an error, naming its field: no stored result holds a non-finite number."""
     try:
         results[key] = fn(*args, **kwargs)
+        refuse_non_finite(results[key], key)
     except Exception as e:  # noqa: BLE001 - a benchmark reports every failure and goes on
         results[key] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
         print(f"  !! {key} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}", flush=True)
@@ -278,14 +280,16 @@ def measured_data(args, cfg) -> dict:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    def save():  # after each measurement: a kill midway keeps the last whole file
-        replace_file(out, json.dumps(data, indent=1, default=str))
+    def save():  # after each measurement: a kill midway keeps the last whole file; a NaN is refused naming its field
+        write_json(out, data, default=str)
 
     for name in args.backbones or cfg.grid.backbones:
         res = data["backbones"][name] = {}
         try:
             measure_backbone(name, args, tok, dev, dtype, cfg, res, save)
         except Exception as e:  # noqa: BLE001
+            if non_finite(res) is not None:  # a NaN outside a guarded measurement: only the error is kept
+                res.clear()
             res["error"] = f"{type(e).__name__}: {e}"
             res["traceback"] = traceback.format_exc()
             print(res["traceback"], flush=True)
