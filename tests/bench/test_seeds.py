@@ -23,8 +23,8 @@ def _store(root: Path, pretrain: list[dict], explore: list[float], rl: list[floa
 
 def test_the_budget_divides_only_the_shared_stages_by_their_measured_ratios(tmp_path, monkeypatch):
     # two seeds whose means are collect 100, features 50, state_prompt 300, exploration 200, rl 350
-    _store(tmp_path, [{"collect": 90, "features": 50, "state_prompt": 280}, {"collect": 110, "features": 50, "state_prompt": 320}],
-           [150, 250], [300, 400])
+    pre = [{"collect": 90, "features": 50, "state_prompt": 280}, {"collect": 110, "features": 50, "state_prompt": 320}]
+    _store(tmp_path, pre, [150, 250], [300, 400])
     monkeypatch.setattr(seeds, "ROOT", tmp_path)
     res = {"workloads": {"exploration": {"results": [{"runs": 8, "speedup": 1.25}, {"runs": 2, "speedup": 9.0}]}}}
     b = seeds.seed_budget(res)
