@@ -382,7 +382,7 @@ def defaults_frame(path: str | Path | None = None) -> pd.DataFrame:
     try:
         cfg = load_config("demo" if name == "?" else name)
     except ConfigError as e:
-        raise ValueError(f"{path}: field 'profile': {name!r} is no profile this checkout has ({e})") from None
+        raise ValueError(f"{path}: field 'profile': {name!r} is no profile the repository has ({e})") from None
     if d.get("overrides"):
         raise ValueError(f"{path}: not runs made with the {cfg.profile} profile's defaults: overrides {d['overrides']}")
     for key in DEFAULT_KEYS:

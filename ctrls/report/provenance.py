@@ -116,7 +116,7 @@ def stored_record(rel: str, root: Path = ROOT) -> dict:
     """{file, commit, device, stored} of one stored result (a JSON file of the repository, ``rel`` relative
     to its root): the commit (its own, or its environment's ``git_commit``, shortened) and machine it records
     (None where the file records no commit, "—" where it
-    names no machine); ``stored`` False when this checkout does not have the file."""
+    names no machine); ``stored`` False when the repository does not hold the file."""
     p = Path(root) / rel
     if not p.is_file():
         return {"file": rel, "commit": None, "device": "—", "stored": False}
@@ -138,7 +138,7 @@ STUDIES_INTRO = ("This build's own runs come from the commit in the banner above
 
 def stored_note(rels: Iterable[str] | dict[str, str], root: Path = ROOT, intro: str = STUDIES_INTRO) -> str:
     """The page's one note on the stored results it reads: a table of file, commit (where a file records
-    one) and device, one row per file (a file this checkout lacks says so in its row, and its section shows nothing). ``rels`` may
+    one) and device, one row per file (a missing file says so in its row, and its section shows nothing). ``rels`` may
     map each file to the section that shows it (a column of its own); ``intro`` opens the note. "" when
     the page reads none."""
     where = dict(rels) if isinstance(rels, dict) else {}
