@@ -22,3 +22,18 @@ def test_every_template_block_fills_and_refuses_a_missing_field():
     for name in ("findings",):
         for key, text in words.phrases(name).items():
             assert "<!--" not in text, (name, key)
+
+
+def test_every_phrase_the_code_asks_for_is_in_its_template():
+    import re
+    from pathlib import Path
+
+    root = Path(words.__file__).resolve().parents[2]
+    asked = set()
+    for path in (root / "ctrls" / "report").glob("*.py"):
+        asked |= set(re.findall(r'say\("(\w+)", "([^"]+)"[,)]', path.read_text(encoding="utf-8")))
+    assert asked, "no phrase asked for"
+    missing = sorted((name, key) for name, key in asked if key not in words.phrases(name))
+    assert not missing, missing
+    for template in words.TEMPLATES.glob("*.md"):
+        assert words.phrases(template.stem), template.name
