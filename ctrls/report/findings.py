@@ -182,8 +182,8 @@ def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict, scaled: s
 
 
 def control_finding(c: Claim | None, sizes: dict, mechanism: str = "", seeds: str = "") -> str:
-    """Finding 3: the epsilon rows' estimates (the claim: κ against the independent-chain null, or, from an
-    older scorecard, follows − coincidence in points), the fixed-s0 row beside them in a sentence, and
+    """Finding 3: the epsilon rows' estimates (the claim: κ against the independent-chain null, or,
+    where the claim's estimates are in points, follows − coincidence), the fixed-s0 row beside them in a sentence, and
     ``mechanism`` (:func:`mechanism_note`), one short sentence, and ``seeds`` (:func:`seeds_note`) after the table."""
     after = "\n\n" + seeds if seeds else ""
     more = " " + mechanism if mechanism else ""

@@ -210,7 +210,7 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
     curves, missing = _load(rl.load_curves, cfg)
     try:
         rv = None if curves is None else rl_verdicts(curves)
-    except ValueError as e:  # curves without per-question results: an older stage's
+    except ValueError as e:  # curves without per-question results: refused with their reason
         rv, missing = None, (NOT_RUN, str(e))
     if rv is None:
         out.append(Claim(RL_CLAIM, "Alg. 2, Table 2", missing[1], missing[0], page3, claimed=RL_DIR))

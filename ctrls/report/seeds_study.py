@@ -35,7 +35,7 @@ def pooled(root=None) -> dict | None:
 
 def _p(r: dict) -> float:
     """Two-sided p of the HKSJ t statistic (k - 1 degrees of freedom), from the stored standard error (an
-    interval cut to [-1, 1] no longer says it)."""
+    interval cut to [-1, 1] does not carry it)."""
     from scipy import stats as st
 
     return 1.0 if r["se"] == 0 else float(2 * st.t.sf(abs(r["estimate"]) / r["se"], r["n_seeds"] - 1))
