@@ -37,3 +37,13 @@ def test_every_phrase_the_code_asks_for_is_in_its_template():
     assert not missing, missing
     for template in words.TEMPLATES.glob("*.md"):
         assert words.phrases(template.stem), template.name
+
+
+def test_every_glossary_link_of_the_templates_resolves():
+    import re
+
+    from ctrls.report.glossary import ANCHORS
+
+    for template in words.TEMPLATES.glob("*.md"):
+        for anchor in re.findall(r"<(glossary-[\w-]+)>", template.read_text(encoding="utf-8")):
+            assert anchor in ANCHORS.values(), (template.name, anchor)
