@@ -64,13 +64,13 @@ def phrases(name: str) -> dict[str, str]:
     return {key: body.strip("\n") for key, body in zip(parts[1::2], parts[2::2])}
 
 
-def say(name: str, key: str, **values) -> str:
-    """Block ``key`` of template ``name`` with its ``{{fields}}`` filled from ``values``."""
-    block = phrases(name)[key]
+def say(template: str, key: str, /, **values) -> str:
+    """Block ``key`` of template ``template`` with its ``{{fields}}`` filled from ``values``."""
+    block = phrases(template)[key]
 
     def field(m: re.Match) -> str:
         if m.group(1) not in values:
-            raise KeyError(f"book/_templates/{name}.md, {key}: no value for {{{{{m.group(1)}}}}}")
+            raise KeyError(f"book/_templates/{template}.md, {key}: no value for {{{{{m.group(1)}}}}}")
         return str(values[m.group(1)])
 
     return _FIELD.sub(field, block)

@@ -30,7 +30,7 @@ def test_every_phrase_the_code_asks_for_is_in_its_template():
 
     root = Path(words.__file__).resolve().parents[2]
     asked = set()
-    for path in (root / "ctrls" / "report").glob("*.py"):
+    for path in [*(root / "ctrls" / "report").glob("*.py"), *(root / "bench" / "gpu").rglob("*.py")]:
         asked |= set(re.findall(r'say\("(\w+)", "([^"]+)"[,)]', path.read_text(encoding="utf-8")))
     assert asked, "no phrase asked for"
     missing = sorted((name, key) for name, key in asked if key not in words.phrases(name))
