@@ -294,9 +294,10 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
     for _, r in per.iterrows():
         miss = []
         if r.kappa < KAPPA_BAR:
-            miss.append(say("mechanism", "option.kappa short", by=format(KAPPA_BAR - r.kappa, ".3f"), bar=KAPPA_BAR))
+            miss.append(say("mechanism", "option.kappa short", by=format(KAPPA_BAR - r.kappa, ".3f"), value=KAPPA_BAR))
         if r["kappa lo"] <= KAPPA_LO_BAR:
-            miss.append(say("mechanism", "option.lower short", by=format(KAPPA_LO_BAR - r["kappa lo"], ".3f"), bar=KAPPA_LO_BAR))
+            miss.append(say("mechanism", "option.lower short", by=format(KAPPA_LO_BAR - r["kappa lo"], ".3f"),
+                            value=KAPPA_LO_BAR))
         within = not r["non-inferior"] and r.harm > -margin / 100
         out.append(say("mechanism", "option", lead=lead, seeds=seed_words([r["data seed"]]), questions=int(r.questions),
                        steps=int(r.steps), follows=_pc(r.follows), null=_pc(r["null"]),
