@@ -494,10 +494,9 @@ def with_adapter_sentence(t: pd.DataFrame) -> str:
 
     (ku, kd), (pu, pd_) = count("Δκ"), count("Δ pass@1")
     n = len(t)
-    return (f"Applying the frozen adapter as well as the state prompt changes κ by {t['Δκ'].mean():+.2f} on average over "
-            f"{n} data seed{'s' if n > 1 else ''} (raised on {ku}, lowered on {kd}, by the interval and Holm p < 0.05) "
-            f"and the ε row's pass@1 by {100 * t['Δ pass@1'].mean():+.1f} points (raised on {pu}, lowered on {pd_})."
-            ).replace("-", "−")
+    return say("mechanism", "with adapter", dk=format(t["Δκ"].mean(), "+.2f").replace("-", "−"),
+               seeds=str(n) + (" data seeds" if n > 1 else " data seed"), ku=ku, kd=kd, pu=pu, pd=pd_,
+               dp=format(100 * t["Δ pass@1"].mean(), "+.1f").replace("-", "−"))
 
 
 def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:
