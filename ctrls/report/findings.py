@@ -1,5 +1,7 @@
-"""The book's first page: a three-sentence verdict, then at most five findings, written at build time
-from the runs and from the paper's own tables, never typed.
+"""The book's first page: a three-sentence verdict, then at most five findings, filled at build time
+with the numbers of the runs and of the paper's own tables. Their words are the book's, in
+``book/_templates/findings.md`` (``ctrls.report.words.say``); this module computes the numbers and picks
+the block where the wording depends on the data (a direction, a verdict).
 
 The verdict (:func:`verdict_sentences`) says, in one sentence each, what the paper's tables can show,
 what this build found, and at what scale it ran. The findings, in this order, each open with a headline
