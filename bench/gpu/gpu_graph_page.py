@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ctrls.report.words import say
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "bench" / "results" / "gpu_estimate_measured_nvidia_h200_qwen.json"
 RUNS = (("graph_base_b160", "exploration, Base"), ("graph_ctrls_b160", "exploration, CTRLS"),
@@ -34,56 +36,34 @@ def render(d: dict) -> str:
     env, st = d["environment"], d["settings"]
     (name, b), = d["backbones"].items()
     eager, graph = d["estimate"], d["estimate_graph"]
-    out = [f"Measured on one **{env['gpu']}** (torch {env['torch']}, CUDA {env['cuda']}, transformers "
-           f"{env['transformers']}), bf16, a random-weight model of **{name}**'s full shape (no weights downloaded), "
-           f"rows decoding {st['new']} tokens each (the hours extrapolate to longer chains with each run's last-quarter "
-           f"slope), the LM head biased so a newline (a CoT step) comes about every {st['step_tokens']:.0f} tokens. "
-           "Rendered from `bench/results/gpu_estimate_measured_nvidia_h200_qwen.json` by "
-           "`python bench/gpu/gpu_graph_page.py` (its docstring holds the measuring commands).", "",
-           "**The library's two decode paths, same prompts and seeds** (`sample()` with `decode: engine` against "
-           "`decode: static, compile: reduce-overhead`; the static path is run once to compile and capture, then "
-           "timed):", "",
-           "| batch | rows | engine tok/s | captured tok/s | speedup | compile + capture + first run (s) |",
-           "|---|---:|---:|---:|---:|---:|"]
+    out = [say("gpu_graph", "intro", gpu=env["gpu"], torch=env["torch"], cuda=env["cuda"], transformers=env["transformers"],
+               name=name, new=st["new"], step_tokens=format(st["step_tokens"], ".0f"))]
     for key, label in RUNS:
         r = b.get(key)
         if not r or "static" not in r:
-            out.append(f"| {label} | – | not measured | | | |")
+            out.append(say("gpu_graph", "row.missing", label=label))
             continue
-        out.append(f"| {label} | {r['rows']} | {r['engine']['tokens_per_s']:,.0f} | {r['static']['tokens_per_s']:,.0f} "
-                   f"| {r['speedup']:.2f}x | {r['static_first_run_seconds']:.0f} |")
+        out.append("| " + " | ".join((label, str(r["rows"]), format(r["engine"]["tokens_per_s"], ",.0f"),
+                                      format(r["static"]["tokens_per_s"], ",.0f"), format(r["speedup"], ".2f") + "x",
+                                      format(r["static_first_run_seconds"], ".0f"))) + " |")
     done = [b[k] for k, _ in RUNS if "static" in b.get(k, {})]
-    equal = sum(r["rows_equal_fraction"] * r["rows"] for r in done)
-    prefix = max(r["mean_common_prefix"] for r in done)
-    out += ["", f"In bf16 the two paths' tokens part early ({equal:.0f} of {sum(r['rows'] for r in done)} rows equal "
-            f"throughout; common prefix {prefix:.1f} tokens on average at most): the captured kernels round "
-            "differently from the eager ones and sampling amplifies it. In float32 the captured step computes the "
-            "eager step's tokens exactly (`bench/gpu/graph_check.py`, section 'Measured on an H100').", "",
-            "**Hours of the `paper` profile for this backbone** (GSM8K and MATH, every stage but the API-bound judge; "
-            "one GPU; 'mean': every batch decodes the assumed mean chain length, 'cap': max_new_tokens), from each "
-            "path's measured rates:", "",
-            "| stage | engine, mean | engine, cap | captured, mean | captured, cap |", "|---|---:|---:|---:|---:|"]
+    out += ["", say("gpu_graph", "equality", equal=format(sum(r["rows_equal_fraction"] * r["rows"] for r in done), ".0f"),
+                   rows=sum(r["rows"] for r in done), prefix=format(max(r["mean_common_prefix"] for r in done), ".1f"))]
     for stage, e in eager["stages_hours"].items():
         g = graph["stages_hours"][stage]
-        out.append(f"| {stage} | {_h(e['mean'])} | {_h(e['cap'])} | {_h(g['mean'])} | {_h(g['cap'])} |")
+        out.append("| " + " | ".join((stage, _h(e["mean"]), _h(e["cap"]), _h(g["mean"]), _h(g["cap"]))) + " |")
     te, tg = eager["total_hours"], graph["total_hours"]
-    out.append(f"| **total** | **{_h(te['mean'])}** | **{_h(te['cap'])}** | **{_h(tg['mean'])}** | **{_h(tg['cap'])}** |")
+    out.append("| **total** | " + " | ".join("**" + _h(x) + "**" for x in (te["mean"], te["cap"], tg["mean"], tg["cap"])) + " |")
     out += ["", headline(d)]
     return "\n".join(out)
 
 
 def headline(d: dict) -> str:
     """The page's one-paragraph answer: one backbone's hours on the captured path, and what an H100 would take."""
-    env = d["environment"]
     te, tg = d["estimate"]["total_hours"], d["estimate_graph"]["total_hours"]
     (name,) = d["backbones"]
-    gpu = env["gpu"].replace("NVIDIA ", "")
-    return (f"One backbone's `paper` profile ({name}, GSM8K and MATH, judge excluded) with its decode steps captured as "
-            "CUDA graphs, from rates measured at every batch size the profile decodes: "
-            f"**{_h(tg['mean'])}-{_h(tg['cap'])} {gpu}-hours**, against {_h(te['mean'])}-{_h(te['cap'])} h with the "
-            "eager engine on the same machine. An H200 reads memory about 1.4x faster than an H100 (4.8 against 3.35 TB/s, spec "
-            "sheets), and decoding a 3B model is bound by that read, so on an H100 expect up to about 1.4x these "
-            "hours (an expectation, not a measurement on an H100).")
+    return say("gpu_graph", "headline", name=name, gpu=d["environment"]["gpu"].replace("NVIDIA ", ""),
+               graph_mean=_h(tg["mean"]), graph_cap=_h(tg["cap"]), eager_mean=_h(te["mean"]), eager_cap=_h(te["cap"]))
 
 
 def main(argv=None) -> None:

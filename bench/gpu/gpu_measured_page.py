@@ -97,7 +97,7 @@ def render(measured: dict, check: dict, prof: dict) -> str:
     # 3. engine vs graphs in the estimate's runs (before the packed attention)
     out += ["**Engine against the static path with CUDA graphs**, in `bench/gpu/gpu_estimate.py`'s runs (the same "
             "prompts and seeds; the static path's first run compiles and captures, the second is timed). These "
-            "ran before the fix below:", "",
+            "ran with the keys and values repeated per query head (the unpacked attention of the next paragraph):", "",
             "| backbone | run | engine tok/s | graphs tok/s | ratio | compile s |", "|---|---|---:|---:|---:|---:|"]
     for name, key, r in _runs(measured, ("graph_base_b160", "graph_ctrls_b160", "graph_ctrls_rl")):
         out.append(f"| {name} | {key[6:].replace('_', ', ')} ({r['rows']} rows) | "
@@ -119,7 +119,7 @@ def render(measured: dict, check: dict, prof: dict) -> str:
     shape = SHAPES[prof["backbone"]]
     heads, groups = shape["num_attention_heads"], shape["num_attention_heads"] // shape["num_key_value_heads"]
     att_b, att_a = kernel(before, "cudnn_generated"), kernel(after, "cudnn_generated")
-    out += ["**Why the captured step was slow at 160 rows, and the fix.** The torch profiler "
+    out += ["**Why the captured step is slow at 160 rows without packed attention.** The torch profiler "
             f"(`bench/gpu/graph_profile.py`, {prof['new_tokens']} tokens, 160 rows of "
             f"{SHORT.get(prof['backbone'], prof['backbone'])}) put the captured step at {step_ms(before):.1f} ms of "
             f"GPU time per token, {rep:.1f} ms of it in a copy feeding attention and {att_b:.1f} ms in cuDNN's "
@@ -137,9 +137,9 @@ def render(measured: dict, check: dict, prof: dict) -> str:
             out.append(f"| {title}: {'graphs' if path == 'static' else 'engine'} | {p['ms_per_iteration']:.1f} | "
                        f"{p['inside_ms_per_iteration']:.1f} | {p['self_cuda_ms_per_step']:.1f} |")
     sa, ea = pr["packed"]["static"]["ms_per_iteration"], pr["packed"]["engine"]["ms_per_iteration"]
-    out += ["", f"Under the profiler (which slows the host of both), the captured path after the fix ran at {sa:.1f} "
-            f"ms per iteration against the engine's {ea:.1f} ms in the same run ({ea / sa:.1f}x). The device time "
-            "then ran out: the end-to-end runs above and the hours below were not repeated with the fix.", ""]
+    out += ["", f"Under the profiler (which slows the host of both), the captured path with packed attention ran at {sa:.1f} "
+            f"ms per iteration against the engine's {ea:.1f} ms in the same run ({ea / sa:.1f}x). The end-to-end "
+            "runs above and the hours below are of the unpacked attention; none was repeated with packed attention.", ""]
 
     # 5. equality
     eq = check["equality"]
@@ -182,7 +182,7 @@ def render(measured: dict, check: dict, prof: dict) -> str:
             + (f"No lockstep RL batch was measured for {', '.join(proxies)}: the 160-row CTRLS run stands in for "
                "it (more rows than the lockstep batch's 112; the engine's host loop grows with the rows, so an upper "
                "bound). " if proxies else "")
-            + "The captured path's hours were not measured end to end after the fix; the analytic static estimate "
+            + "The captured path's hours with packed attention were not measured end to end; the analytic static estimate "
             "stays labelled analytic.", ""]
     return "\n".join(out)
 

@@ -1,5 +1,7 @@
-"""The book's first page: a three-sentence verdict, then at most five findings, written at build time
-from the runs and from the paper's own tables, never typed.
+"""The book's first page: a three-sentence verdict, then at most five findings, filled at build time
+with the numbers of the runs and of the paper's own tables. Their words are the book's, in
+``book/_templates/findings.md`` (``ctrls.report.words.say``); this module computes the numbers and picks
+the block where the wording depends on the data (a direction, a verdict).
 
 The verdict (:func:`verdict_sentences`) says, in one sentence each, what the paper's tables can show,
 what this build found, and at what scale it ran. The findings, in this order, each open with a headline
@@ -31,10 +33,10 @@ import pandas as pd
 from ctrls.config.schema import Config
 from ctrls.report import seeds_study, stored  # stored: the one validating reader of stored results
 from ctrls.report.display import and_list
-from ctrls.report.glossary import term
 from ctrls.report.paper import PAPER_TABLE2
 from ctrls.report.provenance import conditioning_name
 from ctrls.report.verdicts import NOT_SUPPORTED, Claim
+from ctrls.report.words import diff_ci, phrases, say
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_RESULT = ROOT / "bench" / "results" / "gpu_estimate_measured_nvidia_h200_qwen.json"
@@ -73,14 +75,12 @@ def paper_tables(pw: pd.DataFrame) -> list[dict]:
 
 def paper_table_markdown(pw: pd.DataFrame) -> str:
     """Finding 1's table: one row per paper table (:func:`paper_tables`)."""
-    lines = ["| | n (inferred) | differences | ↑ / ↓ / = | largest | 95% interval excludes 0 | "
-             "a paired test could resolve | median MDD up |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [say("findings", "paper.table.head")]
     for t in paper_tables(pw):
-        paired = (f"0 of {t['differences']}, under any pairing" if t["best"] == 0 else
-                  f"{t['worst']}–{t['best']} of {t['differences']}, by pairing")
-        lines.append(f"| {t['table']} | {t['n']} | {t['differences']} | {t['up']} / {t['down']} / {t['zero']} | "
-                     f"{_minus(format(t['largest'], '+.1f'))} points | {t['excluding 0']} | {paired} | "
-                     f"{t['median MDD up']:.1f} points |")
+        paired = say("findings", "paper.paired.none" if t["best"] == 0 else "paper.paired.some", **t)
+        lines.append(say("findings", "paper.table.row", paired=paired, largest=_minus(format(t["largest"], "+.1f")),
+                         excluding=t["excluding 0"], mdd=format(t["median MDD up"], ".1f"),
+                         **{k: t[k] for k in ("table", "n", "differences", "up", "down", "zero")}))
     return "\n".join(lines) + "\n"
 
 
@@ -88,19 +88,13 @@ def paper_finding(counts: dict) -> str:
     """Finding 1's words, from ``ctrls.report.scorecard.paper_power_counts``: a headline and three short
     sentences (the counts, the inferred n, the MDDs); the per-table numbers are :func:`paper_table_markdown`."""
     t = counts["tables"]
-    head = ("The paper's own tables cannot show that CTRLS beats Base" if counts["excluding 0"] == 0 else
-            "The paper's own tables show some CTRLS − Base differences")
-    steps = " and ".join(f"{100 / v['n']:g} points in {name} (n = {v['n']})" for name, v in t.items())
-    mdd = " and ".join(f"{v['median MDD up']:.1f} points in {name}" for name, v in t.items())
-    return (f"**{head}** ({{doc}}`/generated/06_summary`). "
-            f"Of its {counts['n']} CTRLS − Base differences (Tables 1 and 2, pass@20 and {term('Succ.')}), "
-            f"{counts['up']} point up, {counts['down']} down and {counts['zero']} are zero; the largest is "
-            f"{_minus(format(counts['largest'], '+.1f'))} points. "
-            f"{counts['excluding 0']} of {counts['n']} have a 95% {term('Newcombe', 'interval')} that excludes 0, "
-            f"and {counts['below MDD']} are smaller than their {term('MDD')}. "
-            f"The paper does not state its n: we {term('inferred n', 'infer it')} from the steps its percentages "
-            f"move in, {steps}. "
-            f"At that n a gain from Base must reach about {mdd} (median) to be detected.")
+    steps = " and ".join(say("findings", "paper.step", step=format(100 / v["n"], "g"), table=name, n=v["n"])
+                         for name, v in t.items())
+    mdds = " and ".join(say("findings", "paper.mdd", mdd=format(v["median MDD up"], ".1f"), table=name) for name, v in t.items())
+    head = say("findings", "paper.head.none" if counts["excluding 0"] == 0 else "paper.head.some")
+    return say("findings", "paper.finding", head=head, n=counts["n"], up=counts["up"], down=counts["down"],
+               zero=counts["zero"], largest=_minus(format(counts["largest"], "+.1f")), excluding=counts["excluding 0"],
+               below=counts["below MDD"], steps=steps, mdds=mdds)
 
 
 # ---- 2-4. this build, from the scorecard's claims -------------------------------------------------
@@ -133,12 +127,8 @@ def headline(c: Claim | None, key: str) -> str:
 
 def _est(e) -> str:
     """"↑ +15.0 [−2.1, +30.9]" from an Estimate in points; "↑ +0.17 [+0.05, +0.29]" from one in its own unit
-    (``scale`` 1, such as κ)."""
-    if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in (e.d, e.lo, e.hi)):
-        return "not computed"
-    scale = getattr(e, "scale", 100.0)
-    f = ".1f" if scale != 1 else ".2f"
-    return _minus(f"{e.arrow} {scale * e.d:+{f}} [{scale * e.lo:+{f}}, {scale * e.hi:+{f}}]")
+    (``scale`` 1, such as κ): :func:`ctrls.report.words.diff_ci`."""
+    return diff_ci(e.d, e.lo, e.hi, getattr(e, "scale", 100.0), arrow=e.arrow)
 
 
 def _dataset(label: str) -> str:
@@ -157,13 +147,7 @@ def _n(e, sizes: dict, key: str = "questions") -> str:
 def _mdd_words(c: Claim) -> str:
     if c.mdd is None or (isinstance(c.mdd, float) and math.isnan(c.mdd)) or c.label != NOT_SUPPORTED:
         return ""
-    return f" At this size the test detects about {c.mdd:.0f} points ({term('MDD')})."
-
-
-WHY = {"not run": "Its stage has not run for this build's profile.",
-       "no comparison in this profile": "This profile's grid has nothing to compare.",
-       "unreadable": "Its stored results could not be read; its page names the file.",
-       "not computed": "It could not be computed from this build's runs."}
+    return say("findings", "mdd", mdd=format(c.mdd, ".0f"))
 
 
 def _unmeasured(c: Claim | None, key: str) -> str | None:
@@ -172,8 +156,9 @@ def _unmeasured(c: Claim | None, key: str) -> str | None:
     if c is not None and c.label in HEADS[key]:
         return None
     label = "not run" if c is None else c.label
-    page = "" if c is None else f" ({{doc}}`/{c.page}`)"
-    return f"**{headline(c, key)}**{page}. {WHY.get(label, WHY['not computed'])}"
+    why = say("findings", f"why.{label}" if f"why.{label}" in phrases("findings") else "why.not computed")
+    return say("findings", "finding.unmeasured", head=headline(c, key), page="" if c is None else f" ({{doc}}`/{c.page}`)",
+               why=why)
 
 
 def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict, scaled: str = "",
@@ -184,42 +169,38 @@ def pass_finding(c: Claim | None, ablation: Claim | None, sizes: dict, scaled: s
     missing = _unmeasured(c, "pass")
     if missing:
         return missing
-    rows = [(f"{e.label} − Base", "CTRLS against Base (the paper's claim)", e) for e in c.estimates]
+    claim, run = say("findings", "pass.what.claim"), say("findings", "pass.what.run")
+    rows = [(e.label + " − Base", claim, e) for e in c.estimates]
     if ablation is not None:
-        rows += [(e.label, "this build's run, the development seed" if e.label.startswith("development run")
-                  else f"{conditioned} alone", e) for e in ablation.beside]
-        rows += [(e.label, f"the transitions beyond {conditioned}", e) for e in ablation.estimates]
-    table = ["| comparison | what it measures | questions | pass@n difference, points [family 95% CI] |", "|---|---|---:|---:|"]
-    table += [f"| {lab} | {what} | {_n(e, sizes)} | {_est(e)} |" for lab, what, e in rows]
-    text = (f"**{headline(c, 'pass')}** ({{doc}}`/{c.page}`). The verdict is *{c.label}* for CTRLS − Base "
-            f"({term('verdicts', 'how verdicts are read')}).{_mdd_words(c)}")
+        alone = say("findings", "pass.what.alone", conditioned=conditioned)
+        rows += [(e.label, run if e.label.startswith("development run") else alone, e) for e in ablation.beside]
+        rows += [(e.label, say("findings", "pass.what.beyond", conditioned=conditioned), e) for e in ablation.estimates]
+    table = [say("findings", "pass.table.head")] + ["| " + " | ".join((lab, what, _n(e, sizes), _est(e))) + " |"
+                                                    for lab, what, e in rows]
+    text = say("findings", "pass.text", head=headline(c, "pass"), page=c.page, label=c.label, mdd=_mdd_words(c))
     if ablation is not None and ablation.estimates:
-        text += f" For the transitions beyond {conditioned} ({term('fixed s0', 'CTRLS − fixed s₀')}) it is *{ablation.label}*."
+        text += say("findings", "pass.beyond", conditioned=conditioned, label=ablation.label)
     return text + scaled + "\n\n" + "\n".join(table)
 
 
 def control_finding(c: Claim | None, sizes: dict, mechanism: str = "", seeds: str = "") -> str:
-    """Finding 3: the epsilon rows' estimates (the claim: κ against the independent-chain null, or, from an
-    older scorecard, follows − coincidence in points), the fixed-s0 row beside them in a sentence, and
+    """Finding 3: the epsilon rows' estimates (the claim: κ against the independent-chain null, or,
+    where the claim's estimates are in points, follows − coincidence), the fixed-s0 row beside them in a sentence, and
     ``mechanism`` (:func:`mechanism_note`), one short sentence, and ``seeds`` (:func:`seeds_note`) after the table."""
-    after = f"\n\n{seeds}" if seeds else ""
+    after = "\n\n" + seeds if seeds else ""
+    more = " " + mechanism if mechanism else ""
     missing = _unmeasured(c, "control")
     if missing:
-        return missing + (f" {mechanism}" if mechanism else "") + after
-    kappa = any(getattr(e, "scale", 100.0) == 1 for e in c.estimates)
-    measure = (f"{term('kappa', 'κ')} of the steps' read-back states against the "
-               f"{term('coincidence', 'independent-chain null')}: 0 is no steering, 1 every step in its drawn state"
-               if kappa else
-               f"the share of steps that land in their drawn state minus the {term('coincidence', 'coincidence rate')}")
-    text = (f"**{headline(c, 'control')}** ({{doc}}`/{c.page}`). Each row gives {measure}. "
-            f"The verdict is *{c.label}*.{_mdd_words(c)}")
+        return missing + more + after
+    kind = "kappa" if any(getattr(e, "scale", 100.0) == 1 for e in c.estimates) else "share"
+    text = say("findings", "control.text", head=headline(c, "control"), page=c.page, label=c.label, mdd=_mdd_words(c),
+               measure=say("findings", f"control.measure.{kind}"))
     for e in c.beside:
-        text += (f" With the prompt's state held ({_dataset(e.label)}, {_n(e, sizes)} questions; not the claim's "
-                 f"test), the share of steps that stay in it differs from Base's by {_est(e)} points.")
-    head = "κ [95% CI]" if kappa else "follows − coincidence, points [family 95% CI]"  # κ: a marginal interval
-    table = [f"| CTRLS(ε) row | questions | {head} |", "|---|---:|---:|"]
-    table += [f"| {e.label.removesuffix(' κ')} | {_n(e, sizes)} | {_est(e)} |" for e in c.estimates]
-    return text + (f" {mechanism}" if mechanism else "") + "\n\n" + "\n".join(table) + after
+        text += say("findings", "control.beside", dataset=_dataset(e.label), n=_n(e, sizes), diff=_est(e))
+    head = say("findings", f"control.head.{kind}")  # κ: a marginal interval
+    table = ["| CTRLS(ε) row | questions | " + head + " |", "|---|---:|---:|"]
+    table += ["| " + " | ".join((e.label.removesuffix(" κ"), _n(e, sizes), _est(e))) + " |" for e in c.estimates]
+    return text + more + "\n\n" + "\n".join(table) + after
 
 
 def rl_finding(c: Claim | None, sizes: dict) -> str:
@@ -229,15 +210,14 @@ def rl_finding(c: Claim | None, sizes: dict) -> str:
         return missing
     settings = [e.label.strip("`") for e in c.estimates]
     rl = sizes.get("rl", {})
-    text = (f"**{headline(c, 'rl')}** ({{doc}}`/{c.page}`). {len(settings)} of the paper's four settings ran "
-            f"({', '.join(f'`{s}`' for s in settings)}); the verdict is *{c.label}*.{_mdd_words(c)}")
-    table = ["| setting | seeds × steps | questions × samples | accuracy, end − step 0, points [family 95% CI] |",
-             "|---|---:|---:|---:|"]
+    text = say("findings", "rl.text", head=headline(c, "rl"), page=c.page, ran=len(settings), label=c.label,
+               settings=", ".join("`" + s + "`" for s in settings), mdd=_mdd_words(c))
+    table = [say("findings", "rl.table.head")]
     for e, s in zip(c.estimates, settings):
         r = rl.get(s, {})
-        runs = f"{r['seeds']} × {r['steps']}" if r else "–"
-        qs = f"{r['questions']} × {r['samples']}" if r else "–"
-        table.append(f"| `{s}` | {runs} | {qs} | {_est(e)} |")
+        runs = " × ".join((str(r["seeds"]), str(r["steps"]))) if r else "–"
+        qs = " × ".join((str(r["questions"]), str(r["samples"]))) if r else "–"
+        table.append("| " + " | ".join(("`" + s + "`", runs, qs, _est(e))) + " |")
     return text + "\n\n" + "\n".join(table)
 
 
@@ -301,10 +281,8 @@ def mechanism_note(scaling: Path | None = None, injection: Path | None = None, s
     v = mechanism_variants(scaling, injection, states, fusion)
     if v.empty:
         return ""
-    best = v.loc[v.kappa.idxmax()]
-    lo, hi = _minus(f"{v.kappa.min():.2f}"), _minus(f"{v.kappa.max():.2f}")
-    return (f"On data seed 0, where the choices were made, the pretraining page's {len(v)} stored variants give "
-            f"{term('kappa', 'κ')} against the coincidence rate from {lo} to {hi}, highest for {best.variant}.")
+    return say("findings", "mechanism.note", variants=len(v), lo=_minus(format(v.kappa.min(), ".2f")),
+               hi=_minus(format(v.kappa.max(), ".2f")), best=v.loc[v.kappa.idxmax()].variant)
 
 
 def seeds_note(path: Path | None = None, prompts: list[Path] | None = None, option: Path | None = None,
@@ -314,10 +292,7 @@ def seeds_note(path: Path | None = None, prompts: list[Path] | None = None, opti
     from ctrls.report import mechanism
 
     table = mechanism.steering_table(path, prompts, option, mask)
-    if not table:
-        return ""
-    return (f"On other data seeds (their roles: {{ref}}`design notes <design-choices>`), κ against the independent-chain "
-            f"null, with the criterion fixed before the runs:\n\n{table}")
+    return say("findings", "seeds.note", table=table) if table else ""
 
 
 # ---- 5. the paper's scale -----------------------------------------------------------------------
@@ -345,29 +320,29 @@ def scale_finding(cfg: Config, path: Path | None = None) -> str:
     """Finding 5: whether this build ran a paper backbone, the command that does, and the measured
     GPU-hours of one backbone × dataset (the captured decode path, judge excluded; the GPU cost page)."""
     ran = ran_at_scale(cfg)
-    head = (f"**This build ran the paper's backbone{'s' if len(ran) != 1 else ''} {and_list(ran)}.**" if ran else
-            f"**Nothing in this build ran at the paper's 3B scale.** Every number above comes from "
-            f"{', '.join(f'`{b}`' for b in cfg.grid.backbones)} (profile `{cfg.profile}`).")
-    cmd = "The paper's setting is one command, `ctrls reproduce --profile paper`."
+    head = (say("findings", "scale.ran", backbones=_backbones(ran)) if ran else
+            say("findings", "scale.small", backbones=", ".join("`" + b + "`" for b in cfg.grid.backbones), profile=cfg.profile))
     h = _gpu_hours(path)
     if h is None:
-        return f"{head} {cmd} Its GPU-hours have not been measured."
-    return (f"{head} {cmd} For one backbone × dataset ({h['backbone']} × {h['dataset']}) it was measured at "
-            f"**{h['mean']:.1f}–{h['cap']:.1f} {h['gpu']}-hours** on one GPU ({{doc}}`/gpu_cost`).")
+        return say("findings", "scale.unmeasured", head=head)
+    return say("findings", "scale.measured", head=head, backbone=h["backbone"], dataset=h["dataset"],
+               mean=format(h["mean"], ".1f"), cap=format(h["cap"], ".1f"), gpu=h["gpu"])
+
+
+def _backbones(ran: list[str]) -> str:
+    """"backbone X" or "backbones X and Y"."""
+    return ("backbone " if len(ran) == 1 else "backbones ") + and_list(ran)
 
 
 # ---- the verdict ----------------------------------------------------------------------------------
-
-
-UNMEASURED = {"not run": "was not run", "no comparison in this profile": "has no comparison in this profile",
-              "unreadable": "could not be read", "not computed": "was not computed"}
 
 
 def _clause(c: Claim | None, key: str) -> str:
     """The verdict sentence's clause for a claim: its headline (:data:`HEADS`), or what was not measured."""
     if c is None or c.label not in HEADS[key]:
         label = "not run" if c is None else c.label
-        return f"{WHAT[key]} {UNMEASURED.get(label, label)}"
+        said = say("findings", "unmeasured." + label) if "unmeasured." + label in phrases("findings") else label
+        return WHAT[key] + " " + said
     h = headline(c, key)
     return h[0].lower() + h[1:] if not h.startswith(("CTRLS", "RL")) else h
 
@@ -377,30 +352,24 @@ def verdict_sentences(cfg: Config, claims: list[Claim], counts: dict) -> list[st
     build ran, and what it found there (the clauses of :data:`HEADS`, as in the findings' headlines)."""
     from ctrls.report.scorecard import CONTROL_CLAIM, PASS_CLAIM, RL_CLAIM
 
-    t = counts["tables"]
-    ns = ", ".join(f"{v['n']} in {name}" for name, v in t.items())
-    if counts["excluding 0"] == 0:
-        one = (f"The paper's own tables cannot show that CTRLS beats Base: none of their {counts['n']} "
-               f"CTRLS − Base differences has a 95% interval that excludes 0 (n inferred: {ns}).")
-    else:
-        one = (f"{counts['excluding 0']} of the paper's {counts['n']} CTRLS − Base differences have a 95% interval "
-               f"that excludes 0 (n inferred: {ns}).")
-    bb, ds = ", ".join(cfg.grid.backbones), ", ".join(cfg.grid.datasets)
+    ns = ", ".join(str(v["n"]) + " in " + name for name, v in counts["tables"].items())
+    one = say("findings", "verdict.paper.none" if counts["excluding 0"] == 0 else "verdict.paper.some",
+              n=counts["n"], excluding=counts["excluding 0"], ns=ns)
     ran = ran_at_scale(cfg)
-    two = (f"This build ran the paper's backbone{'s' if len(ran) != 1 else ''} {and_list(ran)}, on {ds}." if ran else
-           f"Nothing here ran at the paper's 3B scale: every number of this build comes from {bb} on {ds}, "
-           "and one command runs the paper's setting (finding 5).")
+    two = say("findings", "verdict.scale.ran" if ran else "verdict.scale.small", datasets=", ".join(cfg.grid.datasets),
+              backbones=_backbones(ran) if ran else ", ".join(cfg.grid.backbones))
     by = {c.claim: c for c in claims}
-    clauses = [_clause(by.get(PASS_CLAIM), "pass"), _clause(by.get(CONTROL_CLAIM), "control"), _clause(by.get(RL_CLAIM), "rl")]
+    first, second, third = (_clause(by.get(PASS_CLAIM), "pass"), _clause(by.get(CONTROL_CLAIM), "control"),
+                            _clause(by.get(RL_CLAIM), "rl"))
     res = seeds_study.pooled() if any(c.page == seeds_study.PAGE for c in claims) else None
-    three = (f"Over the seeds study's {len(res['seeds'])} training runs, " if res is not None
-             else "On this build's run, ") + "; ".join(clauses[:-1]) + "; and " + clauses[-1] + "."
+    three = say("findings", "verdict.found.run" if res is None else "verdict.found.seeds", first=first, second=second,
+                third=third, seeds=0 if res is None else len(res["seeds"]))
     return [one, two, three]
 
 
 def verdict_markdown(sentences: list[str]) -> str:
     """The verdict as a box the first screen shows."""
-    return "```{admonition} The verdict\n:class: important\n" + " ".join(sentences) + "\n```\n"
+    return say("findings", "verdict.box", sentences=" ".join(sentences)) + "\n"
 
 
 # ---- the run-your-own page and the config keys ----------------------------------------------------
@@ -410,26 +379,19 @@ def pair_markdown(path: Path | None = None) -> str:
     """The paper profile's command for one backbone × dataset and its measured hours (the run-your-own page)."""
     path = stored.result_path(GPU_RESULT.relative_to(ROOT)) if path is None else Path(path)
     if not path.is_file():
-        return "The paper profile's GPU-hours have not been measured.\n"
+        return say("findings", "pair.unmeasured") + "\n"
     d = stored.read(path, "gpu")  # checked (ctrls.report.stored)
-    g = d["estimate_graph"]
-    gpu = d["environment"]["gpu"].replace("NVIDIA ", "")
-    lines = ["```bash", "make setup"]
-    pairs = list(g["pairs_hours"].items())
-    for pair, _ in pairs[:1]:
-        backbone, dataset = pair.rsplit(" / ", 1)
-        lines.append(f'.venv/bin/ctrls reproduce --profile paper -o "grid.backbones=[{backbone}]" "grid.datasets=[{dataset}]"')
-    lines += ["```", "", f"Measured on one {gpu}, in GPU-hours. The range runs from every batch decoding the assumed "
-              "mean chain length to every batch decoding the token limit. Decode steps were captured as CUDA graphs "
-              "on a random-weight model of the backbone's full shape; the judge is not included "
-              "({doc}`the GPU cost page <gpu_cost>`).", ""]
+    pairs = list(d["estimate_graph"]["pairs_hours"].items())
     many = d.get("estimate_graph_8gpu", {})
     eight = many.get("pairs_hours", {})
-    lines += [f"| backbone × dataset | one GPU | {many.get('world_size', 'several')} GPUs, wall hours |", "|---|---:|---:|"]
-    for pair, h in pairs:
-        e = eight.get(pair)
-        lines.append(f"| {pair} | {h['mean']:.1f}–{h['cap']:.1f} | "
-                     + (f"{e['mean']:.1f}–{e['cap']:.1f} |" if e else "not estimated |"))
+    backbone, dataset = pairs[0][0].rsplit(" / ", 1)
+    lines = [say("findings", "pair.command", backbone=backbone, dataset=dataset, world=many.get("world_size", "several"),
+                 gpu=d["environment"]["gpu"].replace("NVIDIA ", ""))]
+
+    def hours(h: dict | None) -> str:
+        return say("findings", "pair.not estimated") if h is None else "–".join(format(h[k], ".1f") for k in ("mean", "cap"))
+
+    lines += [say("findings", "pair.row", pair=pair, one=hours(h), many=hours(eight.get(pair))) for pair, h in pairs]
     return "\n".join(lines) + "\n"
 
 
@@ -519,16 +481,12 @@ def scaled_section(cfg: Config, path: Path | None = None) -> str:
         df = None
     eps = cfg.grid.epsilons[0] if cfg.grid.epsilons and cfg.grid.fixed_state else None
     return scaled_markdown(df if eps is not None else None, eps if eps is not None else 0.1, path,
-                           f"this build (profile {cfg.profile}, {cfg.grid.datasets[0]}, data seed {cfg.data.seed}, "
-                           f"{conditioning_name(cfg)})")
+                           say("findings", "scaled.this build", profile=cfg.profile, dataset=cfg.grid.datasets[0],
+                               seed=cfg.data.seed, conditioned=conditioning_name(cfg)))
 
 
 def forest_caption() -> str:
-    return (f"**Figure {FIGURE}.** The paper's CTRLS − Base differences (dots, with 95% Newcombe intervals at the "
-            "paper's inferred n), one row per backbone, dataset and metric. The grey bar behind each dot spans "
-            "the differences no test at that n detects with power 0.8 (±MDD from Base). Blue: smaller than its "
-            "MDD; red: larger. Every difference is listed on the summary page. Drawn by "
-            "`ctrls.report.findings.paper_forest` from the paper's Tables 1 and 2.")
+    return say("findings", "forest.caption", figure=FIGURE)
 
 
 def findings_markdown(items: list[str], figure: str | None = None, paper_table: str = "") -> str:
@@ -536,13 +494,12 @@ def findings_markdown(items: list[str], figure: str | None = None, paper_table: 
     table (a block after a blank line) stays inside its list item."""
     def item(i: int, text: str) -> list[str]:
         first, *rest = text.split("\n")
-        return [f"{i}. {first}"] + [f"   {line}" if line else "" for line in rest] + [""]
+        return [str(i) + ". " + first] + ["   " + line if line else "" for line in rest] + [""]
 
     out = item(1, items[0] + ("\n\n" + paper_table.rstrip("\n") if paper_table else ""))
     if figure:
-        out += [f"   ```{{image}} {figure}", f"   :alt: Figure {FIGURE}: the paper's CTRLS − Base differences "
-                "against their minimal detectable differences", "   :class: ctrls-figure",
-                f"   :width: {round(100 * FOREST_WIDTH_IN)}px", "   ```", "", f"   {forest_caption()}", ""]
+        image = say("findings", "forest.image", path=figure, figure=FIGURE, width=round(100 * FOREST_WIDTH_IN))
+        out += ["   " + line for line in image.split("\n")] + ["", "   " + forest_caption(), ""]
     for i, s in enumerate(items[1:], 2):
         out += item(i, s)
     return "\n".join(out)

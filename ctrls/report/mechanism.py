@@ -40,6 +40,7 @@ from ctrls.report.stored import (
     stored_setting,
 )
 from ctrls.report.stored import read as read_stored
+from ctrls.report.words import say
 from ctrls.stats.agreement import base_chain, null_steps  # noqa: F401  (read by the pages)
 from ctrls.stats.metrics import format_p, holm
 
@@ -237,38 +238,37 @@ def _base_pass1(path: Path | None) -> dict:
                 for s in checked_seeds(d.get("seeds") or [], path) if "Base" in s.get("pass1", {})}
 
 
+def _pc(x: float) -> str:
+    return format(100 * x, ".1f") + "%"
+
+
 def steering_sentences(seeds: pd.DataFrame | None = None, prompt: pd.DataFrame | None = None) -> list[str]:
     """Short sentences for the first page and the pretraining page, each with its number, 95% interval
-    and n, from :func:`seeds_frame` and :func:`state_prompt_frame` (either may be None: not stored)."""
+    and n, from :func:`seeds_frame` and :func:`state_prompt_frame` (either may be None: not stored); the words
+    are ``book/_templates/mechanism.md``'s."""
     out = []
     if seeds is not None:
         fresh = seeds["data seed"].map(lambda x: isinstance(x, (int, np.integer)))
         per, dev = seeds[fresh], seeds[~fresh & (seeds["data seed"] != "pooled")]
         pooled = seeds[seeds["data seed"] == "pooled"].iloc[0]
-        out.append(f"On {seed_words(per['data seed'])} ({int(pooled.questions)} test questions, {int(pooled.steps)} steps), the "
-                   f"adapter's ε row's steps land in their drawn state {100 * pooled.follows:.1f}% of the time against "
-                   f"{100 * pooled['null']:.1f}% for an independent chain: κ = "
-                   f"{ci_text(pooled.kappa, pooled['kappa lo'], pooled['kappa hi'])}.")
-        ks = ", ".join(ci_text(r.kappa, r["kappa lo"], r["kappa hi"]) for _, r in per.iterrows())
-        held = int((per["kappa lo"] > 0).sum())
-        out.append(f"Per seed κ is {ks}; its interval excludes 0 on {held} of {len(per)} seeds.")
-        ni = int(per["non-inferior"].sum())
-        out.append(f"The adapter's harm (fixed s₀ − Base pass@1) is non-inferior at {seeds.attrs.get('margin', 5):g} points "
-                   f"on {ni} of {len(per)} seeds.")
+        out.append(say("mechanism", "pooled", seeds=seed_words(per["data seed"]), questions=int(pooled.questions),
+                       steps=int(pooled.steps), follows=_pc(pooled.follows), null=_pc(pooled["null"]),
+                       kappa=ci_text(pooled.kappa, pooled["kappa lo"], pooled["kappa hi"])))
+        out.append(say("mechanism", "per seed", held=int((per["kappa lo"] > 0).sum()), n=len(per),
+                       kappas=", ".join(ci_text(r.kappa, r["kappa lo"], r["kappa hi"]) for _, r in per.iterrows())))
+        out.append(say("mechanism", "harm", margin=format(seeds.attrs.get("margin", 5), "g"),
+                       ni=int(per["non-inferior"].sum()), n=len(per)))
         for _, r in dev.iterrows():
-            out.append(f"On data seed {r['data seed']}, where every choice was made, κ = "
-                       f"{ci_text(r.kappa, r['kappa lo'], r['kappa hi'])} ({int(r.steps)} steps): "
-                       "a number no test should be read from.")
+            out.append(say("mechanism", "development", seed=r["data seed"], steps=int(r.steps),
+                           kappa=ci_text(r.kappa, r["kappa lo"], r["kappa hi"])))
     if prompt is not None and len(prompt):
         for _, r in prompt.iterrows():
-            out.append(f"Data seed {r['data seed']}: the state prompt ({r['vectors per state']} vectors per state) reaches "
-                       f"κ = {ci_text(r['state prompt κ'], r['sp lo'], r['sp hi'])} ({int(r['sp steps'])} steps) "
-                       f"against the adapter's {ci_text(r['adapter κ'], r['ad lo'], r['ad hi'])} on the same "
-                       f"{int(r.questions)} questions: Δκ = {ci_text(r['Δκ'], r['Δκ lo'], r['Δκ hi'], '{:+.2f}')}, "
-                       f"Holm p = {format_p(r['p (Holm)'])}.")
+            out.append(say("mechanism", "prompt", seed=r["data seed"], vectors=r["vectors per state"],
+                           sp=ci_text(r["state prompt κ"], r["sp lo"], r["sp hi"]), steps=int(r["sp steps"]),
+                           ad=ci_text(r["adapter κ"], r["ad lo"], r["ad hi"]), questions=int(r.questions),
+                           delta=ci_text(r["Δκ"], r["Δκ lo"], r["Δκ hi"], "{:+.2f}"), p=format_p(r["p (Holm)"])))
     lo, hi = TEXT_CUE_BOUND
-    out.append(f"The ceiling the backbone allows: a text cue forced at a step's start lands in its target state "
-               f"{100 * lo:.0f}–{100 * hi:.0f}% of the time (37 contexts per cue).")
+    out.append(say("mechanism", "ceiling", lo=format(100 * lo, ".0f"), hi=format(100 * hi, ".0f")))
     return out
 
 
@@ -289,46 +289,42 @@ def stage_option_sentence(t: pd.DataFrame, lead: str = "With `state_prompt.use=t
     fixed-s0 harm [95%], each held against the steering criterion (kappa >= 0.5 with its lower bound above 0.3;
     the harm non-inferior at the stored margin), and by how much a missed part misses."""
     per = t[t["data seed"].map(lambda x: isinstance(x, (int, np.integer)))]
+    margin = t.attrs.get("margin", 5)
     out = []
     for _, r in per.iterrows():
-        k_ok = r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
         miss = []
         if r.kappa < KAPPA_BAR:
-            miss.append(f"κ is {KAPPA_BAR - r.kappa:.3f} short of {KAPPA_BAR}")
+            miss.append(say("mechanism", "option.kappa short", by=format(KAPPA_BAR - r.kappa, ".3f"), value=KAPPA_BAR))
         if r["kappa lo"] <= KAPPA_LO_BAR:
-            miss.append(f"its lower bound is {KAPPA_LO_BAR - r['kappa lo']:.3f} short of {KAPPA_LO_BAR}")
-        margin = t.attrs.get("margin", 5)
-        out.append(
-            f"{lead} on {seed_words([r['data seed']])} ({int(r.questions)} test questions, "
-            f"{int(r.steps)} steps of the ε row), steps land in their drawn state {100 * r.follows:.1f}% of the time "
-            f"against {100 * r['null']:.1f}% for an independent chain: κ = {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}"
-            + (" (it meets the steering criterion, κ ≥ 0.5 with its lower bound above 0.3)" if k_ok
-               else f" ({'; '.join(miss)})")
-            + f"; fixed s₀ − Base pass@1 is {ci_text(100 * r.harm, 100 * r['harm lo'], 100 * r['harm hi'], '{:+.1f}')} points, "
-            + ("non-inferior" if r["non-inferior"] else "not shown non-inferior") + f" at {margin:g} points"
-            + (f" (its estimate is within {margin:g} points, its interval's lower bound is not)"
-               if not r["non-inferior"] and r.harm > -margin / 100 else "") + ".")
+            miss.append(say("mechanism", "option.lower short", by=format(KAPPA_LO_BAR - r["kappa lo"], ".3f"),
+                            value=KAPPA_LO_BAR))
+        within = not r["non-inferior"] and r.harm > -margin / 100
+        out.append(say("mechanism", "option", lead=lead, seeds=seed_words([r["data seed"]]), questions=int(r.questions),
+                       steps=int(r.steps), follows=_pc(r.follows), null=_pc(r["null"]),
+                       kappa=ci_text(r.kappa, r["kappa lo"], r["kappa hi"]),
+                       criterion="; ".join(miss) if miss else say("mechanism", "option.meets"),
+                       harm=ci_text(100 * r.harm, 100 * r["harm lo"], 100 * r["harm hi"], "{:+.1f}"),
+                       inferior=say("mechanism", "option.non-inferior" if r["non-inferior"] else "option.not non-inferior"),
+                       margin=format(margin, "g"),
+                       within=say("mechanism", "option.within", margin=format(margin, "g")) if within else ""))
         if r.harm <= -margin / 100 and not pd.isna(r.get("fixed answers", math.nan)):
-            out.append(f"On seed {int(r['data seed'])} the row held at s₀ gives an answer in {100 * r['fixed answers']:.1f}% "
-                       f"of its chains against Base's {100 * r['Base answers']:.1f}%, and {100 * r['fixed ran all steps']:.1f}% "
-                       f"run all {int(r['T'])} steps unanswered: "
-                       + ("every step where s₀ can occur is held at it." if "floor" in t.attrs
-                          else "every step is held at s₀, a move that seldom answers."))
+            out.append(say("mechanism", "option.answers", seed=int(r["data seed"]), fixed=_pc(r["fixed answers"]),
+                           base=_pc(r["Base answers"]), all=_pc(r["fixed ran all steps"]), T=int(r["T"]),
+                           why=say("mechanism", "option.answers.floor" if "floor" in t.attrs else "option.answers.all")))
     got = per.dropna(subset=["ε − fixed"]) if "ε − fixed" in per else per.iloc[:0]
     if len(got):  # the exploration claim with the injection held: drawn transitions against the row held at s0
-        won, lost = int((got["ε − fixed lo"] > 0).sum()), int((got["ε − fixed hi"] < 0).sum())
-        out.append("ε − fixed s₀ pass@1 (drawn transitions against the row held at s₀) is "
-                   + ", ".join(f"{ci_text(100 * r['ε − fixed'], 100 * r['ε − fixed lo'], 100 * r['ε − fixed hi'], '{:+.1f}')} "
-                               f"points on seed {int(r['data seed'])}" for _, r in got.iterrows())
-                   + f": the drawn transitions win on {won} and lose on {lost} of {len(got)} "
-                   f"(95% intervals excluding 0).")
+        diffs = ", ".join(say("mechanism", "option.transition", seed=int(r["data seed"]),
+                              diff=ci_text(100 * r["ε − fixed"], 100 * r["ε − fixed lo"], 100 * r["ε − fixed hi"], "{:+.1f}"))
+                          for _, r in got.iterrows())
+        out.append(say("mechanism", "option.transitions", diffs=diffs, won=int((got["ε − fixed lo"] > 0).sum()),
+                       lost=int((got["ε − fixed hi"] < 0).sum()), n=len(got)))
     pool = t[t["data seed"] == "pooled"]
     if len(per) > 1 and len(pool):  # questions of different seeds are different clusters of the bootstrap
         r = pool.iloc[0]
-        out.append(f"Pooled over the {len(per)} seeds ({int(r.questions)} questions, {int(r.steps)} steps): "
-                   f"{100 * r.follows:.1f}% against {100 * r['null']:.1f}%, κ = {ci_text(r.kappa, r['kappa lo'], r['kappa hi'])}"
-                   + (", meeting the steering criterion." if r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
-                      else ", short of the steering criterion."))
+        meets = r.kappa >= KAPPA_BAR and r["kappa lo"] > KAPPA_LO_BAR
+        out.append(say("mechanism", "option.pooled", n=len(per), questions=int(r.questions), steps=int(r.steps),
+                       follows=_pc(r.follows), null=_pc(r["null"]), kappa=ci_text(r.kappa, r["kappa lo"], r["kappa hi"]),
+                       criterion=say("mechanism", "option.pooled.meets" if meets else "option.pooled.short")))
     return " ".join(out)
 
 
@@ -382,7 +378,7 @@ def defaults_frame(path: str | Path | None = None) -> pd.DataFrame:
     try:
         cfg = load_config("demo" if name == "?" else name)
     except ConfigError as e:
-        raise ValueError(f"{path}: field 'profile': {name!r} is no profile this checkout has ({e})") from None
+        raise ValueError(f"{path}: field 'profile': {name!r} is no profile the repository has ({e})") from None
     if d.get("overrides"):
         raise ValueError(f"{path}: not runs made with the {cfg.profile} profile's defaults: overrides {d['overrides']}")
     for key in DEFAULT_KEYS:
@@ -498,10 +494,9 @@ def with_adapter_sentence(t: pd.DataFrame) -> str:
 
     (ku, kd), (pu, pd_) = count("Δκ"), count("Δ pass@1")
     n = len(t)
-    return (f"Applying the frozen adapter as well as the state prompt changes κ by {t['Δκ'].mean():+.2f} on average over "
-            f"{n} data seed{'s' if n > 1 else ''} (raised on {ku}, lowered on {kd}, by the interval and Holm p < 0.05) "
-            f"and the ε row's pass@1 by {100 * t['Δ pass@1'].mean():+.1f} points (raised on {pu}, lowered on {pd_})."
-            ).replace("-", "−")
+    return say("mechanism", "with adapter", dk=format(t["Δκ"].mean(), "+.2f").replace("-", "−"),
+               seeds=str(n) + (" data seeds" if n > 1 else " data seed"), ku=ku, kd=kd, pu=pu, pd=pd_,
+               dp=format(100 * t["Δ pass@1"].mean(), "+.1f").replace("-", "−"))
 
 
 def state_prompt_view(t: pd.DataFrame) -> pd.DataFrame:

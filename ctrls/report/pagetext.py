@@ -9,6 +9,7 @@ import math
 import pandas as pd
 
 from ctrls.report import verdicts
+from ctrls.report.words import say
 
 
 def _key(p, d, order: int) -> tuple:
@@ -60,7 +61,7 @@ def folded(sentences: list[str], title: str) -> str:
     and no code. Its cell renders Markdown as MyST (cell metadata ``mystnb.markdown_format: myst``)."""
     if not sentences:
         return ""
-    return f":::{{admonition}} {title}\n:class: dropdown\n\n" + "\n".join(f"- {s}" for s in sentences) + "\n:::\n"
+    return say("pages", "folded", title=title, bullets="\n".join("- " + s for s in sentences)) + "\n"
 
 
 def rl_settings_note(curves: pd.DataFrame, planned: list[str]) -> str:
@@ -152,11 +153,10 @@ def k_sweep_sentence(ks: pd.DataFrame, demo_k: int | None = None) -> str:
     if ks.empty:
         return ""
     best = steering_k(ks)
-    text = (f"K = {int(best.K)} steers most: κ = {best.kappa:.2f}, with {100 * best.follows:.1f}% of the ε row's "
-            f"steps in their drawn state against {100 * best.coincidence:.1f}% by coincidence.").replace("= -", "= −")
+    text = say("pages", "k sweep", K=int(best.K), kappa=format(best.kappa, ".2f").replace("-", "−"),
+               follows=format(100 * best.follows, ".1f") + "%", coincidence=format(100 * best.coincidence, ".1f") + "%")
     if demo_k is not None:
-        text += (f" The demo uses K = {demo_k}" + (", this K." if demo_k == int(best.K) else
-                                                   ", not this K."))
+        text += say("pages", "k sweep.same" if demo_k == int(best.K) else "k sweep.other", K=demo_k)
     return text
 
 
@@ -172,9 +172,8 @@ def fusion_sentence(fu: pd.DataFrame) -> str:
         g = g.assign(kappa=chance_corrected(g.follows, g.coincidence)).sort_values("kappa", ascending=False)
         hi, lo = g.iloc[0], g.iloc[1]
         overlap = hi.follows_lo <= lo.follows_hi and lo.follows_lo <= hi.follows_hi
-        out.append(f"At K = {int(K)} the {hi.fusion} F_u steers more by κ ({hi.kappa:.2f} against {lo.kappa:.2f}); "
-                   + ("the two follows intervals overlap, so the difference is within this sample's noise." if overlap
-                      else "the two follows intervals do not overlap."))
+        out.append(say("pages", "fusion.overlap" if overlap else "fusion.apart", K=int(K), fusion=hi.fusion,
+                       hi=format(hi.kappa, ".2f"), lo=format(lo.kappa, ".2f")))
     return " ".join(out)
 
 

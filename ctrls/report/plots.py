@@ -99,7 +99,7 @@ def _shown_path(path, run_dir) -> str:
             return shown + "/" if p.is_dir() else shown
     where = f"the run directory {run_dir} nor " if run_dir is not None else ""
     raise ValueError(f"drawn_from: {path} is in neither {where}the repository {ROOT}; a caption names only a run "
-                     "file (pass run_dir=cfg.run_dir) or a file of this checkout")
+                     "file (pass run_dir=cfg.run_dir) or a file of the repository")
 
 
 def drawn_from(call, *paths, run_dir=None) -> str:
@@ -108,7 +108,7 @@ def drawn_from(call, *paths, run_dir=None) -> str:
 
     ``call``: the figure function (or its dotted name). ``paths``: the files read, as the stage
     modules compute them (a glob pattern names a family of files); each is shown relative to
-    ``run_dir`` (``cfg.run_dir``: so ``<profile>/<stage>/<file>``) or, for a file of this checkout
+    ``run_dir`` (``cfg.run_dir``: so ``<profile>/<stage>/<file>``) or, for a file of the repository
     such as a stored ``bench/results`` result, relative to the repository. A path in neither is
     refused (``ValueError``), never shown as an absolute path. No path: drawn from the
     configuration alone."""

@@ -3,7 +3,7 @@
 A page says where its numbers come from once, at its top, never in its sentences: the banner
 (:func:`provenance`: profile, backbone, data, seed, commit, device of this build's run) and, on a page
 that also reads stored study results, one note (:func:`stored_note`): for each stored file, the commit
-and the device it ran on, or that this checkout does not have it. No path outside the repository is
+and the device it ran on, or that the file is not stored. No path outside the repository is
 ever shown.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from ctrls.config.overrides import parse_overrides
 from ctrls.config.schema import Config, load_config
 from ctrls.method.backbone import cpu_model, git_commit  # noqa: F401 (re-exported: ctrls.cli and the benches)
+from ctrls.report.words import say
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,12 +46,10 @@ def dtype_words(choice) -> str:
     config.yaml keep ``DtypeChoice.describe``."""
     if choice.requested == choice.dtype:
         return choice.dtype
-    key = f"`backbone.dtype: {choice.requested}`"
-    if choice.probe is None:
-        why = "on CUDA" if choice.device == "cuda" else "the device's default"
-        return f"{choice.dtype} ({key}, {why})"
     p = choice.probe
-    return f"{choice.dtype} ({key}, by a probe: fp32 {p.fp32_gflops:.1f} GFLOP/s, bf16 {p.bf16_gflops:.1f} GFLOP/s)"
+    why = (say("banner", "dtype.cuda" if choice.device == "cuda" else "dtype.default") if p is None else
+           say("banner", "dtype.probe", fp32=format(p.fp32_gflops, ".1f"), bf16=format(p.bf16_gflops, ".1f")))
+    return say("banner", "dtype.key", dtype=choice.dtype, requested=choice.requested, why=why)
 
 
 def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: Iterable[str] | None = None,
@@ -58,23 +57,26 @@ def provenance(cfg: Config, backbones: Iterable[str] | None = None, datasets: It
     """A Markdown banner: backbone and its dtype (``backbone.dtype: auto``: the probe's choice and numbers),
     data, profile, seed, commit, hardware. ``synthetic``: the synthetic study's banner, which has no language
     model, no data set and no conditioning to name, only the chain's seeds."""
+    from ctrls.report.display import and_list
+
     n = torch.get_num_threads()
     dev = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
-           else f"CPU ({platform.processor() or platform.machine()}, {n} thread{'s' if n != 1 else ''})")
-    commit = git_commit()
-    code = f"ctrls {sys.modules['ctrls'].__version__}" + (f" at commit `{commit}`" if commit != "unknown" else "")
-    tail = f"{code} · torch {torch.__version__} on {dev}"
+           else say("banner", "device.cpu", cpu=platform.processor() or platform.machine(), threads=_plural(n, "thread")))
+    commit, version = git_commit(), sys.modules["ctrls"].__version__
+    code = "ctrls " + version if commit == "unknown" else say("banner", "code.commit", version=version, commit=commit)
+    tail = say("banner", "tail", code=code, torch=torch.__version__, device=dev)
     if synthetic:
-        from ctrls.report.display import and_list
-
         seeds = cfg.synthetic.seeds
-        return (f"**Produced by** profile `{cfg.profile}` · a synthetic latent chain, no language model · "
-                f"seed{'s' if len(seeds) != 1 else ''} {and_list(seeds)} · {tail}")
-    bb = ", ".join(backbones or cfg.grid.backbones)
-    ds = ", ".join(datasets or cfg.grid.datasets)
-    return (f"**Produced by** profile `{cfg.profile}` · backbone `{bb}` in {dtype_words(cfg.dtype_choice())} · data `{ds}` "
-            f"({cfg.data.n_train} training and {cfg.data.n_test} test questions) · seed {cfg.seed} · CTRLS steps "
-            f"conditioned by {conditioning(cfg)} · {tail}")
+        return say("banner", "banner.synthetic", profile=cfg.profile, tail=tail,
+                   seeds=("seed " if len(seeds) == 1 else "seeds ") + and_list(seeds))
+    return say("banner", "banner", profile=cfg.profile, backbones=", ".join(backbones or cfg.grid.backbones),
+               dtype=dtype_words(cfg.dtype_choice()), datasets=", ".join(datasets or cfg.grid.datasets),
+               n_train=cfg.data.n_train, n_test=cfg.data.n_test, seed=cfg.seed, conditioning=conditioning(cfg), tail=tail)
+
+
+def _plural(n: int, word: str) -> str:
+    """"1 thread", "2 threads"."""
+    return str(n) + " " + word + ("" if n == 1 else "s")
 
 
 def conditioning_name(cfg: Config) -> str:
@@ -87,9 +89,10 @@ def conditioning(cfg: Config) -> str:
     """:func:`conditioning_name` with its settings, for the pages' banner."""
     sp = cfg.state_prompt
     if not sp.use:
-        return "the last-hidden adapter (Eq. 8)"
-    mask = f", position mask at floor {cfg.grid.position_floor:g}" if cfg.grid.position_floor > 0 else ""
-    return f"the state prompt ({sp.vectors} vectors per state{mask}{', with the adapter' if sp.with_adapter else ''})"
+        return say("banner", "conditioning.adapter")
+    mask = say("banner", "conditioning.mask", floor=format(cfg.grid.position_floor, "g")) if cfg.grid.position_floor > 0 else ""
+    return say("banner", "conditioning.prompt", vectors=sp.vectors, mask=mask,
+               adapter=say("banner", "conditioning.with adapter") if sp.with_adapter else "")
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,14 +109,14 @@ def _device(machine) -> str:
     cpu, threads = machine.get("cpu"), machine.get("threads")
     if not cpu:
         return "—"
-    return f"CPU ({cpu}" + (f", {threads} thread{'s' if threads != 1 else ''})" if threads else ")")
+    return say("banner", "device.cpu", cpu=cpu, threads=_plural(threads, "thread")) if threads else "CPU (" + str(cpu) + ")"
 
 
 def stored_record(rel: str, root: Path = ROOT) -> dict:
     """{file, commit, device, stored} of one stored result (a JSON file of the repository, ``rel`` relative
     to its root): the commit (its own, or its environment's ``git_commit``, shortened) and machine it records
     (None where the file records no commit, "—" where it
-    names no machine); ``stored`` False when this checkout does not have the file."""
+    names no machine); ``stored`` False when the repository does not hold the file."""
     p = Path(root) / rel
     if not p.is_file():
         return {"file": rel, "commit": None, "device": "—", "stored": False}
@@ -135,7 +138,7 @@ STUDIES_INTRO = ("This build's own runs come from the commit in the banner above
 
 def stored_note(rels: Iterable[str] | dict[str, str], root: Path = ROOT, intro: str = STUDIES_INTRO) -> str:
     """The page's one note on the stored results it reads: a table of file, commit (where a file records
-    one) and device, one row per file (a file this checkout lacks says so in its row, and its section shows nothing). ``rels`` may
+    one) and device, one row per file (a missing file says so in its row, and its section shows nothing). ``rels`` may
     map each file to the section that shows it (a column of its own); ``intro`` opens the note. "" when
     the page reads none."""
     where = dict(rels) if isinstance(rels, dict) else {}
@@ -143,8 +146,8 @@ def stored_note(rels: Iterable[str] | dict[str, str], root: Path = ROOT, intro: 
     if not rows:
         return ""
     commits = {r["commit"] for r in rows if r["stored"] and r["commit"]}
-    lines = [":::{admonition} Where this page's stored results come from", ":class: note", "",
-             intro + (f" They come from {len(commits)} different commits." if len(commits) > 1 else ""), ""]
+    lines = [say("banner", "stored.title"), "",
+             intro + (say("banner", "stored.commits", commits=len(commits)) if len(commits) > 1 else ""), ""]
     # a commit column only where a stored file records its commit: a field no file records is left out
     cols = ["stored result"] + (["shown in"] if where else []) + (["commit"] if commits else []) + ["device"]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -153,7 +156,7 @@ def stored_note(rels: Iterable[str] | dict[str, str], root: Path = ROOT, intro: 
         c = r["commit"] or "—"
         c = f"`{c}`" if re.fullmatch(r"[0-9a-f]{6,40}(\+dirty)?", c) else c
         if not r["stored"]:
-            cells += ["not stored: its study makes it"] + (["—"] if commits else [])
+            cells += [say("banner", "stored.missing")] + (["—"] if commits else [])
         else:
             cells += ([c] if commits else []) + [r["device"]]
         lines.append("| " + " | ".join(cells) + " |")

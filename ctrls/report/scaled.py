@@ -17,6 +17,7 @@ import pandas as pd
 from ctrls.config.settings import BASE, FIXED
 from ctrls.report.mechanism import checked_count, checked_interval, checked_kappa, checked_number, results_dir
 from ctrls.report.stored import read as read_stored
+from ctrls.report.words import say
 from ctrls.stages.sample_tables import PASS_K, run_numbers  # noqa: F401 (re-exported: the pages read them here)
 from ctrls.stats.metrics import format_p
 from ctrls.stats.paired import paired_pass
@@ -94,9 +95,8 @@ def claim_sentence(path: str | Path | None = None) -> str:
     r = d["result"]
     m = int(r["samples_per_question"])
     k = min(PASS_K, m)
-    return (f" At scale ({r['questions']} questions × {m} samples of a data seed no choice saw, on one "
-            f"{d['machine'].get('gpu', '?')}: *The demo's task at scale* below), the adapter's ε − fixed s₀ in the "
-            f"unbiased pass@{k} is {_pts(r[f'eps_minus_fixed_pass{k}'])} points.")
+    return say("scaled", "claim", questions=r["questions"], samples=m, gpu=d["machine"].get("gpu", "?"), k=k,
+               diff=_pts(r["eps_minus_fixed_pass" + str(k)]))
 
 
 def scaled_frame(build: pd.DataFrame | None, epsilon: float, path: str | Path | None = None,
@@ -120,8 +120,7 @@ def scaled_markdown(build: pd.DataFrame | None, epsilon: float, path: str | Path
     comes from; a sentence saying it is not stored when it is not."""
     d = stored_scaled(path)
     if d is None:
-        return ("The demo's task has not been run at a larger size on a GPU for this book "
-                f"(`{SCALED_RESULT}` is absent; `studies/scaled_demo.py` runs it).\n")
+        return say("scaled", "absent", file=SCALED_RESULT) + "\n"
     r, o, mach = d["result"], d.get("overrides") or {}, d["machine"]
     m = int(r["samples_per_question"])
     k = min(PASS_K, m)
@@ -129,28 +128,18 @@ def scaled_markdown(build: pd.DataFrame | None, epsilon: float, path: str | Path
     kap = checked_kappa(r["kappa"], path)
 
     def word(x):
-        return "above" if x["lo"] > 0 else "below" if x["hi"] < 0 else "not distinguishable from"
+        return say("scaled", "word.above" if x["lo"] > 0 else "word.below" if x["hi"] < 0 else "word.level")
+
+    def num(x):
+        return _minus(format(x, ".2f"))
+    steer = say("scaled", "steer.weak") if kap["kappa hi"] < 0.2 else ""
     harm = r["harm_fixed_minus_base_pass1"]
-    steer = (" The last-hidden adapter barely steers at this size either (κ's upper bound is below 0.2)."
-             if kap["kappa hi"] < 0.2 else "")
-    lines = [
-        f"The demo's pretraining and exploration were run once on one {mach.get('gpu', '?')}, in "
-        f"{sum((d.get('seconds') or {}).values()):.0f} s for both stages (commit `{d.get('commit', '?')}`). "
-        f"They used {o.get('data.n_train', '?')} training and {r['questions']} test questions × {m} samples per row, "
-        f"on data seed {o.get('data.seed', '?')}, which no choice saw. With the adapter held fixed, "
-        f"exploration is **{word(claim)}** fixed s₀: ε − fixed s₀ in the unbiased pass@{k} is {_pts(claim)} points "
-        f"(sign-flip p = {format_p(claim['p'])}). ε − Base in the same pass@{k} is {_pts(beside)} points. The adapter "
-        f"alone (fixed s₀ − Base, pass@1) is {_pts(harm)} points. Steps follow their drawn state with "
-        f"κ = {_minus(format(kap['kappa'], '.2f'))} [{_minus(format(kap['kappa lo'], '.2f'))}, "
-        f"{_minus(format(kap['kappa hi'], '.2f'))}] against independent chains ({kap['steps']:,} steps).{steer}",
-        "",
-        table_markdown(scaled_frame(build, epsilon, path, build_label, stored=d)),
-        f"Stored in `{SCALED_RESULT}`, with every graded sample beside it (`scaled_demo_h200_samples.parquet`); "
-        "the command is in `studies/scaled_demo.py`. Differences are in points, paired by question, with "
-        "question-bootstrap 95% intervals, one comparison at a time. For this build's column, the findings above give "
-        "family intervals instead, which cover Table 1's comparisons together and are wider. pass@k is the "
-        "unbiased estimator from each question's samples.",
-    ]
+    lines = [say("scaled", "section", gpu=mach.get("gpu", "?"), seconds=format(sum((d.get("seconds") or {}).values()), ".0f"),
+                 commit=d.get("commit", "?"), n_train=o.get("data.n_train", "?"), questions=r["questions"], samples=m,
+                 seed=o.get("data.seed", "?"), word=word(claim), k=k, claim=_pts(claim), p=format_p(claim["p"]),
+                 beside=_pts(beside), harm=_pts(harm), kappa=num(kap["kappa"]), lo=num(kap["kappa lo"]),
+                 hi=num(kap["kappa hi"]), steps=format(kap["steps"], ","), steer=steer, file=SCALED_RESULT,
+                 table=table_markdown(scaled_frame(build, epsilon, path, build_label, stored=d)))]
     return "\n".join(lines) + "\n"
 
 

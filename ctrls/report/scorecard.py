@@ -29,10 +29,12 @@ from ctrls.report.verdicts import (
     Claim,
     Estimate,
     claim_verdict,
+    pct,
     pts,
     rl_verdicts,
     scorecard_markdown,
 )
+from ctrls.report.words import say
 from ctrls.stages import exploration, rl
 from ctrls.stages import synthetic as study
 from ctrls.stages.common import NotRunError, UnreadableResultsError
@@ -83,9 +85,9 @@ def _combine(verdicts: list[str]) -> str:
     zero = len(verdicts) - up - down
     for k, where in ((down, "in the opposite direction"), (up, "in the claimed direction"), (zero, "zero")):
         if k == len(verdicts):
-            return f"{NOT_SUPPORTED}: every estimate is {where}"
-    return (f"{NOT_SUPPORTED}: {up} of {len(verdicts)} estimates in the claimed direction, {down} in the opposite"
-            + (f", {zero} zero" if zero else ""))
+            return say("scorecard", "combine.all", label=NOT_SUPPORTED, where=where)
+    return say("scorecard", "combine.split", label=NOT_SUPPORTED, up=up, n=len(verdicts), down=down,
+               zero=say("scorecard", "combine.zero", zero=zero) if zero else "")
 
 
 def _mdd_note(mdd: dict, key: str, verdict: str = NOT_SUPPORTED) -> str:
@@ -93,7 +95,7 @@ def _mdd_note(mdd: dict, key: str, verdict: str = NOT_SUPPORTED) -> str:
     v = mdd.get(key)
     if _kind(verdict) != NOT_SUPPORTED or v is None or math.isnan(v):
         return ""
-    return f" (the demo detects about {v:.0f} points at 80% power with the page's test and Holm)"
+    return say("scorecard", "mdd", mdd=format(v, ".0f"))
 
 
 def controllability_claim(ct: pd.DataFrame, mdd: dict, page: str) -> Claim | None:
@@ -208,7 +210,7 @@ def demo_claims(cfg: Config, mdd: dict | None = None) -> list[Claim]:
     curves, missing = _load(rl.load_curves, cfg)
     try:
         rv = None if curves is None else rl_verdicts(curves)
-    except ValueError as e:  # curves without per-question results: an older stage's
+    except ValueError as e:  # curves without per-question results: refused with their reason
         rv, missing = None, (NOT_RUN, str(e))
     if rv is None:
         out.append(Claim(RL_CLAIM, "Alg. 2, Table 2", missing[1], missing[0], page3, claimed=RL_DIR))
@@ -326,25 +328,14 @@ def power_note(cfg: Config) -> str:
     """What the power table below starts from: the pilot's numbers, or why there is none."""
     p, d = pilot(cfg), design_inputs(cfg)
     if p is None:
-        return (f"No pilot measurement for this profile's dataset ({cfg.data.dataset}): the demo's power "
-                f"calculation needs studies/results/word_problems_difficulty.json at the profile's difficulty.")
+        return say("scorecard", "power.no pilot", dataset=cfg.data.dataset)
     lo, hi = p["pass@1 95% CI"]
-    ref = "" if d["reference"] is None else f"{100 * d['reference']:.1f}% "
     icc_succ = d["icc_succ"] if d["icc_succ"] is not None else p["icc"]
-    return (f"The pilot (`python studies/word_problems.py`, committed in studies/results/word_problems_difficulty.json) "
-            f"measured Base at difficulty `{p['difficulty']}` on {p['questions']} test questions × {p['samples']} "
-            f"samples: pass@1 {100 * p['pass@1']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}], Succ. {100 * p['succ']:.1f}%, "
-            f"intra-question correlation {p['icc']:.2f} (Succ.'s own: {icc_succ:.2f}). "
-            f"Between-arm correlation {d['rho']:.2f} ({d['rho from']}); controllability reference "
-            f"{ref}"
-            f"({d['reference from']}). The table gives, for the profile's sizes and each page's own test (exact "
-            f"McNemar for pass@n, the within-question permutation test for rates) with Holm at the page's family "
-            f"size, the power to detect a rise of 10 points and the minimal detectable difference (MDD) at 80% power "
-            f"(Monte Carlo, {N_SIM:,} simulated runs; `ctrls.stats.sizing`). Where the power at 10 points is below 0.8, "
-            f"the MDD is the difference this demo can detect; the scorecard quotes these same numbers. One row is a "
-            f"design, not a run: the ablation from twice the samples per question, read as the unbiased "
-            f"pass@{cfg.grid.n_samples} (Chen et al. 2021) with the permutation test, beside the McNemar row it would "
-            f"replace.")
+    return say("scorecard", "power.note", difficulty=p["difficulty"], questions=p["questions"], samples=p["samples"],
+               pass1=pct(p["pass@1"], lo, hi), succ=pct(p["succ"]), icc=format(p["icc"], ".2f"),
+               icc_succ=format(icc_succ, ".2f"), rho=format(d["rho"], ".2f"), rho_from=d["rho from"],
+               reference="" if d["reference"] is None else pct(d["reference"]) + " ", reference_from=d["reference from"],
+               sims=format(N_SIM, ","), n=cfg.grid.n_samples)
 
 
 def _demo_power(cfg: Config) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """The seeds study on the page: frames, figures and scorecard rows read from ``studies/results/seeds_pooled.json``
 (written by ``studies/seeds_study.py pool``; the validating reader is ``ctrls.report.stored``, kind
-``seeds_pooled``). The claims over fresh training runs, each with its pooled estimate, HKSJ 95% interval, the
+``seeds_pooled``). The claims over training runs, each with its pooled estimate, HKSJ 95% interval, the
 between-run spread tau, I^2 and the 95% prediction interval for one new run; each seed's constant-state pass@1;
 RL's end policy against the best constant state. The page's words are in ``notebooks/08_seeds.ipynb``.
 """
@@ -35,7 +35,7 @@ def pooled(root=None) -> dict | None:
 
 def _p(r: dict) -> float:
     """Two-sided p of the HKSJ t statistic (k - 1 degrees of freedom), from the stored standard error (an
-    interval cut to [-1, 1] no longer says it)."""
+    interval cut to [-1, 1] does not carry it)."""
     from scipy import stats as st
 
     return 1.0 if r["se"] == 0 else float(2 * st.t.sf(abs(r["estimate"]) / r["se"], r["n_seeds"] - 1))
@@ -148,7 +148,7 @@ def lottery(res: dict):
         ax.scatter(i, 100 * hold[s["data_seed"]], marker="x", color="black", s=50, label="hold s₀" if i == 0 else None)
     ax.axhline(0, color="0.4", lw=0.8, ls="--")
     ax.set_xticks(range(len(res["states"])), [str(s["data_seed"]) for s in res["states"]], fontsize=8)
-    ax.set_xlabel("data seed (a fresh training run)", fontsize=9)
+    ax.set_xlabel("data seed (one training run)", fontsize=9)
     ax.set_ylabel("pass@1 − Base (points)", fontsize=9)
     ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     fig.tight_layout()
@@ -195,7 +195,7 @@ def method_claims(claims: list[Claim], res: dict | None, key_of: dict[str, str])
         verdict, ests = pooled_verdict(res, SCORECARD[k])
         dev = [Estimate(f"development run: {e.label}", e.d, e.lo, e.hi, e.scale, e.unit) for e in (*c.estimates, *c.beside)]
         dev = pooled_verdict(res, BESIDE[k])[1] + dev if k in BESIDE else dev
-        evidence = (f"pooled over {len(res['seeds'])} fresh training runs (data seeds {', '.join(map(str, res['seeds']))}), "
+        evidence = (f"pooled over {len(res['seeds'])} training runs (data seeds {', '.join(map(str, res['seeds']))}), "
                     f"random effects with HKSJ 95% intervals, Holm over the row's comparisons; this build's run "
                     f"(the development seed) beside, not in the verdict: {c.evidence}")
         out.append(Claim(c.claim, c.source, evidence, verdict, PAGE, block=c.block, claimed=c.claimed, estimates=ests,

@@ -26,6 +26,7 @@ from ctrls.report.mechanism import (
     stored_setting,
 )
 from ctrls.report.stored import position_floor
+from ctrls.report.words import say
 from ctrls.stats.metrics import format_p
 
 RL_RESULT = "studies/results/state_prompt_rl.json"
@@ -95,15 +96,13 @@ def rl_sentence(t: pd.DataFrame) -> str:
         n = len(g)
         beat = {label: int((g[f"{label} lo"] > 0).sum()) for label in VS}
         lost = {label: int((g[f"{label} hi"] < 0).sum()) for label in VS}
-        out.append(f"On data seed {seed} ({int(g.questions.iloc[0])} test questions), Base answers "
-                   f"{100 * g['− Base b'].iloc[0]:.1f}% and the pretrained policy's ε row "
-                   f"{100 * g['− pretrained ε b'].iloc[0]:.1f}% "
-                   f"at pass@1. {beat['− Base']} of the {n} RL policies beat Base and {lost['− Base']} lose to it; "
-                   f"{beat['− pretrained ε']} beat the pretrained ε row and {lost['− pretrained ε']} lose to it "
-                   "(95% intervals excluding 0).")
+        out.append(say("pages", "steered rl", seed=seed, questions=int(g.questions.iloc[0]), n=n,
+                       base=format(100 * g["− Base b"].iloc[0], ".1f") + "%",
+                       eps=format(100 * g["− pretrained ε b"].iloc[0], ".1f") + "%",
+                       beat_base=beat["− Base"], lost_base=lost["− Base"], beat_eps=beat["− pretrained ε"],
+                       lost_eps=lost["− pretrained ε"]))
         if beat["− Base"] and not beat["− pretrained ε"]:
-            out.append("So the gain over Base is the steering state's, already in the pretrained policy; "
-                       "RL added none we can show.")
+            out.append(say("pages", "steered rl.state"))
     return " ".join(out)
 
 

@@ -503,7 +503,7 @@ def read(path: str | os.PathLike, kind: str, *, settings: dict[str, str | Callab
          profile: str | None = None, seed_fields: tuple[str, ...] = ()) -> dict:
     """The stored result at ``path``, checked against the schema of ``kind`` (:data:`SCHEMAS`) and against what the
     page claims of its runs: each key of ``settings`` (``against.<key>`` in the runs compared with) at its value,
-    or passing its test (:func:`stored_setting`'s text, None where not recorded); ``profile``; each seed holding
+    or passing its test (:func:`stored_setting`'s text, None where the record has none); ``profile``; each seed holding
     ``seed_fields``. A :class:`StoredResultError` naming the file and the field when it is not one."""
     schema, what = SCHEMAS[kind]
     path = Path(path)

@@ -36,7 +36,7 @@ SCALING_RESULTS = (SCALING_RESULT, "studies/results/steering_scaling_k4.json")  
 
 
 def scaling_result_paths(root=None) -> list:
-    """Every stored data-scaling result of ``SCALING_RESULTS`` that this checkout has (one per K)."""
+    """Every stored data-scaling result of ``SCALING_RESULTS`` that the repository holds (one per K)."""
     return stored_results(SCALING_RESULTS, root)
 
 
@@ -345,7 +345,7 @@ INJECTION_RESULTS = (INJECTION_RESULT, "studies/results/injection_k4.json")  # .
 
 
 def injection_result_paths(root=None) -> list:
-    """Every stored ``studies/injection.py`` result of ``INJECTION_RESULTS`` that this checkout has."""
+    """Every stored ``studies/injection.py`` result of ``INJECTION_RESULTS`` that the repository holds."""
     return stored_results(INJECTION_RESULTS, root)
 
 

@@ -28,6 +28,7 @@ from ctrls.config.schema import Config
 from ctrls.config.settings import BASE, FIXED, parse_setting
 from ctrls.generate.judge import CRITERIA, LABELS
 from ctrls.report.provenance import ci_decimals, with_pct_ci
+from ctrls.report.words import say
 from ctrls.stages.exploration import load_samples
 from ctrls.stages.rl import load_table2_samples
 from ctrls.stages.sample_tables import (  # noqa: F401 (the book's tables, computed from the samples)
@@ -265,19 +266,13 @@ def reward_note(cfg: Config, rates: pd.DataFrame, low: float = 0.05) -> str:
     parts = []
     for _, r in rates.iterrows():
         lo, hi = r["95% CI"]
-        parts.append(f"**{r.pair}**: {r.correct} of {r.trajectories} training trajectories were rewarded "
-                     f"({r['reward rate']:.1%}, 95% CI {lo:.1%}–{hi:.1%}; {r.runs} runs × {cfg.rl.steps} steps)")
-    text = "Measured reward rate on the real backbone: " + "; ".join(parts) + "."
+        parts.append(say("pages", "reward.pair", pair=r.pair, correct=r.correct, trajectories=r.trajectories,
+                         rate=format(r["reward rate"], ".1%"), lo=format(lo, ".1%"), hi=format(hi, ".1%"), runs=r.runs,
+                         steps=cfg.rl.steps))
+    text = say("pages", "reward", pairs="; ".join(parts))
     if len(rates) and (rates["reward rate"] < low).all():
-        text += (f" With under {low:.0%} of trajectories rewarded, almost every return is 0 (plus the entropy term "
-                 "α·ΣH), so the REINFORCE gradient carries almost no information about correctness: flat accuracy "
-                 "curves are what this size is expected to give, not a finding about CTRLS. How the policy learns, "
-                 "explores and collapses is studied where the reward is informative and the optimum known: "
-                 f"{synthetic_link()}.")
-    else:
-        text += (" For the learning dynamics against a known optimum, see "
-                 f"{synthetic_link()}.")
-    return text
+        return text + say("pages", "reward.low", low=format(low, ".0%"), link=synthetic_link())
+    return text + say("pages", "reward.informative", link=synthetic_link())
 
 
 def rubric_table(judged: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:

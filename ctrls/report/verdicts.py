@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ctrls.report.display import MISSING
+from ctrls.report.words import say
 from ctrls.stats.metrics import format_p, holm, paired_rate_difference
 
 ALPHA = 0.05
@@ -96,7 +97,7 @@ def direction(d: float, p_adj: float, up: str = "higher", down: str = "lower",
     if ok:
         return up if d > 0 else down
     way = "higher" if d > 0 else "lower" if d < 0 else "zero"
-    return f"{none} (the estimate is {way}: {_estimate(d, scale, unit)}{note})"
+    return say("verdicts", "direction.unresolved", none=none, way=way, estimate=_estimate(d, scale, unit), note=note)
 
 
 def claim_verdict(d: float, p_adj: float, side: int = 1, lo: float | None = None, hi: float | None = None,
@@ -113,9 +114,9 @@ def claim_verdict(d: float, p_adj: float, side: int = 1, lo: float | None = None
     ok, note = _resolved(p_adj, lo, hi)
     if ok:
         return "supported" if side * d > 0 else "contradicted"
-    way = ("in the claimed direction" if side * d > 0 else "in the opposite direction" if side * d < 0
+    way = (say("verdicts", "claim.way.claimed") if side * d > 0 else say("verdicts", "claim.way.opposite") if side * d < 0
            else "zero")
-    return f"{NOT_SUPPORTED}: the estimate is {way} ({_estimate(d, scale, unit)}){note}"
+    return say("verdicts", "claim.unresolved", label=NOT_SUPPORTED, way=way, estimate=_estimate(d, scale, unit), note=note)
 
 
 def box(sentences: list[str], title: str = "What this run shows") -> str:
@@ -160,38 +161,38 @@ def _exploration_items(table: pd.DataFrame, ablation: pd.DataFrame, control: pd.
 
     out = []
     base = table[table.config == "Base"]
-    where = lambda r: f"{r.dataset}, η = {r.temperature:g}"  # noqa: E731
+    where = lambda r: say("verdicts", "cases.where", dataset=r.dataset, eta=format(r.temperature, "g"))  # noqa: E731
     for _, b in base.iterrows():
-        out.append(("base", (), f"{where(b)}: Base solves {pct(b['pass@n'], b['pass@n lo'], b['pass@n hi'])} of "
-                   f"{b.questions} test questions in {b.samples} samples (pass@{b.samples}), and gives a valid final "
-                   f"answer in {pct(b.succ, b['succ lo'], b['succ hi'])} of its samples (Succ.)."))
+        out.append(("base", (), say("verdicts", "exploration.base", where=where(b), questions=b.questions, samples=b.samples,
+                                    **{"pass": pct(b["pass@n"], b["pass@n lo"], b["pass@n hi"]),
+                                       "succ": pct(b.succ, b["succ lo"], b["succ hi"])})))
     for n, (_, r) in enumerate(table[table.p.notna()].iterrows()):
         v = direction(r["Δ pass@n vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"])
         b = base[(base.dataset == r.dataset) & (base.temperature == r.temperature)]["pass@n"]
-        vs = f" vs {pct(b.iloc[0])}" if len(b) else ""
+        vs = say("verdicts", "exploration.vs", base=pct(b.iloc[0])) if len(b) else ""
         out.append(("table1", key(r["p (Holm)"], r["Δ pass@n vs Base"], n),
-                    f"{where(r)}: {r.config} vs Base, pass@{r.samples} {pct(r['pass@n'])}{vs}, "
-                    f"{pts(r['Δ pass@n vs Base'], r['Δ lo'], r['Δ hi'])}, Holm-adjusted p = {format_p(r['p (Holm)'])}: "
-                    f"**{v}**."))
+                    say("verdicts", "exploration.table1", where=where(r), config=r.config, samples=r.samples, vs=vs,
+                        diff=pts(r["Δ pass@n vs Base"], r["Δ lo"], r["Δ hi"]), p=format_p(r["p (Holm)"]), verdict=v,
+                        **{"pass": pct(r["pass@n"])})))
     for n, (_, r) in enumerate(ablation.iterrows()):
         for m in ("pass@n", "Succ."):
-            v = direction(r[f"Δ {m}"], r[f"p ({m}, Holm)"], lo=r[f"Δ {m} lo"], hi=r[f"Δ {m} hi"])
-            out.append(("ablation" if m == "pass@n" else "ablation succ", (n,), f"{where(r)}: ablation, {r.comparison}, {m}: "
-                       f"{pts(r[f'Δ {m}'], r[f'Δ {m} lo'], r[f'Δ {m} hi'])}, Holm-adjusted p = "
-                       f"{format_p(r[f'p ({m}, Holm)'])}: **{v}**."))
+            d, lo, hi, p = (r["Δ " + m], r["Δ " + m + " lo"], r["Δ " + m + " hi"], r["p (" + m + ", Holm)"])
+            out.append(("ablation" if m == "pass@n" else "ablation succ", (n,),
+                        say("verdicts", "exploration.ablation", where=where(r), comparison=r.comparison, metric=m,
+                            diff=pts(d, lo, hi), p=format_p(p), verdict=direction(d, p, lo=lo, hi=hi))))
     if "Δ vs Base" in control:
         for n, (_, r) in enumerate(control[control["Δ vs Base"].notna()].iterrows()):
             v = direction(r["Δ vs Base"], r["p (Holm)"], lo=r["Δ lo"], hi=r["Δ hi"])
-            out.append(("control", (n,), f"{where(r)}: controllability, {r.config}: {pct(r['follows'])} of {r.steps} steps "
-                       f"land in the state they were generated under, vs {pct(r['Base, random states'])} for Base "
-                       f"steps paired with random states (chance 1/K = {pct(r.chance)}): "
-                       f"{pts(r['Δ vs Base'], r['Δ lo'], r['Δ hi'])}, Holm-adjusted p = {format_p(r['p (Holm)'])}: "
-                       f"**{v}**."))
+            out.append(("control", (n,), say("verdicts", "exploration.control", where=where(r), config=r.config,
+                                             follows=pct(r["follows"]), steps=r.steps, base=pct(r["Base, random states"]),
+                                             chance=pct(r.chance), diff=pts(r["Δ vs Base"], r["Δ lo"], r["Δ hi"]),
+                                             p=format_p(r["p (Holm)"]), verdict=v)))
             if "κ" in r and not _missing(r["κ"]):  # the claim's own test: the independent-chain null
                 kv = direction(r["κ"], r["p (κ, Holm)"], lo=r["κ lo"], hi=r["κ hi"])
-                out.append(("control", (n, 1), f"{where(r)}: {r.config}, against the independent-chain null "
-                           f"({pct(r['null'])} of {int(r['null steps'])} steps): κ = {r['κ']:.2f} "
-                           f"[{r['κ lo']:.2f}, {r['κ hi']:.2f}], Holm-adjusted p = {format_p(r['p (κ, Holm)'])}: **{kv}**."))
+                out.append(("control", (n, 1), say("verdicts", "exploration.kappa", where=where(r), config=r.config,
+                                                   null=pct(r["null"]), steps=int(r["null steps"]),
+                                                   kappa=format(r["κ"], ".2f"), lo=format(r["κ lo"], ".2f"),
+                                                   hi=format(r["κ hi"], ".2f"), p=format_p(r["p (κ, Holm)"]), verdict=kv)))
     return out
 
 
@@ -249,10 +250,9 @@ def rl_verdicts_view(t: pd.DataFrame) -> pd.DataFrame:
 
 
 def rl_sentences(t: pd.DataFrame) -> list[str]:
-    return [f"RL setting `{r.setting}` ({r.seeds} seeds × {r['last step']} steps): held-out accuracy "
-            f"{pct(r['accuracy at step 0'])} at step 0 and {pct(r['accuracy at the end'])} at step {r['last step']}, "
-            f"{pts(r['Δ'], r['Δ lo'], r['Δ hi'])} on {r.questions} questions, Holm-adjusted p = "
-            f"{format_p(r['p (Holm)'])}: **{r.verdict}**." for _, r in t.iterrows()]
+    return [say("verdicts", "rl", setting=r.setting, seeds=r.seeds, steps=r["last step"], start=pct(r["accuracy at step 0"]),
+                end=pct(r["accuracy at the end"]), diff=pts(r["Δ"], r["Δ lo"], r["Δ hi"]), questions=r.questions,
+                p=format_p(r["p (Holm)"]), verdict=r.verdict) for _, r in t.iterrows()]
 
 
 # ---- pretraining and case studies ---------------------------------------------------------------
@@ -267,10 +267,9 @@ def pretraining_sentences(collect: dict, bound: pd.DataFrame | None = None) -> l
         from ctrls.stats.power import wilson_interval
 
         lo, hi = wilson_interval(c, s)
-        out.append(f"The backbone's own chains: {c} of {s} sampled chains were correct ({pct(c / s, lo, hi)}), and "
-                   f"were kept for pretraining.")
-    out.append(f"The adapter was trained on {collect.get('kept', 0)} chains of {collect.get('questions', 0)} training "
-               f"questions ({collect.get('reference', 0)} reference solutions and {c} sampled chains).")
+        out.append(say("verdicts", "pretraining.sampled", correct=c, sampled=s, rate=pct(c / s, lo, hi)))
+    out.append(say("verdicts", "pretraining.kept", kept=collect.get("kept", 0), questions=collect.get("questions", 0),
+                   reference=collect.get("reference", 0), correct=c))
     if bound is not None and not bound.empty:
         out.extend(bound_sentences(bound))
     return out
@@ -284,8 +283,7 @@ def bound_sentences(bound: pd.DataFrame) -> list[str]:
     col = cols[0]
     vals = {r.split: r[col] for _, r in bound.iterrows()}
     if {"train", "held-out"} <= set(vals):
-        return [f"Thm. 5.3's bound after training: {vals['train']:.3f} nats per step on training chains and "
-                f"{vals['held-out']:.3f} on held-out chains ({col})."]
+        return [say("verdicts", "bound", train=format(vals["train"], ".3f"), held=format(vals["held-out"], ".3f"), column=col)]
     return []
 
 
@@ -304,10 +302,10 @@ def case_sentences(samples: pd.DataFrame, config: str) -> list[str]:
         solved = solved[[config, "Base"]].dropna().astype(bool)  # questions both rows were run on
         only_c = int((solved[config] & ~solved["Base"]).sum())
         only_b = int((~solved[config] & solved["Base"]).sum())
-        where = f"{ds}, η = {eta:g}" if ds is not None else f"At η = {eta:g}"
-        out.append(f"{where}: {config} solves {only_c} question{'s' if only_c != 1 else ''} that Base misses in its "
-                   f"samples, and misses {only_b} that Base solves (of {len(solved)}); the cases below are drawn from "
-                   "the first kind.")
+        where = (say("verdicts", "cases.where", dataset=ds, eta=format(eta, "g")) if ds is not None else
+                 say("verdicts", "cases.where.eta", eta=format(eta, "g")))
+        out.append(say("verdicts", "cases", where=where, config=config, only_c=only_c, only_b=only_b, n=len(solved),
+                       questions="question" if only_c == 1 else "questions"))
     return out
 
 
@@ -369,7 +367,7 @@ class Claim:
         if not self.estimates:  # nothing measured: why (not run, no comparison, unreadable), or the evidence itself
             return self.evidence or "–"
         text = "; ".join(e.text(label=len(self.estimates) > 1) for e in self.estimates)
-        return text + (f" (detectable: about {self.mdd:.0f} points)" if self.mdd is not None and not
+        return text + (say("verdicts", "found.detectable", mdd=format(self.mdd, ".0f")) if self.mdd is not None and not
                        math.isnan(self.mdd) and self.label == NOT_SUPPORTED else "")
 
 

@@ -296,7 +296,7 @@ def test_mechanism_note_is_one_short_sentence_from_the_stored_studies(tmp_path):
     fu.write_text(json.dumps({"points": [{**_point(64, 0.5), "K": 4, "fusion": "mlp", "follows_lo": 0.45}]}))
     assert "highest for a token-dependent F_u at K = 4." in fd.mechanism_note(scaling=sc_, injection=inj, states=ks, fusion=fu)
     ks.write_text(json.dumps({"points": [{**_point(64, 0.05), "K": 4}]}))
-    assert "rate from −0.06" in fd.mechanism_note(scaling=sc_, injection=inj, states=ks)
+    assert "rate) from −0.06" in fd.mechanism_note(scaling=sc_, injection=inj, states=ks)
 
 
 def test_seeds_note_is_a_table_of_kappa_by_seed_role_with_n(tmp_path):

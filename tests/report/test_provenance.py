@@ -49,7 +49,7 @@ def test_the_banner_names_the_conditioning_of_the_ctrls_rows():
 
     demo, smoke = load_config("demo"), load_config("smoke")
     assert "conditioned by the state prompt (2 vectors per state, position mask at floor 0.05)" in provenance(demo)
-    assert "conditioned by the last-hidden adapter (Eq. 8)" in provenance(smoke)
+    assert "conditioned by the last-hidden adapter (our variant of Eq. 8)" in provenance(smoke)
     off = load_config("demo", ["state_prompt.use=false", "grid.position_floor=0"])
     assert conditioning_name(off) == "the adapter" and conditioning_name(demo) == "the state prompt"
     both = load_config("demo", ["state_prompt.with_adapter=true", "state_prompt.vectors=3"])
