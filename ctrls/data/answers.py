@@ -113,8 +113,10 @@ _NOT_UNITS = re.compile(r"\b(?:and|or|to|plus|minus|times|by|over|divided|than|o
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # 1,000 but not (1,2) or 1,0000
 _VAR_EQ = re.compile(r"^[A-Za-z]\s*=\s*(?=[^=]+$)")  # "x = 5" -> "5"
 _TEXT = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\{([^{}]*)\}")
-# a LaTeX fraction followed by words ("\frac{1}{2} cup", after \text{} is unwrapped): the words are a unit
-_FRAC_WORDS = re.compile(r"([-+]?\s*\\[dt]?frac\{[^{}]*\}\{[^{}]*\})\s+([A-Za-z][A-Za-z'\- ]*)\.?")
+# a LaTeX fraction followed by words ("\frac{1}{2} cup", "\frac12 cup", after \text{} is unwrapped): the words
+# are a unit; an argument is a group (one level of nesting: "\frac{\sqrt{3}}{2}") or one digit or letter
+_FRAC_ARG = r"(?:\{(?:[^{}]|\{[^{}]*\})*\}|\s*[0-9A-Za-z])"
+_FRAC_WORDS = re.compile(rf"([-+]?\s*\\[dt]?frac{_FRAC_ARG}{_FRAC_ARG})\s+([A-Za-z][A-Za-z'\- ]*)\.?")
 # "15, not 12": the answer is the number before the "not"
 _NOT_OTHER = re.compile(rf"({_NUMBER})\s*,?\s+(?:and\s+|but\s+)?not\s+\S.*", re.IGNORECASE)
 # an en-dash between two numbers is a range ("3–5"); anywhere else it is a minus sign ("–5", "x – 1")

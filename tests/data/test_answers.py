@@ -325,6 +325,9 @@ def test_regexes_are_linear_on_long_answers_within_the_bound():
     (r"The answer is 3. So the final answer is \boxed{-\sqrt{2}}", r"-\sqrt{2}", True),
     (r"\boxed{\frac{1}{2} \text{ cup}}", "1/2", True),  # a unit in \text{} after a fraction is dropped
     (r"\boxed{\frac{1}{2} \text{ and } 3}", "1/2", False),  # "and" makes it an expression, not a unit
+    (r"\boxed{\frac12 \text{ cup}}", "1/2", True),  # a fraction written without braces too
+    (r"\boxed{\frac{\sqrt{3}}{2} \text{ cm}}", r"\frac{\sqrt{3}}{2}", True),  # a nested argument
+    (r"\boxed{\frac12 \text{ and } 3}", "1/2", False),
     ("The answer is 15, not 12.", "15", True),  # "X, not Y" reads X
     ("The answer is 15, not 12.", "12", False),
 ])
