@@ -2,7 +2,7 @@
 
     ctrls reproduce [--profile demo] [--only STAGE ...] [--force STAGE ...] [-o key=value ...]
     ctrls stage STAGE [STAGE ...] [--profile demo] [--force] [-o key=value ...]   # pretrain exploration rl
-    ctrls verify-references [--dataset gsm8k] [--split test]
+    ctrls verify-references [--dataset gsm8k] [--split test] [--math-verify]
     ctrls profiles
     ctrls config --explain [KEY]   # what a config key means, its type, default and allowed values; no KEY: every key
 
@@ -343,11 +343,16 @@ def cmd_stage(args: argparse.Namespace) -> int:
 def cmd_verify_references(args: argparse.Namespace) -> int:
     from ctrls.data.problems import reference_verify_report
 
-    rep = reference_verify_report(args.dataset, args.split, data_dir=args.data_dir)
+    rep = reference_verify_report(args.dataset, args.split, data_dir=args.data_dir, cross_check=args.math_verify)
     for f in rep["failures"]:
         print(f"FAIL {f}")
     print(f"{args.dataset}/{args.split}: {rep['n'] - len(rep['failures'])}/{rep['n']} reference solutions "
           f"verify against their gold answer ({100 * rep['rate']:.2f}%)")
+    if args.math_verify:  # the cross-check: math-verify's own extraction and comparison
+        for f in rep["only_math_verify"]:
+            print(f"ONLY MATH-VERIFY {f}")
+        print(f"math-verify alone: {rep['math_verify']}/{rep['n']} verify; {len(rep['only_math_verify'])} of them "
+              "not by this checker")
     return 0
 
 
@@ -408,6 +413,8 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--dataset", default="gsm8k")
     v.add_argument("--split", default="test")
     v.add_argument("--data-dir", default=None)
+    v.add_argument("--math-verify", action="store_true",
+                   help="cross-check: grade each solution with math-verify alone too, and list those only it verifies")
     v.set_defaults(fn=cmd_verify_references)
 
     pr = sub.add_parser("profiles", help="list the named profiles")

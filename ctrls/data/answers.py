@@ -370,6 +370,22 @@ def verify(gold: str, pred: str | None, timeout_s: float = 5.0) -> bool:
         return False
 
 
+def math_verify_alone(text: str, gold: str, timeout_s: float = 5.0) -> bool:
+    """Whether math-verify on its own finds ``gold`` in ``text`` (its extraction and comparison, none of this
+    module's): the independent cross-check of ``ctrls verify-references --math-verify``. A timeout or an internal
+    error counts as not found."""
+    from math_verify import parse
+    from math_verify import verify as mv_verify
+
+    t = max(1, math.ceil(timeout_s)) if threading.current_thread() is threading.main_thread() else None
+    try:
+        g, q = parse(gold if "$" in gold else f"${gold}$", parsing_timeout=t), parse(text, parsing_timeout=t)
+        return bool(g and q and mv_verify(g, q, timeout_seconds=t))
+    except Exception as e:
+        log.warning("math-verify failed on gold=%r (counted as not found): %s", gold, e)
+        return False
+
+
 @dataclass(frozen=True)
 class Grade:
     valid: bool  # an answer could be extracted (Succ.)
