@@ -117,8 +117,9 @@ _TEXT = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\{([^{}]*)\}")
 # are a unit; an argument is a group (one level of nesting: "\frac{\sqrt{3}}{2}") or one digit or letter
 _FRAC_ARG = r"(?:\{(?:[^{}]|\{[^{}]*\})*\}|\s*[0-9A-Za-z])"
 _FRAC_WORDS = re.compile(rf"([-+]?\s*\\[dt]?frac{_FRAC_ARG}{_FRAC_ARG})\s+([A-Za-z][A-Za-z'\- ]*)\.?")
-# "15, not 12": the answer is the number before the "not"
-_NOT_OTHER = re.compile(rf"({_NUMBER})\s*,?\s+(?:and\s+|but\s+)?not\s+\S.*", re.IGNORECASE)
+# "15, not 12" or "15 apples, not 12": the answer is the number (and its unit, dropped later) before the "not"
+_NOT_OTHER = re.compile(rf"({_NUMBER}(?:\s+(?!(?:and|but|not)\b)[A-Za-z][A-Za-z'\-]*){{0,3}})\s*,?\s+(?:and\s+|but\s+)?"
+                        r"not\s+\S.*", re.IGNORECASE)
 # an en-dash between two numbers is a range ("3–5"); anywhere else it is a minus sign ("–5", "x – 1")
 EN_DASH = "\u2013"
 _RANGE = re.compile(rf"(?<=\d)\s*{EN_DASH}\s*(?=[-+]?\.?\d)")
