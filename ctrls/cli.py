@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import logging
 import os
 import platform
@@ -299,14 +298,15 @@ def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, floa
     """Write the wall time of each notebook and of the book build of this ``ctrls reproduce`` run,
     with the commit and the machine, to ``runs/<profile>/reproduce_timings.json`` (the intro page's
     timings come from such a file)."""
+    from ctrls.stages.common import save_json
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"profile": args.profile, "overrides": list(args.override or []), **build_facts(),
-                                "seconds": seconds, "total_s": round(total, 1),
-                                "gemm_gflops": getattr(args, "gemm_gflops", None),  # total_s x gemm_gflops: the build's work
-                                "peak_kernel_rss_gib": round(peak_kernel_rss_gib(), 2),
-                                "stages_reused": ("runs already present are reused; rerun on an empty run_dir to time "
-                                                  "every stage")},
-                               indent=1) + "\n")
+    save_json({"profile": args.profile, "overrides": list(args.override or []), **build_facts(),  # atomically
+               "seconds": seconds, "total_s": round(total, 1),
+               "gemm_gflops": getattr(args, "gemm_gflops", None),  # total_s x gemm_gflops: the build's work
+               "peak_kernel_rss_gib": round(peak_kernel_rss_gib(), 2),
+               "stages_reused": "runs already present are reused; rerun on an empty run_dir to time every stage"},
+              path, indent=1)
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
