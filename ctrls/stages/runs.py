@@ -207,7 +207,7 @@ def writing(path: str | Path):
 
 def replace_file(path: Path, write) -> None:
     """``write(tmp)`` to a new file renamed over ``path`` (a link there replaced, not written through), under :func:`writing`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")  # .tmp: never an output
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(3)}.tmp")  # .tmp: never an output; 11 bytes (PAIR_NAME_ROOM)
     with writing(path):
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))  # new: not a link
         try:
