@@ -2,7 +2,7 @@
 
     ctrls reproduce [--profile demo] [--only STAGE ...] [--force STAGE ...] [-o key=value ...]
     ctrls stage STAGE [STAGE ...] [--profile demo] [--force] [-o key=value ...]   # pretrain exploration rl
-    ctrls verify-references [--dataset gsm8k] [--split test]
+    ctrls verify-references [--dataset gsm8k] [--split test] [--math-verify]
     ctrls profiles
     ctrls config --explain [KEY]   # what a config key means, its type, default and allowed values; no KEY: every key
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import logging
 import os
 import platform
@@ -299,14 +298,15 @@ def record_timings(path: Path, args: argparse.Namespace, seconds: dict[str, floa
     """Write the wall time of each notebook and of the book build of this ``ctrls reproduce`` run,
     with the commit and the machine, to ``runs/<profile>/reproduce_timings.json`` (the intro page's
     timings come from such a file)."""
+    from ctrls.stages.common import save_json
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"profile": args.profile, "overrides": list(args.override or []), **build_facts(),
-                                "seconds": seconds, "total_s": round(total, 1),
-                                "gemm_gflops": getattr(args, "gemm_gflops", None),  # total_s x gemm_gflops: the build's work
-                                "peak_kernel_rss_gib": round(peak_kernel_rss_gib(), 2),
-                                "stages_reused": ("runs already present are reused; rerun on an empty run_dir to time "
-                                                  "every stage")},
-                               indent=1) + "\n")
+    save_json({"profile": args.profile, "overrides": list(args.override or []), **build_facts(),  # atomically
+               "seconds": seconds, "total_s": round(total, 1),
+               "gemm_gflops": getattr(args, "gemm_gflops", None),  # total_s x gemm_gflops: the build's work
+               "peak_kernel_rss_gib": round(peak_kernel_rss_gib(), 2),
+               "stages_reused": "runs already present are reused; rerun on an empty run_dir to time every stage"},
+              path, indent=1)
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
@@ -343,11 +343,16 @@ def cmd_stage(args: argparse.Namespace) -> int:
 def cmd_verify_references(args: argparse.Namespace) -> int:
     from ctrls.data.problems import reference_verify_report
 
-    rep = reference_verify_report(args.dataset, args.split, data_dir=args.data_dir)
+    rep = reference_verify_report(args.dataset, args.split, data_dir=args.data_dir, cross_check=args.math_verify)
     for f in rep["failures"]:
         print(f"FAIL {f}")
     print(f"{args.dataset}/{args.split}: {rep['n'] - len(rep['failures'])}/{rep['n']} reference solutions "
           f"verify against their gold answer ({100 * rep['rate']:.2f}%)")
+    if args.math_verify:  # the cross-check: math-verify's own extraction and comparison
+        for f in rep["only_math_verify"]:
+            print(f"ONLY MATH-VERIFY {f}")
+        print(f"math-verify alone: {rep['math_verify']}/{rep['n']} verify; {len(rep['only_math_verify'])} of them "
+              "not by this checker")
     return 0
 
 
@@ -408,6 +413,8 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--dataset", default="gsm8k")
     v.add_argument("--split", default="test")
     v.add_argument("--data-dir", default=None)
+    v.add_argument("--math-verify", action="store_true",
+                   help="cross-check: grade each solution with math-verify alone too, and list those only it verifies")
     v.set_defaults(fn=cmd_verify_references)
 
     pr = sub.add_parser("profiles", help="list the named profiles")

@@ -230,3 +230,30 @@ def test_version_and_a_stage_named_after_overrides(capsys, monkeypatch):
         cli.main(["stage", "-o", "rl.steps=2"])
     assert e.value.code == 2 and "STAGE must be" in capsys.readouterr().err
 
+
+
+def test_a_full_disk_writing_the_timings_is_one_line_naming_the_file_and_keeps_the_old_one(tmp_path, monkeypatch, capsys):
+    import errno
+    import json
+    from pathlib import Path
+
+    from ctrls import cli
+
+    for name in ("run_notebook", "write_claims_scorecard", "write_timings_page", "write_rl_profile"):
+        monkeypatch.setattr(cli, name, lambda *a, **k: None)
+    monkeypatch.setattr("ctrls.report.codeindex.write_code_page", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "machine_gemm_gflops", lambda: 61.5)
+    runs = tmp_path / "runs"
+    (runs / "smoke").mkdir(parents=True)
+    (runs / "smoke" / "reproduce_timings.json").write_text('{"total_s": 1.0}')
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["reproduce", "--profile", "smoke", "--run-dir", str(runs), "--no-book", "--only", "setup"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1
+    assert f"cannot write {runs / 'smoke' / 'reproduce_timings.json'}: no space left" in err[0]
+    assert json.loads((runs / "smoke" / "reproduce_timings.json").read_text()) == {"total_s": 1.0}

@@ -113,10 +113,13 @@ _NOT_UNITS = re.compile(r"\b(?:and|or|to|plus|minus|times|by|over|divided|than|o
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # 1,000 but not (1,2) or 1,0000
 _VAR_EQ = re.compile(r"^[A-Za-z]\s*=\s*(?=[^=]+$)")  # "x = 5" -> "5"
 _TEXT = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\{([^{}]*)\}")
-# a LaTeX fraction followed by words ("\frac{1}{2} cup", after \text{} is unwrapped): the words are a unit
-_FRAC_WORDS = re.compile(r"([-+]?\s*\\[dt]?frac\{[^{}]*\}\{[^{}]*\})\s+([A-Za-z][A-Za-z'\- ]*)\.?")
-# "15, not 12": the answer is the number before the "not"
-_NOT_OTHER = re.compile(rf"({_NUMBER})\s*,?\s+(?:and\s+|but\s+)?not\s+\S.*", re.IGNORECASE)
+# a LaTeX fraction followed by words ("\frac{1}{2} cup", "\frac12 cup", after \text{} is unwrapped): the words
+# are a unit; an argument is a group (one level of nesting: "\frac{\sqrt{3}}{2}") or one digit or letter
+_FRAC_ARG = r"(?:\{(?:[^{}]|\{[^{}]*\})*\}|\s*[0-9A-Za-z])"
+_FRAC_WORDS = re.compile(rf"([-+]?\s*\\[dt]?frac{_FRAC_ARG}{_FRAC_ARG})\s+([A-Za-z][A-Za-z'\- ]*)\.?")
+# "15, not 12" or "15 apples, not 12": the answer is the number (and its unit, dropped later) before the "not"
+_NOT_OTHER = re.compile(rf"({_NUMBER}(?:\s+(?!(?:and|but|not)\b)[A-Za-z][A-Za-z'\-]*){{0,3}})\s*,?\s+(?:and\s+|but\s+)?"
+                        r"not\s+\S.*", re.IGNORECASE)
 # an en-dash between two numbers is a range ("3–5"); anywhere else it is a minus sign ("–5", "x – 1")
 EN_DASH = "\u2013"
 _RANGE = re.compile(rf"(?<=\d)\s*{EN_DASH}\s*(?=[-+]?\.?\d)")
@@ -365,6 +368,22 @@ def verify(gold: str, pred: str | None, timeout_s: float = 5.0) -> bool:
         return _math_verify(g, q, timeout_s)
     except Exception as e:  # pathological input: count as wrong, but say so
         log.warning("math-verify failed on gold=%r pred=%r (counted as wrong): %s", gold, pred, e)
+        return False
+
+
+def math_verify_alone(text: str, gold: str, timeout_s: float = 5.0) -> bool:
+    """Whether math-verify on its own finds ``gold`` in ``text`` (its extraction and comparison, none of this
+    module's): the independent cross-check of ``ctrls verify-references --math-verify``. A timeout or an internal
+    error counts as not found."""
+    from math_verify import parse
+    from math_verify import verify as mv_verify
+
+    t = max(1, math.ceil(timeout_s)) if threading.current_thread() is threading.main_thread() else None
+    try:
+        g, q = parse(gold if "$" in gold else f"${gold}$", parsing_timeout=t), parse(text, parsing_timeout=t)
+        return bool(g and q and mv_verify(g, q, timeout_seconds=t))
+    except Exception as e:
+        log.warning("math-verify failed on gold=%r (counted as not found): %s", gold, e)
         return False
 
 

@@ -54,8 +54,8 @@ def pair_slug(backbone: str, dataset: str) -> str:
     return f"{slug(backbone)}__{slug(dataset)}"
 
 
-# Bytes a stage adds to a pair's name in one file name: the longest is the exploration stage's part,
-# "<pair>__eta<float repr>__<row label>__<question file name>.parquet.tmp" (5+24+2+16+2+80+12 < 150).
+# Bytes a stage adds to a pair's name in one file name: the longest is the temporary of the exploration stage's
+# part, ".<pair>__eta<float repr>__<row label>__<question file name>.parquet.<6 hex>.tmp" (1+5+24+2+16+2+80+8+11 < 150).
 PAIR_NAME_ROOM = 150
 DEFAULT_NAME_MAX = 255
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ctrls.data.answers import boxed_at, gold_problem, grade, last_boxed  # noqa: F401 (boxed_at: re-exported)
+from ctrls.data.answers import boxed_at, gold_problem, grade, last_boxed, math_verify_alone  # noqa: F401 (boxed_at: re-exported)
 from ctrls.data.names import colliding, file_name
 
 log = logging.getLogger(__name__)
@@ -454,18 +454,27 @@ def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
     return [probs[i] for i in order[:n]]
 
 
-def reference_verify_report(dataset: str, split: str = "test", data_dir: str | None = None) -> dict:
+def reference_verify_report(dataset: str, split: str = "test", data_dir: str | None = None,
+                            cross_check: bool = False) -> dict:
     """Grade every reference solution of a split against its own gold answer.
 
     A check of the data loader and of the answer checker together: GSM8K solutions end in
     ``#### N``, MATH solutions in ``\\boxed{}``. Returns ``{dataset, split, n, rate, failures}``
-    with one ``{id, gold, extracted}`` per failure.
+    with one ``{id, gold, extracted}`` per failure. ``cross_check``: each solution graded by math-verify
+    alone as well (``answers.math_verify_alone``), adding ``math_verify`` (how many it verifies) and
+    ``only_math_verify`` (the solutions it verifies and this checker does not, each ``{id, gold, extracted}``).
     """
     problems = load_problems(dataset, split, data_dir=data_dir)
-    failures = []
+    failures, alone, only_mv = [], 0, []
     for p in problems:
-        g = grade(p.meta.get("solution") or "\n".join(p.steps), p.answer)  # word_problems: its steps
+        text = p.meta.get("solution") or "\n".join(p.steps)  # word_problems: its steps
+        g = grade(text, p.answer)
         if not g.correct:
             failures.append({"id": p.id, "gold": p.answer, "extracted": g.pred})
+        if cross_check and math_verify_alone(text, p.answer):
+            alone += 1
+            if not g.correct:
+                only_mv.append(failures[-1])
     n = len(problems)
-    return {"dataset": dataset, "split": split, "n": n, "rate": (n - len(failures)) / n, "failures": failures}
+    rep = {"dataset": dataset, "split": split, "n": n, "rate": (n - len(failures)) / n, "failures": failures}
+    return {**rep, "math_verify": alone, "only_math_verify": only_mv} if cross_check else rep

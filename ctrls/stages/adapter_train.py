@@ -28,7 +28,7 @@ from ctrls.method.elbo import elbo, relaxed_loss, relaxed_terms
 from ctrls.method.model import CTRLSConfig, CTRLSModel
 from ctrls.method.policy import kl_to_prior
 from ctrls.stages.collect import PretrainError, feature_shards
-from ctrls.stages.common import save_torch
+from ctrls.stages.common import save_parquet, save_torch
 from ctrls.stages.runs import Stage
 from ctrls.stats.metrics import interval
 
@@ -315,10 +315,10 @@ def train_adapter(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path
         evaluate(best["epoch"], ("train",))
     hist = pd.DataFrame(history, columns=list(BOUND_COLUMNS))
     hist["kept"] = hist.epoch == best["epoch"]
-    hist.to_parquet(out / "bound_history.parquet")
+    save_parquet(hist, out / "bound_history.parquet")
     save_torch(adapter.state_dict(), out / "adapter.pt")
     split = "heldout" if has_heldout else "train"
-    evaluate_controls(adapter, head, centroids, L, data, split, cfg.seed).to_parquet(out / "controls.parquet")
+    save_parquet(evaluate_controls(adapter, head, centroids, L, data, split, cfg.seed), out / "controls.parquet")
 
     def at(epoch: int) -> dict:
         return {h["split"]: {k: v for k, v in h.items() if k not in ("epoch", "split")}

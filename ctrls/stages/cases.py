@@ -12,7 +12,7 @@ from ctrls.config.settings import BASE
 from ctrls.data.problems import load_problems
 from ctrls.data.prompts import encode_prompt
 from ctrls.method.streams import seed_of
-from ctrls.stages.common import backbone_for, sample_params
+from ctrls.stages.common import backbone_for, sample_params, save_parquet
 from ctrls.stages.exploration import generation_rows
 from ctrls.stages.pretrain import check_fitted, fitted_stages, load_pretrained, pretrain_stages
 from ctrls.stages.runs import Stage
@@ -99,7 +99,7 @@ def run_cases(cfg: Config, force: bool = False, progress: bool = True) -> tuple[
         n = case_samples_per_backbone(cfg)
         parts = [sample_paper_cases(cfg, n=n, backbone=b, cases=found).assign(backbone=b) for b in cfg.grid.backbones]
         df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-        df.to_parquet(out)
+        save_parquet(df, out)
         stage.finish(rows=len(df), cases=sorted(found))
     return found, df
 

@@ -4,6 +4,7 @@ backbone on this rank's device, and which of a stage's files a reader may take a
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -16,7 +17,7 @@ import pandas as pd
 from ctrls.config.schema import Config
 from ctrls.data.problems import Problem, load_problems
 from ctrls.stages.distributed import world
-from ctrls.stages.runs import BAD_FILE_HINT, ArtifactError, UnsafeLinkError, read_parquet, refuse_link, writing
+from ctrls.stages.runs import BAD_FILE_HINT, ArtifactError, UnsafeLinkError, read_parquet, refuse_link, replace_file, writing
 
 if TYPE_CHECKING:  # the modelling stack is imported where it is used: a stage that only reads (and the
     # synthetic study's worker processes) does not pay for transformers
@@ -53,6 +54,27 @@ def save_torch(obj, path: str | Path) -> None:
 
     with writing(path), open(path, "wb") as f:
         torch.save(obj, f)
+
+
+def save_parquet(df, path: str | Path) -> None:
+    """``df`` (a DataFrame or a pyarrow Table) as parquet at ``path``, atomically and under ``runs.writing``
+    (``runs.replace_file``: a full disk names ``path``, nothing half-written is left)."""
+    if isinstance(df, pd.DataFrame):
+        replace_file(Path(path), df.to_parquet)
+    else:
+        import pyarrow.parquet as pq
+
+        replace_file(Path(path), lambda tmp: pq.write_table(df, tmp))
+
+
+def save_json(obj, path: str | Path, **kwargs) -> None:
+    """``obj`` as JSON at ``path``, atomically and under ``runs.writing``; a non-finite number is a ValueError
+    naming ``path`` (JSON has none: a bare ``NaN`` is refused by every strict reader)."""
+    try:
+        text = json.dumps(obj, allow_nan=False, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"{path}: not written: {e} (a non-finite number)") from e
+    replace_file(Path(path), lambda tmp: Path(tmp).write_text(text))
 
 
 class NotRunError(FileNotFoundError):

@@ -50,6 +50,7 @@ from ctrls.stages.common import (
     problems_from_config,
     read_results,
     sample_params,
+    save_parquet,
 )
 from ctrls.stages.pretrain import check_fitted, fitted_stages, load_pretrained, pretrain_stages
 from ctrls.stages.runs import Stage, file_name, pair_slug, valid_part
@@ -334,15 +335,12 @@ def _arrow_type(name: str):
 def write_part(df: pd.DataFrame, path: Path) -> None:
     """One part, written atomically, its null-only columns typed as :data:`PART_TYPES` says."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     table = pa.Table.from_pandas(df, preserve_index=False)
     for i, field in enumerate(table.schema):
         if field.name in PART_TYPES and field.type != (want := _arrow_type(PART_TYPES[field.name])):
             table = table.set_column(i, pa.field(field.name, want), table.column(i).cast(want))
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(path)
+    save_parquet(table, path)
 
 
 def load_samples(cfg: Config, unfinished: bool = False) -> pd.DataFrame:

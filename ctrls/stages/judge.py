@@ -7,6 +7,7 @@ import pandas as pd
 
 from ctrls.config.settings import BASE, judge_pair, parse_setting
 from ctrls.generate.judge import judge_samples, make_backend, subsample
+from ctrls.stages.common import save_parquet
 from ctrls.stages.exploration import load_samples
 from ctrls.stages.rl import load_table2_samples
 from ctrls.stages.runs import Stage
@@ -57,7 +58,7 @@ def run_judge(cfg, force: bool = False, progress: bool = True) -> pd.DataFrame:
     with stage.begin(keep=True):  # never cleared: the reply cache lives here; the lock is given back on failure
         picked = subsample(judged_configs(cfg), cfg.judge.samples_per_config, seed=cfg.seed)
         judged = judge_samples(picked, backend, stage.dir / "cache", cfg.judge.temperature, progress)
-        judged.to_parquet(out)
+        save_parquet(judged, out)
         stage.finish(rows=len(judged), backend=backend.name, model=backend.model,
                      fallbacks=int((judged.parse != "json").sum()))
     return judged

@@ -53,7 +53,7 @@ from ctrls.stages.collect import (
     feature_shards,
     read_trajectories,
 )
-from ctrls.stages.common import backbone_for, problems_from_config, save_torch
+from ctrls.stages.common import backbone_for, problems_from_config, save_json, save_parquet, save_torch
 from ctrls.stages.runs import (
     Stage,
     artifact_error,
@@ -373,8 +373,8 @@ def cluster_states(cfg: Config, spectral_dir: Path, features_dir: Path, out: Pat
     heldout = torch.tensor([qids[q] in held for q, _, _ in sp["index"].tolist()], dtype=torch.bool)
     nq = len(set(qids))
     note = None if held or frac == 0 else f"only {nq} question{'s' if nq != 1 else ''} with a kept CoT: none held out"
-    (out / "split.json").write_text(json.dumps({"heldout_fraction": frac, "seed": cfg.seed, "questions": len(set(qids)),
-                                                "heldout_qids": sorted(held), "note": note}))
+    save_json({"heldout_fraction": frac, "seed": cfg.seed, "questions": len(set(qids)), "heldout_qids": sorted(held),
+               "note": note}, out / "split.json")
     ids = [f"q{q}/traj{t}/step{s}" for (q, t, s), h in zip(sp["index"].tolist(), heldout.tolist()) if not h]
     space = fit_states(sp["step_e"][~heldout], cfg.states.n_states, seed=cfg.seed,
                        minibatch_above=cfg.states.minibatch_above, tau=cfg.states.tau, reduce_k=cfg.states.reduce_k,
@@ -384,7 +384,7 @@ def cluster_states(cfg: Config, spectral_dir: Path, features_dir: Path, out: Pat
     save_torch({"centroids": space.centroids, "tau": torch.tensor(space.tau), "s_post": s_post, "s0": s0,
                 "index": sp["index"], "requested_k": torch.tensor(space.requested_k), "heldout": heldout},
                out / "states.pt")
-    (out / "notes.json").write_text(json.dumps(space.notes))
+    save_json(space.notes, out / "notes.json")
     # one row per step, for the book's latent-state explorer
     d2 = torch.cdist(sp["step_e"].float(), space.centroids.float()).pow(2)
     hard = s_post.argmax(-1)
@@ -394,7 +394,7 @@ def cluster_states(cfg: Config, spectral_dir: Path, features_dir: Path, out: Pat
         rows.append({"qid": shards[q]["qid"], "trajectory": t, "source": tr["source"], "step": k,
                      "text": tr["steps"][k], "state": int(hard[r]), "p_state": float(s_post[r, hard[r]]),
                      "dist2": float(d2[r, hard[r]]), "heldout": bool(heldout[r])})
-    pd.DataFrame(rows).to_parquet(out / "steps.parquet")
+    save_parquet(pd.DataFrame(rows), out / "steps.parquet")
     return {"k": int(space.centroids.shape[0]), "requested_k": space.requested_k, "tau": float(space.tau),
             "notes": space.notes, "heldout_questions": len(held), "heldout_steps": int(heldout.sum()),
             "train_steps": int((~heldout).sum())}
@@ -418,8 +418,8 @@ def fit_transition_model(cfg: Config, states_dir: Path, out: Path) -> dict:
     save_torch(saved, out / "transitions.pt")
     # kl: the fitted objective's mean per pair, Thm. 5.3's expected KL (fit expected_kl: one closed-form
     # value) or the mixture-prior KL (fit mixture: one value per gradient step)
-    pd.DataFrame({"step": range(len(history)), "kl": [float(h) for h in history],
-                  "objective": cfg.policy.fit}).to_parquet(out / "kl_history.parquet")
+    save_parquet(pd.DataFrame({"step": range(len(history)), "kl": [float(h) for h in history],
+                               "objective": cfg.policy.fit}), out / "kl_history.parquet")
     return {"pairs": len(prev), "fit": cfg.policy.fit, "kl_start": float(history[0]), "kl_end": float(history[-1]),
             **extra}
 

@@ -205,15 +205,16 @@ def writing(path: str | Path):
         raise
 
 
-def _replace_file(path: Path, write) -> None:
-    """``write(tmp)`` to a new file, renamed over ``path``: a link at ``path`` is replaced, never written through."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")  # .tmp: never an output
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))  # new: not a link
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # gone after the replace; a half-written one on an error
+def replace_file(path: Path, write) -> None:
+    """``write(tmp)`` to a new file renamed over ``path`` (a link there replaced, not written through), under :func:`writing`."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(3)}.tmp")  # .tmp: never an output; 11 bytes (PAIR_NAME_ROOM)
+    with writing(path):
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))  # new: not a link
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)  # gone after the replace; a half-written one on an error
 
 
 def _pid_alive(pid: int) -> bool:
@@ -564,8 +565,8 @@ class Stage:
             if (self.dir / m).is_dir():
                 self._remove(self.dir / m)
         self.done_file.unlink(missing_ok=True)
-        _replace_file(key_file, lambda p: p.write_text(self.key))
-        _replace_file(self.dir / "config.yaml", lambda p: save_config(self.cfg, p))
+        replace_file(key_file, lambda p: p.write_text(self.key))
+        replace_file(self.dir / "config.yaml", lambda p: save_config(self.cfg, p))
         self._t0 = time.time()
         return self
 
@@ -585,15 +586,14 @@ class Stage:
         try:
             rec = {"key": self.key, "wall_s": round(time.time() - getattr(self, "_t0", time.time()), 1), **summary,
                    "files": self.manifest(), "inputs": {st.key: st.digest() for st in self.inputs}}
-            _replace_file(self.done_file, lambda p: p.write_text(json.dumps(rec, indent=1, default=str)))
+            replace_file(self.done_file, lambda p: p.write_text(json.dumps(rec, indent=1, default=str)))
             self._files_ok = True
         finally:
             self.release()
 
 
 def append_jsonl(path: Path, rows: list[dict]) -> None:
-    """Append whole rows to a JSON-lines file and sync them to disk (a reader that stops at the
-    last complete line never sees half a row)."""
+    """Append whole rows to a JSON-lines file, synced (a reader stopping at the last complete line sees no half row)."""
     with open(path, "a") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
         f.flush()

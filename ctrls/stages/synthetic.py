@@ -12,7 +12,7 @@ import torch
 from ctrls.config.schema import Config, override
 from ctrls.config.settings import Setting, parse_setting
 from ctrls.method.policy import TransitionPolicy
-from ctrls.stages.common import current_outputs
+from ctrls.stages.common import current_outputs, save_parquet
 from ctrls.stages.runs import Stage, file_name
 from ctrls.stages.trainer import Trainer
 from ctrls.synthetic.chain import (
@@ -116,8 +116,8 @@ def _study(cfg: Config, stage: Stage, progress: bool, workers: int | None = None
     finally:
         bar.close()
         torch.set_num_threads(threads)
-    pd.concat(frames, ignore_index=True).to_parquet(stage.dir / "curves.parquet")  # in study_runs' order
-    recovery.to_parquet(stage.dir / "recovery.parquet")
+    save_parquet(pd.concat(frames, ignore_index=True), stage.dir / "curves.parquet")  # in study_runs' order
+    save_parquet(recovery, stage.dir / "recovery.parquet")
     stage.finish(runs=len(runs), workers=workers)
 
 

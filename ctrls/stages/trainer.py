@@ -22,7 +22,7 @@ from ctrls.config.settings import Setting
 from ctrls.method.policy import TransitionPolicy, check_finite
 from ctrls.method.reinforce import Sampler, Trajectory, reinforce_loss
 from ctrls.method.streams import seed_of
-from ctrls.stages.common import save_torch
+from ctrls.stages.common import save_parquet, save_torch
 from ctrls.stages.runs import UnsafeArtifactError, load_torch, parquet_rows
 
 log = logging.getLogger(__name__)
@@ -105,10 +105,8 @@ class Trainer:
             self._write_curve()
 
     def _write_curve(self) -> None:
-        tmp = self.curve_file.with_name(self.curve_file.name + ".tmp")
-        pd.DataFrame(self.log).assign(setting=self.setting.name, epsilon=self.setting.epsilon, alpha=self.setting.alpha,
-                                      seed=self.seed).to_parquet(tmp)
-        tmp.replace(self.curve_file)
+        save_parquet(pd.DataFrame(self.log).assign(setting=self.setting.name, epsilon=self.setting.epsilon,
+                                                   alpha=self.setting.alpha, seed=self.seed), self.curve_file)
 
     def save(self) -> None:
         """Write the checkpoint, then the curve (each atomically, by rename)."""

@@ -325,8 +325,14 @@ def test_regexes_are_linear_on_long_answers_within_the_bound():
     (r"The answer is 3. So the final answer is \boxed{-\sqrt{2}}", r"-\sqrt{2}", True),
     (r"\boxed{\frac{1}{2} \text{ cup}}", "1/2", True),  # a unit in \text{} after a fraction is dropped
     (r"\boxed{\frac{1}{2} \text{ and } 3}", "1/2", False),  # "and" makes it an expression, not a unit
+    (r"\boxed{\frac12 \text{ cup}}", "1/2", True),  # a fraction written without braces too
+    (r"\boxed{\frac{\sqrt{3}}{2} \text{ cm}}", r"\frac{\sqrt{3}}{2}", True),  # a nested argument
+    (r"\boxed{\frac12 \text{ and } 3}", "1/2", False),
     ("The answer is 15, not 12.", "15", True),  # "X, not Y" reads X
     ("The answer is 15, not 12.", "12", False),
+    ("The answer is 15 apples, not 12.", "15", True),  # a unit between the number and its "not"
+    ("The answer is 15 apples, not 12.", "12", False),
+    ("The answer is 5 or 6, not 7.", "5", False),  # still no number: "or" makes it an expression
 ])
 def test_signs_before_latex_units_after_fractions_and_not_y(text, gold, correct):
     assert grade(text, gold).correct is correct

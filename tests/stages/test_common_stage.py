@@ -1,6 +1,7 @@
 """ctrls.stages.common: which of a stage's files a reader takes as this config's (``current_outputs``: only
 what the finished stage's done marker recorded under this config's key; not run, another config's and
 unfinished stages refused naming why), and the result reader that names the file and the column holding NaN."""
+import errno
 import logging
 import math
 from pathlib import Path
@@ -104,3 +105,53 @@ def test_a_full_disk_in_a_torch_save_is_a_run_dir_error_naming_the_file(tmp_path
         save_torch({"a": torch.zeros(100_000)}, "/dev/full")
     save_torch({"a": torch.arange(3)}, tmp_path / "x.pt")
     assert torch.load(tmp_path / "x.pt", weights_only=True)["a"].tolist() == [0, 1, 2]
+
+
+def _full_disk(*a, **k):
+    """What pyarrow and Python raise writing to a full disk: OS error 28, no file named."""
+    raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow table", "json"])
+def test_a_full_disk_writing_a_stage_file_is_a_run_dir_error_naming_it_and_keeps_the_old_file(tmp_path, monkeypatch, kind):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ctrls.stages.common import save_json, save_parquet
+    from ctrls.stages.runs import RunDirError
+
+    path = tmp_path / ("x.json" if kind == "json" else "x.parquet")
+    df = pd.DataFrame({"a": [1, 2]})
+    save = {"parquet": lambda: save_parquet(df, path), "arrow table": lambda: save_parquet(pa.Table.from_pandas(df), path),
+            "json": lambda: save_json({"a": [1, 2]}, path)}[kind]
+    save()
+    before = path.read_bytes()
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", _full_disk)
+    monkeypatch.setattr(pq, "write_table", _full_disk)
+    monkeypatch.setattr(Path, "write_text", _full_disk)
+    with pytest.raises(RunDirError, match=f"cannot write {path}: no space left on the device"):
+        save()
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left
+
+
+def test_a_stage_json_holding_a_non_finite_number_is_refused_naming_the_file(tmp_path):
+    import json
+
+    from ctrls.stages.common import save_json
+
+    with pytest.raises(ValueError, match=r"x\.json: not written: .*non-finite"):
+        save_json({"tau": float("nan")}, tmp_path / "x.json")
+    assert not list(tmp_path.iterdir())
+    save_json({"tau": 0.5, "notes": ["é"]}, tmp_path / "x.json", indent=1)
+    assert json.loads((tmp_path / "x.json").read_text()) == {"tau": 0.5, "notes": ["é"]}
+
+
+def test_the_stages_write_parquet_and_json_only_through_the_shared_helpers():
+    """A stage's parquet or JSON written directly would report a full disk naming the run dir, not the file."""
+    import re
+
+    stages = Path(__file__).resolve().parents[2] / "ctrls" / "stages"
+    direct = re.compile(r"\.to_parquet\(|pq\.write_table\(|json\.dump\(|\.write_text\(")
+    found = [f"{p.name}:{i}" for p in sorted(stages.glob("*.py")) if p.name not in ("common.py", "runs.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if direct.search(line)]
+    assert found == []
