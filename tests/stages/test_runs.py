@@ -297,7 +297,7 @@ def test_a_full_disk_is_a_run_dir_error_naming_the_file(tmp_path, monkeypatch):
 
 
 def test_a_refused_check_leaves_a_fresh_stage_without_a_directory_and_its_lock_free(tmp_path):
-    from tests.stages.test_runs_lock import free
+    from tests.stages.test_locks import free
 
     class Missing(RuntimeError):
         pass

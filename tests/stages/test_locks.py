@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-import ctrls.stages.runs as R
+import ctrls.stages.locks as L
 from ctrls.config.schema import load_config
 from ctrls.stages.runs import Stage, StageBusyError
 
@@ -90,7 +90,7 @@ def test_a_lock_left_by_a_killed_writer_is_taken_over(tmp_path, writer, caplog):
     first.kill()  # SIGKILL: no cleanup; the lock file stays, naming a dead pid
     first.wait()
     assert json.loads(st.lock_file.read_text())["pid"] == first.pid
-    with caplog.at_level(logging.INFO, logger="ctrls.stages.runs"):
+    with caplog.at_level(logging.INFO, logger="ctrls.stages.locks"):
         st.begin()  # the kernel dropped the dead process's flock
     assert f"pid {first.pid}" in caplog.text and "took over" in caplog.text
     assert json.loads(st.lock_file.read_text())["pid"] == os.getpid()
@@ -101,7 +101,7 @@ def test_a_lock_left_by_a_killed_writer_is_taken_over(tmp_path, writer, caplog):
 
 def free(lock_file) -> bool:
     """Whether another holder (another open file description, as another process has) gets the lock now."""
-    other = R._StageLock(lock_file, "probe")
+    other = L.StageLock(lock_file, "probe")
     try:
         other.acquire()
     except StageBusyError:
@@ -148,7 +148,7 @@ def test_reading_a_finished_stage_takes_no_lock(tmp_path, monkeypatch):
     def no_lock(self):
         raise AssertionError("a read took the stage's lock")
 
-    monkeypatch.setattr(R._StageLock, "acquire", no_lock)  # as on a read-only mount: no lock can be taken
+    monkeypatch.setattr(L.StageLock, "acquire", no_lock)  # as on a read-only mount: no lock can be taken
     again = Stage(cfg_at(tmp_path), "a", ("seed",))
     assert again.is_done() and again.digest() and again.summary()["rows"] == 3
     down = Stage(cfg_at(tmp_path), "down", ("seed",), inputs=(again,))
@@ -188,7 +188,7 @@ def test_without_flock_a_live_holder_blocks_and_a_dead_one_is_taken_over(tmp_pat
         st.begin().release()
     dead = dead_pid()
     st.lock_file.write_text(json.dumps({"pid": dead, "host": socket.gethostname()}))
-    with caplog.at_level(logging.WARNING, logger="ctrls.stages.runs"):
+    with caplog.at_level(logging.WARNING, logger="ctrls.stages.locks"):
         st.begin()
     assert f"pid {dead}" in caplog.text and "no longer runs" in caplog.text
     assert json.loads(st.lock_file.read_text())["pid"] == os.getpid()
