@@ -138,7 +138,9 @@ def pretrain_file(run, method: str) -> Path:
 def rl_curve_files(cfg) -> Path:
     """The RL curves ``ctrls.stages.rl.load_curves`` reads, as one glob pattern
     (``<run_dir>/<profile>/rl/<pair>/<run>/curve.parquet``)."""
-    return cfg.stage_dir("rl") / "*" / "*" / "curve.parquet"
+    from ctrls.stages.rl import rl_stage
+
+    return rl_stage(cfg).dir / "*" / "*" / "curve.parquet"
 
 
 def say(text: str) -> None:

@@ -87,7 +87,8 @@ def grid_rows(cfg: Config) -> list[GridRow]:
 
 
 def samples_dir(cfg: Config) -> Path:
-    return cfg.stage_dir("exploration") / "samples.parquet"
+    """The exploration stage's samples of this config: ``samples.parquet`` in its run's slot."""
+    return _stage(cfg).dir / "samples.parquet"
 
 
 def _stage(cfg: Config) -> Stage:

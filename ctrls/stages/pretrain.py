@@ -213,6 +213,12 @@ def pretrain_stages(cfg: Config) -> dict[str, Stage]:
     return out
 
 
+def checkpoint_dir(stages: dict[str, Stage]) -> Path:
+    """The pretrained checkpoint the adapter stage writes beside its directory, in its slot (``checkpoint``, or
+    ``checkpoint@<key>`` for a run beside the plain one: ``ctrls.config.slots``)."""
+    return stages["adapter"].extra[0]
+
+
 def fitted_stages(cfg: Config) -> tuple[Stage, ...]:
     """Each pair's stage whose fit the CTRLS rows decode with: the state prompt's (``state_prompt.use``), else
     the adapter's; the downstream stages (exploration, RL) key on them and read them."""
@@ -251,7 +257,7 @@ def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False,
         for st in stages.values():  # a failed or interrupted stage gives its lock back (finish released the others)
             st.release()
     w.barrier()
-    return PretrainRun(root=root, checkpoint=root / "checkpoint", summaries={n: st.summary() for n, st in stages.items()})
+    return PretrainRun(root=root, checkpoint=checkpoint_dir(stages), summaries={n: st.summary() for n, st in stages.items()})
 
 
 def _run_stages(cfg: Config, stages: dict[str, Stage], backbone: Backbone | None, force: bool, progress: bool) -> None:
@@ -260,7 +266,7 @@ def _run_stages(cfg: Config, stages: dict[str, Stage], backbone: Backbone | None
 
     w = world()
     root = stages["collect"].dir.parent
-    ckpt = root / "checkpoint"
+    ckpt = checkpoint_dir(stages)
     if force and w.is_main:
         for st in stages.values():
             st.begin(force=True)
@@ -304,7 +310,7 @@ def _run_stages(cfg: Config, stages: dict[str, Stage], backbone: Backbone | None
         else:  # (g) state_prompt.use: the state prompt's vectors
             from ctrls.stages.state_prompt import fit_state_prompt
 
-            frozen = (load_checkpoint(stages["adapter"].dir.parent / "checkpoint", need_backbone())  # the adapter it fits through
+            frozen = (load_checkpoint(checkpoint_dir(stages), need_backbone())  # the adapter it fits through
                       if cfg.state_prompt.with_adapter else None)
             summary = fit_state_prompt(cfg, need_backbone(), stages, st.dir, progress, adapter_model=frozen)
         if w.is_main:
@@ -444,7 +450,7 @@ def load_pretrained(cfg: Config, backbone: Backbone | None = None) -> CTRLSModel
             raise PretrainError(f"the pretraining run in {adapter.dir.parent} is damaged: {'; '.join(adapter.problems)}; "
                                 "rerun the pretraining stage to redo it")
         raise PretrainError(f"no finished pretraining run in {adapter.dir.parent}; run the pretraining stage first")
-    return load_checkpoint(adapter.dir.parent / "checkpoint", backbone)
+    return load_checkpoint(checkpoint_dir(stages), backbone)
 
 
 def load_checkpoint(path: Path, backbone: Backbone | None = None) -> CTRLSModel:

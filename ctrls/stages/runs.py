@@ -2,9 +2,10 @@
 
 A stage directory holds the resolved ``config.yaml``, its outputs and a ``done`` file written last. A
 stage is reused when its marker carries the same key (a hash of the config sections it depends on and
-of its upstream stages' keys); a directory with another key is cleared first; an interrupted stage
-resumes. The marker records the sha256 of every output and a digest of the inputs it read: a missing or
-changed output is logged, deleted and redone, and a marker without checksums is not trusted.
+of its upstream stages' keys); a run of another key lives beside it, in ``<stage>@<key>`` (its slot,
+``ctrls.config.slots``), so that no config's run overwrites another's; an interrupted stage resumes.
+The marker records the sha256 of every output and a digest of the inputs it read: a missing or changed output
+is logged, deleted and redone, and a marker without checksums is not trusted.
 Nothing outside ``run_dir`` is cleared (``ctrls.data.names.check_inside``) and a marker naming another
 path is corrupt; :meth:`Stage.begin` takes an exclusive lock (else :class:`StageBusyError`); links are
 refused (:class:`UnsafeLinkError`), an unwritable directory is :class:`RunDirError`; files load through
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrls.config.schema import Config, save_config
+from ctrls.config.slots import slot_dir, slotted, stored_key
 from ctrls.data.names import check_inside, file_name, inside, pair_slug, slug  # noqa: F401 (file_name, pair_slug, slug: re-exported)
 from ctrls.errors import ConfigError
 from ctrls.stages.locks import (  # noqa: F401 (re-exported: the run directory's errors and writers)
@@ -169,10 +171,10 @@ class Stage:
 
     def __init__(self, cfg: Config, name: str, sections: tuple[str, ...], *parts: str,
                  upstream: tuple[str, ...] = (), inputs: tuple["Stage", ...] = (), extra: tuple[Path, ...] = ()):
-        self.cfg, self.name, self.root, self.dir = cfg, name, Path(cfg.run_dir), cfg.stage_dir(name, *parts)
+        self.cfg, self.name, self.root, self.plain = cfg, name, Path(cfg.run_dir), cfg.stage_dir(name, *parts)
         self.inputs = tuple(inputs)
-        self.extra = tuple(Path(p) for p in extra)
-        for p in (self.dir, *self.extra):  # everything a stage clears or deletes lies inside run_dir
+        self._plain_extra = tuple(Path(p) for p in extra)
+        for p in (self.plain, *self._plain_extra):  # everything a stage clears or deletes lies inside run_dir
             try:
                 check_inside(p, self.root, f"stage {name!r}: the directory")
             except ValueError as e:
@@ -180,11 +182,23 @@ class Stage:
             if os.path.abspath(p) == os.path.abspath(self.root):
                 raise ConfigError(f"stage {name!r}: its directory would be the run directory {self.root} itself")
         self.key = hashlib.sha256(json.dumps([cfg.fingerprint(*sections), list(upstream)]).encode()).hexdigest()[:16]
+        self._place()
         self.bad: list[Path] = []  # outputs that failed verification: deleted when the stage begins again
         self.problems: list[str] = []  # what verification found, one line per file
         self._files_ok: bool | None = None  # verification result, computed once per Stage object
         self._unverifiable = False  # a done marker without checksums, or corrupt: cleared and redone when begun
         self._lock: StageLock | None = None
+
+    def _place(self) -> None:
+        """``dir`` and ``extra`` in this key's slot (``ctrls.config.slots``): the plain directory when it holds this
+        key's run or none, else ``<dir>@<key>`` beside it; another config's run is never cleared nor overwritten."""
+        self.dir = slot_dir(self.plain, self.key)
+        self.extra = tuple(slotted(p, self.plain, self.dir) for p in self._plain_extra)
+
+    @property
+    def slot(self) -> str:
+        """The slot's suffix: "" for the plain directory, "@<key>" for a run beside it."""
+        return self.dir.name[len(self.plain.name):]
 
     @property
     def done_file(self) -> Path:
@@ -359,7 +373,13 @@ class Stage:
         (``with stage.begin():`` releases it on an exception too); a begin that fails gives it back. ``check``
         (no arguments) is called under the lock before anything is cleared or created, and may refuse: nothing is
         removed for a run the stage could not make anyway (a missing fit)."""
+        if self._lock is None or not self._lock.held:
+            self._place()  # where this key's run is now (another config's run may have taken the plain directory)
         self.lock()
+        if stored_key(self.dir) not in (None, self.key):  # taken between placing and locking: beside it instead
+            self.release()
+            self._place()
+            self.lock()
         try:
             return self._prepare(force, keep, check)
         except BaseException as e:

@@ -274,8 +274,8 @@ def test_an_unfinished_exploration_is_not_scored(tmp_path):
 def _rl_curve(cfg, accuracy_ok=True):
     import pandas as pd
 
-    from ctrls.stages.rl import _rl_stage
-    stage = _rl_stage(cfg)
+    from ctrls.stages.rl import rl_stage
+    stage = rl_stage(cfg)
     stage.begin()
     f = stage.dir / "b__d" / "eps_0.1__seed0" / "curve.parquet"
     f.parent.mkdir(parents=True)

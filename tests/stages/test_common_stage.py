@@ -46,8 +46,11 @@ def test_only_the_finished_stages_recorded_files_of_this_config_are_current(tmp_
     a.finish()
     (a.dir / "stray.parquet").write_text("written after the stage finished")
     assert current_outputs(a, "results") == {a.dir / "q1.parquet"}
-    other = Stage(_other_seed(tmp_path), "a", ("seed",))  # the same stage under another seed
-    assert other.dir == a.dir and other.key != a.key
+    other = Stage(_other_seed(tmp_path), "a", ("seed",))  # the same stage under another seed: its own slot, beside
+    assert other.dir == a.dir.with_name(f"a@{other.key}") and other.key != a.key
+    with pytest.raises(NotRunError, match=r"the a stage has not run"):
+        current_outputs(other, "results")
+    other.plain, other.dir = a.dir, a.dir  # read from the other config's directory all the same: refused
     with pytest.raises(NotRunError, match=r"made under another config .* run the a stage with this config"):
         current_outputs(other, "results")
 

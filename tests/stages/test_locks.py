@@ -2,7 +2,8 @@
 
 ``Stage.begin`` takes an exclusive lock on the stage (``.<stage>.lock`` next to its directory, an
 ``fcntl.flock`` on a file that holds the holder's pid and host). A second process that begins the
-same stage, with the same or another config, fails at once with a message naming the holder,
+same stage with the same config fails at once with a message naming the holder (another config writes
+its own slot beside it),
 before it clears or deletes anything. A lock left by a process that died is taken over. The lock
 is released by ``finish`` and on an exception (``with stage.begin(): ...``). Reading a finished
 stage (``is_done``, ``digest``, ``summary``) never takes it. Processes are real subprocesses.
@@ -61,18 +62,20 @@ def writer(tmp_path):
         p.wait()
 
 
-def test_a_second_writer_with_another_config_fails_at_once_and_deletes_nothing(tmp_path, writer):
-    """A second writer of a running stage, under another config or the same one, fails at once naming the
-    holder: it neither waits nor clears the first one's work, which finishes intact."""
+def test_a_second_writer_fails_at_once_and_another_config_writes_beside(tmp_path, writer):
+    """A second writer of a running stage under the same config fails at once naming the holder; one under another
+    config writes its own slot beside it: neither waits nor clears the first one's work, which finishes intact."""
     first = writer(tmp_path, seed=1)
     st_dir = Stage(cfg_at(tmp_path, 1), "a", ("seed",)).dir
     t0 = time.time()
-    for seed in (2, 1):  # another config (another key: would clear the stage), and the same config
-        second = Stage(cfg_at(tmp_path, seed), "a", ("seed",))
-        with pytest.raises(StageBusyError) as e:
-            second.begin()
-        msg = str(e.value)
-        assert f"pid {first.pid} on host {socket.gethostname()}" in msg and str(second.lock_file) in msg
+    second = Stage(cfg_at(tmp_path, 1), "a", ("seed",))  # the same config
+    with pytest.raises(StageBusyError) as e:
+        second.begin()
+    msg = str(e.value)
+    assert f"pid {first.pid} on host {socket.gethostname()}" in msg and str(second.lock_file) in msg
+    beside = Stage(cfg_at(tmp_path, 2), "a", ("seed",))  # another config: its own slot, beside the running one
+    assert beside.dir != st_dir
+    beside.begin().finish()
     assert time.time() - t0 < 5  # at once, not after a wait
     assert (st_dir / "out.txt").read_text() == "written by seed 1"  # the first writer's work is intact
 
@@ -81,7 +84,7 @@ def test_a_second_writer_with_another_config_fails_at_once_and_deletes_nothing(t
     assert first.stdout.readline().strip() == "finished" and first.wait(timeout=60) == 0
     assert Stage(cfg_at(tmp_path, 1), "a", ("seed",)).is_done()
     assert not second.lock_file.exists()  # released when the stage finished
-    Stage(cfg_at(tmp_path, 2), "a", ("seed",)).begin().finish()  # now free: the other config takes over
+    assert Stage(cfg_at(tmp_path, 2), "a", ("seed",)).is_done()  # each config's run is kept, beside the other
 
 
 def test_a_lock_left_by_a_killed_writer_is_taken_over(tmp_path, writer, caplog):

@@ -309,3 +309,23 @@ def test_a_refused_check_leaves_a_fresh_stage_without_a_directory_and_its_lock_f
     with pytest.raises(Missing):
         st.begin(check=refuse)
     assert not st.dir.exists() and free(st.lock_file)
+
+
+def test_a_run_of_another_config_is_stored_beside_and_leaves_the_first_unchanged(tmp_path):
+    first = Stage(cfg_at(tmp_path), "a", ("seed",), extra=(tmp_path / "smoke" / "ckpt",)).begin()
+    (first.dir / "out.bin").write_bytes(b"the profile's")
+    first.extra[0].write_bytes(b"the profile's checkpoint")
+    first.finish()
+    before = {p: sha256_file(p) for p in (first.dir / "out.bin", first.extra[0])}
+    other = Stage(load_config("smoke", [f"run_dir={tmp_path}", "seed=5"]), "a", ("seed",),
+                  extra=(tmp_path / "smoke" / "ckpt",))
+    assert other.key != first.key and other.dir == first.dir.with_name(f"a@{other.key}")
+    assert other.extra == (tmp_path / "smoke" / f"ckpt@{other.key}",) and other.slot == f"@{other.key}"
+    other.begin(force=True)  # even forced: only its own slot is cleared
+    (other.dir / "out.bin").write_bytes(b"another config's")
+    other.extra[0].write_bytes(b"its checkpoint")
+    other.finish()
+    assert {p: sha256_file(p) for p in before} == before
+    assert Stage(cfg_at(tmp_path), "a", ("seed",), extra=(tmp_path / "smoke" / "ckpt",)).is_done()
+    again = Stage(load_config("smoke", [f"run_dir={tmp_path}", "seed=5"]), "a", ("seed",), extra=(tmp_path / "smoke" / "ckpt",))
+    assert again.dir == other.dir and again.is_done()
