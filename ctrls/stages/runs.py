@@ -42,6 +42,7 @@ from ctrls.stages.locks import (  # noqa: F401 (re-exported: the run directory's
 
 log = logging.getLogger(__name__)
 
+PROVENANCE = ("commit", "finished")  # the done marker's record of when and from which commit (``ctrls runs``)
 MARKERS = ("done", "key", "config.yaml")  # a stage's own bookkeeping, not outputs
 BAD_FILE_HINT = ("it is truncated or corrupt: rerun the stage that writes it (a rerun verifies a finished "
                  "stage's files and redoes a bad one)")
@@ -332,7 +333,7 @@ class Stage:
         return hashlib.sha256(json.dumps(rec["files"], sort_keys=True).encode()).hexdigest() if "files" in rec else "unverified"
 
     def summary(self) -> dict[str, Any]:
-        return {k: v for k, v in (self._record() or {}).items() if k not in ("files", "inputs")}
+        return {k: v for k, v in (self._record() or {}).items() if k not in ("files", "inputs", *PROVENANCE)}
 
     @property
     def lock_file(self) -> Path:
@@ -429,7 +430,10 @@ class Stage:
         then release the stage's lock."""
         self.lock()
         try:
+            from ctrls.method.backbone import git_commit
+
             rec = {"key": self.key, "wall_s": round(time.time() - getattr(self, "_t0", time.time()), 1), **summary,
+                   "commit": git_commit(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    "files": self.manifest(), "inputs": {st.key: st.digest() for st in self.inputs}}
             replace_file(self.done_file, lambda p: p.write_text(json.dumps(rec, indent=1, default=str)))
             self._files_ok = True
