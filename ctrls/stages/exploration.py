@@ -52,7 +52,7 @@ from ctrls.stages.common import (
     sample_params,
 )
 from ctrls.stages.pretrain import check_fitted, fitted_stages, load_pretrained, pretrain_stages
-from ctrls.stages.runs import Stage, file_name, pair_slug, valid_part
+from ctrls.stages.runs import Stage, file_name, pair_slug, unify_parts, valid_part
 from ctrls.stages.state_prompt import ctrls_conditioning, pair_state_prompt
 
 if TYPE_CHECKING:
@@ -162,6 +162,7 @@ def explore(cfg: Config, force: bool = False, progress: bool = True, readback: b
         reencode_s = _sample_pairs(cfg, out, progress and w.is_main, readback, masks)
         w.barrier()
         if w.is_main:
+            unify_parts(out)  # one schema over the parts: pandas.read_parquet reads samples.parquet whole
             df = load_samples(cfg, unfinished=True)
             # seconds this process spent on the controllability columns besides sampling (re-encoding, Base's chains)
             stage.finish(samples=len(df), questions=int(df.question_id.nunique()), reencode_s=round(reencode_s, 1),

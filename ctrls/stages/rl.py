@@ -36,6 +36,7 @@ from ctrls.stages.runs import (
     pair_slug,
     read_parquet,
     safe_name,
+    unify_parts,
     valid_part,
 )
 from ctrls.stages.trainer import Trainer, run_lockstep
@@ -154,6 +155,7 @@ def run_rl_lockstep(cfgs: list[Config], force: bool = False, progress: bool = Tr
         if w.is_main:  # profile_s: where this run's time went (ctrls.stages.rl.PHASES), main process
             prof = clock.record(time.perf_counter() - t0)
             for _, st in todo:
+                unify_parts(st.dir / "table2.parquet")  # one schema over the parts, for pandas.read_parquet
                 st.finish(pairs=len(st.cfg.pairs()), profile_s=prof,  # releases the lock
                           **({"lockstep_configs": len(todo)} if len(todo) > 1 else {}))
                 begun.remove(st)

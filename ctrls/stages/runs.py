@@ -130,6 +130,34 @@ def read_parquet(path: str | Path, **kwargs: Any):
         raise artifact_error(Path(path), e) from e
 
 
+def unify_parts(directory: str | Path) -> int:
+    """Give every part file of a parquet directory (``samples.parquet/``, ``table2.parquet/``) one schema, so that
+    ``pandas.read_parquet(directory)`` reads it whole: a column that is null in some parts (no prediction, no states)
+    takes its type from the parts where it is not (``pyarrow.unify_schemas``); those parts are rewritten in place,
+    atomically. Run before the stage finishes (its checksums are of the unified parts); the parts rewritten."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = sorted(Path(directory).glob("*.parquet"))
+    schemas = {p: pq.read_schema(p) for p in parts}
+    if len({s.remove_metadata() for s in schemas.values()}) <= 1:
+        return 0
+    unified = pa.unify_schemas(list(schemas.values()), promote_options="permissive").remove_metadata()
+    rewritten = 0
+    for p, s in schemas.items():
+        if s.remove_metadata() == unified:
+            continue
+        table = pq.read_table(p)
+        for f in unified:  # a column a part lacks is null there
+            if f.name not in table.column_names:
+                table = table.append_column(f, pa.nulls(len(table), f.type))
+        table = table.select(unified.names).cast(unified)
+        with writing(p):
+            replace_file(p, lambda tmp, table=table: pq.write_table(table, tmp))
+        rewritten += 1
+    return rewritten
+
+
 def check_safetensors(path: str | Path) -> None:
     """Open a safetensors file's header (which checks that it covers the whole file)."""
     from safetensors import safe_open

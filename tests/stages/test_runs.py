@@ -12,7 +12,16 @@ from safetensors.torch import save_file
 
 from ctrls.config.schema import ConfigError, load_config
 from ctrls.stages.collect import _done_questions, _drop_uncommitted, read_trajectories
-from ctrls.stages.runs import ArtifactError, Stage, check_safetensors, load_torch, read_parquet, sha256_file, valid_part
+from ctrls.stages.runs import (
+    ArtifactError,
+    Stage,
+    check_safetensors,
+    load_torch,
+    read_parquet,
+    sha256_file,
+    unify_parts,
+    valid_part,
+)
 
 
 def cfg_at(tmp_path):
@@ -329,3 +338,20 @@ def test_a_run_of_another_config_is_stored_beside_and_leaves_the_first_unchanged
     assert Stage(cfg_at(tmp_path), "a", ("seed",), extra=(tmp_path / "smoke" / "ckpt",)).is_done()
     again = Stage(load_config("smoke", [f"run_dir={tmp_path}", "seed=5"]), "a", ("seed",), extra=(tmp_path / "smoke" / "ckpt",))
     assert again.dir == other.dir and again.is_done()
+
+
+def test_parts_with_a_column_null_in_some_are_unified_for_pandas(tmp_path):
+    d = tmp_path / "samples.parquet"
+    d.mkdir()
+    pd.DataFrame({"q": ["a"], "pred": [None], "states": [[]]}).to_parquet(d / "a.parquet")
+    pd.DataFrame({"q": ["b"], "pred": ["7"], "states": [[1, 2]], "n_tokens": [3]}).to_parquet(d / "b.parquet")
+    pd.DataFrame({"q": ["c"], "pred": [None], "states": [[]]}).to_parquet(d / "c.parquet")
+    with pytest.raises(Exception):
+        pd.read_parquet(d)  # null-typed columns in the first part: pyarrow cannot cast the others to them
+    b = sha256_file(d / "b.parquet")
+    assert unify_parts(d) == 2 and sha256_file(d / "b.parquet") == b  # only the parts of another schema
+    df = pd.read_parquet(d)
+    by_q = df.set_index("q")
+    assert sorted(df.q) == ["a", "b", "c"] and by_q.pred["b"] == "7" and by_q.pred[["a", "c"]].isna().all()
+    assert list(by_q.states["b"]) == [1, 2] and df.n_tokens.isna().sum() == 2
+    assert unify_parts(d) == 0
