@@ -205,8 +205,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"[{i}/{len(stages)}] {stage}: {STAGES[stage]} (profile {args.profile})", flush=True)
         ts = time.time()
         try:
-            run_notebook(stage, args.profile, args.run_dir, args.override, stage in (args.force or []), book,
-                         progress=not args.quiet)
+            with relayed(f"[{i}/{len(stages)}] {stage}", args.quiet):  # the stage's own bars, not papermill's cell bar
+                run_notebook(stage, args.profile, args.run_dir, args.override, stage in (args.force or []), book,
+                             progress=False)
         except NotebookFailed as e:  # one line: the stage, the cell, the error (a table given no samples, ...)
             print(f"ctrls reproduce: {' '.join(str(e).split())}", file=sys.stderr)
             return 1
@@ -227,6 +228,17 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     print(f"total {time.time() - t0:.0f} s; the largest child process peaked at {peak_kernel_rss_gib():.2f} GiB")
     record_timings(Path(args.run_dir) / name / "reproduce_timings.json", args, seconds, time.time() - t0)
     return 0
+
+
+def relayed(prefix: str, quiet: bool):
+    """The stages' relayed progress (``ctrls.stages.progress.watch``) printed after ``prefix``; nothing when ``quiet``."""
+    import contextlib
+
+    if quiet:
+        return contextlib.nullcontext()
+    from ctrls.stages.progress import watch
+
+    return watch(Path(tempfile.gettempdir()) / f"ctrls-progress-{os.getpid()}.json", prefix)
 
 
 def write_claims_scorecard(args: argparse.Namespace, book: Path) -> Path:

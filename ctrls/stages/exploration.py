@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from ctrls.config.schema import Config
 from ctrls.config.settings import BASE, FIXED, HOLD, constant_label, row_label
@@ -52,6 +51,7 @@ from ctrls.stages.common import (
     sample_params,
 )
 from ctrls.stages.pretrain import check_fitted, fitted_stages, load_pretrained, pretrain_stages
+from ctrls.stages.progress import tqdm
 from ctrls.stages.runs import Stage, file_name, pair_slug, unify_parts, valid_part
 from ctrls.stages.state_prompt import ctrls_conditioning, pair_state_prompt
 

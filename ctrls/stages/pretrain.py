@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from ctrls.config.schema import Config
 from ctrls.method.backbone import Backbone
@@ -54,6 +53,7 @@ from ctrls.stages.collect import (
     read_trajectories,
 )
 from ctrls.stages.common import backbone_for, problems_from_config, save_torch
+from ctrls.stages.progress import tqdm
 from ctrls.stages.runs import (
     Stage,
     artifact_error,

@@ -88,7 +88,7 @@ def _study(cfg: Config, stage: Stage, progress: bool, workers: int | None = None
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
-    from tqdm.auto import tqdm
+    from ctrls.stages.progress import tqdm
 
     runs = study_runs(cfg)
     if workers is None:
