@@ -107,3 +107,21 @@ def test_a_full_disk_in_a_torch_save_is_a_run_dir_error_naming_the_file(tmp_path
         save_torch({"a": torch.zeros(100_000)}, "/dev/full")
     save_torch({"a": torch.arange(3)}, tmp_path / "x.pt")
     assert torch.load(tmp_path / "x.pt", weights_only=True)["a"].tolist() == [0, 1, 2]
+
+
+def test_a_dataset_smaller_than_asked_names_the_key_and_the_most_there_are(tmp_path):
+    import json
+
+    from ctrls.config.schema import load_config
+    from ctrls.data.problems import DataError
+    from ctrls.stages.common import problems_from_config
+
+    d = tmp_path / "mine"
+    d.mkdir()
+    for split in ("train", "test"):
+        (d / f"{split}.jsonl").write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": i + 1}) + "\n"
+                                                  for i in range(3)))
+    cfg = load_config("smoke", [f"run_dir={tmp_path}", f"grid.datasets=[{d}]", "data.n_train=5", "data.n_test=2"])
+    with pytest.raises(DataError, match=r"only 3 exist: data.n_train asks .* \(-o data.n_train=3\)"):
+        problems_from_config(cfg, "train")
+    assert len(problems_from_config(cfg, "test")) == 2
