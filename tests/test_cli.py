@@ -259,3 +259,28 @@ def test_reproduce_relays_the_stages_own_progress_unless_quiet(quiet, tmp_path, 
     out = capsys.readouterr().out
     assert e.value.code == 0 and "[1/1] setup" in out
     assert ("[1/1] setup (f) adapter: 3/8 epoch" in out) is not quiet
+
+
+def test_every_option_of_every_command_has_help(monkeypatch):
+    import argparse
+
+    from ctrls import cli
+
+    seen = {}
+
+    def capture(self, args=None, namespace=None):
+        seen["parser"] = self
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(SystemExit):
+        cli.main(["profiles"])
+    missing, todo = [], [("ctrls", seen["parser"])]
+    while todo:
+        name, p = todo.pop()
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo += [(f"{name} {n}", sp) for n, sp in a.choices.items()]
+            elif a.help is None:
+                missing.append(f"{name} {'/'.join(a.option_strings) or a.dest}")
+    assert not missing
