@@ -132,7 +132,8 @@ def pretrain_file(run, method: str) -> Path:
     """The file ``PretrainRun.<method>()`` reads (``model``: the run's checkpoint directory)."""
     if method == "model":
         return Path(run.checkpoint)
-    return Path(run.root).joinpath(*PRETRAIN_FILES[method])
+    stage, name = PRETRAIN_FILES[method]
+    return Path(run.dir(stage) if hasattr(run, "dir") else Path(run.root) / stage) / name
 
 
 def rl_curve_files(cfg) -> Path:

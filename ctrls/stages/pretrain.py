@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -88,14 +88,19 @@ class PretrainRun:
     root: Path
     checkpoint: Path
     summaries: dict[str, dict]
+    dirs: dict[str, Path] = field(default_factory=dict)  # each stage's directory, in its run's slot
+
+    def dir(self, stage: str) -> Path:
+        """The directory of ``stage`` (collect, ..., adapter) of this run: ``<root>/<stage>`` or its slot beside it."""
+        return Path(self.dirs.get(stage, self.root / stage))
 
     def trajectories(self) -> pd.DataFrame:
         """Every collected row (kept or not) of the committed questions, in file order."""
-        return read_trajectories(self.root / "collect" / "trajectories.jsonl")
+        return read_trajectories(self.dir("collect") / "trajectories.jsonl")
 
     def bound_history(self) -> pd.DataFrame:
         """Thm. 5.3's bound and the relaxed objective per evaluated epoch and split (``BOUND_COLUMNS``)."""
-        return read_parquet(self.root / "adapter" / "bound_history.parquet")
+        return read_parquet(self.dir("adapter") / "bound_history.parquet")
 
     def bound_table(self) -> pd.DataFrame:
         """Thm. 5.3's bound at epoch 0 and at the kept epoch (the best held-out one), per split, with n
@@ -117,7 +122,7 @@ class PretrainRun:
 
     def controls(self) -> pd.DataFrame:
         """``ctrls.method.controls`` on the held-out chains: log P per question and condition (``evaluate_controls``)."""
-        return read_parquet(self.root / "adapter" / "controls.parquet")
+        return read_parquet(self.dir("adapter") / "controls.parquet")
 
     def controls_table(self) -> pd.DataFrame:
         """Held-out log P per token under each control condition, with intervals (``controls_table``)."""
@@ -130,7 +135,7 @@ class PretrainRun:
         """What k-means states of the training steps capture, per K, for this run's representation
         (the k rows of Eq. 5) and for its first row alone (``ctrls.method.controls.granularity_table``): moves
         or numbers. The run's own K and k are marked."""
-        sp = load_torch(self.root / "spectral" / "spectral.pt", weights_only=True)
+        sp = load_torch(self.dir("spectral") / "spectral.pt", weights_only=True)
         steps = self.steps()
         keep = ~torch.tensor(steps.heldout.to_numpy(dtype=bool).tolist(), dtype=torch.bool)
         e, texts = sp["step_e"][keep], steps.text[~steps.heldout].tolist()
@@ -157,17 +162,17 @@ class PretrainRun:
 
     def split(self) -> dict:
         """The held-out split: fraction, seed, the held-out question ids, and a note when none could be held out."""
-        return json.loads((self.root / "states" / "split.json").read_text())
+        return json.loads((self.dir("states") / "split.json").read_text())
 
     def transition_history(self) -> pd.DataFrame:
-        return read_parquet(self.root / "transitions" / "kl_history.parquet")
+        return read_parquet(self.dir("transitions") / "kl_history.parquet")
 
     def states(self) -> dict:
-        return load_torch(self.root / "states" / "states.pt", weights_only=True)
+        return load_torch(self.dir("states") / "states.pt", weights_only=True)
 
     def steps(self) -> pd.DataFrame:
         """One row per training step: question, trajectory, step index, text, hard state, distance."""
-        return read_parquet(self.root / "states" / "steps.parquet")
+        return read_parquet(self.dir("states") / "steps.parquet")
 
     def model(self, backbone: Backbone | None = None) -> CTRLSModel:
         return load_checkpoint(self.checkpoint, backbone)
@@ -257,7 +262,8 @@ def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False,
         for st in stages.values():  # a failed or interrupted stage gives its lock back (finish released the others)
             st.release()
     w.barrier()
-    return PretrainRun(root=root, checkpoint=checkpoint_dir(stages), summaries={n: st.summary() for n, st in stages.items()})
+    return PretrainRun(root=root, checkpoint=checkpoint_dir(stages), summaries={n: st.summary() for n, st in stages.items()},
+                       dirs={n: st.dir for n, st in stages.items()})
 
 
 def _run_stages(cfg: Config, stages: dict[str, Stage], backbone: Backbone | None, force: bool, progress: bool) -> None:
