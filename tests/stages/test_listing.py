@@ -1,5 +1,9 @@
 """``ctrls runs``: the stored runs with their overrides, commit and time; ``ctrls runs rm``: the explicit removal."""
+import shutil
+
+import pandas as pd
 import pytest
+from conftest import requires_data
 
 from ctrls import cli
 from ctrls.config.schema import load_config
@@ -51,3 +55,27 @@ def test_runs_rm_of_what_is_no_run_is_one_line_and_removes_nothing(tmp_path, cap
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("ctrls runs: ")
     assert own.is_done()
+
+
+@pytest.mark.integration
+@requires_data
+def test_an_exploration_under_an_override_is_stored_beside_the_profiles_and_listed(tiny_runs, tmp_path):
+    from ctrls.config.schema import override
+    from ctrls.stages.exploration import explore, load_samples, samples_dir
+
+    src, cfg, _ = tiny_runs
+    shutil.copytree(src / "smoke", tmp_path / "smoke")
+    own = override(cfg, [f"run_dir={tmp_path}"])
+    book = {p: sha256_file(p) for p in sorted((tmp_path / "smoke").rglob("*")) if p.is_file()}
+    other = override(own, ["grid.n_samples=1"])
+    out = explore(other, progress=False)
+    assert out == samples_dir(other) and out.parent.name.startswith("exploration@")
+    assert {p: sha256_file(p) for p in book} == book  # the profile's run and its files: unchanged
+    assert samples_dir(own) == tmp_path / "smoke" / "exploration" / "samples.parquet"
+    mine = pd.read_parquet(out)  # pandas reads the folder of parts whole
+    assert len(mine) == len(load_samples(other)) and mine.sample_index.max() == 0
+    assert len(pd.read_parquet(samples_dir(own))) == len(load_samples(own))
+    runs = {r.name: r for r in stored_runs(tmp_path, "smoke")}
+    beside = runs[f"smoke/{out.parent.name}"]
+    assert "grid.n_samples=1" in beside.overrides and "grid.n_samples=1" not in runs["smoke/exploration"].overrides
+    assert beside.finished and runs["smoke/exploration"].finished

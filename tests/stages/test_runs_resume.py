@@ -113,7 +113,7 @@ def artifacts(root: Path) -> dict[str, Path]:
 
 
 def summaries(root: Path) -> dict[str, dict]:
-    drop = {"wall_s", "files", "inputs"}
+    drop = {"wall_s", "files", "inputs", "commit", "finished"}  # when and from which commit: not results
     return {str(p.relative_to(root)): {k: v for k, v in json.loads(p.read_text()).items()
                                        if k not in drop and not k.endswith("_s")}  # timings differ run to run
             for p in sorted(root.rglob("done"))}
