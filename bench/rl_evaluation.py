@@ -37,7 +37,7 @@ def timed(cfg, merged: bool) -> tuple[float, dict]:
         wall = time.perf_counter() - t0
     finally:
         R.run_lockstep = real
-    return wall, R._rl_stage(cfg).summary()["profile_s"] | {"_dir": str(out)}
+    return wall, R.rl_stage(cfg).summary()["profile_s"] | {"_dir": str(out)}
 
 
 def frames(d: Path) -> dict[str, pd.DataFrame]:

@@ -22,7 +22,7 @@ _LAZY = {  # public name -> the module that defines it
     "ConfigError": "ctrls.errors",
     "load_config": "ctrls.config.schema",
     "CTRLSModel": "ctrls.method.model",
-    "sample": "ctrls.generate.sampling",
+    "sample": "ctrls.stages.finished",  # a loaded run's conditioning, or a backbone's (ctrls.generate.sampling)
     "pretrain": "ctrls.stages.pretrain",
     "explore": "ctrls.stages.exploration",
     "run_rl": "ctrls.stages.rl",

@@ -3,6 +3,8 @@
     ctrls reproduce [--profile demo] [--only STAGE ...] [--force STAGE ...] [-o key=value ...]
     ctrls stage STAGE [STAGE ...] [--profile demo] [--force] [-o key=value ...]   # pretrain exploration rl
     ctrls verify-references [--dataset gsm8k] [--split test] [--math-verify]
+    ctrls runs [--run-dir runs] [--profile demo]   # the stored runs, with their overrides, commit and time
+    ctrls runs rm NAME                              # remove one (e.g. demo/exploration@3f9c0a1b2d4e5f60)
     ctrls profiles
     ctrls config --explain [KEY]   # what a config key means, its type, default and allowed values; no KEY: every key
 
@@ -57,7 +59,7 @@ class NotebookFailed(RuntimeError):
 
 
 def run_notebook(stage: str, profile: str, run_dir: str, overrides: list[str], force: bool,
-                 book: Path = BOOK, log_output: bool = False) -> Path:
+                 book: Path = BOOK, log_output: bool = False, progress: bool = True) -> Path:
     """Execute one stage's notebook with papermill into ``<book>/generated/``."""
     import papermill as pm
 
@@ -67,7 +69,7 @@ def run_notebook(stage: str, profile: str, run_dir: str, overrides: list[str], f
     params = notebook_params(profile, run_dir, overrides, force)
     try:
         pm.execute_notebook(str(src), str(out), parameters=params, kernel_name="python3",
-                            cwd=str(ROOT), progress_bar=True, log_output=log_output)
+                            cwd=str(ROOT), progress_bar=progress, log_output=log_output)
     except pm.PapermillExecutionError as e:
         raise NotebookFailed(f"stage {stage!r} failed in cell {e.exec_count}: {e.ename}: {e.evalue} "
                              f"(see the executed notebook: {out})") from e
@@ -202,7 +204,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"[{i}/{len(stages)}] {stage}: {STAGES[stage]} (profile {args.profile})", flush=True)
         ts = time.time()
         try:
-            run_notebook(stage, args.profile, args.run_dir, args.override, stage in (args.force or []), book)
+            with relayed(f"[{i}/{len(stages)}] {stage}", args.quiet):  # the stage's own bars, not papermill's cell bar
+                run_notebook(stage, args.profile, args.run_dir, args.override, stage in (args.force or []), book,
+                             progress=False)
         except NotebookFailed as e:  # one line: the stage, the cell, the error (a table given no samples, ...)
             print(f"ctrls reproduce: {' '.join(str(e).split())}", file=sys.stderr)
             return 1
@@ -223,6 +227,17 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     print(f"total {time.time() - t0:.0f} s; the largest child process peaked at {peak_kernel_rss_gib():.2f} GiB")
     record_timings(Path(args.run_dir) / name / "reproduce_timings.json", args, seconds, time.time() - t0)
     return 0
+
+
+def relayed(prefix: str, quiet: bool):
+    """The stages' relayed progress (``ctrls.stages.progress.watch``) printed after ``prefix``; nothing when ``quiet``."""
+    import contextlib
+
+    if quiet:
+        return contextlib.nullcontext()
+    from ctrls.stages.progress import watch
+
+    return watch(Path(tempfile.gettempdir()) / f"ctrls-progress-{os.getpid()}.json", prefix)
 
 
 def write_claims_scorecard(args: argparse.Namespace, book: Path) -> Path:
@@ -340,6 +355,19 @@ def cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    """``ctrls runs``: every stage run stored under ``--run-dir``, with its overrides, commit and time;
+    ``ctrls runs rm NAME``: remove one (its directory and the outputs it wrote beside it)."""
+    from ctrls.stages.listing import listing, remove_run
+
+    if args.runs_cmd == "rm":
+        for p in remove_run(args.run_dir, args.name):
+            print(f"removed {p}")
+        return 0
+    print(listing(args.run_dir, args.profile))
+    return 0
+
+
 def cmd_verify_references(args: argparse.Namespace) -> int:
     from ctrls.data.problems import reference_verify_report
 
@@ -373,6 +401,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+RUN_DIR_HELP = ("where the stages write and read their runs (default: runs/ in the repository); a run of another config "
+                "is stored beside the profile's own, in <stage>@<key>")
+PROFILE_HELP = "the named profile (ctrls profiles lists them) or a YAML file; default demo"
 OVERRIDE_HELP = "config overrides, e.g. rl.steps=3 \"grid.epsilons=[0.1, 0.3]\" (ctrls config --explain KEY: what a key means)"
 
 
@@ -390,8 +421,9 @@ def main(argv: list[str] | None = None) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("reproduce", help="run the notebooks through papermill, then build the book")
-    r.add_argument("--profile", default="demo")
-    r.add_argument("--run-dir", default=str(ROOT / "runs"))
+    r.add_argument("--profile", default="demo", help=PROFILE_HELP)
+    r.add_argument("--run-dir", default=str(ROOT / "runs"), help=RUN_DIR_HELP)
+    r.add_argument("--quiet", action="store_true", help="only the stage lines and errors: no progress, warnings only in the log")
     r.add_argument("--only", nargs="+", metavar="STAGE", help=f"run only these stages ({', '.join(STAGES)})")
     r.add_argument("--force", nargs="+", metavar="STAGE", help="recompute these stages even if cached")
     r.add_argument("-o", "--override", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
@@ -402,17 +434,26 @@ def main(argv: list[str] | None = None) -> None:
 
     st = sub.add_parser("stage", help="run library stages without notebooks (data-parallel under accelerate launch)")
     st.add_argument("names", nargs="*", metavar="STAGE", help="pretrain, exploration and/or rl, run in the order given")
-    st.add_argument("--profile", default="demo")
-    st.add_argument("--run-dir", default=str(ROOT / "runs"))
+    st.add_argument("--profile", default="demo", help=PROFILE_HELP)
+    st.add_argument("--run-dir", default=str(ROOT / "runs"), help=RUN_DIR_HELP)
     st.add_argument("--force", action="store_true", help="recompute even if cached")
     st.add_argument("--quiet", action="store_true", help="no progress bars")
     st.add_argument("-o", "--override", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
     st.set_defaults(fn=cmd_stage)
 
+    ru = sub.add_parser("runs", help="list the stage runs stored under the run directory (ctrls runs rm NAME: remove one)")
+    ru.add_argument("--run-dir", default=str(ROOT / "runs"), help=RUN_DIR_HELP)
+    ru.add_argument("--profile", default=None, help="list this profile's runs only (default: every profile's)")
+    rsub = ru.add_subparsers(dest="runs_cmd")
+    rm = rsub.add_parser("rm", help="remove one stored run: its directory and the outputs it wrote beside it")
+    rm.add_argument("name", metavar="NAME", help="the run as ctrls runs names it, e.g. demo/exploration@3f9c0a1b2d4e5f60")
+    rm.add_argument("--run-dir", default=argparse.SUPPRESS, help=RUN_DIR_HELP)
+    ru.set_defaults(fn=cmd_runs)
+
     v = sub.add_parser("verify-references", help="rate at which reference solutions verify against gold")
-    v.add_argument("--dataset", default="gsm8k")
-    v.add_argument("--split", default="test")
-    v.add_argument("--data-dir", default=None)
+    v.add_argument("--dataset", default="gsm8k", help="gsm8k, math, gsm_symbolic, word_problems or a JSONL folder")
+    v.add_argument("--split", default="test", help="train or test")
+    v.add_argument("--data-dir", default=None, help="where the datasets' files are read from (default as data.data_dir)")
     v.add_argument("--math-verify", action="store_true",
                    help="cross-check: grade each solution with math-verify alone too, and list those only it verifies")
     v.set_defaults(fn=cmd_verify_references)
@@ -431,6 +472,8 @@ def main(argv: list[str] | None = None) -> None:
             logging.getLogger().setLevel(log_level(args.log_level))
         except UsageError as e:
             p.error(str(e).replace("CTRLS_LOG=", "--log-level "))
+    if getattr(args, "quiet", False) and args.log_level is None:
+        logging.getLogger().setLevel(logging.WARNING)
     if args.cmd == "stage":  # a stage named after -o KEY=VALUE items is taken by -o's list: it is a stage, not a key
         args.names += [o for o in args.override if o in STAGE_NAMES]
         args.override = [o for o in args.override if o not in STAGE_NAMES]
@@ -441,6 +484,7 @@ def main(argv: list[str] | None = None) -> None:
     from ctrls.data.problems import DataError
     from ctrls.method.backbone import BackboneError
     from ctrls.stages.collect import PretrainError
+    from ctrls.stages.listing import RunNotFoundError
     from ctrls.stages.runs import ArtifactError, RunDirError, StageBusyError
 
     try:
@@ -454,6 +498,9 @@ def main(argv: list[str] | None = None) -> None:
     except DataError as e:  # an unknown dataset or split, missing or malformed data: one line
         print(f"ctrls {args.cmd}: data error: {' '.join(str(e).split())}", file=sys.stderr)
         rc = 1
+    except RunNotFoundError as e:  # ctrls runs rm of a name that is no stored run
+        print(f"ctrls {args.cmd}: {e}", file=sys.stderr)
+        rc = 2
     except StageBusyError as e:  # another process holds the stage's lock: one line naming it
         print(f"ctrls {args.cmd}: {' '.join(str(e).split())}", file=sys.stderr)
         rc = 1

@@ -52,7 +52,7 @@ def main():
     cfg = load_config("demo", [*over, f"run_dir={base}"])
     pair = cfg.for_pair(*cfg.pairs()[0])
     run = pretrain(pair, progress=False)  # reused when --pretrained holds a finished run of this config
-    st, L = run.states(), torch.load(run.root / "transitions" / "transitions.pt", weights_only=True)["L"]
+    st, L = run.states(), torch.load(run.dir("transitions") / "transitions.pt", weights_only=True)["L"]
     prev, nxt = transition_pairs(st)
     c_fit, fit_info = fit_concentration(prev[~st["heldout"]], nxt[~st["heldout"]], L)
     points = []

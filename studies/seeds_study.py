@@ -155,8 +155,8 @@ def collect(seed: int, run_root: Path) -> None:
 
     from ctrls.data.answers import grade
     from ctrls.stages.exploration import load_samples, stage_summary
-    from ctrls.stages.pretrain import pretrain_stages
-    from ctrls.stages.rl import load_table2_samples, rl_runs
+    from ctrls.stages.pretrain import checkpoint_dir, pretrain_stages
+    from ctrls.stages.rl import load_table2_samples, rl_runs, rl_stage
     from ctrls.stages.rl import stage_summary as rl_summary
     from ctrls.stages.runs import file_name, pair_slug
     from ctrls.stages.state_prompt import VECTORS
@@ -178,10 +178,9 @@ def collect(seed: int, run_root: Path) -> None:
     df["split"] = df.question_id.map(split_of(seed, sorted(ex.question_id.unique())))
     df.insert(0, "data_seed", seed)
     st = pretrain_stages(pc)
-    root = st["state_prompt"].dir.parent
-    with safe_open(str(root / "checkpoint" / "model.safetensors"), "pt") as f:
+    with safe_open(str(checkpoint_dir(st) / "model.safetensors"), "pt") as f:
         pre = policy_params({k: f.get_tensor(k) for k in f.keys() if k.startswith("policy.")})
-    rl_dir = cfg.stage_dir("rl") / pair_slug(bname, ds)
+    rl_dir = rl_stage(cfg).dir / pair_slug(bname, ds)
     policies = {}
     for (eps, alpha, rs), s in rl_runs(cfg, bname, ds).items():
         ck = torch.load(rl_dir / f"{file_name(s.name)}__seed{rs}" / "checkpoint.pt", weights_only=True)

@@ -257,3 +257,57 @@ def test_a_full_disk_writing_the_timings_is_one_line_naming_the_file_and_keeps_t
     assert e.value.code == 2 and len(err) == 1
     assert f"cannot write {runs / 'smoke' / 'reproduce_timings.json'}: no space left" in err[0]
     assert json.loads((runs / "smoke" / "reproduce_timings.json").read_text()) == {"total_s": 1.0}
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_reproduce_relays_the_stages_own_progress_unless_quiet(quiet, tmp_path, monkeypatch, capsys):
+    import time
+
+    from ctrls import cli
+    from ctrls.stages import progress
+
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+
+    def a_kernel(stage, *a, progress=True, **k):  # a notebook's cell: a stage's bar, in the kernel papermill starts
+        assert progress is False  # papermill's still cell bar is off: the stage's own is shown instead
+        bar = __import__("ctrls.stages.progress", fromlist=["tqdm"]).tqdm(total=8, desc="(f) adapter", unit="epoch")
+        bar.update(3)
+        time.sleep(1.5)
+        bar.close()
+
+    monkeypatch.setattr(cli, "run_notebook", a_kernel)
+    for name in ("write_claims_scorecard", "write_timings_page", "write_rl_profile"):
+        monkeypatch.setattr(cli, name, lambda *a, **k: None)
+    monkeypatch.setattr("ctrls.report.codeindex.write_code_page", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "machine_gemm_gflops", lambda: 1.0)
+    argv = ["reproduce", "--profile", "smoke", "--run-dir", str(tmp_path), "--no-book", "--only", "setup"]
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv + (["--quiet"] if quiet else []))
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "[1/1] setup" in out
+    assert ("[1/1] setup (f) adapter: 3/8 epoch" in out) is not quiet
+
+
+def test_every_option_of_every_command_has_help(monkeypatch):
+    import argparse
+
+    from ctrls import cli
+
+    seen = {}
+
+    def capture(self, args=None, namespace=None):
+        seen["parser"] = self
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(SystemExit):
+        cli.main(["profiles"])
+    missing, todo = [], [("ctrls", seen["parser"])]
+    while todo:
+        name, p = todo.pop()
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo += [(f"{name} {n}", sp) for n, sp in a.choices.items()]
+            elif a.help is None:
+                missing.append(f"{name} {'/'.join(a.option_strings) or a.dest}")
+    assert not missing

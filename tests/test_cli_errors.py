@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+import ctrls.stages.locks as L
 import ctrls.stages.runs as R
 from ctrls import cli
 from ctrls.config.schema import load_config
@@ -30,7 +31,7 @@ def run_stage(run_dir, capsys):
 
 def test_a_stage_another_process_is_writing_is_one_line(tmp_path, capsys):
     lf = lock_file(tmp_path)
-    holder = R._StageLock(lf, "another process")  # another open file description, as another process has
+    holder = L.StageLock(lf, "another process")  # another open file description, as another process has
     holder.acquire()
     try:
         code, err = run_stage(tmp_path, capsys)

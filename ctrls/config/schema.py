@@ -566,8 +566,31 @@ def load_config(profile: str = "demo", overrides: str | typing.Iterable[str] | d
     check_unique_keys(raw, f"profile {profile!r}")  # "data.n_test" beside data: {n_test}: one key twice
     cfg = Config(profile=name)
     apply_mapping(cfg, raw)
-    apply_mapping(cfg, parse_overrides(overrides))
+    given = parse_overrides(overrides)
+    apply_mapping(cfg, given)
+    _follow_grid(cfg, given)
     return validate(cfg)
+
+
+# one key names the pairs: grid.backbones (grid.datasets) given without backbone.name (data.dataset) sets it too
+_FOLLOWS = (("grid", "backbones", "backbone", "name"), ("grid", "datasets", "data", "dataset"))
+
+
+def _given(mapping: dict[str, Any], section: str, field_name: str) -> bool:
+    """Whether ``section.field_name`` is set in ``mapping``, dotted or nested."""
+    inner = mapping.get(section)
+    return f"{section}.{field_name}" in mapping or (isinstance(inner, dict) and field_name in inner)
+
+
+def _follow_grid(cfg: Config, given: dict[str, Any]) -> None:
+    """``backbone.name`` (``data.dataset``) is the first of ``grid.backbones`` (``grid.datasets``) when the overrides
+    set the grid's list and not the single key, and the single key is not in the list: ``pretrain(cfg)`` and the
+    other single-pair calls then run on the model and data the overrides name."""
+    for sec, many, one_sec, one in _FOLLOWS:
+        names = getattr(getattr(cfg, sec), many)
+        single = getattr(cfg, one_sec)
+        if _given(given, sec, many) and not _given(given, one_sec, one) and names and getattr(single, one) not in names:
+            setattr(single, one, names[0])
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

@@ -132,13 +132,16 @@ def pretrain_file(run, method: str) -> Path:
     """The file ``PretrainRun.<method>()`` reads (``model``: the run's checkpoint directory)."""
     if method == "model":
         return Path(run.checkpoint)
-    return Path(run.root).joinpath(*PRETRAIN_FILES[method])
+    stage, name = PRETRAIN_FILES[method]
+    return Path(run.dir(stage) if hasattr(run, "dir") else Path(run.root) / stage) / name
 
 
 def rl_curve_files(cfg) -> Path:
     """The RL curves ``ctrls.stages.rl.load_curves`` reads, as one glob pattern
     (``<run_dir>/<profile>/rl/<pair>/<run>/curve.parquet``)."""
-    return cfg.stage_dir("rl") / "*" / "*" / "curve.parquet"
+    from ctrls.stages.rl import rl_stage
+
+    return rl_stage(cfg).dir / "*" / "*" / "curve.parquet"
 
 
 def say(text: str) -> None:

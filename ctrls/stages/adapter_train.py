@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from ctrls.config.schema import Config
 from ctrls.method.backbone import Backbone
@@ -29,6 +28,7 @@ from ctrls.method.model import CTRLSConfig, CTRLSModel
 from ctrls.method.policy import kl_to_prior
 from ctrls.stages.collect import PretrainError, feature_shards
 from ctrls.stages.common import save_parquet, save_torch
+from ctrls.stages.progress import tqdm
 from ctrls.stages.runs import Stage
 from ctrls.stats.metrics import interval
 
@@ -290,7 +290,7 @@ def train_adapter(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: Path
             if row is not None:
                 rows[split] = row
                 history.append({"epoch": epoch, "split": split, "optimizer_steps": opt_steps, **row})
-                log.info("epoch %d %s: %s", epoch, split, row)
+                log.debug("epoch %d %s: %s", epoch, split, row)  # the log file and bound_history.parquet, not the console
         return rows
 
     bar = tqdm(range(p.epochs + 1), desc="(f) adapter", unit="epoch", disable=not progress)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from ctrls.config.schema import Config
 from ctrls.data.answers import grade
@@ -29,6 +28,7 @@ from ctrls.data.prompts import (
 )
 from ctrls.method.backbone import Backbone
 from ctrls.stages.common import sample_params, save_torch
+from ctrls.stages.progress import tqdm
 from ctrls.stages.runs import (
     ArtifactError,
     UnsafeArtifactError,

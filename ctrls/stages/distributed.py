@@ -13,6 +13,7 @@ All processes must see the same run directory (one machine, or a shared filesyst
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,6 +22,11 @@ from typing import Any, Sequence, TypeVar
 import torch
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+ONE_PROCESS = ("launched by accelerate as a single process (WORLD_SIZE is 1): `accelerate launch --cpu` starts one process "
+               "whatever --num_processes says; for several CPU processes use `torchrun --nproc_per_node N -m ctrls stage ...`, "
+               "for several GPUs `accelerate launch --multi_gpu --num_processes N -m ctrls stage ...`")
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,8 @@ def world() -> World:
                 torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(hours=6))
             _WORLD = World(rank, size, local)
         else:
+            if any(k.startswith("ACCELERATE_") for k in os.environ):  # accelerate launched this as its only process
+                log.warning(ONE_PROCESS)
             _WORLD = World()
     return _WORLD
 

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from ctrls.config.schema import Config
 from ctrls.config.settings import BASE, FIXED, HOLD, constant_label, row_label
@@ -53,7 +52,8 @@ from ctrls.stages.common import (
     save_parquet,
 )
 from ctrls.stages.pretrain import check_fitted, fitted_stages, load_pretrained, pretrain_stages
-from ctrls.stages.runs import Stage, file_name, pair_slug, valid_part
+from ctrls.stages.progress import tqdm
+from ctrls.stages.runs import Stage, file_name, pair_slug, unify_parts, valid_part
 from ctrls.stages.state_prompt import ctrls_conditioning, pair_state_prompt
 
 if TYPE_CHECKING:
@@ -88,7 +88,8 @@ def grid_rows(cfg: Config) -> list[GridRow]:
 
 
 def samples_dir(cfg: Config) -> Path:
-    return cfg.stage_dir("exploration") / "samples.parquet"
+    """The exploration stage's samples of this config: ``samples.parquet`` in its run's slot."""
+    return _stage(cfg).dir / "samples.parquet"
 
 
 def _stage(cfg: Config) -> Stage:
@@ -162,6 +163,7 @@ def explore(cfg: Config, force: bool = False, progress: bool = True, readback: b
         reencode_s = _sample_pairs(cfg, out, progress and w.is_main, readback, masks)
         w.barrier()
         if w.is_main:
+            unify_parts(out)  # one schema over the parts: pandas.read_parquet reads samples.parquet whole
             df = load_samples(cfg, unfinished=True)
             # seconds this process spent on the controllability columns besides sampling (re-encoding, Base's chains)
             stage.finish(samples=len(df), questions=int(df.question_id.nunique()), reencode_s=round(reencode_s, 1),

@@ -82,4 +82,16 @@ def load_run(profile: str = "demo", run_dir: str | Path | None = None, overrides
     return LoadedRun(pc, bb, model, sp, mask)
 
 
-__all__ = ["LoadedRun", "load_run"]
+def sample(what, *args, **kwargs):
+    """``ctrls.sample``: with a :class:`LoadedRun` (``ctrls.sample(run, questions, row="eps=0.1")``), its
+    :meth:`LoadedRun.sample`, which decodes under the run's own conditioning (the state prompt, the adapter, or
+    Base); with a backbone, ``ctrls.generate.sampling.sample`` (prompts, n, ``SampleParams``, an explicit
+    conditioning)."""
+    if isinstance(what, LoadedRun):
+        return what.sample(*args, **kwargs)
+    from ctrls.generate.sampling import sample as decode
+
+    return decode(what, *args, **kwargs)
+
+
+__all__ = ["LoadedRun", "load_run", "sample"]

@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import logging
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from ctrls.config.schema import Config
 from ctrls.method.backbone import Backbone
@@ -54,6 +53,7 @@ from ctrls.stages.collect import (
     read_trajectories,
 )
 from ctrls.stages.common import backbone_for, problems_from_config, save_json, save_parquet, save_torch
+from ctrls.stages.progress import tqdm
 from ctrls.stages.runs import (
     Stage,
     artifact_error,
@@ -88,14 +88,19 @@ class PretrainRun:
     root: Path
     checkpoint: Path
     summaries: dict[str, dict]
+    dirs: dict[str, Path] = field(default_factory=dict)  # each stage's directory, in its run's slot
+
+    def dir(self, stage: str) -> Path:
+        """The directory of ``stage`` (collect, ..., adapter) of this run: ``<root>/<stage>`` or its slot beside it."""
+        return Path(self.dirs.get(stage, self.root / stage))
 
     def trajectories(self) -> pd.DataFrame:
         """Every collected row (kept or not) of the committed questions, in file order."""
-        return read_trajectories(self.root / "collect" / "trajectories.jsonl")
+        return read_trajectories(self.dir("collect") / "trajectories.jsonl")
 
     def bound_history(self) -> pd.DataFrame:
         """Thm. 5.3's bound and the relaxed objective per evaluated epoch and split (``BOUND_COLUMNS``)."""
-        return read_parquet(self.root / "adapter" / "bound_history.parquet")
+        return read_parquet(self.dir("adapter") / "bound_history.parquet")
 
     def bound_table(self) -> pd.DataFrame:
         """Thm. 5.3's bound at epoch 0 and at the kept epoch (the best held-out one), per split, with n
@@ -117,7 +122,7 @@ class PretrainRun:
 
     def controls(self) -> pd.DataFrame:
         """``ctrls.method.controls`` on the held-out chains: log P per question and condition (``evaluate_controls``)."""
-        return read_parquet(self.root / "adapter" / "controls.parquet")
+        return read_parquet(self.dir("adapter") / "controls.parquet")
 
     def controls_table(self) -> pd.DataFrame:
         """Held-out log P per token under each control condition, with intervals (``controls_table``)."""
@@ -130,7 +135,7 @@ class PretrainRun:
         """What k-means states of the training steps capture, per K, for this run's representation
         (the k rows of Eq. 5) and for its first row alone (``ctrls.method.controls.granularity_table``): moves
         or numbers. The run's own K and k are marked."""
-        sp = load_torch(self.root / "spectral" / "spectral.pt", weights_only=True)
+        sp = load_torch(self.dir("spectral") / "spectral.pt", weights_only=True)
         steps = self.steps()
         keep = ~torch.tensor(steps.heldout.to_numpy(dtype=bool).tolist(), dtype=torch.bool)
         e, texts = sp["step_e"][keep], steps.text[~steps.heldout].tolist()
@@ -157,17 +162,17 @@ class PretrainRun:
 
     def split(self) -> dict:
         """The held-out split: fraction, seed, the held-out question ids, and a note when none could be held out."""
-        return json.loads((self.root / "states" / "split.json").read_text())
+        return json.loads((self.dir("states") / "split.json").read_text())
 
     def transition_history(self) -> pd.DataFrame:
-        return read_parquet(self.root / "transitions" / "kl_history.parquet")
+        return read_parquet(self.dir("transitions") / "kl_history.parquet")
 
     def states(self) -> dict:
-        return load_torch(self.root / "states" / "states.pt", weights_only=True)
+        return load_torch(self.dir("states") / "states.pt", weights_only=True)
 
     def steps(self) -> pd.DataFrame:
         """One row per training step: question, trajectory, step index, text, hard state, distance."""
-        return read_parquet(self.root / "states" / "steps.parquet")
+        return read_parquet(self.dir("states") / "steps.parquet")
 
     def model(self, backbone: Backbone | None = None) -> CTRLSModel:
         return load_checkpoint(self.checkpoint, backbone)
@@ -213,6 +218,12 @@ def pretrain_stages(cfg: Config) -> dict[str, Stage]:
     return out
 
 
+def checkpoint_dir(stages: dict[str, Stage]) -> Path:
+    """The pretrained checkpoint the adapter stage writes beside its directory, in its slot (``checkpoint``, or
+    ``checkpoint@<key>`` for a run beside the plain one: ``ctrls.config.slots``)."""
+    return stages["adapter"].extra[0]
+
+
 def fitted_stages(cfg: Config) -> tuple[Stage, ...]:
     """Each pair's stage whose fit the CTRLS rows decode with: the state prompt's (``state_prompt.use``), else
     the adapter's; the downstream stages (exploration, RL) key on them and read them."""
@@ -251,7 +262,8 @@ def pretrain(cfg: Config, backbone: Backbone | None = None, force: bool = False,
         for st in stages.values():  # a failed or interrupted stage gives its lock back (finish released the others)
             st.release()
     w.barrier()
-    return PretrainRun(root=root, checkpoint=root / "checkpoint", summaries={n: st.summary() for n, st in stages.items()})
+    return PretrainRun(root=root, checkpoint=checkpoint_dir(stages), summaries={n: st.summary() for n, st in stages.items()},
+                       dirs={n: st.dir for n, st in stages.items()})
 
 
 def _run_stages(cfg: Config, stages: dict[str, Stage], backbone: Backbone | None, force: bool, progress: bool) -> None:
@@ -260,7 +272,7 @@ def _run_stages(cfg: Config, stages: dict[str, Stage], backbone: Backbone | None
 
     w = world()
     root = stages["collect"].dir.parent
-    ckpt = root / "checkpoint"
+    ckpt = checkpoint_dir(stages)
     if force and w.is_main:
         for st in stages.values():
             st.begin(force=True)
@@ -304,7 +316,7 @@ def _run_stages(cfg: Config, stages: dict[str, Stage], backbone: Backbone | None
         else:  # (g) state_prompt.use: the state prompt's vectors
             from ctrls.stages.state_prompt import fit_state_prompt
 
-            frozen = (load_checkpoint(stages["adapter"].dir.parent / "checkpoint", need_backbone())  # the adapter it fits through
+            frozen = (load_checkpoint(checkpoint_dir(stages), need_backbone())  # the adapter it fits through
                       if cfg.state_prompt.with_adapter else None)
             summary = fit_state_prompt(cfg, need_backbone(), stages, st.dir, progress, adapter_model=frozen)
         if w.is_main:
@@ -444,7 +456,7 @@ def load_pretrained(cfg: Config, backbone: Backbone | None = None) -> CTRLSModel
             raise PretrainError(f"the pretraining run in {adapter.dir.parent} is damaged: {'; '.join(adapter.problems)}; "
                                 "rerun the pretraining stage to redo it")
         raise PretrainError(f"no finished pretraining run in {adapter.dir.parent}; run the pretraining stage first")
-    return load_checkpoint(adapter.dir.parent / "checkpoint", backbone)
+    return load_checkpoint(checkpoint_dir(stages), backbone)
 
 
 def load_checkpoint(path: Path, backbone: Backbone | None = None) -> CTRLSModel:

@@ -36,6 +36,7 @@ from ctrls.stages.runs import (
     pair_slug,
     read_parquet,
     safe_name,
+    unify_parts,
     valid_part,
 )
 from ctrls.stages.trainer import Trainer, run_lockstep
@@ -43,7 +44,7 @@ from ctrls.stages.trainer import Trainer, run_lockstep
 RL_KEYS = ("seed", "data", "prompt", "sampling", "rl", "grid.n_samples")
 
 
-def _rl_stage(cfg: Config):
+def rl_stage(cfg: Config):
     # with state_prompt.use the rollouts decode under the state prompt's vectors (and its position mask):
     # its section, the mask's keys and its fit join the key, as in the exploration stage
     fitted = fitted_stages(cfg)
@@ -136,7 +137,7 @@ def run_rl_lockstep(cfgs: list[Config], force: bool = False, progress: bool = Tr
     from ctrls.stages.distributed import world
 
     w = world()
-    stages = [_rl_stage(c) for c in cfgs]
+    stages = [rl_stage(c) for c in cfgs]
     todo = [(c, st) for c, st in zip(cfgs, stages) if force or not st.is_done()]
     if len(todo) > 1:
         _check_lockstep([c for c, _ in todo])
@@ -154,6 +155,7 @@ def run_rl_lockstep(cfgs: list[Config], force: bool = False, progress: bool = Tr
         if w.is_main:  # profile_s: where this run's time went (ctrls.stages.rl.PHASES), main process
             prof = clock.record(time.perf_counter() - t0)
             for _, st in todo:
+                unify_parts(st.dir / "table2.parquet")  # one schema over the parts, for pandas.read_parquet
                 st.finish(pairs=len(st.cfg.pairs()), profile_s=prof,  # releases the lock
                           **({"lockstep_configs": len(todo)} if len(todo) > 1 else {}))
                 begun.remove(st)
@@ -177,7 +179,7 @@ def _check_lockstep(cfgs: list[Config]) -> None:
                 a, b = getattr(a, part), getattr(b, part)
             if a != b:
                 raise ValueError(f"RL runs in lockstep need the same {key}: {a!r} in one config, {b!r} in another")
-    dirs = [c.stage_dir("rl").resolve() for c in cfgs]
+    dirs = [rl_stage(c).dir.resolve() for c in cfgs]
     if len(set(dirs)) != len(dirs):
         raise ValueError("RL runs in lockstep need a run directory each: two configs write the same rl directory")
     if not ref.rl.lockstep:
@@ -391,9 +393,9 @@ def _write_table_part(cfg: Config, part: Path, res, meta: dict) -> None:
 def load_curves(cfg: Config) -> pd.DataFrame:
     """Every run's logged curve, with its pair, setting and seed: of this config's finished RL stage
     only (``ctrls.stages.common.current_outputs``; else ``NotRunError`` naming why)."""
-    root = cfg.stage_dir("rl")
-    frames = []
-    allowed = current_outputs(_rl_stage(cfg), "RL curves")
+    stage = rl_stage(cfg)
+    root, frames = stage.dir, []
+    allowed = current_outputs(stage, "RL curves")
     for f in only_current(sorted(root.glob("*/*/curve.parquet")), allowed):
         # the evaluations the verdicts read: never NaN in a curve the stage wrote
         frames.append(read_results(f, ("step", "correct_by_question", "samples_per_question"),
@@ -405,8 +407,9 @@ def load_curves(cfg: Config) -> pd.DataFrame:
 
 def load_table2_samples(cfg: Config) -> pd.DataFrame:
     """Table 2's RL samples of this config's finished RL stage only (as :func:`load_curves`)."""
-    allowed = current_outputs(_rl_stage(cfg), "Table 2 samples")
-    files = only_current(sorted((cfg.stage_dir("rl") / "table2.parquet").glob("*.parquet")), allowed)
+    stage = rl_stage(cfg)
+    allowed = current_outputs(stage, "Table 2 samples")
+    files = only_current(sorted((stage.dir / "table2.parquet").glob("*.parquet")), allowed)
     if not files:
         raise FileNotFoundError("no Table 2 samples; run the RL stage first")
     return pd.concat([read_parquet(f) for f in files], ignore_index=True)
@@ -414,7 +417,7 @@ def load_table2_samples(cfg: Config) -> pd.DataFrame:
 
 def stage_summary(cfg: Config) -> dict:
     """The RL stage's ``done`` record (wall_s, profile_s per phase, ...), or {} before it ran."""
-    return _rl_stage(cfg).summary()
+    return rl_stage(cfg).summary()
 
 
 def profile_markdown(cfg: Config) -> str:

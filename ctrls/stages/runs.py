@@ -2,9 +2,10 @@
 
 A stage directory holds the resolved ``config.yaml``, its outputs and a ``done`` file written last. A
 stage is reused when its marker carries the same key (a hash of the config sections it depends on and
-of its upstream stages' keys); a directory with another key is cleared first; an interrupted stage
-resumes. The marker records the sha256 of every output and a digest of the inputs it read: a missing or
-changed output is logged, deleted and redone, and a marker without checksums is not trusted.
+of its upstream stages' keys); a run of another key lives beside it, in ``<stage>@<key>`` (its slot,
+``ctrls.config.slots``), so that no config's run overwrites another's; an interrupted stage resumes.
+The marker records the sha256 of every output and a digest of the inputs it read: a missing or changed output
+is logged, deleted and redone, and a marker without checksums is not trusted.
 Nothing outside ``run_dir`` is cleared (``ctrls.data.names.check_inside``) and a marker naming another
 path is corrupt; :meth:`Stage.begin` takes an exclusive lock (else :class:`StageBusyError`); links are
 refused (:class:`UnsafeLinkError`), an unwritable directory is :class:`RunDirError`; files load through
@@ -13,26 +14,35 @@ refused (:class:`UnsafeLinkError`), an unwritable directory is :class:`RunDirErr
 """
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
 import logging
 import os
-import secrets
 import shutil
-import socket
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
 from ctrls.config.schema import Config, save_config
+from ctrls.config.slots import slot_dir, slotted, stored_key
 from ctrls.data.names import check_inside, file_name, inside, pair_slug, slug  # noqa: F401 (file_name, pair_slug, slug: re-exported)
-from ctrls.errors import ConfigError, says_full_disk
+from ctrls.errors import ConfigError
+from ctrls.stages.locks import (  # noqa: F401 (re-exported: the run directory's errors and writers)
+    HELD_LOCKS,
+    RunDirError,
+    StageBusyError,
+    StageLock,
+    UnsafeLinkError,
+    pid_alive,
+    raise_unwritable,
+    refuse_link,
+    replace_file,
+    writing,
+)
 
 log = logging.getLogger(__name__)
 
+PROVENANCE = ("commit", "finished")  # the done marker's record of when and from which commit (``ctrls runs``)
 MARKERS = ("done", "key", "config.yaml")  # a stage's own bookkeeping, not outputs
 BAD_FILE_HINT = ("it is truncated or corrupt: rerun the stage that writes it (a rerun verifies a finished "
                  "stage's files and redoes a bad one)")
@@ -120,6 +130,34 @@ def read_parquet(path: str | Path, **kwargs: Any):
         raise artifact_error(Path(path), e) from e
 
 
+def unify_parts(directory: str | Path) -> int:
+    """Give every part file of a parquet directory (``samples.parquet/``, ``table2.parquet/``) one schema, so that
+    ``pandas.read_parquet(directory)`` reads it whole: a column that is null in some parts (no prediction, no states)
+    takes its type from the parts where it is not (``pyarrow.unify_schemas``); those parts are rewritten in place,
+    atomically. Run before the stage finishes (its checksums are of the unified parts); the parts rewritten."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = sorted(Path(directory).glob("*.parquet"))
+    schemas = {p: pq.read_schema(p) for p in parts}
+    if len({s.remove_metadata() for s in schemas.values()}) <= 1:
+        return 0
+    unified = pa.unify_schemas(list(schemas.values()), promote_options="permissive").remove_metadata()
+    rewritten = 0
+    for p, s in schemas.items():
+        if s.remove_metadata() == unified:
+            continue
+        table = pq.read_table(p)
+        for f in unified:  # a column a part lacks is null there
+            if f.name not in table.column_names:
+                table = table.append_column(f, pa.nulls(len(table), f.type))
+        table = table.select(unified.names).cast(unified)
+        with writing(p):
+            replace_file(p, lambda tmp, table=table: pq.write_table(table, tmp))
+        rewritten += 1
+    return rewritten
+
+
 def check_safetensors(path: str | Path) -> None:
     """Open a safetensors file's header (which checks that it covers the whole file)."""
     from safetensors import safe_open
@@ -153,188 +191,6 @@ def valid_part(path: Path, rows: int) -> bool:
     return n == rows
 
 
-# ---- one writer per stage, and no link followed ----------------------------------------------------
-
-
-class StageBusyError(RuntimeError):
-    """Another process is writing this stage (it holds the stage's lock); the message names it."""
-
-
-class RunDirError(RuntimeError):
-    """A stage cannot write its run directory: a directory it cannot write, or a link; the message names it."""
-
-
-class UnsafeLinkError(RunDirError):
-    """A stage's lock or marker is a symbolic link: refused, never followed."""
-
-
-def refuse_link(path: Path) -> Path:
-    """``path``, or :class:`UnsafeLinkError` naming it when it is a symbolic link."""
-    if os.path.islink(path):
-        raise UnsafeLinkError(f"{path} is a symbolic link (to {os.readlink(path)}): a stage's lock and markers are "
-                              "never followed, so that nothing outside the run directory is written; remove it")
-    return path
-
-
-def raise_unwritable(e: OSError, path: str | Path) -> None:
-    """Raise ``e`` writing ``path`` as :class:`RunDirError` or :class:`UnsafeLinkError` when it is one."""
-    where = Path(e.filename or path)
-    if e.errno == errno.ELOOP:  # O_NOFOLLOW met a link
-        refuse_link(where)
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        raise RunDirError(f"cannot write {where}: no space left on the device that holds it ({e.strerror or e}); "
-                          "free some space or use a run_dir on another disk; the stage's finished outputs are kept") from e
-    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        raise RunDirError(f"cannot write {where} ({e.strerror or e}): the directory {where.parent} is not writable "
-                          "(the run directory may be, but not this directory under it); make it writable or use "
-                          "another run_dir") from e
-
-
-@contextlib.contextmanager
-def writing(path: str | Path):
-    """A failed write of ``path`` in the block is a :class:`RunDirError` naming it for a full disk or an unwritable
-    directory (``raise_unwritable``); safetensors reports a full disk in its own error, read for OS error 28."""
-    try:
-        yield
-    except OSError as e:
-        raise_unwritable(e, path)
-        raise
-    except Exception as e:
-        if says_full_disk(e):
-            raise_unwritable(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)), path)
-        raise
-
-
-def replace_file(path: Path, write) -> None:
-    """``write(tmp)`` to a new file renamed over ``path`` (a link there replaced, not written through), under :func:`writing`."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(3)}.tmp")  # .tmp: never an output; 11 bytes (PAIR_NAME_ROOM)
-    with writing(path):
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))  # new: not a link
-        try:
-            write(tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)  # gone after the replace; a half-written one on an error
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except PermissionError:  # alive, another user's
-        return True
-    except OSError:  # ProcessLookupError: gone
-        return False
-    return True
-
-
-class _StageLock:
-    """An exclusive ``fcntl.flock`` on ``path``, which holds the holder's pid, host and stage.
-
-    The kernel drops the lock however its holder exits: a dead process's lock file is taken over.
-    Without ``flock`` the recorded pid is the lock, taken over when it no longer runs on this host.
-    The file is removed on release, still locked (a taker checks it locked the file at ``path``)."""
-
-    def __init__(self, path: Path, stage: str):
-        self.path, self.stage, self.fd, self.pid = path, stage, None, os.getpid()
-
-    def holder(self) -> dict:
-        try:  # never through a link
-            with os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
-                rec = json.loads(f.read() or "{}")
-        except (OSError, ValueError):
-            return {}
-        return rec if isinstance(rec, dict) else {}
-
-    @staticmethod
-    def describe(h: dict) -> str:
-        if not h.get("pid"):
-            return "another process (it has not recorded its pid yet)"
-        return f"pid {h['pid']} on host {h.get('host', '?')}" + (f" since {h['since']}" if h.get("since") else "")
-
-    def _open(self) -> int:
-        """The lock file, created if need be, never through a link (:class:`UnsafeLinkError`)."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as e:
-            raise_unwritable(e, self.path)
-            raise
-
-    def acquire(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # not POSIX
-            return self._acquire_by_pid()
-        while True:
-            fd = self._open()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise self.busy(self.holder()) from None
-            except OSError as e:
-                os.close(fd)
-                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise
-                return self._acquire_by_pid()
-            with contextlib.suppress(FileNotFoundError):  # released and removed between our open and our lock?
-                if os.lstat(self.path).st_ino == os.fstat(fd).st_ino:
-                    break
-            os.close(fd)
-        self.fd = fd
-        left = self.holder()  # a lock file left by a process that died holding it: the kernel let us take it
-        if left.get("pid") and (left.get("pid"), left.get("host")) != (os.getpid(), socket.gethostname()):
-            log.info("%s: took over the lock left by %s, which no longer holds it", self.path, self.describe(left))
-        self._write(fd)
-
-    def _acquire_by_pid(self) -> None:
-        """No flock on this file system: the recorded pid is the lock (taken over when it is dead)."""
-        h = self.holder()
-        if not (isinstance(h.get("pid"), int) and not isinstance(h["pid"], bool) and h["pid"] > 0):
-            h = {}  # no holder recorded (or garbage): free
-        here = h.get("host") == socket.gethostname()
-        if h.get("pid") and h["pid"] != os.getpid() and (not here or _pid_alive(h["pid"])):
-            raise self.busy(h, hint="" if here else
-                            f" (this file system has no flock and the holder runs on another host: if it is "
-                            f"gone, remove {self.path})")
-        if h.get("pid") and h["pid"] != os.getpid():
-            log.warning("%s: taking over the lock of %s, which no longer runs", self.path, self.describe(h))
-        fd = self._open()
-        self._write(fd)
-        os.close(fd)
-        self.fd = -1  # held by pid, no descriptor
-
-    def _write(self, fd: int) -> None:
-        rec = {"pid": os.getpid(), "host": socket.gethostname(), "stage": self.stage,
-               "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(rec) + "\n").encode(), 0)
-
-    def busy(self, h: dict, hint: str = "") -> StageBusyError:
-        return StageBusyError(
-            f"stage {self.stage} is being written by {self.describe(h)} (lock {self.path}): one writer per stage; "
-            f"wait for it to finish, or use another run_dir{hint}")
-
-    def release(self) -> None:
-        if self.fd is None or self.pid != os.getpid():  # never release a lock a forked parent holds
-            return
-        with contextlib.suppress(OSError):
-            self.path.unlink(missing_ok=True)  # while still locked: nobody holds a lock on a removed file
-        if self.fd >= 0:
-            os.close(self.fd)  # drops the flock
-        self.fd = None
-
-    @property
-    def held(self) -> bool:
-        return self.fd is not None and self.pid == os.getpid()
-
-    def __del__(self):  # the last Stage object holding it is gone (e.g. after an exception): release
-        with contextlib.suppress(Exception):  # at interpreter exit; the kernel drops the flock anyway
-            self.release()
-
-
-# the locks this process holds, by file: a stage begun again in this process (a retry) takes its own over
-_HELD: "weakref.WeakValueDictionary[str, _StageLock]" = weakref.WeakValueDictionary()
 
 
 class Stage:
@@ -344,10 +200,10 @@ class Stage:
 
     def __init__(self, cfg: Config, name: str, sections: tuple[str, ...], *parts: str,
                  upstream: tuple[str, ...] = (), inputs: tuple["Stage", ...] = (), extra: tuple[Path, ...] = ()):
-        self.cfg, self.name, self.root, self.dir = cfg, name, Path(cfg.run_dir), cfg.stage_dir(name, *parts)
+        self.cfg, self.name, self.root, self.plain = cfg, name, Path(cfg.run_dir), cfg.stage_dir(name, *parts)
         self.inputs = tuple(inputs)
-        self.extra = tuple(Path(p) for p in extra)
-        for p in (self.dir, *self.extra):  # everything a stage clears or deletes lies inside run_dir
+        self._plain_extra = tuple(Path(p) for p in extra)
+        for p in (self.plain, *self._plain_extra):  # everything a stage clears or deletes lies inside run_dir
             try:
                 check_inside(p, self.root, f"stage {name!r}: the directory")
             except ValueError as e:
@@ -355,11 +211,23 @@ class Stage:
             if os.path.abspath(p) == os.path.abspath(self.root):
                 raise ConfigError(f"stage {name!r}: its directory would be the run directory {self.root} itself")
         self.key = hashlib.sha256(json.dumps([cfg.fingerprint(*sections), list(upstream)]).encode()).hexdigest()[:16]
+        self._place()
         self.bad: list[Path] = []  # outputs that failed verification: deleted when the stage begins again
         self.problems: list[str] = []  # what verification found, one line per file
         self._files_ok: bool | None = None  # verification result, computed once per Stage object
         self._unverifiable = False  # a done marker without checksums, or corrupt: cleared and redone when begun
-        self._lock: _StageLock | None = None
+        self._lock: StageLock | None = None
+
+    def _place(self) -> None:
+        """``dir`` and ``extra`` in this key's slot (``ctrls.config.slots``): the plain directory when it holds this
+        key's run or none, else ``<dir>@<key>`` beside it; another config's run is never cleared nor overwritten."""
+        self.dir = slot_dir(self.plain, self.key)
+        self.extra = tuple(slotted(p, self.plain, self.dir) for p in self._plain_extra)
+
+    @property
+    def slot(self) -> str:
+        """The slot's suffix: "" for the plain directory, "@<key>" for a run beside it."""
+        return self.dir.name[len(self.plain.name):]
 
     @property
     def done_file(self) -> Path:
@@ -493,7 +361,7 @@ class Stage:
         return hashlib.sha256(json.dumps(rec["files"], sort_keys=True).encode()).hexdigest() if "files" in rec else "unverified"
 
     def summary(self) -> dict[str, Any]:
-        return {k: v for k, v in (self._record() or {}).items() if k not in ("files", "inputs")}
+        return {k: v for k, v in (self._record() or {}).items() if k not in ("files", "inputs", *PROVENANCE)}
 
     @property
     def lock_file(self) -> Path:
@@ -506,11 +374,11 @@ class Stage:
         if self._lock is not None and self._lock.held:
             return self
         key = os.path.abspath(self.lock_file)
-        held = _HELD.get(key)
+        held = HELD_LOCKS.get(key)
         if held is None or not held.held:
-            held = _StageLock(self.lock_file, str(self.dir))
+            held = StageLock(self.lock_file, str(self.dir))
             held.acquire()
-            _HELD[key] = held
+            HELD_LOCKS[key] = held
         self._lock = held
         return self
 
@@ -534,7 +402,13 @@ class Stage:
         (``with stage.begin():`` releases it on an exception too); a begin that fails gives it back. ``check``
         (no arguments) is called under the lock before anything is cleared or created, and may refuse: nothing is
         removed for a run the stage could not make anyway (a missing fit)."""
+        if self._lock is None or not self._lock.held:
+            self._place()  # where this key's run is now (another config's run may have taken the plain directory)
         self.lock()
+        if stored_key(self.dir) not in (None, self.key):  # taken between placing and locking: beside it instead
+            self.release()
+            self._place()
+            self.lock()
         try:
             return self._prepare(force, keep, check)
         except BaseException as e:
@@ -584,7 +458,10 @@ class Stage:
         then release the stage's lock."""
         self.lock()
         try:
+            from ctrls.method.backbone import git_commit
+
             rec = {"key": self.key, "wall_s": round(time.time() - getattr(self, "_t0", time.time()), 1), **summary,
+                   "commit": git_commit(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    "files": self.manifest(), "inputs": {st.key: st.digest() for st in self.inputs}}
             replace_file(self.done_file, lambda p: p.write_text(json.dumps(rec, indent=1, default=str)))
             self._files_ok = True

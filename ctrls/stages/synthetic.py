@@ -88,7 +88,7 @@ def _study(cfg: Config, stage: Stage, progress: bool, workers: int | None = None
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
-    from tqdm.auto import tqdm
+    from ctrls.stages.progress import tqdm
 
     runs = study_runs(cfg)
     if workers is None:
@@ -123,8 +123,9 @@ def _study(cfg: Config, stage: Stage, progress: bool, workers: int | None = None
 
 def _current(cfg: Config, name: str, what: str) -> Path:
     """The stage's file ``name``, when this config's finished stage recorded it (else ``NotRunError``)."""
-    f = cfg.stage_dir("synthetic") / name
-    allowed = current_outputs(Stage(cfg, "synthetic", KEYS), what)
+    stage = Stage(cfg, "synthetic", KEYS)
+    f = stage.dir / name
+    allowed = current_outputs(stage, what)
     if Path(os.path.normpath(f)) not in allowed:
         raise FileNotFoundError(f"no {what} at {f}; run ctrls.stages.synthetic.run_study first")
     return f

@@ -15,7 +15,6 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from ctrls.config.schema import Config
 from ctrls.config.settings import Setting
@@ -23,6 +22,7 @@ from ctrls.method.policy import TransitionPolicy, check_finite
 from ctrls.method.reinforce import Sampler, Trajectory, reinforce_loss
 from ctrls.method.streams import seed_of
 from ctrls.stages.common import save_parquet, save_torch
+from ctrls.stages.progress import tqdm
 from ctrls.stages.runs import UnsafeArtifactError, load_torch, parquet_rows
 
 log = logging.getLogger(__name__)

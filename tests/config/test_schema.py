@@ -268,3 +268,14 @@ def test_logging_changes_no_stage_key():
     cfg = load_config("smoke")
     assert override(cfg, {"rl.tensorboard": True}).fingerprint(*RL_KEYS) == cfg.fingerprint(*RL_KEYS)
     assert override(cfg, {"rl.lr": cfg.rl.lr * 2}).fingerprint(*RL_KEYS) != cfg.fingerprint(*RL_KEYS)
+
+
+def test_the_grid_lists_name_the_single_pair_keys_they_leave_unset():
+    cfg = load_config("demo", ["grid.backbones=[my-org/my-model]", "grid.datasets=[math]"])
+    assert (cfg.backbone.name, cfg.data.dataset) == ("my-org/my-model", "math")  # what pretrain(cfg) runs on
+    kept = load_config("demo", ["grid.backbones=[my-org/my-model]", "backbone.name=other/model"])
+    assert kept.backbone.name == "other/model"  # set explicitly: kept
+    both = load_config("smoke", {"grid": {"backbones": ["a/b", "smollm2-135m-instruct"]}})
+    assert both.backbone.name == "smollm2-135m-instruct"  # already one of the list: unchanged
+    paper = load_config("paper")
+    assert paper.backbone.name == "Qwen/Qwen2.5-3B-Instruct"  # a profile's own values stand

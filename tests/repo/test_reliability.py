@@ -247,10 +247,10 @@ def test_exploration_samples_of_another_config_are_never_scored(tmp_path):
     two, four = _cfg(tmp_path, "grid.n_samples=2"), _cfg(tmp_path, "grid.n_samples=4")
     _finished_exploration(two, _samples(2))
     assert len(load_samples(two)) == 2  # the run of its own config is read
-    with pytest.raises(NotRunError, match=r"another config.*exploration stage with this config"):
+    with pytest.raises(NotRunError, match=r"exploration@.*the exploration stage has not run"):  # its own slot, beside
         load_samples(four)
     claim = demo_claims(four)[0]
-    assert claim.verdict == "not run" and "another config" in claim.evidence
+    assert claim.verdict == "not run" and "has not run" in claim.evidence
 
 
 def test_only_the_parts_the_finished_stage_recorded_are_read(tmp_path):
@@ -274,8 +274,8 @@ def test_an_unfinished_exploration_is_not_scored(tmp_path):
 def _rl_curve(cfg, accuracy_ok=True):
     import pandas as pd
 
-    from ctrls.stages.rl import _rl_stage
-    stage = _rl_stage(cfg)
+    from ctrls.stages.rl import rl_stage
+    stage = rl_stage(cfg)
     stage.begin()
     f = stage.dir / "b__d" / "eps_0.1__seed0" / "curve.parquet"
     f.parent.mkdir(parents=True)
@@ -291,7 +291,7 @@ def test_rl_curves_of_another_config_are_never_scored(tmp_path):
     from ctrls.stages.rl import load_curves
     _rl_curve(_cfg(tmp_path, "rl.steps=5"))
     assert len(load_curves(_cfg(tmp_path, "rl.steps=5"))) == 2
-    with pytest.raises(NotRunError, match="another config"):
+    with pytest.raises(NotRunError, match=r"rl@.*the rl stage has not run"):  # its own slot, beside: empty
         load_curves(_cfg(tmp_path, "rl.steps=6"))
 
 

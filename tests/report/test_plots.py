@@ -180,12 +180,17 @@ def test_pretrain_files_are_the_files_the_run_reads(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pretrain, "read_parquet", record)
     monkeypatch.setattr(pretrain, "load_checkpoint", record)
-    run = pretrain.PretrainRun(root=tmp_path / "demo" / "pretrain" / "b__d", checkpoint=tmp_path / "ckpt", summaries={})
-    for method in [*plots.PRETRAIN_FILES, "model"]:
-        read.clear()
-        with pytest.raises(Read):
-            getattr(run, method)()
-        assert read == [plots.pretrain_file(run, method)], method
+    root = tmp_path / "demo" / "pretrain" / "b__d"
+    plain = pretrain.PretrainRun(root=root, checkpoint=tmp_path / "ckpt", summaries={})
+    beside = pretrain.PretrainRun(root=root, checkpoint=tmp_path / "ckpt", summaries={},  # a run of another config
+                                  dirs={s: root / f"{s}@k" for s in ("adapter", "states", "transitions")})
+    for run in (plain, beside):
+        for method in [*plots.PRETRAIN_FILES, "model"]:
+            read.clear()
+            with pytest.raises(Read):
+                getattr(run, method)()
+            assert read == [plots.pretrain_file(run, method)], method
+    assert plots.pretrain_file(beside, "steps") == root / "states@k" / "steps.parquet"
 
 
 # ---- the captions, in a kernel --------------------------------------------------------------------

@@ -47,8 +47,11 @@ def test_only_the_finished_stages_recorded_files_of_this_config_are_current(tmp_
     a.finish()
     (a.dir / "stray.parquet").write_text("written after the stage finished")
     assert current_outputs(a, "results") == {a.dir / "q1.parquet"}
-    other = Stage(_other_seed(tmp_path), "a", ("seed",))  # the same stage under another seed
-    assert other.dir == a.dir and other.key != a.key
+    other = Stage(_other_seed(tmp_path), "a", ("seed",))  # the same stage under another seed: its own slot, beside
+    assert other.dir == a.dir.with_name(f"a@{other.key}") and other.key != a.key
+    with pytest.raises(NotRunError, match=r"the a stage has not run"):
+        current_outputs(other, "results")
+    other.plain, other.dir = a.dir, a.dir  # read from the other config's directory all the same: refused
     with pytest.raises(NotRunError, match=r"made under another config .* run the a stage with this config"):
         current_outputs(other, "results")
 
@@ -155,3 +158,21 @@ def test_the_stages_write_parquet_and_json_only_through_the_shared_helpers():
     found = [f"{p.name}:{i}" for p in sorted(stages.glob("*.py")) if p.name not in ("common.py", "runs.py")
              for i, line in enumerate(p.read_text().splitlines(), 1) if direct.search(line)]
     assert found == []
+
+
+def test_a_dataset_smaller_than_asked_names_the_key_and_the_most_there_are(tmp_path):
+    import json
+
+    from ctrls.config.schema import load_config
+    from ctrls.data.problems import DataError
+    from ctrls.stages.common import problems_from_config
+
+    d = tmp_path / "mine"
+    d.mkdir()
+    for split in ("train", "test"):
+        (d / f"{split}.jsonl").write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": i + 1}) + "\n"
+                                                  for i in range(3)))
+    cfg = load_config("smoke", [f"run_dir={tmp_path}", f"grid.datasets=[{d}]", "data.n_train=5", "data.n_test=2"])
+    with pytest.raises(DataError, match=r"only 3 exist: data.n_train asks .* \(-o data.n_train=3\)"):
+        problems_from_config(cfg, "train")
+    assert len(problems_from_config(cfg, "test")) == 2

@@ -170,3 +170,17 @@ def test_pipeline_on_two_processes_equals_one(tmp_path, tiny_model_dir):
             assert p.read_bytes() == q.read_bytes(), rel
     samples = pd.concat(pd.read_parquet(p) for r, p in a.items() if "exploration/samples.parquet" in r)
     assert samples.text.nunique() > 1
+
+
+def test_a_single_process_under_accelerate_says_how_to_launch_several(monkeypatch, caplog):
+    import logging
+
+    from ctrls.stages import distributed as D
+
+    monkeypatch.setattr(D, "_WORLD", None)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    with caplog.at_level(logging.WARNING, logger="ctrls.stages.distributed"):
+        assert D.world().size == 1
+    assert "single process" in caplog.text and "torchrun --nproc_per_node" in caplog.text
+    monkeypatch.setattr(D, "_WORLD", None)

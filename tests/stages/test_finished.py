@@ -31,3 +31,19 @@ def test_the_public_face_samples_as_the_stage_does(sp_run, tiny_model_dir):  # n
         run.sample(probs[:1], row="eps=0.9")
     assert {"load_run", "SampleParams", "encode_prompt", "load_samples"} <= set(dir(ctrls))
     assert "importlib" not in dir(ctrls) and "warnings" not in dir(ctrls)
+
+
+def test_ctrls_sample_decodes_a_loaded_run_under_its_own_conditioning_and_a_backbone_as_given(monkeypatch):
+    import ctrls
+    from ctrls.generate import sampling
+    from ctrls.stages.finished import LoadedRun
+
+    calls = []
+    monkeypatch.setattr(LoadedRun, "sample", lambda self, *a, **k: calls.append(("run", a, k)) or "the run's")
+    monkeypatch.setattr(sampling, "sample", lambda *a, **k: calls.append(("backbone", a, k)) or "the backbone's")
+    run = LoadedRun(cfg=None, backbone=None, model=None, state_prompt=None, mask=None)
+    assert ctrls.sample(run, ["q"], row="Base") == "the run's"
+    assert ctrls.sample("bb", [[1, 2]], 3) == "the backbone's"
+    assert calls == [("run", (["q"],), {"row": "Base"}), ("backbone", ("bb", [[1, 2]], 3), {})]
+    assert {"SampleParams", "encode_prompt", "load_samples", "load_run"} <= set(dir(ctrls))
+    assert not {"importlib", "warnings"} & set(dir(ctrls)) and ctrls.Config.__doc__

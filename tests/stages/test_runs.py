@@ -12,7 +12,16 @@ from safetensors.torch import save_file
 
 from ctrls.config.schema import ConfigError, load_config
 from ctrls.stages.collect import _done_questions, _drop_uncommitted, read_trajectories
-from ctrls.stages.runs import ArtifactError, Stage, check_safetensors, load_torch, read_parquet, sha256_file, valid_part
+from ctrls.stages.runs import (
+    ArtifactError,
+    Stage,
+    check_safetensors,
+    load_torch,
+    read_parquet,
+    sha256_file,
+    unify_parts,
+    valid_part,
+)
 
 
 def cfg_at(tmp_path):
@@ -297,7 +306,7 @@ def test_a_full_disk_is_a_run_dir_error_naming_the_file(tmp_path, monkeypatch):
 
 
 def test_a_refused_check_leaves_a_fresh_stage_without_a_directory_and_its_lock_free(tmp_path):
-    from tests.stages.test_runs_lock import free
+    from tests.stages.test_locks import free
 
     class Missing(RuntimeError):
         pass
@@ -309,3 +318,40 @@ def test_a_refused_check_leaves_a_fresh_stage_without_a_directory_and_its_lock_f
     with pytest.raises(Missing):
         st.begin(check=refuse)
     assert not st.dir.exists() and free(st.lock_file)
+
+
+def test_a_run_of_another_config_is_stored_beside_and_leaves_the_first_unchanged(tmp_path):
+    first = Stage(cfg_at(tmp_path), "a", ("seed",), extra=(tmp_path / "smoke" / "ckpt",)).begin()
+    (first.dir / "out.bin").write_bytes(b"the profile's")
+    first.extra[0].write_bytes(b"the profile's checkpoint")
+    first.finish()
+    before = {p: sha256_file(p) for p in (first.dir / "out.bin", first.extra[0])}
+    other = Stage(load_config("smoke", [f"run_dir={tmp_path}", "seed=5"]), "a", ("seed",),
+                  extra=(tmp_path / "smoke" / "ckpt",))
+    assert other.key != first.key and other.dir == first.dir.with_name(f"a@{other.key}")
+    assert other.extra == (tmp_path / "smoke" / f"ckpt@{other.key}",) and other.slot == f"@{other.key}"
+    other.begin(force=True)  # even forced: only its own slot is cleared
+    (other.dir / "out.bin").write_bytes(b"another config's")
+    other.extra[0].write_bytes(b"its checkpoint")
+    other.finish()
+    assert {p: sha256_file(p) for p in before} == before
+    assert Stage(cfg_at(tmp_path), "a", ("seed",), extra=(tmp_path / "smoke" / "ckpt",)).is_done()
+    again = Stage(load_config("smoke", [f"run_dir={tmp_path}", "seed=5"]), "a", ("seed",), extra=(tmp_path / "smoke" / "ckpt",))
+    assert again.dir == other.dir and again.is_done()
+
+
+def test_parts_with_a_column_null_in_some_are_unified_for_pandas(tmp_path):
+    d = tmp_path / "samples.parquet"
+    d.mkdir()
+    pd.DataFrame({"q": ["a"], "pred": [None], "states": [[]]}).to_parquet(d / "a.parquet")
+    pd.DataFrame({"q": ["b"], "pred": ["7"], "states": [[1, 2]], "n_tokens": [3]}).to_parquet(d / "b.parquet")
+    pd.DataFrame({"q": ["c"], "pred": [None], "states": [[]]}).to_parquet(d / "c.parquet")
+    with pytest.raises(Exception):
+        pd.read_parquet(d)  # null-typed columns in the first part: pyarrow cannot cast the others to them
+    b = sha256_file(d / "b.parquet")
+    assert unify_parts(d) == 2 and sha256_file(d / "b.parquet") == b  # only the parts of another schema
+    df = pd.read_parquet(d)
+    by_q = df.set_index("q")
+    assert sorted(df.q) == ["a", "b", "c"] and by_q.pred["b"] == "7" and by_q.pred[["a", "c"]].isna().all()
+    assert list(by_q.states["b"]) == [1, 2] and df.n_tokens.isna().sum() == 2
+    assert unify_parts(d) == 0

@@ -10,7 +10,7 @@ import pytest
 
 import ctrls.stages.runs as R
 from ctrls.config.schema import load_config
-from tests.stages.test_runs_lock import free
+from tests.stages.test_locks import free
 
 
 def cfg_at(run_dir):

@@ -113,7 +113,7 @@ def artifacts(root: Path) -> dict[str, Path]:
 
 
 def summaries(root: Path) -> dict[str, dict]:
-    drop = {"wall_s", "files", "inputs"}
+    drop = {"wall_s", "files", "inputs", "commit", "finished"}  # when and from which commit: not results
     return {str(p.relative_to(root)): {k: v for k, v in json.loads(p.read_text()).items()
                                        if k not in drop and not k.endswith("_s")}  # timings differ run to run
             for p in sorted(root.rglob("done"))}
@@ -176,10 +176,10 @@ def reference(tiny_runs, smoke_cfg, tmp_path_factory) -> Path:
 def test_the_rl_stage_records_where_its_time_went(reference, smoke_cfg):
     """The RL stage's done record times every phase (ctrls.stages.rl.PhaseClock); the parts add up
     to its wall time, decoding dominates, and the reproduce page's table is drawn from them."""
-    from ctrls.stages.rl import PHASES, _rl_stage, profile_markdown
+    from ctrls.stages.rl import PHASES, profile_markdown, rl_stage
 
     cfg = smoke_cfg(reference)
-    rec = _rl_stage(cfg).summary()
+    rec = rl_stage(cfg).summary()
     prof = rec["profile_s"]
     assert list(prof) == [*PHASES, "other"]
     # eval_every=1: every evaluation but the last is drawn with the next step's samples
@@ -218,7 +218,7 @@ def test_rl_of_two_training_runs_in_lockstep_equals_each_run_alone(reference, sm
     in one lockstep loop, their rows in one batch: each writes the curves and Table 2 samples it writes
     alone, and configs that cannot share the loop are refused before anything begins."""
     from ctrls.config.schema import override
-    from ctrls.stages.rl import _rl_stage, run_rl, run_rl_lockstep
+    from ctrls.stages.rl import rl_stage, run_rl, run_rl_lockstep
 
     other = {"rl.seeds": [7]}
     alone, a, b = tmp_path / "alone", tmp_path / "a", tmp_path / "b"
@@ -232,7 +232,7 @@ def test_rl_of_two_training_runs_in_lockstep_equals_each_run_alone(reference, sm
         for f in files:
             pd.testing.assert_frame_equal(pd.read_parquet(f), pd.read_parquet(got / f.relative_to(ref)),
                                           check_exact=False, rtol=1e-4, atol=1e-6, obj=str(f.relative_to(ref)))
-    assert _rl_stage(smoke_cfg(a)).summary()["lockstep_configs"] == 2
+    assert rl_stage(smoke_cfg(a)).summary()["lockstep_configs"] == 2
     cut = pd.read_parquet(next((b / "smoke" / "rl").rglob("curve.parquet")))
     assert not cut.equals(pd.read_parquet(next((a / "smoke" / "rl").rglob("curve.parquet"))))  # two runs, not one
     c = tmp_path / "c"

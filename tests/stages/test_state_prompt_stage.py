@@ -135,7 +135,7 @@ def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeyp
     from ctrls.generate.sampling import seeded
     from ctrls.stages import state_prompt as sps
     from ctrls.stages.pretrain import pretrain_stages
-    from ctrls.stages.rl import _rl_stage, load_curves, load_table2_samples, profile_markdown, run_rl
+    from ctrls.stages.rl import load_curves, load_table2_samples, profile_markdown, rl_stage, run_rl
 
     cfg, _, _ = sp_run
     copy = tmp_path / "runs"
@@ -180,9 +180,9 @@ def test_rl_trains_under_the_state_prompt_and_its_mask(sp_run, tmp_path, monkeyp
     rows = t2[t2.config != "Base"]
     assert len(rows) and all(all(bool(m.allowed[m.bucket(t), s]) for t, s in enumerate(r.states)) for r in rows.itertuples())
     assert "under the state prompt" in profile_markdown(c) and "through the adapter" not in profile_markdown(c)
-    assert _rl_stage(override(c, {"state_prompt.vectors": 3})).key != _rl_stage(c).key
+    assert rl_stage(override(c, {"state_prompt.vectors": 3})).key != rl_stage(c).key
     off = override(c, {"state_prompt.use": False, "grid.position_floor": 0.0})
-    assert _rl_stage(override(off, {"state_prompt.vectors": 3})).key == _rl_stage(off).key
+    assert rl_stage(override(off, {"state_prompt.vectors": 3})).key == rl_stage(off).key
 
 
 def test_the_position_mask_restricts_every_drawn_state_and_the_null(sp_run, tmp_path):

@@ -2,7 +2,8 @@
 
 ``Stage.begin`` takes an exclusive lock on the stage (``.<stage>.lock`` next to its directory, an
 ``fcntl.flock`` on a file that holds the holder's pid and host). A second process that begins the
-same stage, with the same or another config, fails at once with a message naming the holder,
+same stage with the same config fails at once with a message naming the holder (another config writes
+its own slot beside it),
 before it clears or deletes anything. A lock left by a process that died is taken over. The lock
 is released by ``finish`` and on an exception (``with stage.begin(): ...``). Reading a finished
 stage (``is_done``, ``digest``, ``summary``) never takes it. Processes are real subprocesses.
@@ -18,7 +19,7 @@ import time
 
 import pytest
 
-import ctrls.stages.runs as R
+import ctrls.stages.locks as L
 from ctrls.config.schema import load_config
 from ctrls.stages.runs import Stage, StageBusyError
 
@@ -61,18 +62,20 @@ def writer(tmp_path):
         p.wait()
 
 
-def test_a_second_writer_with_another_config_fails_at_once_and_deletes_nothing(tmp_path, writer):
-    """A second writer of a running stage, under another config or the same one, fails at once naming the
-    holder: it neither waits nor clears the first one's work, which finishes intact."""
+def test_a_second_writer_fails_at_once_and_another_config_writes_beside(tmp_path, writer):
+    """A second writer of a running stage under the same config fails at once naming the holder; one under another
+    config writes its own slot beside it: neither waits nor clears the first one's work, which finishes intact."""
     first = writer(tmp_path, seed=1)
     st_dir = Stage(cfg_at(tmp_path, 1), "a", ("seed",)).dir
     t0 = time.time()
-    for seed in (2, 1):  # another config (another key: would clear the stage), and the same config
-        second = Stage(cfg_at(tmp_path, seed), "a", ("seed",))
-        with pytest.raises(StageBusyError) as e:
-            second.begin()
-        msg = str(e.value)
-        assert f"pid {first.pid} on host {socket.gethostname()}" in msg and str(second.lock_file) in msg
+    second = Stage(cfg_at(tmp_path, 1), "a", ("seed",))  # the same config
+    with pytest.raises(StageBusyError) as e:
+        second.begin()
+    msg = str(e.value)
+    assert f"pid {first.pid} on host {socket.gethostname()}" in msg and str(second.lock_file) in msg
+    beside = Stage(cfg_at(tmp_path, 2), "a", ("seed",))  # another config: its own slot, beside the running one
+    assert beside.dir != st_dir
+    beside.begin().finish()
     assert time.time() - t0 < 5  # at once, not after a wait
     assert (st_dir / "out.txt").read_text() == "written by seed 1"  # the first writer's work is intact
 
@@ -81,7 +84,7 @@ def test_a_second_writer_with_another_config_fails_at_once_and_deletes_nothing(t
     assert first.stdout.readline().strip() == "finished" and first.wait(timeout=60) == 0
     assert Stage(cfg_at(tmp_path, 1), "a", ("seed",)).is_done()
     assert not second.lock_file.exists()  # released when the stage finished
-    Stage(cfg_at(tmp_path, 2), "a", ("seed",)).begin().finish()  # now free: the other config takes over
+    assert Stage(cfg_at(tmp_path, 2), "a", ("seed",)).is_done()  # each config's run is kept, beside the other
 
 
 def test_a_lock_left_by_a_killed_writer_is_taken_over(tmp_path, writer, caplog):
@@ -90,7 +93,7 @@ def test_a_lock_left_by_a_killed_writer_is_taken_over(tmp_path, writer, caplog):
     first.kill()  # SIGKILL: no cleanup; the lock file stays, naming a dead pid
     first.wait()
     assert json.loads(st.lock_file.read_text())["pid"] == first.pid
-    with caplog.at_level(logging.INFO, logger="ctrls.stages.runs"):
+    with caplog.at_level(logging.INFO, logger="ctrls.stages.locks"):
         st.begin()  # the kernel dropped the dead process's flock
     assert f"pid {first.pid}" in caplog.text and "took over" in caplog.text
     assert json.loads(st.lock_file.read_text())["pid"] == os.getpid()
@@ -101,7 +104,7 @@ def test_a_lock_left_by_a_killed_writer_is_taken_over(tmp_path, writer, caplog):
 
 def free(lock_file) -> bool:
     """Whether another holder (another open file description, as another process has) gets the lock now."""
-    other = R._StageLock(lock_file, "probe")
+    other = L.StageLock(lock_file, "probe")
     try:
         other.acquire()
     except StageBusyError:
@@ -148,7 +151,7 @@ def test_reading_a_finished_stage_takes_no_lock(tmp_path, monkeypatch):
     def no_lock(self):
         raise AssertionError("a read took the stage's lock")
 
-    monkeypatch.setattr(R._StageLock, "acquire", no_lock)  # as on a read-only mount: no lock can be taken
+    monkeypatch.setattr(L.StageLock, "acquire", no_lock)  # as on a read-only mount: no lock can be taken
     again = Stage(cfg_at(tmp_path), "a", ("seed",))
     assert again.is_done() and again.digest() and again.summary()["rows"] == 3
     down = Stage(cfg_at(tmp_path), "down", ("seed",), inputs=(again,))
@@ -188,7 +191,7 @@ def test_without_flock_a_live_holder_blocks_and_a_dead_one_is_taken_over(tmp_pat
         st.begin().release()
     dead = dead_pid()
     st.lock_file.write_text(json.dumps({"pid": dead, "host": socket.gethostname()}))
-    with caplog.at_level(logging.WARNING, logger="ctrls.stages.runs"):
+    with caplog.at_level(logging.WARNING, logger="ctrls.stages.locks"):
         st.begin()
     assert f"pid {dead}" in caplog.text and "no longer runs" in caplog.text
     assert json.loads(st.lock_file.read_text())["pid"] == os.getpid()
