@@ -135,7 +135,7 @@ _EXACT = Context(prec=4 * MAX_ANSWER_CHARS, Emax=10 * MAX_ANSWER_CHARS, Emin=-10
 # Unicode vulgar fractions (½, ¾, ⅞, ...), alone or after a whole number ("1⅓", "3 ¼"), are the fraction they
 # show; U+2044 (the fraction slash of "1⁄2") is a slash
 VULGAR = {c: Fraction(unicodedata.numeric(c)).limit_denominator(10) for c in "½⅓⅔¼¾⅕⅖⅗⅘⅙⅚⅐⅛⅜⅝⅞⅑⅒↉"}
-_VULGAR = re.compile(rf"(?:(\d+)[ \u00a0\u2009\u202f]?)?([{''.join(VULGAR)}])")
+_VULGAR = re.compile(rf"(?:(?<!\d)(\d+)[ \u00a0\u2009\u202f]?)?([{''.join(VULGAR)}])")  # whole runs only: linear
 
 
 def readable_text(text: str) -> str:
