@@ -25,6 +25,7 @@ import torch
 from ctrls.config.schema import Config
 from ctrls.method.backbone import Backbone
 from ctrls.method.state_prompt import Chain, StatePrompt, fit
+from ctrls.stages.progress import tqdm
 from ctrls.stages.runs import Stage, artifact_error, writing
 
 log = logging.getLogger(__name__)
@@ -64,14 +65,18 @@ def fit_state_prompt(cfg: Config, bb: Backbone, stages: dict[str, Stage], out: P
     for p in bb.model.parameters():
         p.requires_grad_(False)
 
+    bar = tqdm(total=sp_cfg.epochs, desc="(g) state prompt", unit="epoch", disable=not progress)  # early stopping ends it short
+
     def report(row: dict) -> None:
+        bar.update(1)
         log.info("state prompt epoch %d: held-out log P per token %.4f", row["epoch"], row["heldout_logp_per_token"])
 
     if sp_cfg.with_adapter and adapter_model is None:
         raise ValueError("state_prompt.with_adapter: fit_state_prompt needs the pretrained adapter (adapter_model)")
     head = _head(bb, adapter_model) if sp_cfg.with_adapter else None
     sp, info = fit(bb.model, train, held, K, sp_cfg.vectors, sp_cfg.lr, sp_cfg.epochs, sp_cfg.patience, sp_cfg.batch,
-                   cfg.seed, on_epoch=report if progress else None, head=head)
+                   cfg.seed, on_epoch=report, head=head)
+    bar.close()
     tmp = out / (VECTORS + ".tmp")
     with writing(tmp):  # a full disk is a RunDirError naming the file
         save_file({"vectors": sp.vectors.detach().float().cpu().contiguous()}, str(tmp), metadata={"fit": json.dumps(info)})

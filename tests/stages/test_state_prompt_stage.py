@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from ctrls.stages import progress as P
 from tests.conftest import SMOKE_OVERRIDES, tiny_overrides
 
 OPTION = ["state_prompt.use=true", "state_prompt.epochs=2"]
@@ -26,9 +27,21 @@ def sp_run(tmp_path_factory, tiny_model_dir):
 
     d = tmp_path_factory.mktemp("state_prompt_runs")
     cfg = _cfg(tiny_model_dir, d, *OPTION)
-    run = pretrain(cfg.for_pair(*cfg.pairs()[0]), progress=False)
+    relay = d / "progress.json"  # the pretraining stage's bars, relayed as `ctrls reproduce` reads them
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(P.ENV, str(relay))
+        mp.setattr(P, "EVERY_S", 0.0)
+        run = pretrain(cfg.for_pair(*cfg.pairs()[0]), progress=True)
+    run.relayed = P.read_state(relay)
     explore(cfg, progress=False)
     return cfg, run, load_samples(cfg)
+
+
+def test_the_fit_relays_its_epochs_as_the_last_bar_of_pretraining(sp_run):
+    _, run, _ = sp_run
+    state = run.relayed
+    assert (state["desc"], state["unit"], state["total"]) == ("(g) state prompt", "epoch", 2)
+    assert state["n"] == run.summaries["state_prompt"]["epochs_run"] >= 1  # one step a finished epoch
 
 
 def test_the_fit_is_a_pretraining_stage_with_vectors_per_state(sp_run):
