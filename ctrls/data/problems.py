@@ -48,6 +48,14 @@ class DataError(RuntimeError):
     """The benchmark data cannot be found, or too many of its rows are malformed."""
 
 
+class TooFewProblems(DataError):
+    """More problems asked for than the split holds; ``available`` is how many it does."""
+
+    def __init__(self, message: str, available: int):
+        super().__init__(message)
+        self.available = available
+
+
 @dataclass(frozen=True)
 class Problem:
     id: str  # gsm8k-{split}-{row}, math-{unique_id or idx}, gsm_symbolic-{split}-s{seed}-{index}
@@ -449,7 +457,7 @@ def load_problems(dataset: str, split: str, n: int | None = None, seed: int = 0,
     if n is None:
         return probs
     if n > len(probs):
-        raise DataError(f"asked for {n} {dataset}/{split} problems, only {len(probs)} exist")
+        raise TooFewProblems(f"asked for {n} {dataset}/{split} problems, only {len(probs)} exist", len(probs))
     order = np.random.default_rng(seed).permutation(len(probs))
     return [probs[i] for i in order[:n]]
 

@@ -8,7 +8,6 @@ import json
 import logging
 import math
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ctrls.config.schema import Config
-from ctrls.data.problems import DataError, Problem, load_problems
+from ctrls.data.problems import DataError, Problem, TooFewProblems, load_problems
 from ctrls.stages.distributed import world
 from ctrls.stages.runs import BAD_FILE_HINT, ArtifactError, UnsafeLinkError, read_parquet, refuse_link, replace_file, writing
 
@@ -185,9 +184,6 @@ def problems_from_config(cfg: Config, split: str) -> list[Problem]:
         return load_problems(d.dataset, split, n=d.n_train if split == "train" else d.n_test, seed=d.seed,
                              data_dir=d.data_dir, max_bad_fraction=d.max_bad_fraction,
                              difficulty=d.word_problems.difficulty())
-    except DataError as e:  # a small dataset: say which key asks for the problems, and the most there are
-        m = re.search(r"only (\d+) exist$", str(e))
-        if m is None:
-            raise
-        raise DataError(f"{e}: {key} asks for more than the split holds; use at most {m.group(1)} "
-                        f"(-o {key}={m.group(1)})") from None
+    except TooFewProblems as e:  # a small dataset: say which key asks for the problems, and the most there are
+        raise DataError(f"{e}: {key} asks for more than the split holds; use at most {e.available} "
+                        f"(-o {key}={e.available})") from None

@@ -60,13 +60,10 @@ def state_of(d: dict) -> dict:
 
 
 def write_state(path: Path, state: dict) -> None:
-    """The relay file, replaced whole; a failed write (a full disk) drops this update only: progress is advisory."""
+    """The relay file, replaced whole (a bar drops a failed write: progress is advisory)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(json.dumps(state).encode())
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    tmp.write_bytes(json.dumps(state).encode())
+    os.replace(tmp, path)
 
 
 def read_state(path: Path) -> dict | None:

@@ -152,8 +152,7 @@ def unify_parts(directory: str | Path) -> int:
             if f.name not in table.column_names:
                 table = table.append_column(f, pa.nulls(len(table), f.type))
         table = table.select(unified.names).cast(unified)
-        with writing(p):
-            replace_file(p, lambda tmp, table=table: pq.write_table(table, tmp))
+        replace_file(p, lambda tmp, table=table: pq.write_table(table, tmp))  # under writing: a full disk names p
         rewritten += 1
     return rewritten
 
