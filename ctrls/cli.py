@@ -404,6 +404,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 RUN_DIR_HELP = ("where the stages write and read their runs (default: runs/ in the repository); a run of another config "
                 "is stored beside the profile's own, in <stage>@<key>")
 PROFILE_HELP = "the named profile (ctrls profiles lists them) or a YAML file; default demo"
+LOG_LEVEL_HELP = "DEBUG, INFO (default), WARNING, ERROR or CRITICAL (else $CTRLS_LOG)"
 OVERRIDE_HELP = "config overrides, e.g. rl.steps=3 \"grid.epsilons=[0.1, 0.3]\" (ctrls config --explain KEY: what a key means)"
 
 
@@ -416,11 +417,17 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     p = argparse.ArgumentParser(prog="ctrls", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=version_line(), help="print the version and commit, and exit")
-    p.add_argument("--log-level", default=None, metavar="LEVEL",
-                   help="DEBUG, INFO (default), WARNING, ERROR or CRITICAL (else $CTRLS_LOG)")
+    p.add_argument("--log-level", default=None, metavar="LEVEL", help=LOG_LEVEL_HELP)
     sub = p.add_subparsers(dest="cmd", required=True)
+    # --log-level and --quiet after any command too (ctrls stage rl --log-level DEBUG): SUPPRESS keeps one given
+    # before the command when none is given after it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=argparse.SUPPRESS, metavar="LEVEL", help=LOG_LEVEL_HELP)
+    quiet = argparse.ArgumentParser(add_help=False)
+    quiet.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS, help="warnings and errors only")
 
-    r = sub.add_parser("reproduce", help="run the notebooks through papermill, then build the book")
+    r = sub.add_parser("reproduce", help="run the notebooks through papermill, then build the book",
+                       parents=[common])
     r.add_argument("--profile", default="demo", help=PROFILE_HELP)
     r.add_argument("--run-dir", default=str(ROOT / "runs"), help=RUN_DIR_HELP)
     r.add_argument("--quiet", action="store_true", help="only the stage lines and errors: no progress, warnings only in the log")
@@ -432,7 +439,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--book-dir", default=None, help="build a copy of the book there instead of in book/")
     r.set_defaults(fn=cmd_reproduce)
 
-    st = sub.add_parser("stage", help="run library stages without notebooks (data-parallel under accelerate launch)")
+    st = sub.add_parser("stage", help="run library stages without notebooks (data-parallel under accelerate launch)",
+                        parents=[common])
     st.add_argument("names", nargs="*", metavar="STAGE", help="pretrain, exploration and/or rl, run in the order given")
     st.add_argument("--profile", default="demo", help=PROFILE_HELP)
     st.add_argument("--run-dir", default=str(ROOT / "runs"), help=RUN_DIR_HELP)
@@ -441,16 +449,19 @@ def main(argv: list[str] | None = None) -> None:
     st.add_argument("-o", "--override", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help=OVERRIDE_HELP)
     st.set_defaults(fn=cmd_stage)
 
-    ru = sub.add_parser("runs", help="list the stage runs stored under the run directory (ctrls runs rm NAME: remove one)")
+    ru = sub.add_parser("runs", help="list the stage runs stored under the run directory (ctrls runs rm NAME: remove one)",
+                        parents=[common, quiet])
     ru.add_argument("--run-dir", default=str(ROOT / "runs"), help=RUN_DIR_HELP)
     ru.add_argument("--profile", default=None, help="list this profile's runs only (default: every profile's)")
     rsub = ru.add_subparsers(dest="runs_cmd")
-    rm = rsub.add_parser("rm", help="remove one stored run: its directory and the outputs it wrote beside it")
+    rm = rsub.add_parser("rm", help="remove one stored run: its directory and the outputs it wrote beside it",
+                          parents=[common, quiet])
     rm.add_argument("name", metavar="NAME", help="the run as ctrls runs names it, e.g. demo/exploration@3f9c0a1b2d4e5f60")
     rm.add_argument("--run-dir", default=argparse.SUPPRESS, help=RUN_DIR_HELP)
     ru.set_defaults(fn=cmd_runs)
 
-    v = sub.add_parser("verify-references", help="rate at which reference solutions verify against gold")
+    v = sub.add_parser("verify-references", help="rate at which reference solutions verify against gold",
+                       parents=[common, quiet])
     v.add_argument("--dataset", default="gsm8k", help="gsm8k, math, gsm_symbolic, word_problems or a JSONL folder")
     v.add_argument("--split", default="test", help="train or test")
     v.add_argument("--data-dir", default=None, help="where the datasets' files are read from (default as data.data_dir)")
@@ -458,10 +469,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="cross-check: grade each solution with math-verify alone too, and list those only it verifies")
     v.set_defaults(fn=cmd_verify_references)
 
-    pr = sub.add_parser("profiles", help="list the named profiles")
+    pr = sub.add_parser("profiles", help="list the named profiles",
+                        parents=[common, quiet])
     pr.set_defaults(fn=cmd_profiles)
 
-    c = sub.add_parser("config", help="explain the config keys: what each means, its default and allowed values")
+    c = sub.add_parser("config", help="explain the config keys: what each means, its default and allowed values",
+                       parents=[common, quiet])
     c.add_argument("--explain", nargs="?", const="", required=True, metavar="KEY",
                    help="a dotted key (rl.lr) or a section (rl); without KEY, every key")
     c.set_defaults(fn=cmd_config)

@@ -311,3 +311,27 @@ def test_every_option_of_every_command_has_help(monkeypatch):
             elif a.help is None:
                 missing.append(f"{name} {'/'.join(a.option_strings) or a.dest}")
     assert not missing
+
+
+@pytest.mark.parametrize("argv,level", [
+    (["--log-level", "ERROR", "profiles"], "ERROR"),  # before the command: not erased by the command's own option
+    (["profiles", "--log-level", "DEBUG"], "DEBUG"),
+    (["config", "--explain", "rl.lr", "--quiet"], "WARNING"),
+    (["runs", "--quiet", "--log-level", "ERROR"], "ERROR"),  # an explicit level wins over --quiet
+    (["stage", "rl", "--log-level", "WARNING"], "WARNING"),
+])
+def test_every_command_takes_log_level_and_quiet_after_its_name(argv, level, monkeypatch):
+    import logging
+
+    from ctrls import cli
+
+    seen = {}
+    for name in ("cmd_profiles", "cmd_config", "cmd_runs", "cmd_stage"):
+        monkeypatch.setattr(cli, name, lambda a: seen.update(level=logging.getLogger().level) or 0)
+    old = logging.getLogger().level
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 0 and logging.getLevelName(seen["level"]) == level
+    finally:
+        logging.getLogger().setLevel(old)
