@@ -55,6 +55,13 @@ ADAPTER_RESULT = "studies/results/state_prompt_adapter.json"  # the masked runs 
 # the criterion for a seed other than the development one, fixed before the runs: kappa >= 0.5 with its 95% lower bound
 # above 0.3, the fixed-s0 row non-inferior to Base (its interval's lower bound above -5 points)
 KAPPA_BAR, KAPPA_LO_BAR = 0.5, 0.3
+
+
+def steers(kappa: float, lo: float) -> bool:
+    """The steering criterion above: kappa at least KAPPA_BAR with its 95% lower bound above KAPPA_LO_BAR."""
+    return kappa >= KAPPA_BAR and lo > KAPPA_LO_BAR
+
+
 # each data seed's role, by what saw it (the design notes' table); the seeds study's 100-107 are test seeds too
 SEED_ROLES = {0: "development", 1: "validation", 2: "validation", 3: "validation", 5: "validation",
               6: "confirmation", 7: "confirmation", 8: "confirmation", 9: "confirmation", 10: "test"}
@@ -538,7 +545,7 @@ def steering_table(seeds: str | Path | None = None, prompts: list[Path] | None =
     rows = []
 
     def add(what, which, k, lo, hi, q, steps):
-        met = "yes" if k >= KAPPA_BAR and lo > KAPPA_LO_BAR else "no"
+        met = "yes" if steers(k, lo) else "no"
         if met == "no" and k < KAPPA_BAR <= round(k, 2):  # shown at the threshold, yet below it
             met = f"no (κ = {k:.3f})"
         rows.append(f"| {what} | {seed_words(which)} | {ci_text(k, lo, hi)} | {int(q)} | {int(steps)} | {met} |")

@@ -371,3 +371,11 @@ def test_a_variant_field_of_the_wrong_kind_is_refused_naming_file_and_field(tmp_
         with pytest.raises(ValueError, match="kinds.json") as e:
             frame(p)
         assert field in str(e.value), (frame.__name__, str(e.value))
+
+
+def test_steers_needs_kappa_at_its_criterion_and_the_lower_bound_above_its_own():
+    from ctrls.report import mechanism
+
+    assert mechanism.steers(0.5, 0.31)  # at κ's criterion, lower bound above 0.3
+    assert not mechanism.steers(0.49, 0.45)  # κ short, a lower bound that alone would pass
+    assert not mechanism.steers(0.9, 0.3)  # a lower bound at 0.3 is not above it
