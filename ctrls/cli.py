@@ -469,8 +469,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="cross-check: grade each solution with math-verify alone too, and list those only it verifies")
     v.set_defaults(fn=cmd_verify_references)
 
-    pr = sub.add_parser("profiles", help="list the named profiles",
-                        parents=[common, quiet])
+    pr = sub.add_parser("profiles", help="list the named profiles", parents=[common, quiet])
     pr.set_defaults(fn=cmd_profiles)
 
     c = sub.add_parser("config", help="explain the config keys: what each means, its default and allowed values",
